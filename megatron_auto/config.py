@@ -1,0 +1,173 @@
+"""Model configuration shared by the runtime, the profiler and the planner.
+
+Only plain data lives here (no torch, no torch.distributed), so that every layer of the package
+can import it. Argparse is converted into these dataclasses once, in ``arguments.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+POSITION_EMBEDDING_TYPES = ("learned", "rope")
+ACTIVATIONS = ("gelu", "swiglu")
+NORMALIZATIONS = ("layernorm", "rmsnorm")
+MODEL_TYPES = ("gpt", "bert")
+
+
+class ConfigError(ValueError):
+    """An invalid configuration; the message names the field, the value and the fix."""
+
+
+def pad_vocab_size(vocab_size: int, divisible_by: int) -> int:
+    """Round ``vocab_size`` up to a multiple of ``divisible_by``.
+
+    Unlike Megatron-LM (which pads to ``divisible_by * tp``) the padding does not depend on the
+    tensor-parallel degree: the model, and so its losses, must be the same under every plan.
+    Any vocab-TP degree must therefore divide the padded size (checked by the plan).
+    """
+    if divisible_by <= 0:
+        raise ConfigError(
+            f"make_vocab_size_divisible_by={divisible_by}: must be a positive integer (e.g. 128)"
+        )
+    return -(-vocab_size // divisible_by) * divisible_by
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape and numerics of a Transformer language model (GPT decoder or BERT encoder).
+
+    ``vocab_size`` is the tokenizer's vocabulary; ``padded_vocab_size`` the embedding rows.
+    """
+
+    num_layers: int = 4
+    hidden_size: int = 256
+    num_attention_heads: int = 4
+    ffn_hidden_size: int | None = None  # default 4 * hidden_size
+    seq_length: int = 128
+    max_position_embeddings: int | None = None  # default seq_length
+    vocab_size: int = 8192
+    make_vocab_size_divisible_by: int = 128
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    layernorm_epsilon: float = 1e-5
+    init_method_std: float = 0.02
+    position_embedding_type: str = "learned"
+    rotary_base: float = 10000.0
+    activation: str = "gelu"
+    normalization: str = "layernorm"
+    untie_embeddings_and_output_weights: bool = False
+    model_type: str = "gpt"  # "gpt" (causal) or "bert" (bidirectional)
+    bert_binary_head: bool = True  # BERT sentence-order head
+    num_tokentypes: int = 0  # BERT token-type embeddings (2 for sentence pairs)
+
+    def __post_init__(self) -> None:
+        if self.ffn_hidden_size is None:
+            object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
+        if self.max_position_embeddings is None:
+            object.__setattr__(self, "max_position_embeddings", self.seq_length)
+        self.validate()
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def padded_vocab_size(self) -> int:
+        return pad_vocab_size(self.vocab_size, self.make_vocab_size_divisible_by)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def causal(self) -> bool:
+        return self.model_type == "gpt"
+
+    def num_layer_parameters(self) -> int:
+        """Parameters of one transformer layer (weights, biases and norms)."""
+        h, f = self.hidden_size, self.ffn_hidden_size
+        norm = 2 * h if self.normalization == "layernorm" else h
+        attn = 3 * h * h + 3 * h + h * h + h
+        if self.activation == "swiglu":
+            mlp = 2 * h * f + 2 * f + f * h + h
+        else:
+            mlp = h * f + f + f * h + h
+        return attn + mlp + 2 * norm
+
+    def num_parameters(self) -> int:
+        """All parameters, counting tied embeddings once."""
+        h = self.hidden_size
+        emb = self.padded_vocab_size * h
+        if self.position_embedding_type == "learned":
+            emb += self.max_position_embeddings * h
+        emb += self.num_tokentypes * h
+        final_norm = 2 * h if self.normalization == "layernorm" else h
+        head = 0 if not self.untie_embeddings_and_output_weights else self.padded_vocab_size * h
+        return emb + self.num_layers * self.num_layer_parameters() + final_norm + head
+
+    # --------------------------------------------------------------- validation
+    def validate(self) -> None:
+        def need(cond: bool, flag: str, value: Any, fix: str) -> None:
+            if not cond:
+                raise ConfigError(f"{flag}={value}: {fix}")
+
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size"):
+            need(getattr(self, name) > 0, f"--{name.replace('_', '-')}", getattr(self, name),
+                 "must be a positive integer")
+        need(self.ffn_hidden_size > 0, "--ffn-hidden-size", self.ffn_hidden_size,
+             "must be a positive integer")
+        need(self.hidden_size % self.num_attention_heads == 0, "--hidden-size", self.hidden_size,
+             f"must be divisible by --num-attention-heads={self.num_attention_heads}; "
+             f"choose a hidden size that is a multiple of the head count")
+        need(self.max_position_embeddings >= self.seq_length, "--max-position-embeddings",
+             self.max_position_embeddings,
+             f"must be at least --seq-length={self.seq_length}")
+        need(0.0 <= self.hidden_dropout < 1.0, "--hidden-dropout", self.hidden_dropout,
+             "must be in [0, 1)")
+        need(0.0 <= self.attention_dropout < 1.0, "--attention-dropout", self.attention_dropout,
+             "must be in [0, 1)")
+        need(self.position_embedding_type in POSITION_EMBEDDING_TYPES,
+             "--position-embedding-type", self.position_embedding_type,
+             f"choose one of {', '.join(POSITION_EMBEDDING_TYPES)}")
+        need(self.activation in ACTIVATIONS, "--activation", self.activation,
+             f"choose one of {', '.join(ACTIVATIONS)}")
+        need(self.normalization in NORMALIZATIONS, "--normalization", self.normalization,
+             f"choose one of {', '.join(NORMALIZATIONS)}")
+        need(self.model_type in MODEL_TYPES, "model_type", self.model_type,
+             f"choose one of {', '.join(MODEL_TYPES)}")
+        if self.position_embedding_type == "rope":
+            need(self.head_dim % 2 == 0, "--hidden-size", self.hidden_size,
+                 "rotary embeddings need an even head dimension (hidden/heads)")
+
+    def check_tensor_parallel(self, tp: int, what: str = "--tensor-model-parallel-size") -> None:
+        """Raise ``ConfigError`` unless a TP degree ``tp`` can split this model's layers."""
+        if tp < 1:
+            raise ConfigError(f"{what}={tp}: must be a positive integer")
+        if self.num_attention_heads % tp:
+            raise ConfigError(
+                f"{what}={tp}: must divide --num-attention-heads={self.num_attention_heads}; "
+                f"use a TP degree that divides the head count")
+        if self.ffn_hidden_size % tp:
+            raise ConfigError(
+                f"{what}={tp}: must divide --ffn-hidden-size={self.ffn_hidden_size}; "
+                f"use a TP degree that divides the FFN size")
+
+    def check_vocab_parallel(self, tp: int, what: str = "vocab tp") -> None:
+        if tp < 1 or self.padded_vocab_size % tp:
+            raise ConfigError(
+                f"{what}={tp}: must divide the padded vocabulary size {self.padded_vocab_size} "
+                f"(--vocab-size={self.vocab_size} padded to a multiple of "
+                f"--make-vocab-size-divisible-by={self.make_vocab_size_divisible_by}); "
+                f"raise --make-vocab-size-divisible-by or lower the TP degree")
+
+    # ----------------------------------------------------------------- JSON
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ModelConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(
+                f"model config: unknown field(s) {unknown}; known fields are {sorted(known)}")
+        return cls(**dict(data))

@@ -1,0 +1,381 @@
+"""The parallel plan: the one contract between the planner and the runtime (DESIGN §5.2).
+
+A plan says, for a world of ``world_size`` ranks, how many pipeline stages there are and which
+layers each holds, and for every transformer layer its tensor-parallel degree, the layout of its
+TP groups, its data-parallel flavour and whether it recomputes activations. Plans are frozen
+dataclasses that validate themselves and round-trip to the versioned JSON file.
+
+Rank rules (DESIGN §4): stage ``k`` owns ranks ``[k*N/pp, (k+1)*N/pp)``; inside a stage layer
+``i`` has ``tp_i`` ranks per TP group and ``dp_i = (N/pp)/tp_i`` replicas, each replica processing
+``global_batch/num_microbatches/dp_i`` samples of every micro-batch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable, Mapping, Sequence
+
+from .config import ModelConfig
+
+PLAN_FORMAT = "megatron_auto.plan"
+PLAN_VERSION = 1
+DP_MODES = ("ddp", "zero2", "zero3")
+SCHEDULES = ("1f1b", "gpipe")
+
+
+class PlanError(ValueError):
+    """An invalid plan; the message names the field, the value and how to fix it."""
+
+
+def _is_power_of_two(n: int) -> bool:
+    return n >= 1 and (n & (n - 1)) == 0
+
+
+def _need(cond: bool, field_name: str, value: Any, fix: str) -> None:
+    if not cond:
+        raise PlanError(f"plan field {field_name}={value!r}: {fix}")
+
+
+def _int(data: Mapping[str, Any], key: str, where: str) -> int:
+    if key not in data:
+        raise PlanError(f"plan field {where}{key} is missing: add it (an integer)")
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PlanError(f"plan field {where}{key}={value!r}: must be an integer")
+    return value
+
+
+@dataclass(frozen=True)
+class LayerStrategy:
+    """How one transformer layer is parallelised inside its pipeline stage."""
+
+    tp: int = 1
+    dp_mode: str = "ddp"
+    tp_consecutive: bool = True
+    recompute: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tp": self.tp, "dp_mode": self.dp_mode, "tp_consecutive": self.tp_consecutive,
+                "recompute": self.recompute}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "layers[?].") -> "LayerStrategy":
+        if not isinstance(data, Mapping):
+            raise PlanError(f"plan field {where[:-1]}={data!r}: must be an object like "
+                            '{"tp": 1, "dp_mode": "ddp", "tp_consecutive": true, "recompute": false}')
+        unknown = sorted(set(data) - {"tp", "dp_mode", "tp_consecutive", "recompute"})
+        _need(not unknown, where + "<keys>", unknown,
+              "unknown key(s); allowed: tp, dp_mode, tp_consecutive, recompute")
+        tp = _int(data, "tp", where) if "tp" in data else 1
+        dp_mode = data.get("dp_mode", "ddp")
+        consec = data.get("tp_consecutive", True)
+        recompute = data.get("recompute", False)
+        _need(isinstance(consec, bool), where + "tp_consecutive", consec, "must be true or false")
+        _need(isinstance(recompute, bool), where + "recompute", recompute, "must be true or false")
+        return cls(tp=tp, dp_mode=dp_mode, tp_consecutive=consec, recompute=recompute)
+
+
+@dataclass(frozen=True)
+class VocabStrategy:
+    """Layout of the embedding and LM head (first and last stage)."""
+
+    tp: int = 1
+    dp_mode: str = "ddp"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tp": self.tp, "dp_mode": self.dp_mode}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "VocabStrategy":
+        _need(isinstance(data, Mapping), "vocab", data, 'must be an object like {"tp": 1, "dp_mode": "ddp"}')
+        unknown = sorted(set(data) - {"tp", "dp_mode"})
+        _need(not unknown, "vocab.<keys>", unknown, "unknown key(s); allowed: tp, dp_mode")
+        tp = _int(data, "tp", "vocab.") if "tp" in data else 1
+        return cls(tp=tp, dp_mode=data.get("dp_mode", "ddp"))
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    size: int = 1
+    schedule: str = "1f1b"
+    layers_per_stage: tuple[int, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"size": self.size, "schedule": self.schedule,
+                "layers_per_stage": list(self.layers_per_stage)}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "PipelineSpec":
+        _need(isinstance(data, Mapping), "pipeline", data,
+              'must be an object like {"size": 2, "schedule": "1f1b", "layers_per_stage": [2, 2]}')
+        unknown = sorted(set(data) - {"size", "schedule", "layers_per_stage"})
+        _need(not unknown, "pipeline.<keys>", unknown,
+              "unknown key(s); allowed: size, schedule, layers_per_stage")
+        size = _int(data, "size", "pipeline.")
+        lps = data.get("layers_per_stage")
+        _need(isinstance(lps, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in lps),
+              "pipeline.layers_per_stage", lps, "must be a list of integers, one per stage")
+        return cls(size=size, schedule=data.get("schedule", "1f1b"), layers_per_stage=tuple(lps))
+
+
+def even_partition(num_layers: int, num_stages: int) -> tuple[int, ...]:
+    """Split ``num_layers`` into ``num_stages`` counts differing by at most one (extra layers first)."""
+    base, extra = divmod(num_layers, num_stages)
+    return tuple(base + (1 if k < extra else 0) for k in range(num_stages))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A complete parallel plan. Build with :meth:`uniform`, :meth:`from_dict` or :meth:`load`."""
+
+    world_size: int
+    global_batch_size: int
+    num_microbatches: int
+    pipeline: PipelineSpec
+    vocab: VocabStrategy
+    layers: tuple[LayerStrategy, ...]
+    model: Mapping[str, Any] | None = None
+    estimate: Mapping[str, Any] | None = None
+    # Anything else the planner wants to record (which partition won, search time, ...).
+    search: Mapping[str, Any] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layers", tuple(self.layers))
+        self.validate()
+
+    # ---------------------------------------------------------------- derived
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def pp_size(self) -> int:
+        return self.pipeline.size
+
+    @property
+    def stage_size(self) -> int:
+        """Ranks per pipeline stage."""
+        return self.world_size // self.pipeline.size
+
+    @property
+    def microbatch_size(self) -> int:
+        """Samples in one micro-batch across the whole stage (before any dp split)."""
+        return self.global_batch_size // self.num_microbatches
+
+    def stage_ranks(self, stage: int) -> list[int]:
+        n = self.stage_size
+        return list(range(stage * n, (stage + 1) * n))
+
+    def stage_of_rank(self, rank: int) -> int:
+        return rank // self.stage_size
+
+    def stage_layer_range(self, stage: int) -> range:
+        start = sum(self.pipeline.layers_per_stage[:stage])
+        return range(start, start + self.pipeline.layers_per_stage[stage])
+
+    def stage_of_layer(self, layer: int) -> int:
+        for stage in range(self.pp_size):
+            if layer in self.stage_layer_range(stage):
+                return stage
+        raise IndexError(f"layer {layer} out of range for a {self.num_layers}-layer plan")
+
+    def dp_size(self, layer: int) -> int:
+        return self.stage_size // self.layers[layer].tp
+
+    @property
+    def vocab_dp_size(self) -> int:
+        return self.stage_size // self.vocab.tp
+
+    def is_uniform(self) -> bool:
+        return len(set(self.layers)) <= 1
+
+    # ------------------------------------------------------------- validation
+    def validate(self, model: ModelConfig | None = None) -> None:
+        """Check internal consistency and, when ``model`` is given, the model's divisibility."""
+        _need(isinstance(self.world_size, int) and self.world_size >= 1, "world_size",
+              self.world_size, "must be a positive integer (the number of ranks)")
+        _need(self.global_batch_size >= 1, "global_batch_size", self.global_batch_size,
+              "must be a positive integer")
+        _need(self.num_microbatches >= 1, "num_microbatches", self.num_microbatches,
+              "must be a positive integer")
+        _need(self.global_batch_size % self.num_microbatches == 0, "num_microbatches",
+              self.num_microbatches,
+              f"must divide global_batch_size={self.global_batch_size}")
+        pp = self.pipeline
+        _need(pp.size >= 1 and self.world_size % pp.size == 0, "pipeline.size", pp.size,
+              f"must divide world_size={self.world_size}")
+        _need(pp.schedule in SCHEDULES, "pipeline.schedule", pp.schedule,
+              f"choose one of {', '.join(SCHEDULES)}")
+        _need(len(pp.layers_per_stage) == pp.size, "pipeline.layers_per_stage",
+              list(pp.layers_per_stage), f"must have one entry per stage ({pp.size})")
+        _need(all(n >= 1 for n in pp.layers_per_stage), "pipeline.layers_per_stage",
+              list(pp.layers_per_stage), "every stage needs at least one layer")
+        _need(sum(pp.layers_per_stage) == len(self.layers), "pipeline.layers_per_stage",
+              list(pp.layers_per_stage),
+              f"must sum to the number of entries in layers ({len(self.layers)})")
+        _need(len(self.layers) >= 1, "layers", [], "needs one entry per transformer layer")
+        n = self.stage_size
+        mb = self.microbatch_size
+        for i, layer in enumerate(self.layers):
+            where = f"layers[{i}]"
+            _need(isinstance(layer, LayerStrategy), where, layer, "must be a LayerStrategy")
+            _need(isinstance(layer.tp, int) and _is_power_of_two(layer.tp) and n % layer.tp == 0,
+                  where + ".tp", layer.tp,
+                  f"must be a power of two dividing the {n} ranks of a pipeline stage")
+            _need(layer.dp_mode in DP_MODES, where + ".dp_mode", layer.dp_mode,
+                  f"choose one of {', '.join(DP_MODES)}")
+            dp = n // layer.tp
+            _need(mb % dp == 0, where + ".tp", layer.tp,
+                  f"gives dp={dp} replicas, which must divide the micro-batch of {mb} samples "
+                  f"(global_batch_size {self.global_batch_size} / num_microbatches "
+                  f"{self.num_microbatches}); change tp, num_microbatches or the batch size")
+        v = self.vocab
+        _need(isinstance(v.tp, int) and _is_power_of_two(v.tp) and n % v.tp == 0, "vocab.tp", v.tp,
+              f"must be a power of two dividing the {n} ranks of a pipeline stage")
+        _need(v.dp_mode in DP_MODES, "vocab.dp_mode", v.dp_mode, f"choose one of {', '.join(DP_MODES)}")
+        _need(mb % (n // v.tp) == 0, "vocab.tp", v.tp,
+              f"gives dp={n // v.tp} replicas, which must divide the micro-batch of {mb} samples")
+        if model is not None:
+            self.check_model(model)
+
+    def check_model(self, model: ModelConfig) -> None:
+        """Raise ``PlanError`` unless every layer's tp can split ``model``; compare ``self.model``."""
+        if model.num_layers != len(self.layers):
+            raise PlanError(f"plan field layers has {len(self.layers)} entries but the model has "
+                            f"--num-layers={model.num_layers}; give one entry per layer")
+        for i, layer in enumerate(self.layers):
+            try:
+                model.check_tensor_parallel(layer.tp, what=f"plan field layers[{i}].tp")
+            except ValueError as err:
+                raise PlanError(str(err)) from None
+        try:
+            model.check_vocab_parallel(self.vocab.tp, what="plan field vocab.tp")
+        except ValueError as err:
+            raise PlanError(str(err)) from None
+        if self.model:
+            mine = model.to_dict()
+            for key, value in self.model.items():
+                if key in mine and mine[key] != value:
+                    raise PlanError(
+                        f"plan field model.{key}={value!r} does not match the run's "
+                        f"{key}={mine[key]!r}; use a plan made for this model or fix the flags")
+
+    # ---------------------------------------------------------------- builders
+    @classmethod
+    def uniform(cls, world_size: int, num_layers: int, *, global_batch_size: int,
+                num_microbatches: int = 1, tp: int = 1, pp: int = 1, dp_mode: str = "ddp",
+                tp_consecutive: bool = True, recompute: bool | Sequence[bool] = False,
+                schedule: str = "1f1b", vocab_tp: int | None = None,
+                vocab_dp_mode: str | None = None,
+                layers_per_stage: Sequence[int] | None = None,
+                model: Mapping[str, Any] | None = None) -> "Plan":
+        """The plan classic Megatron flags describe: one (tp, dp_mode) for every layer."""
+        if isinstance(recompute, bool):
+            recompute = [recompute] * num_layers
+        if len(recompute) != num_layers:
+            raise PlanError(f"recompute flags: {len(recompute)} given for {num_layers} layers")
+        if pp < 1 or num_layers < pp:
+            raise PlanError(f"pipeline.size={pp}: must be between 1 and --num-layers={num_layers}")
+        layers = tuple(LayerStrategy(tp=tp, dp_mode=dp_mode, tp_consecutive=tp_consecutive,
+                                     recompute=bool(r)) for r in recompute)
+        return cls(world_size=world_size, global_batch_size=global_batch_size,
+                   num_microbatches=num_microbatches,
+                   pipeline=PipelineSpec(size=pp, schedule=schedule,
+                                         layers_per_stage=tuple(layers_per_stage)
+                                         if layers_per_stage else even_partition(num_layers, pp)),
+                   vocab=VocabStrategy(tp=tp if vocab_tp is None else vocab_tp,
+                                       dp_mode=dp_mode if vocab_dp_mode is None else vocab_dp_mode),
+                   layers=layers, model=model)
+
+    def with_estimate(self, estimate: Mapping[str, Any]) -> "Plan":
+        return replace(self, estimate=dict(estimate))
+
+    # -------------------------------------------------------------------- JSON
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "format": PLAN_FORMAT, "version": PLAN_VERSION,
+            "world_size": self.world_size,
+            "global_batch_size": self.global_batch_size,
+            "num_microbatches": self.num_microbatches,
+            "pipeline": self.pipeline.to_dict(),
+            "vocab": self.vocab.to_dict(),
+            "layers": [layer.to_dict() for layer in self.layers],
+        }
+        if self.model is not None:
+            out["model"] = dict(self.model)
+        if self.estimate is not None:
+            out["estimate"] = dict(self.estimate)
+        if self.search is not None:
+            out["search"] = dict(self.search)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Plan":
+        _need(isinstance(data, Mapping), "<root>", type(data).__name__, "a plan must be a JSON object")
+        fmt = data.get("format")
+        _need(fmt == PLAN_FORMAT, "format", fmt,
+              f'must be "{PLAN_FORMAT}" (is this a Galvatron config? convert it with '
+              f"`megatron-auto import-galvatron`)")
+        version = data.get("version")
+        _need(version == PLAN_VERSION, "version", version,
+              f"this megatron_auto reads plan version {PLAN_VERSION}")
+        known = {"format", "version", "world_size", "global_batch_size", "num_microbatches",
+                 "pipeline", "vocab", "layers", "model", "estimate", "search"}
+        unknown = sorted(set(data) - known)
+        _need(not unknown, "<keys>", unknown, f"unknown key(s); allowed: {sorted(known)}")
+        layers = data.get("layers")
+        _need(isinstance(layers, list), "layers", layers, "must be a list with one object per layer")
+        return cls(
+            world_size=_int(data, "world_size", ""),
+            global_batch_size=_int(data, "global_batch_size", ""),
+            num_microbatches=_int(data, "num_microbatches", ""),
+            pipeline=PipelineSpec.from_dict(data.get("pipeline")),
+            vocab=VocabStrategy.from_dict(data.get("vocab", {"tp": 1, "dp_mode": "ddp"})),
+            layers=tuple(LayerStrategy.from_dict(x, f"layers[{i}].") for i, x in enumerate(layers)),
+            model=data.get("model"), estimate=data.get("estimate"), search=data.get("search"))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def save(self, path: str | os.PathLike) -> None:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(self.to_json() + "\n")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Plan":
+        try:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+        except OSError as err:
+            raise PlanError(f"--plan {path}: cannot read the file ({err.strerror}); "
+                            f"check the path") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise PlanError(f"--plan {path}: not valid JSON (line {err.lineno}, column "
+                            f"{err.colno}: {err.msg}); fix the file or write it again with "
+                            f"`megatron-auto plan`") from None
+        try:
+            return cls.from_dict(data)
+        except PlanError as err:
+            raise PlanError(f"--plan {path}: {err}") from None
+
+
+def distinct_layouts(plan: Plan) -> list[tuple[int, int, bool]]:
+    """Distinct ``(stage, tp, tp_consecutive)`` triples used by layers and vocab, sorted.
+
+    The runtime creates process groups once per triple (never per layer).
+    """
+    seen: set[tuple[int, int, bool]] = set()
+    for i, layer in enumerate(plan.layers):
+        seen.add((plan.stage_of_layer(i), layer.tp, layer.tp_consecutive or layer.tp in (1, plan.stage_size)))
+    for stage in {0, plan.pp_size - 1}:
+        seen.add((stage, plan.vocab.tp, True))
+    return sorted(seen)
+
+
+def iter_stage_layers(plan: Plan, stage: int) -> Iterable[tuple[int, LayerStrategy]]:
+    for i in plan.stage_layer_range(stage):
+        yield i, plan.layers[i]
