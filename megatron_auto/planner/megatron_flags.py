@@ -1,0 +1,252 @@
+"""Classic Megatron-LM parallel flags <-> ``Plan``.
+
+Megatron describes one layout for the whole model: ``--tensor-model-parallel-size`` (TP groups of
+consecutive ranks), ``--pipeline-model-parallel-size`` (stage ``k`` = ranks ``[k*N/pp,
+(k+1)*N/pp)``, the same placement as ours since Megatron's default rank order puts pp outermost),
+data parallelism over the rest, optionally ``--use-distributed-optimizer`` (gradients and
+optimizer state sharded over DP: the closest of our flavours is ``zero2``), and recompute flags.
+:func:`plan_from_megatron_flags` turns such a flag set into a uniform :class:`Plan`;
+:func:`to_megatron_flags` goes back, or says why a plan has no classic-flag equivalent.
+
+Recompute mapping (layer-level, since our recompute unit is a whole layer):
+
+- ``--recompute-granularity full --recompute-method uniform``: every layer recomputes (Megatron
+  checkpoints groups of ``--recompute-num-layers`` layers; all activations inside are recomputed).
+- ``--recompute-granularity full --recompute-method block --recompute-num-layers k``: the first
+  ``k`` layers of every pipeline stage recompute, the others keep their activations.
+- ``--recompute-granularity selective``: only core attention is recomputed, which a layer-level
+  plan cannot express; it is mapped to "no recompute" and noted in ``plan.search["notes"]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Mapping, Sequence
+
+from ..plan import Plan, PlanError
+
+RECOMPUTE_GRANULARITIES = ("full", "selective")
+RECOMPUTE_METHODS = ("uniform", "block")
+
+
+class MegatronFlagError(ValueError):
+    """Inconsistent classic flags; the message names the flag, the value and the fix."""
+
+
+def _stage_sizes(num_layers: int, pp: int, first: int | None, last: int | None) -> tuple[int, ...]:
+    """Megatron's layer split: even, or ``first``/``last`` stages pinned and the middle even."""
+    if first is None and last is None:
+        if num_layers % pp:
+            raise MegatronFlagError(
+                f"--num-layers={num_layers}: Megatron needs it divisible by "
+                f"--pipeline-model-parallel-size={pp}; change either, or pin the first/last stage "
+                f"with --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers")
+        return (num_layers // pp,) * pp
+    if pp < 2:
+        raise MegatronFlagError("--decoder-first/last-pipeline-num-layers need "
+                                "--pipeline-model-parallel-size >= 2")
+    pinned = [x for x in (first, last) if x is not None]
+    if any(x < 1 for x in pinned):
+        raise MegatronFlagError(f"--decoder-first/last-pipeline-num-layers={pinned}: "
+                                f"each stage needs at least one layer")
+    middle_stages = pp - len(pinned)
+    rest = num_layers - sum(pinned)
+    if middle_stages == 0:
+        if rest != 0:
+            raise MegatronFlagError(
+                f"--decoder-first/last-pipeline-num-layers={pinned}: must sum to --num-layers="
+                f"{num_layers} when there are only two stages")
+        return (first, last)  # type: ignore[return-value]
+    if rest < middle_stages or rest % middle_stages:
+        raise MegatronFlagError(
+            f"--num-layers={num_layers}: after pinning {pinned} layers, the remaining {rest} must "
+            f"split evenly over the {middle_stages} other stage(s); adjust the pinned counts")
+    mid = rest // middle_stages
+    sizes = [mid] * pp
+    if first is not None:
+        sizes[0] = first
+    if last is not None:
+        sizes[-1] = last
+    return tuple(sizes)
+
+
+def plan_from_megatron_flags(
+        *, world_size: int, num_layers: int, global_batch_size: int, micro_batch_size: int,
+        tensor_model_parallel_size: int = 1, pipeline_model_parallel_size: int = 1,
+        use_distributed_optimizer: bool = False,
+        recompute_granularity: str | None = None, recompute_method: str | None = None,
+        recompute_num_layers: int | None = None,
+        decoder_first_pipeline_num_layers: int | None = None,
+        decoder_last_pipeline_num_layers: int | None = None,
+        model: Mapping[str, Any] | None = None) -> Plan:
+    """The uniform plan a classic Megatron flag set describes.
+
+    ``num_microbatches = global_batch_size / (micro_batch_size * dp)`` with
+    ``dp = world_size / (tp * pp)``; every divisibility is checked with the flag named.
+    """
+    tp, pp = tensor_model_parallel_size, pipeline_model_parallel_size
+    for flag, value in (("--tensor-model-parallel-size", tp), ("--pipeline-model-parallel-size", pp),
+                        ("--micro-batch-size", micro_batch_size),
+                        ("--global-batch-size", global_batch_size)):
+        if not isinstance(value, int) or value < 1:
+            raise MegatronFlagError(f"{flag}={value!r}: must be a positive integer")
+    if world_size % (tp * pp):
+        raise MegatronFlagError(
+            f"--tensor-model-parallel-size={tp} x --pipeline-model-parallel-size={pp} = {tp * pp} "
+            f"must divide the world size {world_size}; choose degrees whose product divides it")
+    dp = world_size // (tp * pp)
+    if global_batch_size % (micro_batch_size * dp):
+        raise MegatronFlagError(
+            f"--global-batch-size={global_batch_size}: must be a multiple of --micro-batch-size="
+            f"{micro_batch_size} x data-parallel size {dp} = {micro_batch_size * dp}")
+    num_microbatches = global_batch_size // (micro_batch_size * dp)
+    sizes = _stage_sizes(num_layers, pp, decoder_first_pipeline_num_layers,
+                         decoder_last_pipeline_num_layers)
+    notes: list[str] = []
+    recompute = [False] * num_layers
+    if recompute_granularity is not None:
+        if recompute_granularity not in RECOMPUTE_GRANULARITIES:
+            raise MegatronFlagError(f"--recompute-granularity={recompute_granularity!r}: choose one "
+                                    f"of {', '.join(RECOMPUTE_GRANULARITIES)}")
+        if recompute_granularity == "selective":
+            notes.append("--recompute-granularity selective recomputes only core attention; a "
+                         "layer-level plan keeps those activations (modelled as no recompute)")
+        else:
+            method = recompute_method or "uniform"
+            if method not in RECOMPUTE_METHODS:
+                raise MegatronFlagError(f"--recompute-method={method!r}: choose one of "
+                                        f"{', '.join(RECOMPUTE_METHODS)}")
+            if method == "uniform":
+                recompute = [True] * num_layers
+            else:
+                k = recompute_num_layers
+                if k is None or k < 0:
+                    raise MegatronFlagError(
+                        f"--recompute-num-layers={k!r}: --recompute-method block needs the number "
+                        f"of layers per stage to recompute (0..{min(sizes)})")
+                start = 0
+                for size in sizes:
+                    for j in range(min(k, size)):
+                        recompute[start + j] = True
+                    start += size
+    dp_mode = "zero2" if use_distributed_optimizer else "ddp"
+    if use_distributed_optimizer:
+        notes.append("--use-distributed-optimizer is modelled as zero2 (gradients and optimizer "
+                     "state sharded over data parallelism)")
+    try:
+        plan = Plan.uniform(world_size, num_layers, global_batch_size=global_batch_size,
+                            num_microbatches=num_microbatches, tp=tp, pp=pp, dp_mode=dp_mode,
+                            tp_consecutive=True, recompute=recompute, schedule="1f1b",
+                            layers_per_stage=sizes, model=model)
+    except PlanError as err:
+        raise MegatronFlagError(f"classic flags give an invalid plan: {err}") from None
+    return replace(plan, search={"source": "megatron-flags", "notes": notes})
+
+
+def to_megatron_flags(plan: Plan) -> tuple[list[str] | None, list[str]]:
+    """Classic Megatron flags equivalent to ``plan``, or ``(None, reasons it is not expressible)``.
+
+    The returned flags cover parallelism, batch and recompute (model and precision flags are the
+    run's own). Reasons name the offending layers or fields.
+    """
+    reasons: list[str] = []
+    layers = plan.layers
+    first = layers[0]
+    tps = sorted({layer.tp for layer in layers})
+    if len(tps) > 1:
+        reasons.append(f"per-layer tensor-parallel degrees differ ({tps}); Megatron uses one "
+                       f"--tensor-model-parallel-size for all layers")
+    tp = first.tp
+    modes = sorted({layer.dp_mode for layer in layers})
+    if len(modes) > 1:
+        reasons.append(f"per-layer data-parallel flavours differ ({modes}); Megatron uses one for "
+                       f"the whole model")
+    if "zero3" in modes:
+        reasons.append("zero3 (sharded parameters) has no classic Megatron flag; its distributed "
+                       "optimizer shards only gradients and optimizer state")
+    strided = [i for i, layer in enumerate(layers) if not layer.tp_consecutive
+               and 1 < layer.tp < plan.stage_size]
+    if strided:
+        reasons.append(f"layers {_ranges(strided)} use strided TP groups; Megatron's TP groups are "
+                       f"always consecutive ranks")
+    if plan.vocab.tp != tp and len(tps) == 1:
+        reasons.append(f"vocab.tp={plan.vocab.tp} differs from the layers' tp={tp}; Megatron "
+                       f"splits embedding and head over the same TP group")
+    if len(modes) == 1 and plan.vocab.dp_mode != modes[0] and plan.vocab_dp_size > 1:
+        reasons.append(f"vocab.dp_mode={plan.vocab.dp_mode} differs from the layers' {modes[0]}")
+    if plan.pipeline.schedule != "1f1b":
+        reasons.append(f"pipeline.schedule={plan.pipeline.schedule}: Megatron's non-interleaved "
+                       f"schedule is 1F1B only")
+    sizes = list(plan.pipeline.layers_per_stage)
+    pp = plan.pp_size
+    stage_flags: list[str] = []
+    if len(set(sizes)) > 1:
+        middle = sizes[1:-1]
+        if not middle:  # two stages: pin both
+            stage_flags += ["--decoder-first-pipeline-num-layers", str(sizes[0]),
+                            "--decoder-last-pipeline-num-layers", str(sizes[-1])]
+        elif len(set(middle)) == 1:
+            if sizes[0] != middle[0]:
+                stage_flags += ["--decoder-first-pipeline-num-layers", str(sizes[0])]
+            if sizes[-1] != middle[0]:
+                stage_flags += ["--decoder-last-pipeline-num-layers", str(sizes[-1])]
+        else:
+            reasons.append(f"pipeline.layers_per_stage={sizes}: Megatron can pin only the first and "
+                           f"last stage; the middle stages must hold equal layer counts")
+    recompute_flags = _recompute_flags(plan, reasons)
+    if reasons:
+        return None, reasons
+    dp = plan.stage_size // tp
+    micro = plan.microbatch_size // dp
+    flags = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp),
+             "--micro-batch-size", str(micro), "--global-batch-size", str(plan.global_batch_size)]
+    flags += stage_flags
+    if modes == ["zero2"]:
+        flags.append("--use-distributed-optimizer")
+    flags += recompute_flags
+    return flags, []
+
+
+def _recompute_flags(plan: Plan, reasons: list[str]) -> list[str]:
+    flags = [layer.recompute for layer in plan.layers]
+    if not any(flags):
+        return []
+    if all(flags):
+        return ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                "--recompute-num-layers", "1"]
+    # Block method: the same number k of leading layers recomputes in every stage.
+    per_stage = [[flags[i] for i in plan.stage_layer_range(s)] for s in range(plan.pp_size)]
+    leading = []
+    for stage_flags in per_stage:
+        k = 0
+        while k < len(stage_flags) and stage_flags[k]:
+            k += 1
+        if any(stage_flags[k:]):
+            leading = None
+            break
+        leading.append(k)
+    if leading is not None:
+        ks = set(leading)
+        # A stage shorter than k recomputes all its layers under Megatron's block method.
+        k = max(ks)
+        if all(n == k or n == len(per_stage[s]) for s, n in enumerate(leading)):
+            return ["--recompute-granularity", "full", "--recompute-method", "block",
+                    "--recompute-num-layers", str(k)]
+    recomputed = [i for i, f in enumerate(flags) if f]
+    reasons.append(f"recompute on layers {_ranges(recomputed)} is not 'all layers' nor 'the first k "
+                   f"layers of every stage' (Megatron's uniform / block methods)")
+    return []
+
+
+def _ranges(indices: Sequence[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``'0-2, 5'`` for readable reasons."""
+    out: list[str] = []
+    start = prev = indices[0]
+    for i in list(indices[1:]) + [None]:  # type: ignore[list-item]
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if i is not None:
+            start = prev = i
+    return ", ".join(out)
