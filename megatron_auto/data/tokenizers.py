@@ -1,0 +1,239 @@
+"""Tokenizers behind one interface, selected by Megatron-LM's ``--tokenizer-type`` names.
+
+Every tokenizer offers ``vocab_size``, ``tokenize(text) -> list[int]``, ``detokenize(ids) ->
+str``, ``eod`` and ``pad``; those usable for BERT also ``cls``, ``sep`` and ``mask``.
+``build_tokenizer`` is the single entry point; the model's embedding size is
+``config.pad_vocab_size(tokenizer.vocab_size, ...)``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Protocol, runtime_checkable
+
+from megatron_auto.data.gpt2_bpe import GPT2BPETokenizer
+from megatron_auto.data.wordpiece import BertWordPieceTokenizer
+
+TOKENIZER_TYPES = (
+    "GPT2BPETokenizer",
+    "BertWordPieceLowerCase",
+    "BertWordPieceCase",
+    "SentencePieceTokenizer",
+    "GPTSentencePieceTokenizer",
+    "HuggingFaceTokenizer",
+    "NullTokenizer",
+)
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What datasets and tools rely on."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def eod(self) -> int: ...
+
+    @property
+    def pad(self) -> int: ...
+
+    def tokenize(self, text: str) -> list[int]: ...
+
+    def detokenize(self, ids: list[int]) -> str: ...
+
+
+class NullTokenizer:
+    """Text is space-separated integer ids (for tests and pre-tokenised data).
+
+    As in Megatron-LM, ``eod`` is the id ``vocab_size`` passed in, so the reported
+    ``vocab_size`` is one larger. ``pad`` is ``eod``.
+    """
+
+    def __init__(self, vocab_size: int) -> None:
+        if vocab_size is None or int(vocab_size) <= 0:
+            raise ValueError(f"--vocab-size={vocab_size}: NullTokenizer needs a positive --vocab-size")
+        self._n = int(vocab_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._n + 1
+
+    @property
+    def eod(self) -> int:
+        return self._n
+
+    @property
+    def pad(self) -> int:
+        return self._n
+
+    def tokenize(self, text: str) -> list[int]:
+        ids = [int(x) for x in text.split()]
+        bad = [i for i in ids if not 0 <= i < self._n]
+        if bad:
+            raise ValueError(f"NullTokenizer: ids {bad[:5]} outside [0, {self._n}); raise --vocab-size")
+        return ids
+
+    def detokenize(self, ids: list[int]) -> str:
+        return " ".join(str(int(i)) for i in ids)
+
+
+class SentencePieceTokenizer:
+    """A SentencePiece model, with the special tokens the model lacks appended after its vocab.
+
+    ``eod`` is the model's ``</s>`` (eos) piece when it has one; ``pad`` its pad piece.
+    ``<CLS> <SEP> <MASK>`` (or ``[CLS]``-style spellings) are taken from the model when present
+    and otherwise given the next free ids, so ``vocab_size`` may exceed the model's piece count.
+    ``bert_specials=False`` (GPTSentencePieceTokenizer) adds only what GPT needs (eod, pad).
+    """
+
+    def __init__(self, model_file: str, bert_specials: bool = True) -> None:
+        if not model_file or not os.path.isfile(model_file):
+            raise FileNotFoundError(
+                f"--tokenizer-model={model_file!r}: SentencePiece model file not found; "
+                f"pass a .model file (tools/train_tokenizer.py trains one)"
+            )
+        import sentencepiece as spm
+
+        self.model_file = model_file
+        self.sp = spm.SentencePieceProcessor(model_file=model_file)
+        self._num_pieces = self.sp.get_piece_size()
+        self._extra: dict[int, str] = {}
+        self._specials: dict[str, int] = {}
+
+        def lookup(*names: str) -> int | None:
+            for name in names:
+                pid = self.sp.piece_to_id(name)
+                if pid != self.sp.unk_id() or name == self.sp.id_to_piece(self.sp.unk_id()):
+                    return pid
+            return None
+
+        def special(key: str, model_id: int, *names: str) -> None:
+            pid = model_id if model_id >= 0 else lookup(*names)
+            if pid is None:
+                pid = self._num_pieces + len(self._extra)
+                self._extra[pid] = names[0]
+            self._specials[key] = pid
+
+        special("eod", self.sp.eos_id(), "<EOD>", "</s>")
+        special("pad", self.sp.pad_id(), "<PAD>", "<pad>")
+        if bert_specials:
+            special("cls", -1, "<CLS>", "[CLS]")
+            special("sep", -1, "<SEP>", "[SEP]")
+            special("mask", -1, "<MASK>", "[MASK]")
+
+    @property
+    def vocab_size(self) -> int:
+        return self._num_pieces + len(self._extra)
+
+    def _special(self, key: str) -> int:
+        if key not in self._specials:
+            raise AttributeError(
+                f"this SentencePiece tokenizer has no {key} token; use --tokenizer-type "
+                f"SentencePieceTokenizer (not GPTSentencePieceTokenizer) for BERT"
+            )
+        return self._specials[key]
+
+    eod = property(lambda self: self._special("eod"))
+    pad = property(lambda self: self._special("pad"))
+    cls = property(lambda self: self._special("cls"))
+    sep = property(lambda self: self._special("sep"))
+    mask = property(lambda self: self._special("mask"))
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.sp.encode(text))
+
+    def detokenize(self, ids: list[int]) -> str:
+        # Appended specials are unknown to the model; decode the runs between them.
+        out, run = [], []
+        for i in ids:
+            i = int(i)
+            if i in self._extra:
+                if run:
+                    out.append(self.sp.decode(run))
+                    run = []
+                out.append(self._extra[i])
+            else:
+                run.append(i)
+        if run:
+            out.append(self.sp.decode(run))
+        return "".join(out)
+
+
+class HuggingFaceTokenizer:
+    """A ``transformers`` AutoTokenizer (name or local directory); needs ``transformers``."""
+
+    def __init__(self, model_name_or_path: str) -> None:
+        try:
+            from transformers import AutoTokenizer
+        except ImportError as err:
+            raise ImportError(
+                "--tokenizer-type HuggingFaceTokenizer needs the `transformers` package: "
+                "pip install transformers"
+            ) from err
+        self.hf = AutoTokenizer.from_pretrained(model_name_or_path)
+        self._eod = self.hf.eos_token_id if self.hf.eos_token_id is not None else self.hf.sep_token_id
+        if self._eod is None:
+            raise ValueError(f"{model_name_or_path}: tokenizer has neither an eos nor a sep token for eod")
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.hf)
+
+    @property
+    def eod(self) -> int:
+        return self._eod
+
+    @property
+    def pad(self) -> int:
+        return self.hf.pad_token_id if self.hf.pad_token_id is not None else self._eod
+
+    @property
+    def cls(self) -> int:
+        return self.hf.cls_token_id
+
+    @property
+    def sep(self) -> int:
+        return self.hf.sep_token_id
+
+    @property
+    def mask(self) -> int:
+        return self.hf.mask_token_id
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.hf(text, add_special_tokens=False)["input_ids"])
+
+    def detokenize(self, ids: list[int]) -> str:
+        return self.hf.decode([int(i) for i in ids])
+
+
+def build_tokenizer(
+    tokenizer_type: str,
+    tokenizer_model: str | None = None,
+    vocab_file: str | None = None,
+    merge_file: str | None = None,
+    vocab_size: int | None = None,
+) -> Tokenizer:
+    """Build a tokenizer from Megatron-style arguments (``--tokenizer-type`` and its files)."""
+
+    def need(value: object, flag: str) -> None:
+        if value is None:
+            raise ValueError(f"--tokenizer-type {tokenizer_type} needs {flag}")
+
+    if tokenizer_type == "GPT2BPETokenizer":
+        need(vocab_file, "--vocab-file (vocab.json)")
+        need(merge_file, "--merge-file (merges.txt)")
+        return GPT2BPETokenizer(vocab_file, merge_file)
+    if tokenizer_type in ("BertWordPieceLowerCase", "BertWordPieceCase"):
+        need(vocab_file, "--vocab-file (vocab.txt)")
+        return BertWordPieceTokenizer(vocab_file, lower_case=tokenizer_type == "BertWordPieceLowerCase")
+    if tokenizer_type in ("SentencePieceTokenizer", "GPTSentencePieceTokenizer"):
+        need(tokenizer_model, "--tokenizer-model (a SentencePiece .model file)")
+        return SentencePieceTokenizer(tokenizer_model, bert_specials=tokenizer_type == "SentencePieceTokenizer")
+    if tokenizer_type == "HuggingFaceTokenizer":
+        need(tokenizer_model, "--tokenizer-model (a HuggingFace name or directory)")
+        return HuggingFaceTokenizer(tokenizer_model)
+    if tokenizer_type == "NullTokenizer":
+        need(vocab_size, "--vocab-size")
+        return NullTokenizer(vocab_size)
+    raise ValueError(f"--tokenizer-type={tokenizer_type!r}: unknown; choose one of {', '.join(TOKENIZER_TYPES)}")
