@@ -147,6 +147,14 @@ class IndexedDatasetBuilder:
             while chunk := f.read(1 << 24):
                 self._bin.write(chunk)
 
+    def abort(self) -> None:
+        """Discard what was written (no output files appear)."""
+        if not self._finalized:
+            self._bin.close()
+            if os.path.exists(self._bin_tmp):
+                os.remove(self._bin_tmp)
+            self._finalized = True
+
     def finalize(self) -> None:
         """Write the index and move both files into place."""
         if self._finalized:

@@ -173,6 +173,10 @@ def preprocess_jsonl(
                 stats.bytes_in += nbytes
                 if log is not None and log_interval > 0 and stats.documents % log_interval == 0:
                     _progress(log, stats, time.perf_counter() - start, final=False)
+        except BaseException:
+            for b in builders.values():
+                b.abort()
+            raise
         finally:
             if pool is not None:
                 pool.terminate()
