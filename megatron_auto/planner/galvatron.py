@@ -1,0 +1,337 @@
+"""Galvatron 2.4 interop: its profiles -> our ModelProfile / ClusterSpec, its plans -> our Plan.
+
+Reading and checking the files is ``galvatron_files.py``; this module converts units and
+meanings:
+
+- Compute: ``layertype_i`` ms per sample per layer (forward, tp 1) -> seconds per sample; no
+  per-call constant (Galvatron's static mode has none); backward/forward ratio 2 (its
+  ``bct_fct_coe``). ``layertype_other`` (embedding + head) is split 50/50 between embedding and
+  head, as Galvatron does between the first and last stage.
+- Memory: ``parameter_size`` is model states / 4 in MB (16 B/param with Adam) -> parameter count
+  ``MB * 2**20 / 4``; ``tp_activation_per_bsz_dict[t]`` MB per sample -> bytes per sample at tp t;
+  ``checkpoint`` -> bytes kept per sample when recomputing. Records profiled with Megatron
+  sequence parallelism (``*_sp``) split *all* activations by tp, which our runtime does not; for
+  those only the tp=1 value is used and the tp split follows the analytic replicated/split ratio.
+  Embedding/head model states (``other_memory_*``) are 16 B/param too.
+- What Galvatron does not measure (backward scratch, the fp32 logits transient, autocast weight
+  copies) comes from the analytic profile, so the imported profile is never less conservative.
+- Plans: ``galvatron_config_*.json`` (per-layer values as comma-joined strings) -> ``Plan``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import replace
+from typing import Any, Mapping
+
+from ..plan import LayerStrategy, PipelineSpec, Plan, PlanError, VocabStrategy
+from . import galvatron_files as gf
+from .galvatron_files import GalvatronFormatError
+from .hardware import GB, ClusterSpec
+from .model_spec import ModelSpec, TrainingSpec
+from .presets import make_cluster
+from .profiles import ModelProfile, analytic_profile
+
+MB = 2**20
+MODEL_STATE_BYTES_PER_PARAM = 16  # fp32 master + grad + Adam m, v (mixed precision or fp32)
+
+
+def _check_name_matches(path: str, spec: ModelSpec) -> None:
+    """Galvatron names files ``..._hidden{h}_head{a}[_seqlen{s}]``; refuse another model's file."""
+    name = os.path.basename(path)
+    lt = spec.layer_types[0]
+    for label, pattern, value in (("hidden", r"hidden(\d+)", lt.hidden_size),
+                                  ("head", r"head(\d+)", lt.num_attention_heads)):
+        m = re.search(pattern + r"(?=_|\.|$)", name)
+        if m and int(m[1]) != value and len(spec.layer_types) == 1:
+            raise GalvatronFormatError(
+                f"{path}: the file name says {label}={m[1]} but the model has {value}; give the "
+                f"profile of this model (--hidden-size / --num-attention-heads) or profile it")
+
+
+def model_profile_from_galvatron(computation_path: str | os.PathLike,
+                                 memory_path: str | os.PathLike, spec: ModelSpec,
+                                 training: TrainingSpec, cluster: ClusterSpec) -> ModelProfile:
+    """A ``ModelProfile`` (source "galvatron") from Galvatron's computation and memory files.
+
+    Galvatron's ``layertype_i`` is ``spec.layer_types[i]``. Sequence lengths are matched exactly
+    when profiled, else the next longer profiled one is used (conservative); notes on every
+    choice go into ``metadata["notes"]``.
+    """
+    comp = gf.read_computation(computation_path)
+    mem = gf.read_memory(memory_path)
+    for path in (comp.path, mem.path):
+        _check_name_matches(path, spec)
+    base = analytic_profile(spec, training, cluster)
+    beta = training.compute_bytes
+    notes: list[str] = []
+    layers = {}
+    for k, lt in enumerate(spec.layer_types):
+        ms, note = comp.layer_ms(k, lt.seq_length)
+        notes.append(note)
+        rec, seq = mem.layer(k, lt.seq_length)
+        notes.append(f"memory profile layertype_{k}" + (f": seq{seq}" if seq is not None else ""))
+        analytic = base.layer_types[lt.name]
+        params = round(rec.parameter_mb * MB / 4)
+        if not 0.5 <= params / max(analytic.parameter_count, 1) <= 2.0:
+            raise GalvatronFormatError(
+                f"memory profile {mem.path}: layertype_{k} parameter_size={rec.parameter_mb} MB "
+                f"means {params} parameters per layer, but the model's layer has "
+                f"{analytic.parameter_count}; the profile is of another model: profile this one")
+        acts = {t: v * MB for t, v in rec.activation_mb_per_sample.items()}
+        rep, split = analytic.activation_replicated_bytes, analytic.activation_split_bytes
+        if mem.sequence_parallel or len(acts) == 1:
+            a1 = acts.get(1, max(acts.values()))
+            scale = a1 / (rep + split)
+            rep, split = rep * scale, split * scale
+            by_tp = {1: a1}
+            if mem.sequence_parallel:
+                notes.append(f"layertype_{k}: sequence-parallel record; tp split of activations "
+                             f"from the analytic ratio, scaled to the measured tp=1 value")
+        else:
+            by_tp = acts
+            if 1 in acts and len(acts) >= 2:
+                t_max = max(acts)
+                split = (acts[1] - acts[t_max]) / (1 - 1 / t_max)
+                rep = max(0.0, acts[1] - split)
+                split = max(0.0, split)
+        layers[lt.name] = replace(
+            analytic, parameter_count=params, forward_time_per_sample_s=ms / 1000.0,
+            forward_time_constant_s=0.0, backward_forward_ratio=2.0,
+            activation_replicated_bytes=rep, activation_split_bytes=split,
+            activation_bytes_by_tp=by_tp if not mem.sequence_parallel else {},
+            recompute_bytes_per_sample=rec.checkpoint_mb_per_sample * MB,
+            forward_time_by_tp={})
+    other_ms, note = comp.other_ms(spec.seq_length)
+    notes.append(note)
+    first = mem.other_record("pp_on_first", spec.seq_length)
+    last = mem.other_record("pp_on_last", spec.seq_length)
+    emb_params = round(first.model_states_mb[min(first.model_states_mb)] * MB
+                       / MODEL_STATE_BYTES_PER_PARAM)
+    last_params = round(last.model_states_mb[min(last.model_states_mb)] * MB
+                        / MODEL_STATE_BYTES_PER_PARAM)
+    head_params = max(0, last_params - (emb_params if spec.tied_embeddings else 0))
+    head_acts = {t: v * MB for t, v in last.activation_mb_per_sample.items()}
+    a_emb = base.embedding
+    h_rep, h_split = a_emb.head_activation_replicated_bytes, a_emb.head_activation_split_bytes
+    if 1 in head_acts and len(head_acts) >= 2 and not mem.sequence_parallel:
+        t_max = max(head_acts)
+        h_split = max(0.0, (head_acts[1] - head_acts[t_max]) / (1 - 1 / t_max))
+        h_rep = max(0.0, head_acts[1] - h_split)
+    elif head_acts:
+        a1 = head_acts.get(1, max(head_acts.values()))
+        scale = a1 / max(h_rep + h_split, 1.0)
+        h_rep, h_split = h_rep * scale, h_split * scale
+    first_act = first.activation_mb_per_sample
+    embedding = replace(
+        a_emb, embedding_parameters=emb_params, head_parameters=head_params,
+        embedding_forward_time_per_sample_s=other_ms / 2000.0,
+        head_forward_time_per_sample_s=other_ms / 2000.0, forward_time_constant_s=0.0,
+        embedding_activation_bytes=first_act.get(1, max(first_act.values())) * MB,
+        head_activation_replicated_bytes=h_rep, head_activation_split_bytes=h_split,
+        hidden_bytes_per_sample=float(beta * spec.seq_length * spec.embedding_hidden_size))
+    return ModelProfile(layer_types=layers, embedding=embedding, precision=training.precision,
+                        source="galvatron",
+                        metadata={"model": spec.name, "computation_file": os.path.basename(comp.path),
+                                  "memory_file": os.path.basename(mem.path), "notes": notes})
+
+
+def cluster_from_galvatron(allreduce_path: str | os.PathLike,
+                           p2p_path: str | os.PathLike | None = None,
+                           overlap_path: str | os.PathLike | None = None,
+                           sp_time_path: str | os.PathLike | None = None, *,
+                           gpu: str = "a100-40g", num_nodes: int | None = None,
+                           devices_per_node: int | None = None,
+                           name: str | None = None) -> ClusterSpec:
+    """A ``ClusterSpec`` from Galvatron's hardware files on top of a ``gpu`` preset.
+
+    Galvatron's files hold no device facts (FLOP/s, memory), so those come from ``gpu``
+    (``presets.make_cluster``). The cluster shape defaults to the one in the file name
+    (``..._<n>nodes_<g>gpus_per_node.json``). ``sp_time`` is optional; when given, the intercept
+    of a linear fit of its all-reduce times gives the per-call collective latency.
+    """
+    shape = gf.cluster_shape_from_name(allreduce_path)
+    if num_nodes is None or devices_per_node is None:
+        if shape is None:
+            raise GalvatronFormatError(
+                f"all-reduce bandwidth file {allreduce_path}: its name does not say the cluster "
+                f"shape (<n>nodes_<g>gpus_per_node); pass --num-nodes and --devices-per-node")
+        num_nodes = num_nodes or shape[0]
+        devices_per_node = devices_per_node or shape[1]
+    table = {k: v * GB for k, v in gf.read_allreduce(allreduce_path).items()}
+    world = num_nodes * devices_per_node
+    too_big = [g for g, _ in table if g > world]
+    if too_big:
+        raise GalvatronFormatError(
+            f"all-reduce bandwidth file {allreduce_path}: groups of {max(too_big)} ranks do not fit "
+            f"a {num_nodes}x{devices_per_node} cluster; give the matching --num-nodes/"
+            f"--devices-per-node")
+    base = make_cluster(gpu, num_nodes, devices_per_node)
+    sources = [f"all-reduce busbw measured by Galvatron ({os.path.basename(os.fspath(allreduce_path))})"]
+    fields: dict[str, Any] = {"allreduce_busbw_table": table}
+    probe = replace(base, allreduce_busbw_table={})
+    in_node = [v for (g, c), v in table.items() if probe.nodes_spanned(g, c) == 1]
+    if in_node:
+        fields["intra_node_busbw"] = max(in_node)
+    crossing = [v / -(-g // probe.nodes_spanned(g, c)) for (g, c), v in table.items()
+                if probe.nodes_spanned(g, c) > 1]
+    if crossing:
+        # Per-GPU share of the inter-node link: the slowest busbw per member GPU on a node.
+        fields["inter_node_bw_per_device"] = min(crossing)
+        sources.append("inter-node bandwidth per GPU derived from the cross-node entries")
+    if p2p_path is not None:
+        p2p = {p: v * GB for p, v in gf.read_p2p(p2p_path).items()}
+        fields["p2p_bw_table"] = p2p
+        if num_nodes == 1 and p2p:
+            fields["p2p_intra_bw"] = min(p2p.values())
+        elif p2p:
+            fields["p2p_inter_bw"] = min(p2p.values())
+        sources.append(f"p2p bandwidth measured by Galvatron ({os.path.basename(os.fspath(p2p_path))})")
+    if overlap_path is not None:
+        fields["overlap_slowdown"] = gf.read_overlap(overlap_path)
+        sources.append(f"overlap slowdown {fields['overlap_slowdown']:.4f} measured by Galvatron")
+    if sp_time_path is not None:
+        latency = _latency_from_sp_time(gf.read_sp_time(sp_time_path))
+        if latency is not None:
+            fields["collective_latency_s"] = latency
+            sources.append(f"collective latency {latency * 1e6:.0f} us fitted to Galvatron's sp_time")
+    sources.append("device facts from preset " + gpu + ": " + base.source)
+    return replace(base, name=name or f"galvatron-{gpu}-{num_nodes}x{devices_per_node}",
+                   source="; ".join(sources), **fields)
+
+
+def _latency_from_sp_time(sp: Mapping[str, Mapping[int, Mapping[int, float]]]) -> float | None:
+    """Per-call latency (seconds): least-squares intercept of all-reduce time vs size over the
+    four smallest messages of the largest group (large messages say nothing about latency),
+    clamped to [0, the smallest measured time]."""
+    groups = sp.get("allreduce", {})
+    if not groups:
+        return None
+    points = sorted(groups[max(groups)].items())[:4]
+    if len(points) < 2:
+        return None
+    xs = [mb for mb, _ in points]
+    ys = [ms for _, ms in points]
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return min(max(0.0, (my - slope * mx)), ys[0]) / 1000.0
+
+
+# ------------------------------------------------------------------------------ plans
+_PIPELINES = {"pipedream_flush": "1f1b", "gpipe": "gpipe"}
+
+
+def _int_list(path: str, data: Mapping[str, Any], key: str, n: int | None) -> list[int]:
+    value = data.get(key)
+    if value is None:
+        raise GalvatronFormatError(f"galvatron config {path}: key {key!r} is missing; it must hold "
+                                   f"one comma-separated integer per layer")
+    text = str(value)
+    try:
+        out = [int(x) for x in text.split(",") if x.strip() != ""]
+    except ValueError:
+        raise GalvatronFormatError(f"galvatron config {path}: key {key!r}={text!r} must be "
+                                   f"comma-separated integers, e.g. \"1,1,2,2\"") from None
+    if n is not None and len(out) != n:
+        raise GalvatronFormatError(f"galvatron config {path}: key {key!r} has {len(out)} entries but "
+                                   f"tp_sizes_enc has {n}; give one entry per layer")
+    return out
+
+
+def _scalar(path: str, data: Mapping[str, Any], key: str, default: Any = None) -> Any:
+    if key not in data:
+        if default is None:
+            raise GalvatronFormatError(f"galvatron config {path}: key {key!r} is missing; add it")
+        return default
+    return data[key]
+
+
+def plan_from_galvatron_config(source: str | os.PathLike | Mapping[str, Any], world_size: int | None = None,
+                               model: Mapping[str, Any] | None = None) -> Plan:
+    """Convert a Galvatron ``galvatron_config_*.json`` (path or loaded dict) into a ``Plan``.
+
+    ``world_size`` defaults to the ``<n>nodes_<g>gpus_per_node`` part of the file name.
+    ``dp_types_enc`` 1 means ZeRO-3, 0 the file's ``default_dp_type`` (``ddp`` or ``zero2``);
+    ``embed_sdp`` 1 puts the vocabulary layers on ZeRO-3. Galvatron splits a batch into ``chunks``
+    possibly unequal micro-batches; plans need equal ones, so the count becomes the smallest valid
+    one >= ``chunks`` (smaller micro-batches: never more activation memory), noted in
+    ``plan.search["notes"]``.
+    """
+    if isinstance(source, Mapping):
+        path, data = "<dict>", dict(source)
+    else:
+        path = os.fspath(source)
+        data = gf.read_json(path, "galvatron config")
+        if world_size is None and (shape := gf.cluster_shape_from_name(path)) is not None:
+            world_size = shape[0] * shape[1]
+    if world_size is None:
+        raise GalvatronFormatError(f"galvatron config {path}: the world size is not in the file; "
+                                   f"pass it (--cluster sets it in the CLI)")
+    known = {"pp_deg", "tp_sizes_enc", "tp_consecutive_flags", "dp_types_enc", "use_sp",
+             "checkpoint", "global_bsz", "chunks", "pp_division", "pipeline_type",
+             "default_dp_type", "vtp", "vsp", "embed_sdp"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise GalvatronFormatError(f"galvatron config {path}: unknown key(s) {unknown}; known keys "
+                                   f"are {sorted(known)} (is this a Galvatron 2.4 plan file?)")
+    tps = _int_list(path, data, "tp_sizes_enc", None)
+    n = len(tps)
+    consec = _int_list(path, data, "tp_consecutive_flags", n)
+    dp_types = _int_list(path, data, "dp_types_enc", n)
+    ckpt = _int_list(path, data, "checkpoint", n)
+    if "use_sp" in data and any(_int_list(path, data, "use_sp", n)):
+        raise GalvatronFormatError(f"galvatron config {path}: key 'use_sp' enables Ulysses sequence "
+                                   f"parallelism, which megatron_auto does not run; search again "
+                                   f"with --sp_space tp")
+    if int(data.get("vsp", 0)):
+        raise GalvatronFormatError(f"galvatron config {path}: key 'vsp'=1 (Ulysses on the vocabulary "
+                                   f"layers) is not supported; search again with vsp off")
+    pp = int(_scalar(path, data, "pp_deg"))
+    division = _int_list(path, data, "pp_division", None) if "pp_division" in data else None
+    default_dp = _scalar(path, data, "default_dp_type", "ddp")
+    if default_dp not in ("ddp", "zero2"):
+        raise GalvatronFormatError(f"galvatron config {path}: key 'default_dp_type'={default_dp!r} "
+                                   f"must be 'ddp' or 'zero2'")
+    pipeline_type = _scalar(path, data, "pipeline_type", "pipedream_flush")
+    if pipeline_type not in _PIPELINES:
+        raise GalvatronFormatError(f"galvatron config {path}: key 'pipeline_type'={pipeline_type!r} "
+                                   f"must be one of {sorted(_PIPELINES)}")
+    bad = [i for i, t in enumerate(dp_types) if t not in (0, 1)]
+    if bad:
+        raise GalvatronFormatError(f"galvatron config {path}: key 'dp_types_enc' entry {bad[0]} is "
+                                   f"{dp_types[bad[0]]}; use 0 (default dp type) or 1 (ZeRO-3)")
+    layers = tuple(LayerStrategy(tp=t, dp_mode="zero3" if d else default_dp,
+                                 tp_consecutive=bool(c), recompute=bool(r))
+                   for t, c, d, r in zip(tps, consec, dp_types, ckpt))
+    vocab = VocabStrategy(tp=int(data.get("vtp", 1)),
+                          dp_mode="zero3" if int(data.get("embed_sdp", 0)) else default_dp)
+    global_bsz = int(_scalar(path, data, "global_bsz"))
+    chunks = int(_scalar(path, data, "chunks", 1))
+    pipeline = PipelineSpec(size=pp, schedule=_PIPELINES[pipeline_type],
+                            layers_per_stage=tuple(division) if division else ())
+    if not division:
+        from ..plan import even_partition
+        pipeline = replace(pipeline, layers_per_stage=even_partition(n, pp))
+    notes = [f"imported from Galvatron config {os.path.basename(path)}"]
+    last_error: PlanError | None = None
+    for m in range(max(chunks, 1), global_bsz + 1):
+        if global_bsz % m:
+            continue
+        try:
+            plan = Plan(world_size=world_size, global_batch_size=global_bsz, num_microbatches=m,
+                        pipeline=pipeline, vocab=vocab, layers=layers, model=model,
+                        search={"source": "galvatron", "notes": notes})
+        except PlanError as err:
+            last_error = err
+            if "num_microbatches" in str(err) or "micro-batch" in str(err):
+                continue
+            raise GalvatronFormatError(f"galvatron config {path}: gives an invalid plan: {err}") from None
+        if m != chunks:
+            notes.append(f"chunks={chunks} does not split global_bsz={global_bsz} into equal "
+                         f"micro-batches that every layer's dp divides; using {m} micro-batches")
+        return plan
+    raise GalvatronFormatError(f"galvatron config {path}: no micro-batch count >= chunks={chunks} "
+                               f"gives a valid plan ({last_error}); check global_bsz and tp_sizes_enc")
