@@ -1,0 +1,208 @@
+"""The cost model of a whole plan: per-stage memory peak and time, and the iteration estimate.
+
+:func:`evaluate_plan` prices ANY plan (searched, imported from Galvatron, uniform Megatron) with
+the same per-layer costs the search uses (``cost_memory``, ``cost_time``), so a searched plan's
+recorded estimate equals what ``evaluate`` says about it. Per stage ``k`` of a plan with ``m``
+micro-batches:
+
+- peak memory = reserve + sum of model states + ``in_flight_k`` x activations per micro-batch +
+  embedding/head + the largest transient (one layer's backward or the loss);
+  ``in_flight_k = min(pp - k, m)`` for 1F1B and ``m`` for GPipe.
+- time per micro-batch ``C_k`` = layers' forward + backward + relayouts between layers + incoming
+  p2p hops; the gradient-sync tail and the pipeline formula are in ``cost_time.pipeline_time``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from ..plan import Plan
+from .cost_memory import MemoryCost, embedding_memory, layer_memory
+from .cost_time import TimeCost, embedding_time, layer_time, pipeline_time, relayout_time
+from .model_spec import ModelSpec, TrainingSpec
+from .profiles import ModelProfile
+from .strategies import layout_of
+
+GIB = 1024 ** 3
+# A stage whose peak is within this fraction of the budget is reported as memory-bound.
+MEMORY_BINDING_HEADROOM = 0.05
+
+
+def in_flight(schedule: str, pp: int, stage: int, num_microbatches: int) -> int:
+    """Micro-batches whose activations a stage holds at its peak."""
+    if schedule == "gpipe":
+        return num_microbatches
+    return min(pp - stage, num_microbatches)
+
+
+@dataclass(frozen=True)
+class StageEstimate:
+    time_s: float
+    microbatch_time_s: float
+    forward_time_s: float
+    backward_time_s: float
+    sync_tail_s: float
+    peak_memory_bytes: float
+    memory_breakdown: Mapping[str, float]
+    in_flight_microbatches: int
+    num_layers: int
+    binding: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"time_s": self.time_s, "microbatch_time_s": self.microbatch_time_s,
+                "forward_time_s": self.forward_time_s, "backward_time_s": self.backward_time_s,
+                "sync_tail_s": self.sync_tail_s, "peak_memory_bytes": self.peak_memory_bytes,
+                "memory_breakdown": dict(self.memory_breakdown),
+                "in_flight_microbatches": self.in_flight_microbatches,
+                "num_layers": self.num_layers, "binding": self.binding}
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The cost model's verdict on a plan. ``to_dict()`` is the plan's ``estimate`` record."""
+
+    iteration_time_s: float
+    samples_per_s: float
+    tokens_per_s: float
+    bubble_fraction: float
+    stages: tuple[StageEstimate, ...]
+    memory_budget_bytes: float | None = None
+    per_layer: tuple[Mapping[str, float], ...] = field(default=(), compare=False)
+
+    @property
+    def peak_memory_bytes(self) -> float:
+        return max(s.peak_memory_bytes for s in self.stages)
+
+    @property
+    def feasible(self) -> bool:
+        """True when no budget was given or every stage's peak fits it."""
+        return self.memory_budget_bytes is None or self.peak_memory_bytes <= self.memory_budget_bytes
+
+    @property
+    def binding(self) -> tuple[str, ...]:
+        return tuple(s.binding for s in self.stages)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"iteration_time_s": self.iteration_time_s, "samples_per_s": self.samples_per_s,
+               "tokens_per_s": self.tokens_per_s, "bubble_fraction": self.bubble_fraction,
+               "peak_memory_bytes": self.peak_memory_bytes,
+               "stages": [s.to_dict() for s in self.stages]}
+        if self.memory_budget_bytes is not None:
+            out["memory_budget_bytes"] = self.memory_budget_bytes
+            out["feasible"] = self.feasible
+        return out
+
+
+def _binding(peak: float, budget: float | None, shares: Mapping[str, float]) -> str:
+    if budget is not None and peak > budget:
+        return f"memory (over budget by {(peak - budget) / GIB:.2f} GiB)"
+    if budget is not None and peak >= (1 - MEMORY_BINDING_HEADROOM) * budget:
+        return "memory"
+    return max(shares, key=lambda k: shares[k])
+
+
+def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: Any,
+                  profile: ModelProfile, memory_budget_bytes: float | None = None) -> Estimate:
+    """Cost-model estimate of ``plan`` (any source). Raises ``ValueError`` on a mismatch between
+    plan, model and profile (layer count, world size, batch)."""
+    if plan.num_layers != spec.num_layers:
+        raise ValueError(f"plan has {plan.num_layers} layers but model {spec.name!r} has "
+                         f"{spec.num_layers}; use a plan made for this model")
+    if plan.world_size != cluster.world_size:
+        raise ValueError(f"plan world_size={plan.world_size} but cluster {cluster.name!r} has "
+                         f"{cluster.world_size} devices; use a plan for this cluster")
+    profile.check_matches(spec, training.precision)
+    n, pp, m = plan.stage_size, plan.pp_size, plan.num_microbatches
+    b_m = plan.microbatch_size
+    schedule = plan.pipeline.schedule
+    emb = profile.embedding
+    micro, backward, tails, stage_parts = [], [], [], []
+    per_layer: list[dict[str, float]] = []
+    prev_last = None  # (layout, hidden bytes per sample) of the previous stage's last layer
+    for k in range(pp):
+        k_in = in_flight(schedule, pp, k, m)
+        first, last = k == 0, k == pp - 1
+        states = {"parameters": 0.0, "gradients": 0.0, "optimizer_states": 0.0}
+        act, transient = 0.0, 0.0
+        fwd = bwd = tail = compute = tp_comm = dp_comm = relayout = p2p = 0.0
+        layout_prev = None
+        for i in plan.stage_layer_range(k):
+            s = plan.layers[i]
+            lp = profile.layer_types[spec.layer_type(i).name]
+            layout = layout_of(s, n)
+            dp = n // s.tp
+            samples = b_m / dp
+            mem: MemoryCost = layer_memory(lp, s.tp, dp, s.dp_mode, s.recompute, samples)
+            t: TimeCost = layer_time(lp, cluster, layout, s.dp_mode, s.recompute, samples, n)
+            states["parameters"] += mem.parameters
+            states["gradients"] += mem.gradients
+            states["optimizer_states"] += mem.optimizer_states
+            act += k_in * mem.activations_per_microbatch
+            transient = max(transient, mem.transient)
+            fwd += t.forward
+            bwd += t.backward
+            tail += t.exposed_sync
+            compute += t.compute
+            tp_comm += t.tp_comm
+            dp_comm += t.dp_comm
+            if layout_prev is not None and layout_prev != layout:
+                relayout += relayout_time(cluster, layout_prev, layout, b_m,
+                                          lp.hidden_bytes_per_sample, n)
+            elif layout_prev is None and prev_last is not None:
+                hop_bytes = prev_last[2] * prev_last[1]
+                p2p += 2 * cluster.p2p_time(hop_bytes, pp)  # activation in, its gradient back
+                relayout += relayout_time(cluster, prev_last[0], layout, b_m,
+                                          lp.hidden_bytes_per_sample, n)
+            layout_prev = layout
+            per_layer.append({"stage": k, "memory_bytes": mem.persistent(k_in),
+                              "transient_bytes": mem.transient,
+                              "forward_time_s": t.forward, "backward_time_s": t.backward,
+                              "sync_time_s": t.sync})
+        last_i = plan.stage_layer_range(k)[-1]
+        last_lp = profile.layer_types[spec.layer_type(last_i).name]
+        prev_last = (layout_prev, last_lp.hidden_bytes_per_sample, b_m / (n // layout_prev[0]))
+        emb_mem = MemoryCost(0, 0, 0, 0, 0)
+        if first or last:
+            vdp = n // plan.vocab.tp
+            v_samples = b_m / vdp
+            emb_mem = embedding_memory(emb, plan.vocab.tp, vdp, plan.vocab.dp_mode, v_samples,
+                                       first, last, pp)
+            et = embedding_time(emb, cluster, plan.vocab.tp, plan.vocab.dp_mode, v_samples, n,
+                                first, last, pp)
+            fwd += et.forward
+            bwd += et.backward
+            tail += et.exposed_sync
+            compute += et.compute
+            tp_comm += et.tp_comm
+            dp_comm += et.dp_comm
+            transient = max(transient, emb_mem.transient)
+        embedding_bytes = emb_mem.persistent(k_in)
+        breakdown = {**states, "activations": act, "transient": transient,
+                     "embedding": embedding_bytes,
+                     "context_reserve": float(cluster.memory_reserve_bytes)}
+        peak = sum(breakdown.values())
+        c_k = fwd + bwd + relayout + p2p
+        micro.append(c_k)
+        backward.append(bwd + relayout / 2 + p2p / 2)
+        tails.append(tail)
+        stage_parts.append((fwd, bwd, tail, peak, breakdown, k_in, c_k, compute, tp_comm,
+                            dp_comm, relayout + p2p))
+    pt = pipeline_time(micro, backward, tails, m)
+    stages = []
+    for k, (fwd, bwd, tail, peak, breakdown, k_in, c_k, compute, tp_comm, dp_comm, moves) in \
+            enumerate(stage_parts):
+        shares = {"compute": m * compute, "tp_communication": m * tp_comm,
+                  "dp_communication": m * dp_comm + tail, "relayout_and_p2p": m * moves,
+                  "pipeline_bubble": pt.pipeline - m * c_k}
+        stages.append(StageEstimate(
+            time_s=m * c_k + tail, microbatch_time_s=c_k, forward_time_s=fwd,
+            backward_time_s=bwd, sync_tail_s=tail, peak_memory_bytes=peak,
+            memory_breakdown=breakdown, in_flight_microbatches=k_in,
+            num_layers=plan.pipeline.layers_per_stage[k],
+            binding=_binding(peak, memory_budget_bytes, shares)))
+    samples_per_s = plan.global_batch_size / pt.iteration
+    return Estimate(iteration_time_s=pt.iteration, samples_per_s=samples_per_s,
+                    tokens_per_s=samples_per_s * spec.seq_length,
+                    bubble_fraction=pt.bubble_fraction, stages=tuple(stages),
+                    memory_budget_bytes=memory_budget_bytes, per_layer=tuple(per_layer))

@@ -1,0 +1,177 @@
+"""Time cost of one layer (or the embedding/head) per micro-batch, relayouts, and the pipeline.
+
+All results are seconds. Communication times come from the cluster (``allreduce_time``,
+``allgather_time``, ``reduce_scatter_time``, ``p2p_time``); groups inside a stage pass
+``span=stage_size`` so that strided groups are placed inside the stage's ranks. Overlap of a
+communication of duration ``c`` with compute ``x`` takes ``ov(c, x) = max(c, x) + (g-1)*min(c, x)``
+(``g`` = ``overlap_slowdown``): both streams run slowed while they overlap. Formulas with symbols:
+docs/cost_model.md §4-5.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from .cost_memory import GRAD_BYTES, MASTER_BYTES
+from .profiles import EmbeddingProfile, LayerTypeProfile
+from .strategies import Layout, dp_group_consecutive, relayout_is_local
+
+
+def overlap(comm: float, compute: float, slowdown: float) -> float:
+    """Wall time of ``comm`` seconds of communication overlapped with ``compute`` seconds."""
+    return max(comm, compute) + (slowdown - 1.0) * min(comm, compute)
+
+
+@dataclass(frozen=True)
+class TimeCost:
+    """Seconds. ``forward``/``backward`` per micro-batch include the layer's own TP and ZeRO
+    communication; ``sync`` is the once-per-iteration DDP all-reduce and ``exposed_sync`` the part
+    of it that does not hide behind this layer's last backward."""
+
+    forward: float
+    backward: float
+    sync: float
+    exposed_sync: float
+    compute: float  # forward + backward compute alone (for the binding report)
+    tp_comm: float
+    dp_comm: float  # ZeRO gathers and reduce-scatters per micro-batch
+
+    @property
+    def microbatch(self) -> float:
+        return self.forward + self.backward
+
+
+def _dp_times(cluster: Any, num_params: float, dp: int, dp_mode: str, consecutive: bool,
+              stage_size: int) -> tuple[float, float, float]:
+    """``(gather, reduce_scatter, allreduce)`` seconds of one DP step of ``num_params`` params."""
+    if dp <= 1:
+        return 0.0, 0.0, 0.0
+    kw = {"span": stage_size}
+    gather = (cluster.allgather_time(MASTER_BYTES * num_params, dp, consecutive, **kw)
+              if dp_mode == "zero3" else 0.0)
+    scatter = (cluster.reduce_scatter_time(GRAD_BYTES * num_params, dp, consecutive, **kw)
+               if dp_mode in ("zero2", "zero3") else 0.0)
+    allreduce = (cluster.allreduce_time(GRAD_BYTES * num_params, dp, consecutive, **kw)
+                 if dp_mode == "ddp" else 0.0)
+    return gather, scatter, allreduce
+
+
+def layer_time(profile: LayerTypeProfile, cluster: Any, layout: Layout, dp_mode: str,
+               recompute: bool, samples: float, stage_size: int) -> TimeCost:
+    """Time of one layer for one micro-batch of ``samples`` samples per rank.
+
+    Forward: compute ``F``, ZeRO-3 parameter gather overlapped with it, two TP all-reduces of the
+    ``(b, s, h)`` activation. Backward: ``r*F`` (plus ``F`` when recomputing, with its two TP
+    all-reduces again), the ZeRO-3 re-gather and the ZeRO-2/3 gradient reduce-scatter overlapped
+    with it, two TP all-reduces. DDP: one all-reduce of the fp32 gradients per iteration.
+    """
+    tp, _ = layout
+    dp = stage_size // tp
+    g = cluster.overlap_slowdown
+    fwd = profile.forward_time(samples, tp)
+    bwd = profile.backward_forward_ratio * fwd + (fwd if recompute else 0.0)
+    tp_ar = 0.0
+    if tp > 1:
+        tp_ar = cluster.allreduce_time(profile.hidden_bytes_per_sample * samples, tp, layout[1],
+                                       span=stage_size)
+    local = profile.parameter_count / tp
+    gather, scatter, allreduce = _dp_times(cluster, local, dp, dp_mode,
+                                           dp_group_consecutive(layout), stage_size)
+    n_bwd_ar = 4 if recompute else 2
+    forward = overlap(gather, fwd, g) + 2 * tp_ar
+    backward = overlap(gather + scatter, bwd, g) + n_bwd_ar * tp_ar
+    exposed = overlap(allreduce, bwd, g) - bwd if allreduce > 0 else 0.0
+    return TimeCost(forward, backward, allreduce, exposed, fwd + bwd, (2 + n_bwd_ar) * tp_ar,
+                    2 * gather + scatter)
+
+
+def embedding_time(profile: EmbeddingProfile, cluster: Any, vocab_tp: int, dp_mode: str,
+                   samples: float, stage_size: int, first: bool, last: bool, pp: int) -> TimeCost:
+    """Embedding (first stage) and/or head + loss (last stage) for one micro-batch.
+
+    Vocab-parallel embedding all-reduces its ``(b, s, h)`` output in forward; the parallel head
+    all-reduces the gradient of its input in backward. With tied weights and ``pp > 1`` both
+    stages all-reduce the word-embedding gradient between them once per iteration (added to
+    ``sync``, fully exposed: it waits for both ends of the pipeline).
+    """
+    dp = stage_size // vocab_tp
+    g = cluster.overlap_slowdown
+    fwd = 0.0
+    num_params = 0.0
+    tp_ar = 0.0
+    if vocab_tp > 1:
+        tp_ar = cluster.allreduce_time(profile.hidden_bytes_per_sample * samples, vocab_tp,
+                                       True, span=stage_size)
+    tp_comm = 0.0
+    if first:
+        fwd += profile.embedding_forward_time_per_sample_s * samples / vocab_tp
+        fwd += profile.forward_time_constant_s
+        num_params += profile.embedding_parameters / vocab_tp
+        tp_comm += tp_ar
+    if last:
+        fwd += profile.head_forward_time_per_sample_s * samples / vocab_tp
+        fwd += profile.forward_time_constant_s
+        num_params += profile.head_parameters
+        if profile.tied and (pp > 1 or not first):
+            num_params += profile.embedding_parameters / vocab_tp
+        tp_comm += tp_ar
+    bwd = profile.backward_forward_ratio * fwd
+    gather, scatter, allreduce = _dp_times(cluster, num_params, dp, dp_mode, True, stage_size)
+    tied = 0.0
+    if profile.tied and pp > 1:
+        tied = cluster.allreduce_time(GRAD_BYTES * profile.embedding_parameters / vocab_tp, 2,
+                                      False)
+    forward = overlap(gather, fwd, g) + (tp_ar if first else 0.0)
+    backward = overlap(gather + scatter, bwd, g) + (tp_ar if last else 0.0)
+    exposed = (overlap(allreduce, bwd, g) - bwd if allreduce > 0 else 0.0) + tied
+    return TimeCost(forward, backward, allreduce + tied, exposed, fwd + bwd, tp_comm,
+                    2 * gather + scatter)
+
+
+def relayout_time(cluster: Any, old: Layout, new: Layout, microbatch_size: int,
+                  hidden_bytes_per_sample: float, stage_size: int) -> float:
+    """Forward + backward seconds to move a micro-batch activation from layout ``old`` to ``new``.
+
+    Free when every rank's new slice lies inside its old one (forward slices locally; backward
+    pads the slice gradient locally). Otherwise the runtime all-gathers the whole micro-batch
+    ``(b_m, s, h)`` over the stage in forward and moves as much in backward (DESIGN §4).
+    """
+    if relayout_is_local(old, new, stage_size):
+        return 0.0
+    gathered = microbatch_size * hidden_bytes_per_sample
+    return 2 * cluster.allgather_time(gathered, stage_size, True)
+
+
+@dataclass(frozen=True)
+class PipelineTime:
+    iteration: float
+    pipeline: float  # without the gradient-sync tails
+    bubble_fraction: float
+    stage_finish: tuple[float, ...]  # when each stage is done, tails included
+
+
+def pipeline_time(microbatch: Sequence[float], backward: Sequence[float],
+                  tails: Sequence[float], num_microbatches: int) -> PipelineTime:
+    """Iteration time of a non-interleaved pipeline (1F1B or GPipe: same time, not same memory).
+
+    ``microbatch[k]`` is stage k's time for one micro-batch (forward + backward, p2p included),
+    ``backward[k]`` its backward part, ``tails[k]`` the gradient sync that does not hide behind
+    its own last backward. Steady state is paced by the slowest stage:
+    ``T_pipe = sum_k C_k + (m - 1) * max_k C_k``. Stage ``k`` finishes its last backward
+    ``sum_{j<k} B_j`` before stage 0 does (the last gradient still has to travel down), which its
+    sync tail may use: ``T = max(T_pipe, max_k(T_pipe - sum_{j<k} B_j + tail_k))``.
+    """
+    m = num_microbatches
+    total = sum(microbatch)
+    slowest = max(microbatch)
+    t_pipe = total + (m - 1) * slowest
+    finish = []
+    ahead = 0.0
+    for k, tail in enumerate(tails):
+        finish.append(t_pipe - ahead + tail)
+        ahead += backward[k]
+    iteration = max([t_pipe] + finish)
+    busy = m * total / len(microbatch) if microbatch else 0.0
+    bubble = 1.0 - busy / t_pipe if t_pipe > 0 else 0.0
+    return PipelineTime(iteration, t_pipe, bubble, tuple(finish))

@@ -1,0 +1,162 @@
+"""Per-stage dynamic programming: the best strategy for every layer of a stage under a memory cap.
+
+Named axes: ``l`` layer of the stage (prefix length ``l + 1``), ``v`` memory in cells (a cell is
+``memory_step_bytes``; every cost is rounded UP to cells and the budget DOWN, so a plan the DP
+accepts never exceeds the budget in bytes), ``s`` strategy of a layer, ``c`` layout class
+(transition costs depend only on the classes of two adjacent layers).
+
+Recurrence (``f_l[v, s]`` = least objective of layers ``0..l`` using at most ``v`` cells with layer
+``l`` on strategy ``s``)::
+
+    f_0[v, s] = cost_0[s]                                            if v >= mem_0[s]
+    H_l[u, c] = min_{s'} f_{l-1}[u, s'] + T[class(s'), c]            (best predecessor into class c)
+    f_l[v, s] = H_l[v - mem_l[s], class(s)] + cost_l[s]               if v >= mem_l[s], else +inf
+
+``min_{s'}`` is taken in two steps, first within each class and then over classes, so one layer
+costs O(V * (S + C^2)) numpy work instead of O(V * S^2). Every array op runs over the whole memory
+axis at once (no Python loop over ``v``). The DP is exact for its discretised costs: the tests
+compare it with brute force.
+
+One run answers every prefix length and every budget up to ``max_cells`` (``f`` is
+non-increasing in ``v``), which the search uses to price stages of any length and position with
+one DP per (layer-type sequence, micro-batches in flight, transient level).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+INF = np.inf
+
+
+@dataclass(frozen=True)
+class LayerOptions:
+    """The candidate strategies of one layer position, as arrays over ``s``.
+
+    ``mem`` cells (int), ``cost`` the objective to minimise, ``aux`` values carried along the
+    optimal path (summed, e.g. the sync tail; shape ``(S, K)``), ``cls`` class index into the
+    transition matrix.
+    """
+
+    mem: np.ndarray
+    cost: np.ndarray
+    aux: np.ndarray
+    cls: np.ndarray
+
+    def __post_init__(self) -> None:
+        s = len(self.mem)
+        if not (len(self.cost) == len(self.cls) == self.aux.shape[0] == s):
+            raise ValueError("LayerOptions arrays must all have one entry per strategy")
+        if s == 0:
+            raise ValueError("LayerOptions needs at least one strategy")
+        if (np.asarray(self.mem) < 0).any():
+            raise ValueError("LayerOptions.mem must be >= 0 cells")
+
+
+@dataclass
+class StageTables:
+    """Results of one DP run for every prefix of the layer sequence and every cap ``v``.
+
+    ``best[l, v]``: least objective for the first ``l+1`` layers within ``v`` cells (inf when
+    infeasible); ``best_aux[l, v]``: the aux sums along that optimum; ``best_s[l, v]``: the last
+    layer's strategy; ``pred[l]``: for ``l >= 1``, the best predecessor strategy per (cells left,
+    class), used by :meth:`choices`.
+    """
+
+    layers: Sequence[LayerOptions]
+    best: np.ndarray
+    best_aux: np.ndarray
+    best_s: np.ndarray
+    pred: list[np.ndarray]
+
+    @property
+    def max_cells(self) -> int:
+        return self.best.shape[1] - 1
+
+    def value(self, num_layers: int, cells: int) -> tuple[float, np.ndarray]:
+        """``(objective, aux)`` of the best plan for the first ``num_layers`` layers."""
+        if cells < 0 or num_layers < 1:
+            return INF, np.zeros(self.best_aux.shape[2])
+        cells = min(cells, self.max_cells)
+        return float(self.best[num_layers - 1, cells]), self.best_aux[num_layers - 1, cells]
+
+    def choices(self, num_layers: int, cells: int) -> list[int] | None:
+        """Strategy index of each of the first ``num_layers`` layers in the optimum, or None."""
+        cells = min(cells, self.max_cells)
+        if cells < 0 or not np.isfinite(self.best[num_layers - 1, cells]):
+            return None
+        s = int(self.best_s[num_layers - 1, cells])
+        v = cells
+        out = [s]
+        for layer in range(num_layers - 1, 0, -1):
+            opts = self.layers[layer]
+            u = v - int(opts.mem[s])
+            s = int(self.pred[layer][u, opts.cls[s]])
+            v = u
+            out.append(s)
+        return out[::-1]
+
+
+def solve_stage(layers: Sequence[LayerOptions], transition: np.ndarray,
+                max_cells: int) -> StageTables:
+    """Run the DP over ``layers`` (in order) with caps ``0..max_cells`` cells.
+
+    ``transition[c_prev, c]`` is the objective added when a layer of class ``c`` follows one of
+    class ``c_prev`` (0 on the diagonal in practice, but not assumed).
+    """
+    if max_cells < 0:
+        raise ValueError(f"max_cells={max_cells}: must be >= 0")
+    transition = np.asarray(transition, dtype=float)
+    num_classes = transition.shape[0]
+    v = np.arange(max_cells + 1)
+    n_layers = len(layers)
+    k = layers[0].aux.shape[1]
+    best = np.full((n_layers, max_cells + 1), INF)
+    best_aux = np.zeros((n_layers, max_cells + 1, k))
+    best_s = np.zeros((n_layers, max_cells + 1), dtype=np.int64)
+    preds: list[np.ndarray] = [np.zeros((0, 0), dtype=np.int64)]
+
+    first = layers[0]
+    fits = v[:, None] >= first.mem[None, :]                       # (v, s)
+    f = np.where(fits, first.cost[None, :], INF)                   # (v, s)
+    aux = np.where(fits[..., None], first.aux[None, :, :], 0.0)    # (v, s, k)
+    _record(0, f, aux, v, best, best_aux, best_s)
+    for layer in range(1, n_layers):
+        prev_cls = layers[layer - 1].cls
+        # Best strategy of the previous layer within each class, at every cap.
+        by_class = np.full((max_cells + 1, num_classes), INF)       # (v, c')
+        arg_class = np.zeros((max_cells + 1, num_classes), dtype=np.int64)
+        for c in np.unique(prev_cls):
+            idx = np.nonzero(prev_cls == c)[0]
+            a = f[:, idx].argmin(axis=1)
+            by_class[:, c] = f[v, idx[a]]
+            arg_class[:, c] = idx[a]
+        into = by_class[:, :, None] + transition[None, :, :]         # (v, c', c)
+        best_prev_class = into.argmin(axis=1)                        # (v, c)
+        h = np.take_along_axis(into, best_prev_class[:, None, :], axis=1)[:, 0, :]  # (v, c)
+        pred = np.take_along_axis(arg_class, best_prev_class, axis=1)               # (v, c)
+        opts = layers[layer]
+        u = v[:, None] - opts.mem[None, :]                           # (v, s) cells left
+        ok = u >= 0
+        uc = np.where(ok, u, 0)
+        cls = opts.cls[None, :]
+        f_new = np.where(ok, h[uc, cls] + opts.cost[None, :], INF)
+        prev_s = pred[uc, cls]                                       # (v, s)
+        aux = aux[uc, prev_s] + opts.aux[None, :, :]
+        aux[~ok] = 0.0
+        f = f_new
+        preds.append(pred)
+        _record(layer, f, aux, v, best, best_aux, best_s)
+    return StageTables(layers=list(layers), best=best, best_aux=best_aux, best_s=best_s,
+                       pred=preds)
+
+
+def _record(layer: int, f: np.ndarray, aux: np.ndarray, v: np.ndarray, best: np.ndarray,
+            best_aux: np.ndarray, best_s: np.ndarray) -> None:
+    s = f.argmin(axis=1)
+    best[layer] = f[v, s]
+    best_aux[layer] = aux[v, s]
+    best_s[layer] = s

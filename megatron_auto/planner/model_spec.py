@@ -1,0 +1,231 @@
+"""What the planner plans for: the model as a sequence of layer types, and the training setup.
+
+A model is a stack of transformer layers, each of one *layer type* (a shape: hidden size, heads,
+FFN size, sequence length). GPT and BERT have one type; an encoder-decoder or a Swin-like model
+with stages of different widths has several. Layers of one type cost the same, which the search
+exploits (a stage's cost depends only on which types it holds, in which order, and where it sits
+in the pipeline).
+
+Pure data: no torch, no numpy. Every check raises :class:`SpecError` naming the field, the value
+and a fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from ..config import ModelConfig
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+OPTIMIZERS = ("adam",)
+ACTIVATIONS = ("gelu", "swiglu")
+
+
+class SpecError(ValueError):
+    """An invalid model or training description; the message names field, value and fix."""
+
+
+def _need(cond: bool, name: str, value: Any, fix: str) -> None:
+    if not cond:
+        raise SpecError(f"{name}={value!r}: {fix}")
+
+
+@dataclass(frozen=True)
+class LayerType:
+    """One kind of transformer layer: attention + MLP with the given shape.
+
+    ``count`` is how many layers of this type the model has (informational; ``ModelSpec.layer_order``
+    is authoritative). ``causal`` only matters for the FLOP count of attention (we charge the full
+    ``s x s`` score matrix either way, see docs/cost_model.md).
+    """
+
+    name: str
+    hidden_size: int
+    num_attention_heads: int
+    ffn_hidden_size: int
+    seq_length: int
+    count: int
+    activation: str = "gelu"
+    causal: bool = True
+
+    def __post_init__(self) -> None:
+        where = f"layer_types[{self.name!r}]"
+        for attr in ("hidden_size", "num_attention_heads", "ffn_hidden_size", "seq_length", "count"):
+            value = getattr(self, attr)
+            _need(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+                  f"{where}.{attr}", value, "must be a positive integer")
+        _need(self.hidden_size % self.num_attention_heads == 0, f"{where}.hidden_size",
+              self.hidden_size, f"must be divisible by num_attention_heads={self.num_attention_heads}")
+        _need(self.activation in ACTIVATIONS, f"{where}.activation", self.activation,
+              f"choose one of {', '.join(ACTIVATIONS)}")
+
+    @property
+    def num_parameters(self) -> int:
+        """Weights, biases and the two layer norms of one layer (Megatron GPT/BERT layout)."""
+        h, f = self.hidden_size, self.ffn_hidden_size
+        attention = 4 * h * h + 4 * h  # fused QKV (3h x h + 3h) and output projection (h x h + h)
+        if self.activation == "swiglu":
+            mlp = 3 * h * f + 2 * f + h  # two input projections (gate, up) and one output
+        else:
+            mlp = 2 * h * f + f + h
+        return attention + mlp + 4 * h  # two layer norms (weight + bias each)
+
+    def tp_divides(self, tp: int) -> bool:
+        """Whether Megatron tensor parallelism of degree ``tp`` can split this layer."""
+        return self.num_attention_heads % tp == 0 and self.ffn_hidden_size % tp == 0
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model as the planner sees it.
+
+    ``layer_order[i]`` is the index into ``layer_types`` of transformer layer ``i``.
+    ``vocab_size`` is the padded vocabulary (embedding rows). ``num_position_embeddings`` is 0 for
+    rotary models. ``config`` keeps the ModelConfig this spec came from (written into the plan's
+    ``model`` record so the runtime can check it); it does not take part in equality.
+    """
+
+    layer_types: tuple[LayerType, ...]
+    layer_order: tuple[int, ...]
+    vocab_size: int
+    embedding_hidden_size: int
+    seq_length: int
+    tied_embeddings: bool = True
+    name: str = ""
+    num_position_embeddings: int = 0
+    config: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        object.__setattr__(self, "layer_order", tuple(self.layer_order))
+        _need(len(self.layer_types) >= 1, "layer_types", self.layer_types,
+              "give at least one LayerType")
+        _need(len(self.layer_order) >= 1, "layer_order", self.layer_order,
+              "give the type index of every transformer layer")
+        names = [t.name for t in self.layer_types]
+        _need(len(set(names)) == len(names), "layer_types[*].name", names, "names must be unique")
+        for i, t in enumerate(self.layer_order):
+            _need(isinstance(t, int) and 0 <= t < len(self.layer_types), f"layer_order[{i}]", t,
+                  f"must index layer_types (0..{len(self.layer_types) - 1})")
+        for k, lt in enumerate(self.layer_types):
+            n = sum(1 for t in self.layer_order if t == k)
+            _need(n == lt.count, f"layer_types[{lt.name!r}].count", lt.count,
+                  f"layer_order holds {n} layers of this type; make them agree")
+        for attr in ("vocab_size", "embedding_hidden_size", "seq_length"):
+            value = getattr(self, attr)
+            _need(isinstance(value, int) and value >= 1, attr, value, "must be a positive integer")
+        _need(self.num_position_embeddings >= 0, "num_position_embeddings",
+              self.num_position_embeddings, "must be >= 0 (0 for rotary embeddings)")
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_order)
+
+    def layer_type(self, layer: int) -> LayerType:
+        return self.layer_types[self.layer_order[layer]]
+
+    @property
+    def embedding_parameters(self) -> int:
+        """Word (and position) embedding rows: the first stage's share."""
+        return (self.vocab_size + self.num_position_embeddings) * self.embedding_hidden_size
+
+    @property
+    def head_parameters(self) -> int:
+        """Final norm and (untied) output projection: the last stage's share.
+
+        With tied embeddings the last stage holds its own copy of the word embedding (kept in
+        sync by an all-reduce), so its parameters are counted there too when ``pp > 1``.
+        """
+        h = self.embedding_hidden_size
+        return 2 * h + (0 if self.tied_embeddings else self.vocab_size * h)
+
+    def max_common_tp(self) -> int:
+        """Largest power of two that can split every layer type."""
+        tp = 1
+        while all(t.tp_divides(tp * 2) for t in self.layer_types) and tp < 1 << 20:
+            tp *= 2
+        return tp
+
+    def plan_model_record(self) -> dict[str, Any]:
+        """The ``model`` record of a plan (DESIGN §5.2): the ModelConfig fields when known."""
+        if self.config is not None:
+            return dict(self.config)
+        lt = self.layer_types[0]
+        record: dict[str, Any] = {"name": self.name, "num_layers": self.num_layers}
+        if len(self.layer_types) == 1:
+            record.update(hidden_size=lt.hidden_size, num_attention_heads=lt.num_attention_heads,
+                          ffn_hidden_size=lt.ffn_hidden_size, seq_length=lt.seq_length)
+        else:
+            record["layer_types"] = [t.name for t in self.layer_types]
+        return record
+
+    # ----------------------------------------------------------------- builders
+    @classmethod
+    def from_model_config(cls, cfg: ModelConfig) -> "ModelSpec":
+        """The spec of a GPT or BERT model described by a runtime ``ModelConfig``."""
+        lt = LayerType(name=cfg.model_type, hidden_size=cfg.hidden_size,
+                       num_attention_heads=cfg.num_attention_heads,
+                       ffn_hidden_size=cfg.ffn_hidden_size, seq_length=cfg.seq_length,
+                       count=cfg.num_layers, activation=cfg.activation, causal=cfg.causal)
+        positions = cfg.max_position_embeddings if cfg.position_embedding_type == "learned" else 0
+        return cls(layer_types=(lt,), layer_order=(0,) * cfg.num_layers,
+                   vocab_size=cfg.padded_vocab_size, embedding_hidden_size=cfg.hidden_size,
+                   seq_length=cfg.seq_length,
+                   tied_embeddings=not cfg.untie_embeddings_and_output_weights,
+                   name=cfg.model_type, num_position_embeddings=positions + cfg.num_tokentypes,
+                   config=cfg.to_dict())
+
+    @classmethod
+    def uniform(cls, num_layers: int, hidden_size: int, num_attention_heads: int,
+                seq_length: int, vocab_size: int, ffn_hidden_size: int | None = None,
+                name: str = "gpt", causal: bool = True, activation: str = "gelu",
+                num_position_embeddings: int | None = None) -> "ModelSpec":
+        """A single-type stack (GPT if ``causal``, BERT otherwise) without a ModelConfig."""
+        lt = LayerType(name=name, hidden_size=hidden_size, num_attention_heads=num_attention_heads,
+                       ffn_hidden_size=ffn_hidden_size or 4 * hidden_size, seq_length=seq_length,
+                       count=num_layers, activation=activation, causal=causal)
+        return cls(layer_types=(lt,), layer_order=(0,) * num_layers, vocab_size=vocab_size,
+                   embedding_hidden_size=hidden_size, seq_length=seq_length, name=name,
+                   num_position_embeddings=seq_length if num_position_embeddings is None
+                   else num_position_embeddings)
+
+    @classmethod
+    def stacked(cls, types_and_counts: list[tuple[LayerType, int]], vocab_size: int,
+                embedding_hidden_size: int, seq_length: int, name: str = "") -> "ModelSpec":
+        """Blocks of layers in the given order, e.g. ``[(encoder, 12), (decoder, 12)]``."""
+        types: list[LayerType] = []
+        order: list[int] = []
+        for lt, n in types_and_counts:
+            if lt.name not in [t.name for t in types]:
+                types.append(lt)
+            order.extend([[t.name for t in types].index(lt.name)] * n)
+        types = [LayerType(**{**t.__dict__, "count": order.count(k)}) for k, t in enumerate(types)]
+        return cls(layer_types=tuple(types), layer_order=tuple(order), vocab_size=vocab_size,
+                   embedding_hidden_size=embedding_hidden_size, seq_length=seq_length, name=name)
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    """Batch and numerics. Mixed precision (bf16/fp16) keeps fp32 master weights and gradients."""
+
+    global_batch_size: int
+    precision: str = "bf16"
+    optimizer: str = "adam"
+
+    def __post_init__(self) -> None:
+        _need(isinstance(self.global_batch_size, int) and self.global_batch_size >= 1,
+              "global_batch_size", self.global_batch_size, "must be a positive integer")
+        _need(self.precision in PRECISIONS, "precision", self.precision,
+              f"choose one of {', '.join(PRECISIONS)}")
+        _need(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer,
+              f"choose one of {', '.join(OPTIMIZERS)}")
+
+    @property
+    def compute_bytes(self) -> int:
+        """Bytes per element of activations and TP messages (the autocast dtype)."""
+        return 4 if self.precision == "fp32" else 2
+
+    @property
+    def mixed(self) -> bool:
+        return self.precision != "fp32"

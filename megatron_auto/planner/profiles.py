@@ -1,0 +1,341 @@
+"""Per-layer-type profiles: the numbers the cost model needs, analytic or measured.
+
+A profile says, per layer type, how long its forward takes per sample (and per call), how many
+parameters it has and how many bytes of activations it keeps per sample; and the same for the
+embedding (first stage) and the LM head (last stage). Three sources fill it: :func:`analytic_profile`
+(FLOPs and shapes; needs no GPU), a measured file written by the profiler (format
+``megatron_auto.model_profile`` version 1, :meth:`ModelProfile.load`), and the Galvatron importer.
+
+Units are SI throughout: seconds, bytes, samples. "Per sample" means per sequence of the layer's
+sequence length; times are at tensor-parallel degree 1 unless a per-tp table says otherwise.
+Formulas are in docs/cost_model.md §2.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+from .model_spec import ModelSpec, TrainingSpec
+
+PROFILE_FORMAT = "megatron_auto.model_profile"
+PROFILE_VERSION = 1
+SOURCES = ("analytic", "measured", "galvatron")
+# Kernel launches and small ops of one transformer layer's forward, charged per call: about 25
+# kernels at ~2 us. A guess for the analytic profile; measured profiles replace it.
+ANALYTIC_LAYER_CALL_OVERHEAD_S = 50e-6
+
+
+class ProfileError(ValueError):
+    """A malformed profile; the message names the field, the value and the fix."""
+
+
+def _need(cond: bool, name: str, value: Any, fix: str) -> None:
+    if not cond:
+        raise ProfileError(f"profile field {name}={value!r}: {fix}")
+
+
+def _fit_inverse(table: Mapping[int, float], tp: int) -> float:
+    """Value at ``tp`` from a per-tp table: exact when present, else ``a + b/tp`` through the two
+    largest measured degrees (activations split by tp plus a replicated part), never negative."""
+    if tp in table:
+        return float(table[tp])
+    keys = sorted(table)
+    if len(keys) == 1:
+        return float(table[keys[0]])  # nothing known about the split: assume none (conservative)
+    t1, t2 = keys[-2], keys[-1]
+    b = (table[t1] - table[t2]) / (1.0 / t1 - 1.0 / t2)
+    a = table[t1] - b / t1
+    return max(0.0, a + b / tp)
+
+
+@dataclass(frozen=True)
+class LayerTypeProfile:
+    """Costs of one transformer layer of a given type.
+
+    Time of one forward call on ``b`` samples per rank at tp ``t``:
+    ``forward_time_per_sample_s * b / t + forward_time_constant_s`` unless ``forward_time_by_tp``
+    holds a measured ``(per_sample_s, constant_s)`` pair for ``t``. Backward is
+    ``backward_forward_ratio`` times the forward.
+
+    Activations kept per sample for backward at tp ``t`` (no recompute):
+    ``activation_replicated_bytes + activation_split_bytes / t`` unless
+    ``activation_bytes_by_tp`` has a measured value for ``t``. ``recompute_bytes_per_sample`` is
+    kept instead when the layer recomputes (its input). ``backward_scratch_*`` are transient bytes
+    per sample while the layer runs its backward. Under mixed precision, autocast saves a
+    compute-dtype copy of every weight for backward: ``weight_copy_bytes_per_parameter`` per
+    parameter per micro-batch in flight. ``hidden_bytes_per_sample`` is one ``(s, h)`` activation
+    in the compute dtype (TP messages, p2p, relayouts).
+    """
+
+    name: str
+    parameter_count: int
+    forward_time_per_sample_s: float
+    activation_replicated_bytes: float
+    activation_split_bytes: float
+    recompute_bytes_per_sample: float
+    hidden_bytes_per_sample: float
+    forward_time_constant_s: float = 0.0
+    backward_forward_ratio: float = 2.0
+    backward_scratch_replicated_bytes: float = 0.0
+    backward_scratch_split_bytes: float = 0.0
+    weight_copy_bytes_per_parameter: float = 0.0
+    forward_time_by_tp: Mapping[int, tuple[float, float]] = field(default_factory=dict)
+    activation_bytes_by_tp: Mapping[int, float] = field(default_factory=dict)
+    flops_per_sample: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "forward_time_by_tp",
+                           {int(k): (float(v[0]), float(v[1])) for k, v in self.forward_time_by_tp.items()})
+        object.__setattr__(self, "activation_bytes_by_tp",
+                           {int(k): float(v) for k, v in self.activation_bytes_by_tp.items()})
+        where = f"layer_types.{self.name}."
+        _need(isinstance(self.parameter_count, int) and self.parameter_count >= 0,
+              where + "parameter_count", self.parameter_count, "must be a non-negative integer")
+        for attr in ("forward_time_per_sample_s", "activation_replicated_bytes",
+                     "activation_split_bytes", "recompute_bytes_per_sample",
+                     "hidden_bytes_per_sample", "forward_time_constant_s",
+                     "backward_scratch_replicated_bytes", "backward_scratch_split_bytes",
+                     "weight_copy_bytes_per_parameter", "flops_per_sample"):
+            value = getattr(self, attr)
+            _need(isinstance(value, (int, float)) and math.isfinite(value) and value >= 0,
+                  where + attr, value, "must be a finite number >= 0")
+        _need(self.backward_forward_ratio > 0, where + "backward_forward_ratio",
+              self.backward_forward_ratio, "must be > 0 (2.0 is typical)")
+        for t, (slope, const) in self.forward_time_by_tp.items():
+            _need(t >= 1 and slope >= 0 and const >= 0, where + f"forward_time_by_tp.{t}",
+                  (slope, const), "needs tp >= 1 and non-negative (per_sample_s, constant_s)")
+        for t, value in self.activation_bytes_by_tp.items():
+            _need(t >= 1 and value >= 0, where + f"activation_bytes_by_tp.{t}", value,
+                  "needs tp >= 1 and bytes >= 0")
+
+    def forward_time(self, samples: float, tp: int) -> float:
+        """Seconds of one forward call on ``samples`` samples per rank at TP degree ``tp``."""
+        if tp in self.forward_time_by_tp:
+            slope, const = self.forward_time_by_tp[tp]
+            return slope * samples + const
+        return self.forward_time_per_sample_s * samples / tp + self.forward_time_constant_s
+
+    def activation_bytes(self, tp: int) -> float:
+        """Bytes kept per sample for backward at TP degree ``tp`` without recompute."""
+        if self.activation_bytes_by_tp:
+            return _fit_inverse(self.activation_bytes_by_tp, tp)
+        return self.activation_replicated_bytes + self.activation_split_bytes / tp
+
+    def scratch_bytes(self, tp: int) -> float:
+        """Transient bytes per sample while this layer runs its backward."""
+        return self.backward_scratch_replicated_bytes + self.backward_scratch_split_bytes / tp
+
+
+@dataclass(frozen=True)
+class EmbeddingProfile:
+    """Embedding (first stage) and LM head with loss (last stage), at vocab-TP degree 1.
+
+    Split parts scale with 1/vocab_tp (vocab-parallel rows and logits). The last stage's
+    ``head_transient_split_bytes`` (per sample) covers the fp32 logits and their gradient that
+    exist only while the loss and its backward run.
+    """
+
+    embedding_parameters: int
+    head_parameters: int
+    tied: bool
+    vocab_size: int
+    hidden_bytes_per_sample: float
+    embedding_forward_time_per_sample_s: float
+    head_forward_time_per_sample_s: float
+    embedding_activation_bytes: float
+    head_activation_replicated_bytes: float
+    head_activation_split_bytes: float
+    head_transient_split_bytes: float
+    forward_time_constant_s: float = 0.0
+    backward_forward_ratio: float = 2.0
+
+    def __post_init__(self) -> None:
+        for attr, value in asdict(self).items():
+            if attr == "tied":
+                _need(isinstance(value, bool), "embedding.tied", value, "must be true or false")
+                continue
+            _need(isinstance(value, (int, float)) and not isinstance(value, bool)
+                  and math.isfinite(value) and value >= 0, f"embedding.{attr}", value,
+                  "must be a finite number >= 0")
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """Everything the cost model needs about a model, keyed by layer-type name."""
+
+    layer_types: Mapping[str, LayerTypeProfile]
+    embedding: EmbeddingProfile
+    precision: str
+    source: str
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layer_types", dict(self.layer_types))
+        _need(self.precision in ("fp32", "bf16", "fp16"), "precision", self.precision,
+              "choose one of fp32, bf16, fp16")
+        _need(self.source in SOURCES, "source", self.source, f"choose one of {', '.join(SOURCES)}")
+        _need(len(self.layer_types) >= 1, "layer_types", {}, "needs one entry per layer type")
+        for key, lt in self.layer_types.items():
+            _need(key == lt.name, f"layer_types.{key}.name", lt.name, "must equal its key")
+
+    def check_matches(self, spec: ModelSpec, precision: str) -> None:
+        """Raise ``ProfileError`` unless this profile covers ``spec``'s layer types and precision."""
+        missing = [t.name for t in spec.layer_types if t.name not in self.layer_types]
+        _need(not missing, "layer_types", sorted(self.layer_types),
+              f"has no entry for layer type(s) {missing} of model {spec.name!r}; profile the model "
+              f"again or use the analytic profile")
+        _need(self.precision == precision, "precision", self.precision,
+              f"the run trains in {precision}; profile in that precision")
+
+    # --------------------------------------------------------------- JSON
+    def to_dict(self) -> dict[str, Any]:
+        layers = {}
+        for key, lt in self.layer_types.items():
+            d = asdict(lt)
+            d["forward_time_by_tp"] = {str(t): list(v) for t, v in lt.forward_time_by_tp.items()}
+            d["activation_bytes_by_tp"] = {str(t): v for t, v in lt.activation_bytes_by_tp.items()}
+            layers[key] = d
+        return {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, "precision": self.precision,
+                "source": self.source, "metadata": dict(self.metadata), "layer_types": layers,
+                "embedding": asdict(self.embedding)}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "ModelProfile":
+        _need(isinstance(data, Mapping), "<root>", type(data).__name__, "must be a JSON object")
+        _need(data.get("format") == PROFILE_FORMAT, "format", data.get("format"),
+              f'must be "{PROFILE_FORMAT}" (a Galvatron profile? convert it with '
+              f"`megatron-auto import-galvatron`)")
+        _need(data.get("version") == PROFILE_VERSION, "version", data.get("version"),
+              f"this megatron_auto reads model profile version {PROFILE_VERSION}")
+        known = {"format", "version", "precision", "source", "metadata", "layer_types", "embedding"}
+        unknown = sorted(set(data) - known)
+        _need(not unknown, "<keys>", unknown, f"unknown key(s); allowed: {sorted(known)}")
+        layers = data.get("layer_types")
+        _need(isinstance(layers, Mapping) and layers, "layer_types", layers,
+              "must be an object mapping layer-type names to their profiles")
+        parsed = {}
+        for key, d in layers.items():
+            parsed[key] = _build(LayerTypeProfile, d, f"layer_types.{key}")
+        emb = _build(EmbeddingProfile, data.get("embedding"), "embedding")
+        metadata = data.get("metadata", {})
+        _need(isinstance(metadata, Mapping), "metadata", metadata, "must be an object")
+        return cls(layer_types=parsed, embedding=emb, precision=data.get("precision"),
+                   source=data.get("source"), metadata=metadata)
+
+    def save(self, path: str | os.PathLike) -> None:
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(self.to_dict(), fh, indent=2)
+            fh.write("\n")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "ModelProfile":
+        try:
+            with open(path, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except OSError as err:
+            raise ProfileError(f"--model-profile {path}: cannot read the file ({err.strerror}); "
+                               f"check the path") from None
+        except json.JSONDecodeError as err:
+            raise ProfileError(f"--model-profile {path}: not valid JSON (line {err.lineno}: "
+                               f"{err.msg}); profile again or fix the file") from None
+        try:
+            return cls.from_dict(data)
+        except ProfileError as err:
+            raise ProfileError(f"--model-profile {path}: {err}") from None
+
+
+def _build(kind: type, data: Any, where: str) -> Any:
+    """Construct dataclass ``kind`` from a JSON object, naming missing/unknown/mistyped fields."""
+    _need(isinstance(data, Mapping), where, data, "must be a JSON object")
+    names = {f for f in kind.__dataclass_fields__}
+    unknown = sorted(set(data) - names)
+    _need(not unknown, where + ".<keys>", unknown, f"unknown key(s); allowed: {sorted(names)}")
+    kwargs = dict(data)
+    if kind is LayerTypeProfile:
+        if "forward_time_by_tp" in kwargs:
+            table = kwargs["forward_time_by_tp"]
+            _need(isinstance(table, Mapping), where + ".forward_time_by_tp", table,
+                  'must map tp (as a string) to [per_sample_s, constant_s]')
+            try:
+                kwargs["forward_time_by_tp"] = {int(t): (float(v[0]), float(v[1]))
+                                                for t, v in table.items()}
+            except (TypeError, ValueError, IndexError):
+                raise ProfileError(f"profile field {where}.forward_time_by_tp={table!r}: must map "
+                                   f"tp (as a string) to [per_sample_s, constant_s]") from None
+        if "activation_bytes_by_tp" in kwargs:
+            table = kwargs["activation_bytes_by_tp"]
+            try:
+                kwargs["activation_bytes_by_tp"] = {int(t): float(v) for t, v in table.items()}
+            except (AttributeError, TypeError, ValueError):
+                raise ProfileError(f"profile field {where}.activation_bytes_by_tp={table!r}: must "
+                                   f"map tp (as a string) to bytes per sample") from None
+    try:
+        return kind(**kwargs)
+    except TypeError as err:
+        missing = sorted(n for n in names if n not in kwargs)
+        raise ProfileError(f"profile field {where}: {err}; missing fields may be among "
+                           f"{missing}") from None
+
+
+# ------------------------------------------------------------------------- analytic
+def analytic_profile(spec: ModelSpec, training: TrainingSpec, cluster: Any) -> ModelProfile:
+    """A profile from shapes alone: FLOPs over sustained FLOP/s, bytes from tensor sizes.
+
+    ``cluster`` is a ``ClusterSpec`` (only ``flops(precision)`` or ``peak_flops`` and
+    ``compute_efficiency`` are used). Derivations in docs/cost_model.md §2.
+    """
+    if hasattr(cluster, "flops"):
+        rate = cluster.flops(training.precision)
+    else:
+        rate = cluster.peak_flops[training.precision] * cluster.compute_efficiency
+    beta = training.compute_bytes
+    layers = {}
+    for lt in spec.layer_types:
+        s, h, f, a = lt.seq_length, lt.hidden_size, lt.ffn_hidden_size, lt.num_attention_heads
+        mlp_mats = 3 if lt.activation == "swiglu" else 2
+        # Matmuls: 2 FLOPs per multiply-add; QKV + output projection (4h^2), MLP (2 or 3 h*f),
+        # attention scores and the weighted sum (2 * s^2 * h each).
+        flops = 2 * s * (4 * h * h + mlp_mats * h * f) + 4 * s * s * h
+        # Kept for backward (Korthikanti et al. 2022, generalised to any dtype and FFN width):
+        # not split by TP: two norm inputs, the QKV and FC1 inputs (beta*s*h each) and two
+        # 1-byte dropout masks; split: Q, K, V and the projection input (4*beta*s*h), the MLP
+        # intermediates, and per head the softmax output, its dropout mask and output.
+        replicated = (4 * beta + 2) * s * h
+        mlp_kept = (2 * beta if lt.activation == "gelu" else 3 * beta) * s * f
+        split = 4 * beta * s * h + mlp_kept + (2 * beta + 1) * a * s * s
+        layers[lt.name] = LayerTypeProfile(
+            name=lt.name, parameter_count=lt.num_parameters,
+            forward_time_per_sample_s=flops / rate, activation_replicated_bytes=replicated,
+            activation_split_bytes=split, recompute_bytes_per_sample=beta * s * h,
+            hidden_bytes_per_sample=beta * s * h,
+            forward_time_constant_s=ANALYTIC_LAYER_CALL_OVERHEAD_S,
+            backward_forward_ratio=2.0,
+            # Backward scratch: the incoming and outgoing activation gradients (2 x s*h) and the
+            # largest split intermediate gradient (the FFN activation or the score matrix).
+            backward_scratch_replicated_bytes=2 * beta * s * h,
+            backward_scratch_split_bytes=beta * s * max(f * (mlp_mats - 1), a * s),
+            weight_copy_bytes_per_parameter=float(beta) if training.mixed else 0.0,
+            flops_per_sample=float(flops))
+    s, h, v = spec.seq_length, spec.embedding_hidden_size, spec.vocab_size
+    head_flops = 2 * s * h * v
+    emb = EmbeddingProfile(
+        embedding_parameters=spec.embedding_parameters, head_parameters=spec.head_parameters,
+        tied=spec.tied_embeddings, vocab_size=v, hidden_bytes_per_sample=beta * s * h,
+        embedding_forward_time_per_sample_s=0.0,
+        head_forward_time_per_sample_s=head_flops / rate,
+        # Embedding output and its dropout mask; head: final-norm input, the logits in the
+        # compute dtype and the fp32 softmax the vocab-parallel loss keeps for backward.
+        embedding_activation_bytes=(beta + 1) * s * h,
+        head_activation_replicated_bytes=beta * s * h,
+        head_activation_split_bytes=(beta + 4) * s * v,
+        # fp32 logits upcast and their gradient while the loss and its backward run.
+        head_transient_split_bytes=8 * s * v,
+        forward_time_constant_s=ANALYTIC_LAYER_CALL_OVERHEAD_S)
+    return ModelProfile(layer_types=layers, embedding=emb, precision=training.precision,
+                        source="analytic",
+                        metadata={"model": spec.name, "cluster": getattr(cluster, "name", ""),
+                                  "sustained_flops": rate})

@@ -1,0 +1,150 @@
+"""The per-layer strategy space and the layout arithmetic transitions depend on.
+
+A layer's strategy inside a pipeline stage of ``n`` ranks is a ``plan.LayerStrategy``: TP degree
+``tp`` (power of two dividing ``n``), data-parallel flavour (``ddp``/``zero2``/``zero3`` over the
+``dp = n/tp`` replicas), TP layout (consecutive or strided ranks) and recompute. Pipeline degree
+is chosen outside (it is one per plan).
+
+Pruning rules (each keeps the optimum, or encodes a rule of the runtime):
+
+1. ``tp`` must divide the layer's heads and FFN size (Megatron splits both) and ``n``; ``dp``
+   must divide the micro-batch (each replica takes an equal slice). Runtime rules.
+2. With ``dp == 1`` the three DP flavours are the same computation with the same memory, so only
+   ``ddp`` is kept (a duplicate would only slow the DP).
+3. The layout flag is kept only where it changes the groups, ``1 < tp < n``: with ``tp == 1`` or
+   ``tp == n`` consecutive and strided groups are identical.
+4. ``tp`` above the ranks of one node is dropped unless ``max_tp`` asks for it: a TP group
+   crossing nodes pays inter-node all-reduces four times per layer and micro-batch, which on every
+   cluster we model is slower than the alternatives (a user can still force it).
+5. Dominance (applied after the costs are known, in the search): two strategies of the same layout
+   class (so the same transition costs) where one needs no more persistent memory, no more
+   transient memory and no more time than the other make the other redundant.
+
+Restricted spaces for baselines are in :data:`BASELINE_SPACES` (docs/planner.md §3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from ..plan import DP_MODES, LayerStrategy
+from .model_spec import LayerType
+
+# Baseline spaces: a restricted search each, compared against the full space in every result.
+BASELINE_SPACES: tuple[str, ...] = ("dp", "zero3", "tp", "pp", "megatron3d", "galvatron-base")
+SPACES: tuple[str, ...] = ("full",) + BASELINE_SPACES
+
+Layout = tuple[int, bool]  # (tp, consecutive) with the flag normalised (True when it is moot)
+
+
+def powers_of_two_upto(n: int) -> list[int]:
+    out, x = [], 1
+    while x <= n:
+        out.append(x)
+        x *= 2
+    return out
+
+
+def layout_of(strategy: LayerStrategy, stage_size: int) -> Layout:
+    """The layout class of a strategy: what decides who holds which slice of the batch."""
+    moot = strategy.tp in (1, stage_size)
+    return (strategy.tp, True if moot else bool(strategy.tp_consecutive))
+
+
+def dp_group_consecutive(layout: Layout) -> bool:
+    """A DP group is consecutive when TP is 1 (it is the whole stage) or TP is strided."""
+    tp, consec = layout
+    return tp == 1 or not consec
+
+
+def batch_slice(local_rank: int, stage_size: int, layout: Layout) -> tuple[int, int]:
+    """Which of the ``dp`` equal slices of the micro-batch local rank ``local_rank`` holds, as a
+    ``(index, dp)`` pair.
+
+    Consecutive TP: TP groups are blocks ``[j*tp, (j+1)*tp)`` and hold slice ``j = r // tp``.
+    Strided TP: TP groups are ``{r, r+dp, r+2*dp, ...}``, so the replica index is ``r % dp``.
+    """
+    tp, consec = layout
+    dp = stage_size // tp
+    return (local_rank // tp if consec else local_rank % dp), dp
+
+
+def relayout_is_local(old: Layout, new: Layout, stage_size: int) -> bool:
+    """True when every rank's new batch slice lies inside its old one (a local slice suffices);
+    otherwise the runtime all-gathers the micro-batch over the stage (DESIGN §4)."""
+    if old == new:
+        return True
+    for r in range(stage_size):
+        i_old, d_old = batch_slice(r, stage_size, old)
+        i_new, d_new = batch_slice(r, stage_size, new)
+        # Slice i of d covers [i/d, (i+1)/d) of the batch; containment in exact integer arithmetic.
+        if d_new < d_old:
+            return False
+        if not (i_old * d_new <= i_new * d_old and (i_new + 1) * d_old <= (i_old + 1) * d_new):
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class SpaceRules:
+    """Which strategies a search space allows (after the structural rules of the module doc)."""
+
+    tps: tuple[int, ...] | None = None  # allowed TP degrees (None: all powers of two)
+    dp_modes: tuple[str, ...] = DP_MODES
+    allow_recompute: bool = True
+    allow_strided: bool = True
+    max_tp: int | None = None
+
+
+def layer_strategies(layer_type: LayerType, stage_size: int, microbatch_size: int,
+                     rules: SpaceRules, devices_per_node: int) -> list[LayerStrategy]:
+    """All strategies of ``layer_type`` in a stage of ``stage_size`` ranks (pruning rules 1-4).
+
+    Deterministic order: tp ascending, then layout (consecutive first), DP flavour in
+    ``DP_MODES`` order, recompute off before on.
+    """
+    cap = rules.max_tp if rules.max_tp is not None else devices_per_node
+    out: list[LayerStrategy] = []
+    for tp in powers_of_two_upto(stage_size):
+        if rules.tps is not None and tp not in rules.tps:
+            continue
+        if rules.tps is None and tp > cap:
+            continue
+        if not layer_type.tp_divides(tp):
+            continue
+        dp = stage_size // tp
+        if microbatch_size % dp:
+            continue
+        modes = ("ddp",) if dp == 1 else rules.dp_modes
+        if dp == 1 and "ddp" not in rules.dp_modes and len(rules.dp_modes) > 0:
+            modes = (rules.dp_modes[0],)  # equivalent anyway; keep the name the space uses
+        layouts = [True, False] if (1 < tp < stage_size and rules.allow_strided) else [True]
+        for consec in layouts:
+            for mode in modes:
+                for recompute in ((False, True) if rules.allow_recompute else (False,)):
+                    out.append(LayerStrategy(tp=tp, dp_mode=mode, tp_consecutive=consec,
+                                             recompute=recompute))
+    return out
+
+
+def layout_classes(strategies: Iterable[Sequence[LayerStrategy]], stage_size: int) -> list[Layout]:
+    """Sorted distinct layouts over several strategy lists (the DP's transition classes)."""
+    seen = {layout_of(s, stage_size) for group in strategies for s in group}
+    return sorted(seen)
+
+
+def vocab_tps(vocab_size: int, stage_size: int, microbatch_size: int,
+              rules: SpaceRules, devices_per_node: int) -> list[int]:
+    """TP degrees the embedding and head may use (rules 1 and 4, on the vocabulary)."""
+    cap = rules.max_tp if rules.max_tp is not None else devices_per_node
+    out = []
+    for tp in powers_of_two_upto(stage_size):
+        if rules.tps is not None and tp not in rules.tps:
+            continue
+        if rules.tps is None and tp > cap:
+            continue
+        if vocab_size % tp or microbatch_size % (stage_size // tp):
+            continue
+        out.append(tp)
+    return out
