@@ -1,0 +1,241 @@
+"""Timing primitives of the hardware profiler: collectives, p2p hops, matmuls and their overlap.
+
+Every function here is collective over the world (all ranks call it with the same arguments, in
+the same order) and returns the same numbers on every rank: each rank times its own part, then
+the world takes the maximum (the slowest rank paces a synchronous step). Devices are synchronised
+around each timed loop (``torch.cuda.synchronize`` on GPU; CPU collectives are synchronous unless
+``async_op=True``).
+
+Cost model the fit serves (nccl-tests "bus bandwidth" convention, as in planner/hardware.py)::
+
+    t(S) = latency + factor(op, g) * S / busbw
+    factor: all-reduce 2(g-1)/g (S = the tensor), all-gather and reduce-scatter (g-1)/g
+    (S = the gathered / unsharded total), p2p 1 (S = the message)
+
+:func:`fit_latency_bandwidth` solves it by least squares over several message sizes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..parallel.comm import all_gather_into_tensor, reduce_scatter_tensor
+
+OPS = ("allreduce", "allgather", "reduce_scatter")
+
+
+def bus_factor(op: str, group_size: int) -> float:
+    """The ``factor`` of the module docstring: bytes each link carries per byte of ``S``."""
+    g = group_size
+    if op == "allreduce":
+        return 2.0 * (g - 1) / g
+    if op in ("allgather", "reduce_scatter"):
+        return (g - 1) / g
+    if op == "p2p":
+        return 1.0
+    raise ValueError(f"op={op!r}: unknown; choose one of {', '.join(OPS + ('p2p',))}")
+
+
+def fit_latency_bandwidth(effective_bytes: Sequence[float],
+                          times_s: Sequence[float]) -> tuple[float, float]:
+    """Least-squares fit of ``t = latency + x / bandwidth``; returns ``(latency_s, bandwidth)``.
+
+    ``effective_bytes`` are the ``x = factor * S`` of each message. With one size, or when noise
+    makes the slope non-positive, the bandwidth of the largest message alone is used and the
+    latency is the smallest message's time (an upper bound). The latency is floored at 0.
+    """
+    x = np.asarray(effective_bytes, dtype=np.float64)
+    t = np.asarray(times_s, dtype=np.float64)
+    if x.shape != t.shape or x.size == 0:
+        raise ValueError(f"fit needs matching, non-empty sizes and times; got {x.size} sizes and "
+                         f"{t.size} times")
+    if np.any(t <= 0) or np.any(x <= 0):
+        raise ValueError(f"fit needs positive sizes and times; got sizes {x.tolist()} and times "
+                         f"{t.tolist()}")
+    if x.size >= 2 and np.ptp(x) > 0:
+        design = np.stack([np.ones_like(x), x], axis=1)
+        (latency, slope), *_ = np.linalg.lstsq(design, t, rcond=None)
+        if slope > 0:
+            # Intercept below zero means noise on tiny messages: the line through the largest
+            # message with zero latency is then the better description.
+            if latency < 0:
+                return 0.0, float(x.max() / t[np.argmax(x)])
+            return float(latency), float(1.0 / slope)
+    big = int(np.argmax(x))
+    return float(t[np.argmin(x)] if x.size >= 2 else 0.0), float(x[big] / t[big])
+
+
+# --------------------------------------------------------------------------- timing helpers
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def world_max(values: Sequence[float], device: torch.device) -> list[float]:
+    """Element-wise maximum of ``values`` over all ranks (the same list on every rank)."""
+    buf = torch.tensor(list(values), dtype=torch.float64, device=device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(buf, op=dist.ReduceOp.MAX)
+    return buf.cpu().tolist()
+
+
+def world_barrier(device: torch.device) -> None:
+    """A barrier made of a one-element all-reduce (works the same on gloo and nccl)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(torch.zeros(1, device=device))
+    sync(device)
+
+
+def time_loop(step: Callable[[], Any], warmup: int, iters: int, device: torch.device) -> float:
+    """Seconds per call of ``step`` on this rank: the median of ``iters`` timed calls.
+
+    The median (not the mean) because a shared machine's scheduler hiccups land on single calls;
+    each call is synchronised so that it is timed alone.
+    """
+    for _ in range(warmup):
+        step()
+    sync(device)
+    samples = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        step()
+        sync(device)
+        samples.append(time.perf_counter() - start)
+    return float(np.median(samples))
+
+
+def collective_step(op: str, nbytes: int, group: Any, group_size: int, device: torch.device,
+                    dtype: torch.dtype = torch.float32) -> Callable[[], Any]:
+    """A closure running one ``op`` with total size ``nbytes`` (see ``bus_factor`` for which)."""
+    elem = torch.tensor([], dtype=dtype).element_size()
+    numel = max(group_size, nbytes // elem // group_size * group_size)
+    if op == "allreduce":
+        buf = torch.zeros(numel, dtype=dtype, device=device)
+        return lambda: dist.all_reduce(buf, group=group)
+    if op == "allgather":
+        out = torch.empty(numel, dtype=dtype, device=device)
+        shard = torch.zeros(numel // group_size, dtype=dtype, device=device)
+        return lambda: all_gather_into_tensor(out, shard, group=group)
+    if op == "reduce_scatter":
+        inp = torch.zeros(numel, dtype=dtype, device=device)
+        shard = torch.empty(numel // group_size, dtype=dtype, device=device)
+        return lambda: reduce_scatter_tensor(shard, inp, group=group)
+    raise ValueError(f"op={op!r}: unknown; choose one of {', '.join(OPS)}")
+
+
+def p2p_step(nbytes: int, peer: int | None, sender: bool,
+             device: torch.device) -> Callable[[], None]:
+    """One one-way message of ``nbytes`` to/from ``peer`` (a no-op for ranks without a peer)."""
+    buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=device)
+
+    def step() -> None:
+        if peer is None:
+            return
+        if sender:
+            dist.send(buf, dst=peer)
+        else:
+            dist.recv(buf, src=peer)
+    return step
+
+
+# --------------------------------------------------------------------------------- compute
+def matmul_flops(device: torch.device, dtype: torch.dtype, size: int, iters: int) -> float:
+    """FLOP/s of this rank's ``size``^3 matmul in ``dtype`` (2 size^3 FLOPs per product)."""
+    a = torch.randn(size, size, device=device).to(dtype)
+    b = torch.randn(size, size, device=device).to(dtype)
+    seconds = time_loop(lambda: torch.mm(a, b), 1, iters, device)
+    return 2.0 * size**3 / seconds
+
+
+# --------------------------------------------------------------------------------- overlap
+def overlap_slowdown(device: torch.device, matmul_size: int, comm_bytes: int,
+                     comm_iters: int, repeats: int = 3) -> dict[str, float]:
+    """Slowdown of compute and communication when they run at the same time.
+
+    Times a matmul loop alone, an all-reduce loop (world group) alone, then both concurrently:
+    on GPU the all-reduces run on a side stream; on CPU they are issued with ``async_op=True``
+    (gloo's worker threads progress them) while this thread multiplies, and a waiter thread
+    records when the last one completes. The matmul count is chosen so both loops take about
+    the same time alone, so each can be slowed by the other over its whole length.
+    ``slowdown = max(compute_concurrent / compute_alone, comm_concurrent / comm_alone)``,
+    floored at 1, median over ``repeats``, maximum over ranks. 1.0 on a world of one.
+    """
+    if not dist.is_initialized() or dist.get_world_size() < 2:
+        return {"slowdown": 1.0, "compute_alone_s": 0.0, "comm_alone_s": 0.0}
+    a = torch.randn(matmul_size, matmul_size, device=device)
+    b = torch.randn(matmul_size, matmul_size, device=device)
+    buf = torch.zeros(max(1, comm_bytes // 4), device=device)
+    world_barrier(device)
+    one_mm = world_max([time_loop(lambda: torch.mm(a, b), 1, 3, device)], device)[0]
+    world_barrier(device)
+    comm_alone = world_max([time_loop(lambda: dist.all_reduce(buf), 1, comm_iters, device)
+                            * comm_iters], device)[0]
+    num_mm = max(1, round(comm_alone / max(one_mm, 1e-9)))
+
+    def compute_loop() -> None:
+        for _ in range(num_mm):
+            torch.mm(a, b)
+
+    ratios: list[float] = []
+    details = {"compute_alone_s": 0.0, "comm_alone_s": comm_alone, "num_matmuls": float(num_mm)}
+    for _ in range(repeats):
+        world_barrier(device)
+        compute_alone = time_loop(compute_loop, 0, 1, device)
+        world_barrier(device)
+        comm_alone = time_loop(lambda: [dist.all_reduce(buf) for _ in range(comm_iters)], 0, 1,
+                               device)
+        world_barrier(device)
+        compute_conc, comm_conc = (_concurrent_cuda if device.type == "cuda" else _concurrent_cpu)(
+            compute_loop, buf, comm_iters, device)
+        c_alone, m_alone, c_conc, m_conc = world_max(
+            [compute_alone, comm_alone, compute_conc, comm_conc], device)
+        ratios.append(max(1.0, c_conc / c_alone, m_conc / m_alone))
+        details.update(compute_alone_s=c_alone, comm_alone_s=m_alone,
+                       compute_concurrent_s=c_conc, comm_concurrent_s=m_conc)
+    details["slowdown"] = float(np.median(ratios))
+    return details
+
+
+def _concurrent_cpu(compute_loop: Callable[[], None], buf: torch.Tensor, comm_iters: int,
+                    device: torch.device) -> tuple[float, float]:
+    done: dict[str, float] = {}
+    start = time.perf_counter()
+    handles = [dist.all_reduce(buf, async_op=True) for _ in range(comm_iters)]
+
+    def wait_all() -> None:
+        # Work.wait releases the GIL, so this thread sleeps while the main thread computes.
+        for handle in handles:
+            handle.wait()
+        done["comm"] = time.perf_counter() - start
+
+    waiter = threading.Thread(target=wait_all, daemon=True)
+    waiter.start()
+    compute_loop()
+    compute_s = time.perf_counter() - start
+    waiter.join()
+    return compute_s, done["comm"]
+
+
+def _concurrent_cuda(compute_loop: Callable[[], None], buf: torch.Tensor, comm_iters: int,
+                     device: torch.device) -> tuple[float, float]:
+    side = torch.cuda.Stream(device=device)
+    main = torch.cuda.current_stream(device)
+    begin = torch.cuda.Event(enable_timing=True)
+    compute_end = torch.cuda.Event(enable_timing=True)
+    comm_end = torch.cuda.Event(enable_timing=True)
+    begin.record(main)
+    side.wait_event(begin)
+    with torch.cuda.stream(side):
+        for _ in range(comm_iters):
+            dist.all_reduce(buf)  # enqueued; makes `side` wait for NCCL's stream
+        comm_end.record(side)
+    compute_loop()
+    compute_end.record(main)
+    torch.cuda.synchronize(device)
+    return begin.elapsed_time(compute_end) / 1e3, begin.elapsed_time(comm_end) / 1e3

@@ -1,0 +1,384 @@
+"""Hardware profiler: measure this cluster's communication and compute, write a ClusterSpec.
+
+Run it on the machines you will train on, one process per device::
+
+    torchrun --nproc-per-node 4 -m megatron_auto.profiler.hardware_profiler --out cluster.json
+    megatron-auto profile-hardware --out cluster.json          # (the same, via the CLI)
+
+What it measures (everything with torch.distributed: gloo on CPU, nccl on GPU):
+
+- all-reduce, all-gather and reduce-scatter over groups of every power-of-two size ``g`` up to
+  the world, both *consecutive* (blocks of ``g`` adjacent ranks) and *strided* (members
+  ``N/g`` apart, like Galvatron and ``ClusterSpec``'s default span), all groups of a partition at
+  once (as the TP or DP groups of a plan run); ``t = latency + factor * S / busbw`` is fitted
+  over several message sizes per group (``comm_bench.fit_latency_bandwidth``);
+- p2p bandwidth per pipeline degree ``pp``: ranks of stage ``2k`` send to the same local index
+  of stage ``2k+1``;
+- node boundaries from torchrun's ``LOCAL_WORLD_SIZE`` (node ``j`` = ranks ``[jD, (j+1)D)``); a
+  group touching several nodes feeds the inter-node numbers;
+- the compute/communication overlap slowdown (``comm_bench.overlap_slowdown``);
+- matmul FLOP/s: on known GPUs (A100/H100/H200) the spec-sheet peak is kept and the measured
+  fraction becomes ``compute_efficiency``; elsewhere (CPU, unknown GPUs) the measured rate *is*
+  the peak and the efficiency is 1.
+
+Rank 0 writes the ``megatron_auto.cluster`` JSON; ``--raw-out`` adds every timing for the record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import os
+import re
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..planner.hardware import GiB, ClusterSpec
+from ..planner.presets import make_cluster
+from . import comm_bench as cb
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CPU_SIZES = (1 << 16, 1 << 20, 1 << 22)  # bytes; 64 KiB .. 4 MiB keeps 4 CPU ranks < 30 s
+DEFAULT_GPU_SIZES = (1 << 20, 1 << 24, 1 << 27)  # 1 MiB .. 128 MiB: past NCCL's latency regime
+_KNOWN_GPUS = (("H200", "h200-141g"), ("H100", "h100-80g"), ("A100", None))
+
+
+@dataclass(frozen=True)
+class HardwareProfilerConfig:
+    """Knobs of one profiling run; defaults keep a 4-rank CPU profile well under 30 s."""
+
+    message_sizes: tuple[int, ...] = ()  # bytes; () = DEFAULT_CPU_SIZES / DEFAULT_GPU_SIZES
+    warmup_iters: int = 1
+    iters: int = 5
+    ops: tuple[str, ...] = cb.OPS
+    devices_per_node: int | None = None  # None = LOCAL_WORLD_SIZE (torchrun), else the world
+    matmul_size: int = 0  # 0 = 512 on CPU, 8192 on GPU
+    matmul_iters: int = 3
+    overlap_comm_bytes: int = 0  # 0 = the largest message size
+    overlap_comm_iters: int = 4
+    overlap_repeats: int = 3
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        for label, value in (("warmup_iters", self.warmup_iters), ("iters", self.iters),
+                             ("matmul_iters", self.matmul_iters),
+                             ("overlap_comm_iters", self.overlap_comm_iters),
+                             ("overlap_repeats", self.overlap_repeats)):
+            if value < (0 if label == "warmup_iters" else 1):
+                raise ValueError(f"hardware profiler {label}={value}: must be a positive integer")
+        if any(s <= 0 for s in self.message_sizes):
+            raise ValueError(f"--message-sizes {list(self.message_sizes)}: sizes must be positive "
+                             f"byte counts, e.g. 65536 1048576")
+        for op in self.ops:
+            if op not in cb.OPS:
+                raise ValueError(f"--ops {op}: unknown; choose from {', '.join(cb.OPS)}")
+        if self.devices_per_node is not None and self.devices_per_node < 1:
+            raise ValueError(f"--devices-per-node {self.devices_per_node}: must be >= 1")
+
+
+@dataclass
+class CommResult:
+    """One measured (op, group shape): the sizes tried, the seconds per call, and the fit."""
+
+    op: str
+    group_size: int
+    consecutive: bool
+    nodes_spanned: int
+    message_bytes: list[int]
+    times_s: list[float]
+    busbw: float = 0.0
+    latency_s: float = 0.0
+
+
+@dataclass
+class HardwareProfile:
+    """Everything one run measured; :meth:`to_cluster_spec` condenses it for the planner."""
+
+    world_size: int
+    devices_per_node: int
+    device_name: str
+    device_memory_bytes: int
+    backend: str
+    comm: list[CommResult] = field(default_factory=list)
+    p2p: list[CommResult] = field(default_factory=list)  # group_size = the pipeline degree
+    matmul_flops: dict[str, float] = field(default_factory=dict)
+    overlap: dict[str, float] = field(default_factory=dict)
+    memory_reserve_bytes: int = GiB
+
+    @property
+    def num_nodes(self) -> int:
+        return self.world_size // self.devices_per_node
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_cluster_spec(self, name: str | None = None) -> ClusterSpec:
+        """The planner's view: busbw/p2p tables, latencies, overlap, device and FLOP/s."""
+        allreduce = [r for r in self.comm if r.op == "allreduce"]
+        in_node = [r for r in allreduce if r.nodes_spanned == 1]
+        across = [r for r in allreduce if r.nodes_spanned > 1]
+        table = {(r.group_size, r.consecutive): r.busbw for r in allreduce}
+        # The fastest in-node group stands for the node's bus (like NVLink in a preset).
+        intra = max((r.busbw for r in in_node), default=0.0) or \
+            max((r.busbw for r in allreduce), default=0.0)
+        # ClusterSpec models a cross-node ring as min(intra, ranks_per_node * inter_per_device),
+        # so each cross-node group measures inter_per_device = busbw / ranks_per_node.
+        inter = min((r.busbw / -(-r.group_size // r.nodes_spanned) for r in across),
+                    default=intra)
+        p2p_in = [r for r in self.p2p if r.nodes_spanned == 1]
+        p2p_across = [r for r in self.p2p if r.nodes_spanned > 1]
+        lat_in = [r.latency_s for r in in_node]
+        lat_across = [r.latency_s for r in across]
+        defaults = ClusterSpec(name="defaults", num_nodes=1, devices_per_node=1, device_name="x",
+                               device_memory_bytes=2 * GiB, peak_flops={"fp32": 1.0})
+        peak, efficiency = _peak_and_efficiency(self.device_name, self.matmul_flops)
+        source = (f"measured by megatron_auto's hardware profiler on "
+                  f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC: "
+                  f"{self.world_size} ranks ({self.num_nodes} node(s) x {self.devices_per_node}), "
+                  f"backend {self.backend}, torch {torch.__version__}; busbw fitted from "
+                  f"t = latency + factor*S/busbw; overlap slowdown "
+                  f"{self.overlap.get('slowdown', 1.0):.3f}; matmul FLOP/s "
+                  + ", ".join(f"{k} {v / 1e12:.3f} T" for k, v in self.matmul_flops.items()))
+        if not allreduce:
+            source += "; no communication measured (world of one): bandwidths are defaults"
+        return ClusterSpec(
+            name=name or f"measured-{_slug(self.device_name)}-{self.num_nodes}x{self.devices_per_node}",
+            num_nodes=self.num_nodes, devices_per_node=self.devices_per_node,
+            device_name=self.device_name, device_memory_bytes=self.device_memory_bytes,
+            peak_flops=peak, compute_efficiency=efficiency,
+            overlap_slowdown=max(1.0, float(self.overlap.get("slowdown", 1.0))),
+            memory_reserve_bytes=min(self.memory_reserve_bytes, self.device_memory_bytes // 2),
+            source=source,
+            intra_node_busbw=intra or defaults.intra_node_busbw,
+            inter_node_bw_per_device=inter or defaults.inter_node_bw_per_device,
+            p2p_intra_bw=max((r.busbw for r in p2p_in), default=0.0) or defaults.p2p_intra_bw,
+            p2p_inter_bw=min((r.busbw for r in p2p_across), default=0.0)
+            or max((r.busbw for r in p2p_in), default=0.0) or defaults.p2p_inter_bw,
+            collective_latency_s=statistics.median(lat_in) if lat_in
+            else defaults.collective_latency_s,
+            inter_node_latency_s=statistics.median(lat_across) if lat_across
+            else (statistics.median(lat_in) if lat_in else defaults.inter_node_latency_s),
+            p2p_latency_s=statistics.median([r.latency_s for r in self.p2p]) if self.p2p
+            else defaults.p2p_latency_s,
+            allreduce_busbw_table=table,
+            p2p_bw_table={r.group_size: r.busbw for r in self.p2p})
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "device"
+
+
+def _peak_and_efficiency(device_name: str, measured: dict[str, float]) -> tuple[dict[str, float], float]:
+    """Spec peaks and measured efficiency on a known GPU; measured peaks (efficiency 1) elsewhere."""
+    for marker, key in _KNOWN_GPUS:
+        if marker in device_name:
+            if key is None:  # A100: the memory size decides which preset
+                key = "a100-80g" if "80" in device_name else "a100-40g"
+            spec = dict(make_cluster(key, 1, 1).peak_flops)
+            ref = "bf16" if "bf16" in measured else next(iter(measured), None)
+            if ref is None or ref not in spec:
+                return spec, make_cluster(key, 1, 1).compute_efficiency
+            return spec, min(1.0, max(0.05, measured[ref] / spec[ref]))
+    return dict(measured), 1.0
+
+
+# ------------------------------------------------------------------------------ group shapes
+def partition_groups(world_size: int, group_size: int, consecutive: bool) -> list[list[int]]:
+    """The groups of ``group_size`` that partition the world: adjacent blocks or stride ``N/g``."""
+    if world_size % group_size:
+        raise ValueError(f"group size {group_size} does not divide world size {world_size}")
+    count = world_size // group_size
+    if consecutive:
+        return [list(range(k * group_size, (k + 1) * group_size)) for k in range(count)]
+    return [list(range(j, world_size, count)) for j in range(count)]
+
+
+def group_shapes(world_size: int) -> list[tuple[int, bool]]:
+    """Power-of-two sizes from 2 up to the world (and the world itself), strided when distinct."""
+    sizes, g = [], 2
+    while g <= world_size:
+        if world_size % g == 0:
+            sizes.append(g)
+        g *= 2
+    if world_size >= 2 and world_size not in sizes:
+        sizes.append(world_size)
+    return [(g, c) for g in sizes for c in ((True, False) if g < world_size else (True,))]
+
+
+def nodes_of(ranks: Sequence[int], devices_per_node: int) -> int:
+    return len({r // devices_per_node for r in ranks})
+
+
+# ----------------------------------------------------------------------------- the profiler
+def _device() -> torch.device:
+    if torch.cuda.is_available() and (not dist.is_initialized() or dist.get_backend() == "nccl"):
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def _device_info(device: torch.device, local_world: int) -> tuple[str, int, int]:
+    """(name, memory bytes per device, framework reserve bytes) of this rank's device."""
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        free, total = torch.cuda.mem_get_info(device)
+        # Memory used outside PyTorch's allocator (CUDA context, NCCL buffers) plus a fixed
+        # allocator/fragmentation allowance; `calibrate` refines it from measured runs.
+        outside = max(0, total - free - torch.cuda.memory_reserved(device))
+        return props.name, int(props.total_memory), int(outside + GiB // 2)
+    pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    per_rank = int(pages // max(1, local_world))
+    import platform
+    return f"cpu-{platform.machine() or 'unknown'}", per_rank, min(GiB, per_rank // 8)
+
+
+def profile_hardware(config: HardwareProfilerConfig = HardwareProfilerConfig()) -> HardwareProfile:
+    """Measure the cluster; collective over the world (call on every rank, same ``config``).
+
+    Works without torch.distributed initialised (a world of one: compute only). Every rank
+    returns the same :class:`HardwareProfile` (timings are maxima over ranks).
+    """
+    device = _device()
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    local = config.devices_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if world % local:
+        raise ValueError(f"devices per node {local} (LOCAL_WORLD_SIZE or --devices-per-node) must "
+                         f"divide the world size {world}; launch the same number of ranks per node")
+    sizes = config.message_sizes or (DEFAULT_GPU_SIZES if device.type == "cuda" else DEFAULT_CPU_SIZES)
+    name, memory, reserve = _device_info(device, local)
+    backend = dist.get_backend() if dist.is_initialized() else "none"
+    profile = HardwareProfile(world_size=world, devices_per_node=local, device_name=name,
+                              device_memory_bytes=memory, backend=backend,
+                              memory_reserve_bytes=reserve)
+
+    for g, consecutive in group_shapes(world):
+        groups = partition_groups(world, g, consecutive)
+        handles = [dist.new_group(ranks) for ranks in groups]  # collective: every rank, same order
+        mine = next(i for i, ranks in enumerate(groups) if rank in ranks)
+        spanned = max(nodes_of(ranks, local) for ranks in groups)
+        for op in config.ops:
+            times = []
+            for nbytes in sizes:
+                step = cb.collective_step(op, nbytes, handles[mine], g, device)
+                cb.world_barrier(device)
+                times.append(cb.time_loop(step, config.warmup_iters, config.iters, device))
+            times = cb.world_max(times, device)
+            result = CommResult(op, g, consecutive, spanned, list(sizes), times)
+            result.latency_s, result.busbw = cb.fit_latency_bandwidth(
+                [cb.bus_factor(op, g) * s for s in sizes], times)
+            profile.comm.append(result)
+
+    for pp in sorted({g for g, _ in group_shapes(world)}):
+        stage = world // pp
+        peer, sender = None, False
+        if (rank // stage) % 2 == 0 and rank // stage + 1 < pp:
+            peer, sender = rank + stage, True
+        elif (rank // stage) % 2 == 1:
+            peer = rank - stage
+        senders = [r for r in range(world) if (r // stage) % 2 == 0 and r + stage < world]
+        spanned = max(nodes_of([r, r + stage], local) for r in senders)
+        times = []
+        for nbytes in sizes:
+            step = cb.p2p_step(nbytes, peer, sender, device)
+            cb.world_barrier(device)
+            times.append(cb.time_loop(step, config.warmup_iters, config.iters, device))
+        times = cb.world_max(times, device)
+        result = CommResult("p2p", pp, True, spanned, list(sizes), times)
+        result.latency_s, result.busbw = cb.fit_latency_bandwidth(list(sizes), times)
+        profile.p2p.append(result)
+
+    mm_size = config.matmul_size or (8192 if device.type == "cuda" else 512)
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    if device.type == "cuda":
+        dtypes["fp16"] = torch.float16
+    for prec, dtype in dtypes.items():
+        size = mm_size if prec == "fp32" or device.type == "cuda" else max(64, mm_size // 2)
+        # The slowest rank's rate: the planner paces a step by its slowest device.
+        seconds = cb.world_max([2.0 * size**3 / cb.matmul_flops(device, dtype, size,
+                                                                config.matmul_iters)], device)[0]
+        profile.matmul_flops[prec] = 2.0 * size**3 / seconds
+
+    profile.overlap = cb.overlap_slowdown(
+        device, min(mm_size, 2048) if device.type == "cuda" else max(64, mm_size // 2),
+        config.overlap_comm_bytes or max(sizes), config.overlap_comm_iters, config.overlap_repeats)
+    return profile
+
+
+# ---------------------------------------------------------------------------------- torchrun
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    parser = parser or argparse.ArgumentParser(
+        prog="python -m megatron_auto.profiler.hardware_profiler",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+               "  torchrun --nproc-per-node 4 -m megatron_auto.profiler.hardware_profiler "
+               "--out cluster.json\n"
+               "  torchrun --nnodes 2 --nproc-per-node 8 ... -m megatron_auto.profiler."
+               "hardware_profiler --out cluster-2x8.json --raw-out cluster-2x8.raw.json\n"
+               "then: megatron-auto plan ... --cluster cluster.json")
+    parser.add_argument("--out", required=True, help="cluster profile JSON to write (rank 0)")
+    parser.add_argument("--raw-out", default=None, help="also write every timing here (rank 0)")
+    parser.add_argument("--name", default=None, help="cluster name (default measured-<device>-NxD)")
+    parser.add_argument("--message-sizes", type=int, nargs="+", default=None, metavar="BYTES",
+                        help="message sizes to fit bandwidth and latency from "
+                             "(default 64K/1M/4M on CPU, 1M/16M/128M on GPU)")
+    parser.add_argument("--iters", type=int, default=5, help="timed calls per size (default 5)")
+    parser.add_argument("--warmup-iters", type=int, default=1)
+    parser.add_argument("--devices-per-node", type=int, default=None,
+                        help="ranks per node (default: torchrun's LOCAL_WORLD_SIZE)")
+    parser.add_argument("--backend", choices=("nccl", "gloo"), default=None,
+                        help="default: nccl when CUDA is available, else gloo")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> HardwareProfilerConfig:
+    return HardwareProfilerConfig(message_sizes=tuple(args.message_sizes or ()),
+                                  warmup_iters=args.warmup_iters, iters=args.iters,
+                                  devices_per_node=args.devices_per_node, name=args.name)
+
+
+def run_from_args(args: argparse.Namespace) -> ClusterSpec:
+    """Initialise torch.distributed from torchrun's env when needed, profile, write on rank 0."""
+    config = config_from_args(args)
+    own_group = False
+    if not dist.is_initialized() and "WORLD_SIZE" in os.environ:
+        backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        else:
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+        dist.init_process_group(backend)
+        own_group = True
+    try:
+        profile = profile_hardware(config)
+        spec = profile.to_cluster_spec(config.name)
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            spec.save(args.out)
+            if args.raw_out:
+                with open(args.raw_out, "w", encoding="utf-8") as fh:
+                    json.dump(profile.to_dict(), fh, indent=2)
+            logger.info("wrote %s (all-reduce busbw %s)", args.out,
+                        {f"{g}{'c' if c else 's'}": f"{v / 1e9:.2f} GB/s"
+                         for (g, c), v in spec.allreduce_busbw_table.items()})
+        return spec
+    finally:
+        if own_group:
+            dist.destroy_process_group()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    run_from_args(build_parser().parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
