@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         stats = preprocess_jsonl(
             args.input, args.output_prefix, tok, args.json_keys, args.append_eod, args.workers,
-            args.split_sentences, args.log_interval,
+            args.split_sentences, args.log_interval, log=sys.stderr,
         )
     except (ValueError, FileNotFoundError, ImportError) as err:
         print(f"error: {err}", file=sys.stderr)

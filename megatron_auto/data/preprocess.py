@@ -25,10 +25,19 @@ import numpy as np
 from megatron_auto.data.indexed_dataset import IndexedDatasetBuilder, optimal_dtype
 from megatron_auto.data.tokenizers import build_tokenizer
 
-# A sentence ends at . ! ? (optionally followed by closing quotes/brackets) before whitespace
-# and an upper-case letter, digit or opening quote; or at a blank line. Abbreviations such as
-# "e.g." or "Mr." may be cut; good enough for BERT sentence pairs without downloading models.
-_SENTENCE_RE = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])|\n\s*\n")
+# A sentence ends after . ! ? and any closing quotes/brackets, when whitespace and an upper-case
+# letter, digit or opening quote follow; a blank line also ends one. Abbreviations before a
+# capital ("Mr. Smith") are cut; good enough for BERT sentence pairs without downloading models.
+_SENTENCE_END_RE = re.compile(r"[.!?][\"')\]]*(?=\s+[\"'(\[]?[A-Z0-9])|\n\s*\n")
+
+
+def _regex_split(text: str) -> list[str]:
+    parts, start = [], 0
+    for m in _SENTENCE_END_RE.finditer(text):
+        parts.append(text[start : m.end()])
+        start = m.end()
+    parts.append(text[start:])
+    return parts
 
 
 @functools.lru_cache(maxsize=1)
@@ -45,7 +54,7 @@ def _punkt() -> Any:
 def split_sentences(text: str, use_nltk: bool = True) -> list[str]:
     """Sentences of ``text``, whitespace-trimmed, empty ones dropped."""
     splitter = _punkt() if use_nltk else None
-    parts = splitter.tokenize(text) if splitter is not None else _SENTENCE_RE.split(text)
+    parts = splitter.tokenize(text) if splitter is not None else _regex_split(text)
     return [p.strip() for p in parts if p and p.strip()]
 
 
@@ -143,9 +152,13 @@ def preprocess_jsonl(
     workers: int = 1,
     split_sentences: bool = False,
     log_interval: int = 1000,
-    log: IO[str] | None = sys.stderr,
+    log: IO[str] | None = None,
 ) -> PreprocessStats:
-    """Tokenize ``input_path`` into one indexed dataset per key; returns counts and timing."""
+    """Tokenize ``input_path`` into one indexed dataset per key; returns counts and timing.
+
+    Progress lines go to ``log`` (e.g. ``sys.stderr``) every ``log_interval`` documents; none
+    when ``log`` is None.
+    """
     if workers < 1:
         raise ValueError(f"--workers {workers}: must be >= 1")
     tokenizer = tok_args.build()  # fail early, in the parent, on bad tokenizer flags
