@@ -1,0 +1,270 @@
+"""Per-layer data parallelism: ``ddp``, ``zero2`` and ``zero3`` side by side in one stage.
+
+Every transformer layer (``stage.layers[str(i)]``) synchronises its gradients over its own
+data-parallel group (``ctx.layer_groups(i)``) in the flavour its plan entry names; every other
+child of the stage (embedding, final norm, untied output layer) follows the plan's vocab entry
+on ``ctx.vocab_groups()``.
+
+- ``ddp``: parameters, gradients and optimizer state replicated. Gradients accumulate locally
+  over the micro-batches and are summed once per iteration by bucketed all-reduces launched
+  during the last micro-batch's backward (:mod:`.ddp_buckets`).
+- ``zero2`` / ``zero3``: FSDP2 ``fully_shard`` on the layer's own DP mesh. Parameters are stored
+  as DTensor shards (the optimizer owns only the shards), gradients are reduce-scattered after
+  every micro-batch and accumulate as shards. ``zero3`` frees the gathered parameters after
+  forward and after backward; ``zero2`` keeps them gathered from forward until the last
+  micro-batch's backward (``reshard_after_forward=False``), so only gradients and optimizer
+  state are sharded while the step runs.
+- Sums, not means: the schedule already divides every micro-batch loss by the global token count,
+  so gradients must be summed over replicas. FSDP2 averages by default; we set its divide factor
+  to 1 and force plain SUM collectives (gloo has no PREMUL_SUM).
+- A layer whose DP group has one rank needs no communication and is left alone in every mode.
+- Mixed precision: master parameters stay fp32. With ``precision="bf16"``/``"fp16"`` sharded
+  layers gather parameters in the compute dtype and reduce-scatter gradients in fp32
+  (``MixedPrecisionPolicy(param_dtype, reduce_dtype=float32)``); ``ddp`` gradients are those of the
+  fp32 master parameters (autocast computes in low precision) and are reduced in fp32.
+- Tied word embeddings with pp > 1: the last stage holds its own copy of
+  ``embedding.word_embeddings.weight`` as LM head; after the DP sync its gradient is all-reduced
+  with the first stage's over ``ctx.embedding_group`` (rank j of the first stage with rank j of
+  the last: both use the vocab layout, so shards line up).
+
+Tensor-parallel shards are recognised by their module's ``tp_shard_dims`` (``tensor_parallel.py``);
+any other parameter is replicated over its TP group with identical gradients there (the model's
+contract), which matters only for the gradient norm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import (FSDPModule, MixedPrecisionPolicy, fully_shard,
+                                    register_fsdp_forward_method)
+from torch.distributed.tensor import DTensor
+
+from ..plan import DP_MODES
+from .ddp_buckets import GradBuckets
+from .grad_norm import NormEntry, clip_grads_, global_grad_norm
+
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+TIED_EMBEDDING_FQN = "embedding.word_embeddings.weight"
+# Methods of the embedding module that run outside ``forward`` and need gathered parameters.
+EMBEDDING_FORWARD_METHODS = ("embed", "logits")
+
+
+def tensor_parallel_fqns(stage: nn.Module) -> set[str]:
+    """FQNs of the parameters that are TP shards (TP ranks hold different parts of them).
+
+    A module marks its sharded parameters in ``tp_shard_dims`` (name -> split dimension, see
+    ``tensor_parallel.py``); Megatron's ``param.tensor_model_parallel = True`` is honoured too.
+    """
+    fqns: set[str] = set()
+    for mod_name, module in stage.named_modules():
+        prefix = f"{mod_name}." if mod_name else ""
+        dims = getattr(module, "tp_shard_dims", None) or {}
+        for name, p in module.named_parameters(recurse=False):
+            if name in dims or getattr(p, "tensor_model_parallel", False):
+                fqns.add(prefix + name)
+    return fqns
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The rank-local data of a plain tensor or a DTensor shard."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+@dataclass
+class _Unit:
+    """A module whose parameters share one process-group layout and one dp flavour."""
+
+    name: str
+    module: nn.Module
+    groups: Any  # LayerGroups
+    dp_mode: str  # effective: "ddp" whenever dp_size == 1
+    params: list[tuple[str, nn.Parameter]]
+
+
+class DataParallel:
+    """Gradient synchronisation, sharding and clipping for one pipeline stage.
+
+    Build it after the model and before the optimizer, and give the optimizer
+    :meth:`parameters` (sharded layers hand out DTensor shards). Per iteration::
+
+        dp.zero_grad()
+        for each micro-batch m (in backward order):   # the schedule does this
+            dp.set_microbatch(m, num_microbatches); backward(...)
+        dp.finish_grad_sync()
+        norm = dp.clip_grad_norm_(max_norm)
+        optimizer.step()
+
+    ``set_microbatch`` may be skipped when there is a single micro-batch.
+    """
+
+    def __init__(self, stage: nn.Module, ctx: Any, *, precision: str = "fp32",
+                 bucket_size_bytes: int = 25 * 2**20, overlap: bool = True) -> None:
+        if precision not in PRECISIONS:
+            raise ValueError(f"DataParallel precision={precision!r}: choose one of "
+                             f"{', '.join(PRECISIONS)} (--bf16 / --fp16 select the low ones)")
+        self.stage = stage
+        self.ctx = ctx
+        self.precision = precision
+        self._units = self._find_units(stage, ctx)
+        self._tied = self._has_tied_copy(stage, ctx)
+        # Decide, before sharding replaces the parameters, which ones this rank counts in the
+        # global gradient norm (by FQN: FSDP2 keeps the names).
+        self._counted: dict[str, bool] = {}
+        tp_fqns = tensor_parallel_fqns(stage)
+        for unit in self._units:
+            for fqn, p in unit.params:
+                self._counted[fqn] = self._counts_in_norm(fqn, fqn in tp_fqns, unit)
+        self._sharded: list[_Unit] = [u for u in self._units if u.dp_mode != "ddp"]
+        for unit in self._sharded:
+            self._shard(unit)
+        ddp_groups = [(u.groups.dp_group, [p for _, p in u.params]) for u in self._units
+                      if u.dp_mode == "ddp" and u.groups.dp_size > 1]
+        self._buckets = GradBuckets(ddp_groups, bucket_size_bytes=bucket_size_bytes,
+                                    overlap=overlap)
+
+    # ----------------------------------------------------------------- setup
+    @staticmethod
+    def _find_units(stage: nn.Module, ctx: Any) -> list[_Unit]:
+        plan = ctx.plan
+        owner: dict[int, str] = {}
+        units: list[_Unit] = []
+
+        def add(name: str, module: nn.Module, groups: Any, dp_mode: str) -> None:
+            params = []
+            for sub, p in module.named_parameters():
+                if id(p) in owner:  # shared with an earlier unit: that one owns it
+                    continue
+                owner[id(p)] = name
+                params.append((f"{name}.{sub}", p))
+            if params:
+                mode = dp_mode if groups.dp_size > 1 else "ddp"
+                units.append(_Unit(name, module, groups, mode, params))
+
+        for name, child in stage.named_children():
+            if name == "layers":
+                for key, layer in child.named_children():
+                    index = int(key)
+                    add(f"layers.{key}", layer, ctx.layer_groups(index), plan.layers[index].dp_mode)
+            elif any(True for _ in child.parameters()):
+                add(name, child, ctx.vocab_groups(), plan.vocab.dp_mode)
+        direct = [n for n, _ in stage.named_parameters(recurse=False)]
+        if direct:
+            raise ValueError(f"DataParallel: parameters {direct} sit directly on the stage module; "
+                             f"put them in a child module (a layer or the embedding/head) so that "
+                             f"they get a data-parallel group")
+        for unit in units:
+            if unit.dp_mode not in DP_MODES:
+                raise ValueError(f"DataParallel: dp_mode={unit.dp_mode!r} for {unit.name}: "
+                                 f"choose one of {', '.join(DP_MODES)}")
+        return units
+
+    @staticmethod
+    def _has_tied_copy(stage: nn.Module, ctx: Any) -> bool:
+        """Whether this rank holds one of the two word-embedding copies that must stay tied."""
+        if getattr(ctx, "embedding_group", None) is None:
+            return False
+        config = getattr(stage, "config", None)
+        if getattr(config, "untie_embeddings_and_output_weights", False):
+            return False
+        return TIED_EMBEDDING_FQN in dict(stage.named_parameters())
+
+    def _counts_in_norm(self, fqn: str, tp_sharded: bool, unit: _Unit) -> bool:
+        groups = unit.groups
+        if self._tied and fqn == TIED_EMBEDDING_FQN and not self.ctx.is_first_stage:
+            return False  # the last stage's copy: the first stage counts it
+        if groups.tp_size > 1 and not tp_sharded and groups.tp_rank != 0:
+            return False  # TP-replicated (norm weights, row-parallel bias): once per TP group
+        if unit.dp_mode == "ddp" and groups.dp_size > 1 and groups.dp_rank != 0:
+            return False  # identical replica after the all-reduce
+        return True  # TP shard, ZeRO shard, or the only copy
+
+    def _shard(self, unit: _Unit) -> None:
+        dtype = PRECISIONS[self.precision]
+        policy = (MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+                  if dtype is not None else MixedPrecisionPolicy())
+        fully_shard(unit.module, mesh=unit.groups.dp_mesh,
+                    reshard_after_forward=unit.dp_mode == "zero3", mp_policy=policy)
+        module: Any = unit.module
+        assert isinstance(module, FSDPModule)
+        module.set_gradient_divide_factor(1.0)
+        module.set_force_sum_reduction_for_comms(True)
+        for method in EMBEDDING_FORWARD_METHODS:
+            if callable(getattr(module, method, None)):
+                register_fsdp_forward_method(module, method)
+
+    # ------------------------------------------------------------- iteration
+    def parameters(self) -> Iterator[nn.Parameter]:
+        """What the optimizer should own: full ``ddp`` parameters and ZeRO DTensor shards."""
+        return self.stage.parameters()
+
+    def set_microbatch(self, index: int, num_microbatches: int) -> None:
+        """Call before micro-batch ``index``'s backward (0-based, ``num_microbatches`` in all)."""
+        if not 0 <= index < num_microbatches:
+            raise ValueError(f"set_microbatch(index={index}, num_microbatches="
+                             f"{num_microbatches}): need 0 <= index < num_microbatches")
+        last = index == num_microbatches - 1
+        self._buckets.set_sync(last)
+        for unit in self._sharded:
+            if unit.dp_mode == "zero2":
+                # Keep the gathered parameters between micro-batches; free them after the last.
+                unit.module.set_reshard_after_backward(last)  # type: ignore[operator]
+
+    def finish_grad_sync(self) -> None:
+        """After the last backward: wait for ``ddp`` buckets, then sum the tied embedding copies."""
+        self._buckets.finish()
+        self._buckets.set_sync(True)
+        if self._tied:
+            param = dict(self.stage.named_parameters())[TIED_EMBEDDING_FQN]
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            dist.all_reduce(local_tensor(param.grad), group=self.ctx.embedding_group)
+
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        """Global L2 gradient norm over all ranks (each model element once); clip if ``max_norm > 0``.
+
+        Collective over the world. Returns the norm before clipping; inf/nan propagate.
+        """
+        entries, grads = [], []
+        for fqn, p in self.stage.named_parameters():
+            if p.grad is None:
+                continue
+            grad = local_tensor(p.grad)
+            grads.append(grad)
+            entries.append(NormEntry(grad, self._counted.get(fqn, True)))
+        device = getattr(self.ctx, "device", None)
+        norm = global_grad_norm(entries, device=device)
+        clip_grads_(grads, max_norm, norm)
+        return norm
+
+    def zero_grad(self) -> None:
+        """Zero ``ddp`` gradient buffers (kept allocated) and drop sharded gradients."""
+        self._buckets.zero_grad()
+        for unit in self._sharded:
+            for _, p in unit.module.named_parameters():
+                p.grad = None
+        for unit in self._units:
+            if unit.dp_mode == "ddp" and unit.groups.dp_size == 1:
+                for _, p in unit.params:
+                    p.grad = None
+
+    # ------------------------------------------------------------ reporting
+    @property
+    def num_buckets(self) -> int:
+        """``ddp`` gradient buckets on this rank."""
+        return self._buckets.num_buckets
+
+    @property
+    def last_num_overlapped(self) -> int:
+        """Buckets of the last :meth:`finish_grad_sync` whose all-reduce started during backward."""
+        return self._buckets.last_num_overlapped
+
+    def describe(self) -> list[dict[str, Any]]:
+        """One row per unit: name, effective dp mode, dp size, local parameter elements."""
+        return [{"unit": u.name, "dp_mode": u.dp_mode, "dp_size": u.groups.dp_size,
+                 "local_numel": sum(local_tensor(p).numel() for p in u.module.parameters())}
+                for u in self._units]

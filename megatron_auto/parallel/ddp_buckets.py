@@ -1,0 +1,190 @@
+"""Bucketed, overlapped gradient all-reduce for ``ddp`` layers (replicated parameters).
+
+Every ``ddp`` parameter's ``.grad`` is a view into a flat per-bucket buffer, so that autograd
+accumulates micro-batch gradients straight into the buffer and one ``all_reduce`` per bucket
+(no copy) sums it over the layer's data-parallel group.
+
+Buckets never mix process groups or dtypes. Inside a group, parameters are laid out in reverse
+registration order, which approximates the order in which backward produces their gradients, and
+cut into buckets of about ``bucket_size_bytes``.
+
+Overlap: during the *last* micro-batch's backward a post-accumulate-grad hook counts the
+parameters of each bucket; when a bucket is complete its all-reduce is launched asynchronously
+while backward continues with earlier layers. Buckets of one group are always launched in
+index order (a complete bucket waits for the ones before it), so that every rank of the group
+issues its collectives in the same order even if autograd finished them in another order.
+:meth:`GradBuckets.finish` launches what is left (parameters that got no gradient) and waits.
+Earlier micro-batches only accumulate; they communicate nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+@dataclass
+class _Bucket:
+    group: Any
+    buffer: torch.Tensor  # flat (numel,) gradient storage of the bucket's parameters
+    params: list[nn.Parameter]
+    views: list[torch.Tensor]  # views[k] is params[k].grad's home inside ``buffer``
+    num_ready: int = 0
+    ready: set[int] = field(default_factory=set)  # id() of params whose gradient is final
+    work: Any = None  # the async all-reduce handle once launched
+    launched: bool = False
+
+
+class GradBuckets:
+    """Sum the gradients of replicated parameters over their data-parallel groups.
+
+    ``groups`` lists ``(dp_group, params)`` pairs; a parameter may appear in one pair only.
+    Groups with a single rank need no communication and should not be passed.
+    """
+
+    def __init__(self, groups: Sequence[tuple[Any, Sequence[nn.Parameter]]], *,
+                 bucket_size_bytes: int = 25 * 2**20, overlap: bool = True) -> None:
+        if bucket_size_bytes <= 0:
+            raise ValueError(f"bucket_size_bytes={bucket_size_bytes}: must be positive "
+                             f"(e.g. 25 * 2**20 for 25 MiB buckets)")
+        self.overlap = overlap
+        # Buckets whose all-reduce started inside backward during the last step (for tests and
+        # benchmarks: how much communication could overlap with computation).
+        self.num_overlapped = 0
+        self.last_num_overlapped = 0
+        self._sync_now = True  # True while the last micro-batch's backward runs
+        # One ordered bucket list per group; the launch cursor walks it in order.
+        self._chains: list[list[_Bucket]] = []
+        self._cursor: list[int] = []
+        self._where: dict[int, tuple[int, int]] = {}  # id(param) -> (chain, bucket)
+        seen: set[int] = set()
+        for group, params in groups:
+            by_dtype: dict[torch.dtype, list[nn.Parameter]] = {}
+            for p in reversed(list(params)):
+                if id(p) in seen:
+                    raise ValueError("a parameter was given to two data-parallel groups; each "
+                                     "parameter belongs to exactly one layer's group")
+                seen.add(id(p))
+                by_dtype.setdefault(p.dtype, []).append(p)
+            for dtype, plist in by_dtype.items():
+                chain = self._make_chain(group, dtype, plist, bucket_size_bytes)
+                self._chains.append(chain)
+                self._cursor.append(0)
+        for c, chain in enumerate(self._chains):
+            for b, bucket in enumerate(chain):
+                for p in bucket.params:
+                    self._where[id(p)] = (c, b)
+                    p.register_post_accumulate_grad_hook(self._on_grad_ready)
+        self.zero_grad()
+
+    @staticmethod
+    def _make_chain(group: Any, dtype: torch.dtype, params: list[nn.Parameter],
+                    bucket_size_bytes: int) -> list[_Bucket]:
+        chain: list[_Bucket] = []
+        current: list[nn.Parameter] = []
+        size = 0
+
+        def close() -> None:
+            numel = sum(p.numel() for p in current)
+            buffer = torch.zeros(numel, dtype=dtype, device=current[0].device)
+            views, offset = [], 0
+            for p in current:
+                views.append(buffer[offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
+            chain.append(_Bucket(group=group, buffer=buffer, params=list(current), views=views))
+
+        for p in params:
+            current.append(p)
+            size += p.numel() * p.element_size()
+            if size >= bucket_size_bytes:
+                close()
+                current, size = [], 0
+        if current:
+            close()
+        return chain
+
+    # ------------------------------------------------------------------ control
+    @property
+    def num_buckets(self) -> int:
+        return sum(len(chain) for chain in self._chains)
+
+    def set_sync(self, sync: bool) -> None:
+        """Whether the coming backward is the last micro-batch's (the one that reduces)."""
+        self._sync_now = sync
+
+    def zero_grad(self) -> None:
+        """Zero the buffers and point every ``.grad`` back at its buffer view."""
+        for chain in self._chains:
+            for bucket in chain:
+                self._reset(bucket)
+                bucket.buffer.zero_()
+                for p, view in zip(bucket.params, bucket.views):
+                    p.grad = view
+
+    @staticmethod
+    def _reset(bucket: _Bucket) -> None:
+        bucket.ready.clear()
+        bucket.num_ready = 0
+        bucket.work = None
+        bucket.launched = False
+
+    # ----------------------------------------------------------------- hooks
+    def _on_grad_ready(self, param: torch.Tensor) -> None:
+        if not self._sync_now:
+            return
+        c, b = self._where[id(param)]
+        bucket = self._chains[c][b]
+        if bucket.launched:
+            raise RuntimeError(
+                "a ddp parameter received a gradient after its bucket's all-reduce was launched "
+                "(the parameter is used twice in one backward, e.g. by reentrant checkpointing); "
+                "use non-reentrant torch.utils.checkpoint or DataParallel(overlap=False)")
+        if id(param) not in bucket.ready:
+            bucket.ready.add(id(param))
+            bucket.num_ready += 1
+        if self.overlap:
+            self._launch_ready(c)
+
+    def _launch_ready(self, c: int) -> None:
+        chain = self._chains[c]
+        while self._cursor[c] < len(chain):
+            bucket = chain[self._cursor[c]]
+            if bucket.num_ready < len(bucket.params):
+                return
+            self._launch(bucket)
+            self.num_overlapped += 1
+            self._cursor[c] += 1
+
+    @staticmethod
+    def _launch(bucket: _Bucket) -> None:
+        # Someone may have replaced .grad (e.g. optimizer.zero_grad(set_to_none=True) followed by
+        # a backward that allocated a fresh tensor): fold it back into the buffer first.
+        for k, (p, view) in enumerate(zip(bucket.params, bucket.views)):
+            grad = p.grad
+            if grad is None:
+                view.zero_()
+                p.grad = view
+            elif grad.data_ptr() != view.data_ptr():
+                view.copy_(grad)
+                p.grad = view
+        bucket.work = dist.all_reduce(bucket.buffer, op=dist.ReduceOp.SUM, group=bucket.group,
+                                      async_op=True)
+        bucket.launched = True
+
+    def finish(self) -> None:
+        """Launch buckets not launched yet (in order), wait for all, reset for the next step."""
+        self.last_num_overlapped, self.num_overlapped = self.num_overlapped, 0
+        for c, chain in enumerate(self._chains):
+            while self._cursor[c] < len(chain):
+                self._launch(chain[self._cursor[c]])
+                self._cursor[c] += 1
+        for chain in self._chains:
+            for bucket in chain:
+                if bucket.work is not None:
+                    bucket.work.wait()
+                self._reset(bucket)
+        self._cursor = [0] * len(self._chains)
