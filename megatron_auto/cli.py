@@ -1,0 +1,462 @@
+"""The ``megatron-auto`` console script: plan, evaluate, explain, import-galvatron.
+
+Every subcommand takes the pretrain scripts' model flags (Megatron-LM names, from
+``megatron_auto.arguments.add_model_args`` when that module imports, else the equivalent set in
+:func:`add_model_flags`) plus ``--cluster NAME|FILE`` and ``--memory-budget-gb``. Bad input prints
+one line naming the flag or field, the value and the fix, and exits with status 2 (no traceback).
+
+``main(argv)`` returns the exit status, so tests call it in-process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from typing import Any, Sequence
+
+from .config import ModelConfig
+from .plan import Plan
+from .planner.hardware import GiB, ClusterSpec
+from .planner.megatron_flags import plan_from_megatron_flags, to_megatron_flags
+from .planner.model_spec import ModelSpec, TrainingSpec
+from .planner.presets import PRESET_NAMES, get_cluster
+from .planner import report
+
+DEFAULT_CLUSTER = "a100-40g-1x8"
+DEFAULT_GLOBAL_BATCH = 16
+
+
+class CliError(ValueError):
+    """A bad flag value; printed as one line, exit status 2."""
+
+
+# ------------------------------------------------------------------------------ model flags
+def add_model_flags(parser: argparse.ArgumentParser) -> None:
+    """Model shape flags (Megatron-LM names): the shared ``arguments.add_model_args`` when it
+    imports, else this module's copy of the same flags. Adds ``--model-type gpt|bert``."""
+    try:
+        from .arguments import add_model_args  # noqa: PLC0415 - optional shared module
+        add_model_args(parser)
+    except ImportError:
+        g = parser.add_argument_group("model")
+        g.add_argument("--num-layers", type=int, default=4)
+        g.add_argument("--hidden-size", type=int, default=256)
+        g.add_argument("--num-attention-heads", type=int, default=4)
+        g.add_argument("--ffn-hidden-size", type=int, default=None, help="default: 4 x hidden")
+        g.add_argument("--seq-length", type=int, default=128)
+        g.add_argument("--max-position-embeddings", type=int, default=None)
+        g.add_argument("--vocab-size", type=int, default=None, help="default: 8192")
+        g.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
+        g.add_argument("--position-embedding-type", default="learned", choices=["learned", "rope"])
+        g.add_argument("--swiglu", action="store_true")
+        g.add_argument("--normalization", default="LayerNorm")
+        g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
+    parser.add_argument("--model-type", default="gpt", choices=["gpt", "bert"],
+                        help="gpt (causal decoder, default) or bert (encoder)")
+
+
+def _model_dests(parser: argparse.ArgumentParser) -> tuple[str, ...]:
+    """Destinations of the model flags (those of the "model" group, plus --model-type)."""
+    dests = [a.dest for group in parser._action_groups if group.title == "model"
+             for a in group._group_actions]
+    return tuple(dests) + ("model_type",)
+
+
+def model_config_from_flags(args: argparse.Namespace) -> ModelConfig:
+    """``ModelConfig`` from the model flags (shared converter when available)."""
+    try:
+        from .arguments import model_config_from_args  # noqa: PLC0415 - optional shared module
+        cfg = model_config_from_args(args)
+    except ImportError:
+        cfg = ModelConfig(
+            num_layers=args.num_layers, hidden_size=args.hidden_size,
+            num_attention_heads=args.num_attention_heads, ffn_hidden_size=args.ffn_hidden_size,
+            seq_length=args.seq_length, max_position_embeddings=args.max_position_embeddings,
+            vocab_size=args.vocab_size or 8192,
+            make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
+            position_embedding_type=args.position_embedding_type,
+            activation="swiglu" if args.swiglu else "gelu",
+            normalization=args.normalization.lower(),
+            untie_embeddings_and_output_weights=args.untie_embeddings_and_output_weights)
+    if args.model_type == "bert":
+        cfg = dataclasses.replace(cfg, model_type="bert", num_tokentypes=2)
+    return cfg
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    add_model_flags(parser)
+    g = parser.add_argument_group("batch, precision and hardware")
+    g.add_argument("--global-batch-size", type=int, default=None,
+                   help=f"samples per iteration (default {DEFAULT_GLOBAL_BATCH}; a plan file's own "
+                        f"batch wins)")
+    g.add_argument("--bf16", action="store_true", help="bf16 mixed precision")
+    g.add_argument("--fp16", action="store_true", help="fp16 mixed precision")
+    g.add_argument("--cluster", default=DEFAULT_CLUSTER, metavar="NAME|FILE",
+                   help=f"preset ({', '.join(PRESET_NAMES)}; or <gpu>-<mem>-<N>x<D>) or a cluster "
+                        f"JSON file (default {DEFAULT_CLUSTER})")
+    g.add_argument("--memory-budget-gb", type=float, default=None, metavar="X",
+                   help="per-device memory budget in GiB (default: the device's memory)")
+    g.add_argument("--model-profile", default=None, metavar="FILE",
+                   help="measured or imported model profile (default: analytic from the shapes)")
+
+
+def _add_plan_source(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("which plan (one of; default: classic flags)")
+    g.add_argument("--plan", default=None, metavar="FILE", help="a megatron_auto plan JSON")
+    g.add_argument("--galvatron-config", default=None, metavar="FILE",
+                   help="a Galvatron galvatron_config_*.json")
+    g.add_argument("--tensor-model-parallel-size", type=int, default=None)
+    g.add_argument("--pipeline-model-parallel-size", type=int, default=None)
+    g.add_argument("--micro-batch-size", type=int, default=None, help="default: 1")
+    g.add_argument("--use-distributed-optimizer", action="store_true")
+    g.add_argument("--recompute-granularity", default=None, choices=["full", "selective"])
+    g.add_argument("--recompute-method", default=None, choices=["uniform", "block"])
+    g.add_argument("--recompute-num-layers", type=int, default=None)
+    g.add_argument("--decoder-first-pipeline-num-layers", type=int, default=None)
+    g.add_argument("--decoder-last-pipeline-num-layers", type=int, default=None)
+
+
+# ------------------------------------------------------------------------------ shared setup
+@dataclasses.dataclass
+class _Setup:
+    config: ModelConfig
+    spec: ModelSpec
+    training: TrainingSpec
+    cluster: ClusterSpec
+    profile: Any
+    budget: int
+
+
+def _precision(args: argparse.Namespace) -> str:
+    if args.bf16 and args.fp16:
+        raise CliError("--bf16 and --fp16 given together: choose one precision")
+    return "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+
+
+def _setup(args: argparse.Namespace, global_batch_size: int | None = None,
+           config: ModelConfig | None = None) -> _Setup:
+    config = config or model_config_from_flags(args)
+    spec = ModelSpec.from_model_config(config)
+    batch = global_batch_size or args.global_batch_size or DEFAULT_GLOBAL_BATCH
+    if batch < 1:
+        raise CliError(f"--global-batch-size={batch}: must be a positive integer")
+    training = TrainingSpec(global_batch_size=batch, precision=_precision(args))
+    cluster = get_cluster(args.cluster)
+    if args.memory_budget_gb is None:
+        budget = cluster.device_memory_bytes
+    else:
+        if args.memory_budget_gb <= 0:
+            raise CliError(f"--memory-budget-gb={args.memory_budget_gb}: must be positive "
+                           f"(GiB per device)")
+        budget = int(args.memory_budget_gb * GiB)
+        if budget > cluster.device_memory_bytes:
+            print(f"warning: --memory-budget-gb={args.memory_budget_gb} exceeds the "
+                  f"{cluster.device_memory_bytes / GiB:.1f} GiB of a {cluster.device_name}",
+                  file=sys.stderr)
+    from .planner.profiles import ModelProfile, analytic_profile  # noqa: PLC0415
+    if args.model_profile:
+        profile = ModelProfile.load(args.model_profile)
+        profile.check_matches(spec, training.precision)
+    else:
+        profile = analytic_profile(spec, training, cluster)
+    return _Setup(config, spec, training, cluster, profile, budget)
+
+
+def _model_flags_given(args: argparse.Namespace) -> bool:
+    parser = args.parser_
+    return any(getattr(args, dest) != parser.get_default(dest) for dest in args.model_dests_)
+
+
+def _plan_and_model(args: argparse.Namespace, world_size: int) -> tuple[Plan, ModelConfig]:
+    """The plan to price and the model it is for.
+
+    A plan file that records its model (``plan.model``, written by ``plan``) needs no model
+    flags; model flags given next to it must describe the same model (checked by the plan).
+    """
+    if args.plan and not args.galvatron_config and not _model_flags_given(args):
+        plan = Plan.load(args.plan)
+        if plan.model and set(plan.model) >= {"num_layers", "hidden_size", "num_attention_heads"}:
+            try:
+                config = ModelConfig.from_dict(plan.model)
+            except (TypeError, ValueError) as err:
+                raise CliError(f"--plan {args.plan}: its model record does not describe a model "
+                               f"({err}); give the model flags") from None
+            return _given_plan(args, world_size, config), config
+    config = model_config_from_flags(args)
+    return _given_plan(args, world_size, config), config
+
+
+def _given_plan(args: argparse.Namespace, world_size: int, config: ModelConfig) -> Plan:
+    """The plan from --plan, --galvatron-config or the classic flags (exactly one source)."""
+    classic = [f for f in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                           "micro_batch_size", "recompute_granularity")
+               if getattr(args, f) is not None]
+    sources = [s for s in ("plan", "galvatron_config") if getattr(args, s)]
+    if len(sources) > 1 or (sources and classic):
+        given = ["--" + s.replace("_", "-") for s in sources + classic]
+        raise CliError(f"{' and '.join(given)} given together: choose one plan source")
+    if args.plan:
+        plan = Plan.load(args.plan)
+    elif args.galvatron_config:
+        from .planner.galvatron import plan_from_galvatron_config  # noqa: PLC0415
+        plan = plan_from_galvatron_config(args.galvatron_config, world_size=world_size)
+    else:
+        plan = plan_from_megatron_flags(
+            world_size=world_size, num_layers=config.num_layers,
+            global_batch_size=args.global_batch_size or DEFAULT_GLOBAL_BATCH,
+            micro_batch_size=args.micro_batch_size or 1,
+            tensor_model_parallel_size=args.tensor_model_parallel_size or 1,
+            pipeline_model_parallel_size=args.pipeline_model_parallel_size or 1,
+            use_distributed_optimizer=args.use_distributed_optimizer,
+            recompute_granularity=args.recompute_granularity,
+            recompute_method=args.recompute_method,
+            recompute_num_layers=args.recompute_num_layers,
+            decoder_first_pipeline_num_layers=args.decoder_first_pipeline_num_layers,
+            decoder_last_pipeline_num_layers=args.decoder_last_pipeline_num_layers)
+    if plan.world_size != world_size:
+        raise CliError(f"plan world_size={plan.world_size} but --cluster {args.cluster} has "
+                       f"{world_size} devices; choose the matching --cluster")
+    if args.global_batch_size is not None and args.global_batch_size != plan.global_batch_size:
+        raise CliError(f"--global-batch-size={args.global_batch_size} differs from the plan's "
+                       f"global_batch_size={plan.global_batch_size}; drop the flag")
+    plan.validate(config)
+    return plan
+
+
+def _evaluate(setup: _Setup, plan: Plan) -> Any:
+    try:
+        from .planner.search import evaluate  # noqa: PLC0415 - planner core
+    except ImportError:  # older planner core: the cost model's entry point, same contract
+        from .planner.cost_model import evaluate_plan as evaluate  # noqa: PLC0415
+    return evaluate(plan, setup.spec, setup.training, setup.cluster, setup.profile,
+                    memory_budget_bytes=setup.budget)
+
+
+def _explain_text(setup: _Setup, plan: Plan, estimate: Any, title: str = "Plan") -> str:
+    names = [setup.spec.layer_type(i).name for i in range(setup.spec.num_layers)] \
+        if len(setup.spec.layer_types) > 1 else None
+    return report.render_explain(plan, estimate.to_dict(), getattr(estimate, "per_layer", ()),
+                                 to_megatron_flags(plan), names, title=title)
+
+
+# ------------------------------------------------------------------------------ subcommands
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .planner.search import SearchOptions, search  # noqa: PLC0415 - planner core
+    setup = _setup(args)
+    options = SearchOptions(
+        pp=args.pipeline_model_parallel_size, tp=args.tensor_model_parallel_size,
+        num_microbatches=args.num_microbatches, schedule=args.schedule,
+        allow_recompute=not args.no_recompute, search_batch_size=args.search_batch_size,
+        space=args.search_space, time_limit_s=args.time_limit, show_progress=not args.quiet)
+    result = search(setup.spec, setup.training, setup.cluster, setup.profile, setup.budget,
+                    options)
+    plan = result.plan
+    plan.save(args.plan_out)
+    print(_explain_text(setup, plan, result.estimate, title="Searched plan"))
+    baselines = {name: (est.to_dict() if est is not None else None)
+                 for name, est in (getattr(result, "baselines", None) or {}).items()}
+    if baselines:
+        print("Against baselines (same cost model):")
+        print(report._indent(report.render_baselines(result.estimate.to_dict(), baselines)))
+    print(f"\nplan written to {args.plan_out}")
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    cluster = get_cluster(args.cluster)
+    plan, config = _plan_and_model(args, cluster.world_size)
+    setup = _setup(args, global_batch_size=plan.global_batch_size, config=config)
+    estimate = _evaluate(setup, plan)
+    if args.json:
+        print(json.dumps(estimate.to_dict(), indent=2))
+    else:
+        print("Estimate: " + report.describe_estimate(estimate.to_dict()))
+        print(report._indent(report.render_stages(estimate.to_dict())))
+    if args.plan_out:
+        plan.with_estimate(estimate.to_dict()).save(args.plan_out)
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    cluster = get_cluster(args.cluster)
+    plan, config = _plan_and_model(args, cluster.world_size)
+    setup = _setup(args, global_batch_size=plan.global_batch_size, config=config)
+    print(_explain_text(setup, plan, _evaluate(setup, plan)), end="")
+    return 0
+
+
+def cmd_import_galvatron(args: argparse.Namespace) -> int:
+    from .planner import galvatron  # noqa: PLC0415
+    did = []
+    if bool(args.computation) != bool(args.memory):
+        raise CliError("--computation and --memory go together (both Galvatron model profile "
+                       "files are needed); give both")
+    if args.computation:
+        if not args.model_profile_out:
+            raise CliError("--computation/--memory need --model-profile-out FILE to write to")
+        config = model_config_from_flags(args)
+        spec = ModelSpec.from_model_config(config)
+        training = TrainingSpec(global_batch_size=args.global_batch_size or DEFAULT_GLOBAL_BATCH,
+                                precision=_precision(args))
+        cluster = get_cluster(args.cluster)
+        profile = galvatron.model_profile_from_galvatron(args.computation, args.memory, spec,
+                                                         training, cluster)
+        profile.save(args.model_profile_out)
+        did.append(f"model profile -> {args.model_profile_out} (use --model-profile)")
+    if args.allreduce:
+        if not args.cluster_out:
+            raise CliError("--allreduce needs --cluster-out FILE to write the cluster to")
+        cluster = galvatron.cluster_from_galvatron(
+            args.allreduce, args.p2p, args.overlap, args.sp_time, gpu=args.gpu,
+            num_nodes=args.num_nodes, devices_per_node=args.devices_per_node)
+        cluster.save(args.cluster_out)
+        did.append(f"cluster ({cluster.world_size} devices) -> {args.cluster_out} (use --cluster)")
+    elif args.p2p or args.overlap or args.sp_time:
+        raise CliError("--p2p/--overlap/--sp-time refine a cluster: give --allreduce FILE too")
+    if args.galvatron_config:
+        if not args.plan_out:
+            raise CliError("--galvatron-config needs --plan-out FILE to write the plan to")
+        world = args.world_size
+        plan = galvatron.plan_from_galvatron_config(args.galvatron_config, world_size=world)
+        plan.save(args.plan_out)
+        did.append(f"plan ({plan.world_size} ranks, {plan.num_layers} layers) -> {args.plan_out} "
+                   f"(use --plan)")
+    if not did:
+        raise CliError("nothing to import: give --computation and --memory, --allreduce, or "
+                       "--galvatron-config (see --help)")
+    print("\n".join(did))
+    return 0
+
+
+# ------------------------------------------------------------------------------ parser
+_EPILOGS = {
+    "plan": """examples:
+  megatron-auto plan --num-layers 24 --hidden-size 1024 --num-attention-heads 16 \\
+      --seq-length 512 --global-batch-size 64 --bf16 --cluster a100-40g-1x8 \\
+      --memory-budget-gb 16 --plan-out plan.json
+  megatron-auto plan ... --search-space megatron3d   # best classic 3D layout only
+  megatron-auto plan ... --pipeline-model-parallel-size 2 --time-limit 10""",
+    "evaluate": """examples:
+  megatron-auto evaluate --plan plan.json --cluster a100-40g-1x8 --json
+  megatron-auto evaluate --num-layers 24 --hidden-size 1024 --num-attention-heads 16 \\
+      --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --micro-batch-size 4 \\
+      --global-batch-size 64 --bf16 --cluster a100-40g-1x8
+  megatron-auto evaluate --galvatron-config galvatron_config_....json --num-layers 24 ...""",
+    "explain": """examples:
+  megatron-auto explain --plan plan.json --num-layers 24 --hidden-size 1024 \\
+      --num-attention-heads 16 --seq-length 512 --bf16 --cluster a100-40g-1x8
+  megatron-auto explain --tensor-model-parallel-size 4 --global-batch-size 32 ...""",
+    "import-galvatron": """examples:
+  megatron-auto import-galvatron --computation computation_profiling_bf16_hidden1024_head16.json \\
+      --memory memory_profiling_bf16_hidden1024_head16.json --num-layers 24 --hidden-size 1024 \\
+      --num-attention-heads 16 --seq-length 512 --bf16 --model-profile-out bert.profile.json
+  megatron-auto import-galvatron --allreduce allreduce_bandwidth_1nodes_8gpus_per_node.json \\
+      --p2p p2p_bandwidth_1nodes_8gpus_per_node.json --overlap overlap_coefficient.json \\
+      --gpu a100-40g --cluster-out my-a100.cluster.json
+  megatron-auto import-galvatron --galvatron-config galvatron_config_..._1nodes_8gpus_per_node_....json \\
+      --plan-out plan.json""",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="megatron-auto", description="Search, price and explain per-layer parallel plans.",
+        allow_abbrev=False)
+    sub = parser.add_subparsers(dest="command", metavar="{plan,evaluate,explain,import-galvatron}")
+    fmt = argparse.RawDescriptionHelpFormatter
+
+    p = sub.add_parser("plan", help="search the fastest plan that fits and write it",
+                       epilog=_EPILOGS["plan"], formatter_class=fmt, allow_abbrev=False)
+    _add_common(p)
+    g = p.add_argument_group("search")
+    g.add_argument("--plan-out", default="plan.json", metavar="FILE")
+    g.add_argument("--search-space", default="full",
+                   help="full (default) or a baseline space: dp, zero3, tp, pp, megatron3d, "
+                        "galvatron-base")
+    g.add_argument("--search-batch-size", action="store_true",
+                   help="also search the global batch size (default: fixed)")
+    g.add_argument("--time-limit", type=float, default=None, metavar="SECONDS")
+    g.add_argument("--tensor-model-parallel-size", type=int, default=None,
+                   help="pin every layer's tp")
+    g.add_argument("--pipeline-model-parallel-size", type=int, default=None, help="pin pp")
+    g.add_argument("--num-microbatches", type=int, default=None, help="pin the micro-batch count")
+    g.add_argument("--schedule", default=None, choices=["1f1b", "gpipe"], help="pin the schedule")
+    g.add_argument("--no-recompute", action="store_true", help="never recompute activations")
+    g.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.set_defaults(func=cmd_plan)
+
+    for name, func, help_text in (("evaluate", cmd_evaluate, "cost-model estimate of a plan"),
+                                  ("explain", cmd_explain, "human-readable plan report")):
+        q = sub.add_parser(name, help=help_text, epilog=_EPILOGS[name], formatter_class=fmt,
+                           allow_abbrev=False)
+        _add_common(q)
+        _add_plan_source(q)
+        q.set_defaults(parser_=q, model_dests_=_model_dests(q))
+        if name == "evaluate":
+            q.add_argument("--json", action="store_true",
+                           help="print the estimate as JSON (the plan file's estimate fields)")
+            q.add_argument("--plan-out", default=None, metavar="FILE",
+                           help="also write the plan with this estimate")
+        q.set_defaults(func=func)
+
+    r = sub.add_parser("import-galvatron", help="convert Galvatron profiles and plans",
+                       epilog=_EPILOGS["import-galvatron"], formatter_class=fmt,
+                       allow_abbrev=False)
+    add_model_flags(r)
+    r.add_argument("--global-batch-size", type=int, default=None, help=argparse.SUPPRESS)
+    r.add_argument("--bf16", action="store_true")
+    r.add_argument("--fp16", action="store_true")
+    r.add_argument("--cluster", default=DEFAULT_CLUSTER, metavar="NAME|FILE",
+                   help="device facts for the analytic parts of the model profile")
+    g = r.add_argument_group("Galvatron model profile -> --model-profile FILE")
+    g.add_argument("--computation", metavar="FILE", help="computation_profiling_*.json")
+    g.add_argument("--memory", metavar="FILE", help="memory_profiling_*.json")
+    g.add_argument("--model-profile-out", metavar="FILE")
+    g = r.add_argument_group("Galvatron hardware profile -> --cluster FILE")
+    g.add_argument("--allreduce", metavar="FILE", help="allreduce_bandwidth_*.json")
+    g.add_argument("--p2p", metavar="FILE", help="p2p_bandwidth_*.json (optional)")
+    g.add_argument("--overlap", metavar="FILE", help="overlap_coefficient.json (optional)")
+    g.add_argument("--sp-time", metavar="FILE", help="sp_time_*.json (optional)")
+    g.add_argument("--gpu", default="a100-40g",
+                   help="device facts Galvatron does not record (default a100-40g)")
+    g.add_argument("--num-nodes", type=int, default=None, help="default: from the file name")
+    g.add_argument("--devices-per-node", type=int, default=None, help="default: from the file name")
+    g.add_argument("--cluster-out", metavar="FILE")
+    g = r.add_argument_group("Galvatron plan -> --plan FILE")
+    g.add_argument("--galvatron-config", metavar="FILE", help="galvatron_config_*.json")
+    g.add_argument("--world-size", type=int, default=None, help="default: from the file name")
+    g.add_argument("--plan-out", metavar="FILE")
+    r.set_defaults(func=cmd_import_galvatron)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one subcommand; returns the exit status (0 ok, 2 bad input)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # argparse already printed its message
+        return int(exit_.code or 0)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args)
+    except ValueError as err:  # every project error class derives from ValueError
+        print(f"megatron-auto {args.command}: error: {err}", file=sys.stderr)
+        minimum = getattr(err, "min_memory_bytes", None) or getattr(err, "minimum_bytes", None)
+        if minimum:
+            print(f"megatron-auto {args.command}: the smallest budget that fits is "
+                  f"{minimum / GiB:.2f} GiB: try --memory-budget-gb {minimum / GiB + 0.01:.2f}",
+                  file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"megatron-auto {args.command}: error: {err.filename or ''}: {err.strerror}; check "
+              f"the path", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

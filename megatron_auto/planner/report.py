@@ -1,0 +1,189 @@
+"""Human-readable plan reports (pure text functions; no I/O).
+
+``render_explain`` is what ``megatron-auto explain`` prints and ``megatron-auto plan`` shows after
+a search: the plan in one paragraph, a per-layer table (consecutive layers with the same stage,
+type and strategy are folded into one row), a per-stage time and memory breakdown with the
+constraint that binds each stage, and the equivalent classic Megatron flags or why there are none.
+
+Inputs are plain data: the ``Plan``, the estimate as its JSON dict (``Estimate.to_dict()`` or a
+plan file's ``estimate``) and, optionally, the per-layer cost records of the cost model.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from ..plan import Plan
+
+GIB = 2**30
+BREAKDOWN_ORDER = ("parameters", "gradients", "optimizer_states", "activations", "embedding",
+                   "transient", "context_reserve")
+
+
+def format_bytes(n: float | None) -> str:
+    """``1.5 GiB`` / ``320.0 MiB`` / ``-``."""
+    if n is None:
+        return "-"
+    if abs(n) >= GIB:
+        return f"{n / GIB:.2f} GiB"
+    if abs(n) >= 2**20:
+        return f"{n / 2**20:.1f} MiB"
+    return f"{n / 1024:.1f} KiB"
+
+
+def format_time(s: float | None) -> str:
+    """``1.234 s`` / ``12.3 ms`` / ``45 us`` / ``-``."""
+    if s is None:
+        return "-"
+    if s >= 1:
+        return f"{s:.3f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s * 1e6:.0f} us"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Left-aligned text table with a dashed rule under the header."""
+    cells = [[str(c) for c in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _span(start: int, end: int) -> str:
+    return str(start) if start == end else f"{start}-{end}"
+
+
+def describe_plan(plan: Plan) -> str:
+    """One paragraph: world, pipeline, batch, vocabulary."""
+    pipe = plan.pipeline
+    stages = "+".join(str(n) for n in pipe.layers_per_stage)
+    return (f"{plan.world_size} ranks, {plan.num_layers} layers; pipeline {pipe.size} stage(s) "
+            f"({pipe.schedule}, layers {stages}, {plan.stage_size} ranks each); global batch "
+            f"{plan.global_batch_size} in {plan.num_microbatches} micro-batch(es) of "
+            f"{plan.microbatch_size}; vocabulary tp {plan.vocab.tp} x dp {plan.vocab_dp_size} "
+            f"({plan.vocab.dp_mode})")
+
+
+def describe_estimate(estimate: Mapping[str, Any]) -> str:
+    """Iteration time, throughput, bubble and peak memory against the budget."""
+    parts = [f"{format_time(estimate.get('iteration_time_s'))} per iteration"]
+    if "samples_per_s" in estimate:
+        parts.append(f"{estimate['samples_per_s']:.1f} samples/s")
+    if "tokens_per_s" in estimate:
+        parts.append(f"{estimate['tokens_per_s']:,.0f} tokens/s")
+    if "bubble_fraction" in estimate:
+        parts.append(f"pipeline bubble {estimate['bubble_fraction']:.1%}")
+    peak = estimate.get("peak_memory_bytes")
+    if peak is None and estimate.get("stages"):
+        peak = max(s.get("peak_memory_bytes", 0) for s in estimate["stages"])
+    memory = f"peak memory {format_bytes(peak)}"
+    if estimate.get("memory_budget_bytes") is not None:
+        memory += f" of {format_bytes(estimate['memory_budget_bytes'])} budget"
+        if estimate.get("feasible") is False:
+            memory += " (DOES NOT FIT)"
+    parts.append(memory)
+    return ", ".join(parts)
+
+
+def layer_rows(plan: Plan, per_layer: Sequence[Mapping[str, Any]] = (),
+               layer_type_names: Sequence[str] | None = None) -> list[list[Any]]:
+    """Rows of the per-layer table; equal neighbours (stage, type, strategy) are folded."""
+    rows: list[list[Any]] = []
+    groups: list[tuple[int, int]] = []
+    for i, layer in enumerate(plan.layers):
+        key = (plan.stage_of_layer(i), layer, layer_type_names[i] if layer_type_names else "")
+        if groups and groups[-1][1] == i - 1:
+            j = groups[-1][0]
+            prev = (plan.stage_of_layer(j), plan.layers[j], layer_type_names[j] if layer_type_names else "")
+            if prev == key:
+                groups[-1] = (j, i)
+                continue
+        groups.append((i, i))
+    for start, end in groups:
+        layer = plan.layers[start]
+        stage = plan.stage_of_layer(start)
+        dp = plan.dp_size(start)
+        layout = "-" if layer.tp in (1, plan.stage_size) else (
+            "consecutive" if layer.tp_consecutive else "strided")
+        cost = per_layer[start] if start < len(per_layer) else {}
+        fb = None
+        if "forward_time_s" in cost:
+            fb = cost.get("forward_time_s", 0.0) + cost.get("backward_time_s", 0.0)
+        row = [_span(start, end), stage]
+        if layer_type_names:
+            row.append(layer_type_names[start])
+        row += [layer.tp, dp, layer.dp_mode, layout, "yes" if layer.recompute else "no",
+                format_bytes(cost.get("memory_bytes")), format_time(fb)]
+        rows.append(row)
+    return rows
+
+
+def render_layers(plan: Plan, per_layer: Sequence[Mapping[str, Any]] = (),
+                  layer_type_names: Sequence[str] | None = None) -> str:
+    headers = ["layers", "stage"] + (["type"] if layer_type_names else []) + [
+        "tp", "dp", "dp_mode", "tp layout", "recompute", "memory/layer", "fwd+bwd/microbatch"]
+    return table(headers, layer_rows(plan, per_layer, layer_type_names))
+
+
+def render_stages(estimate: Mapping[str, Any]) -> str:
+    """Per-stage time and memory breakdown with the binding constraint."""
+    stages = estimate.get("stages") or []
+    if not stages:
+        return "(no per-stage estimate)"
+    keys = [k for k in BREAKDOWN_ORDER if any(k in s.get("memory_breakdown", {}) for s in stages)]
+    extra = sorted({k for s in stages for k in s.get("memory_breakdown", {})} - set(keys))
+    keys += extra
+    headers = ["stage", "time", "peak memory"] + keys + ["binding"]
+    rows = []
+    for k, s in enumerate(stages):
+        breakdown = s.get("memory_breakdown", {})
+        rows.append([k, format_time(s.get("time_s")), format_bytes(s.get("peak_memory_bytes"))]
+                    + [format_bytes(breakdown.get(key)) for key in keys]
+                    + [s.get("binding") or "-"])
+    return table(headers, rows)
+
+
+def render_megatron(flags: Sequence[str] | None, reasons: Sequence[str]) -> str:
+    if flags is not None:
+        return "Equivalent Megatron-LM flags:\n  " + " ".join(flags)
+    return "Not expressible as classic Megatron-LM flags:\n" + "\n".join(f"  - {r}" for r in reasons)
+
+
+def render_explain(plan: Plan, estimate: Mapping[str, Any] | None,
+                   per_layer: Sequence[Mapping[str, Any]] = (),
+                   megatron: tuple[Sequence[str] | None, Sequence[str]] | None = None,
+                   layer_type_names: Sequence[str] | None = None,
+                   title: str = "Plan") -> str:
+    """The full ``explain`` report (see the module docstring)."""
+    parts = [f"{title}: {describe_plan(plan)}"]
+    if estimate:
+        parts.append("Estimate: " + describe_estimate(estimate))
+    parts.append("Layers:\n" + _indent(render_layers(plan, per_layer, layer_type_names)))
+    if estimate:
+        parts.append("Stages:\n" + _indent(render_stages(estimate)))
+    notes = (plan.search or {}).get("notes") if isinstance(plan.search, Mapping) else None
+    if notes:
+        parts.append("Notes:\n" + "\n".join(f"  - {n}" for n in notes))
+    if megatron is not None:
+        parts.append(render_megatron(*megatron))
+    return "\n\n".join(parts) + "\n"
+
+
+def render_baselines(best: Mapping[str, Any], baselines: Mapping[str, Mapping[str, Any] | None]) -> str:
+    """Searched plan against each baseline space: throughput and speed-up, or "does not fit"."""
+    rows = [["searched", f"{best.get('samples_per_s', 0):.1f}", "1.00x",
+             format_bytes(best.get("peak_memory_bytes"))]]
+    for name, est in baselines.items():
+        if not est:
+            rows.append([name, "-", "-", "does not fit"])
+            continue
+        ratio = best.get("samples_per_s", 0) / est["samples_per_s"] if est.get("samples_per_s") else 0
+        rows.append([name, f"{est['samples_per_s']:.1f}", f"{ratio:.2f}x",
+                     format_bytes(est.get("peak_memory_bytes"))])
+    return table(["plan", "samples/s", "searched is", "peak memory"], rows)
+
+
+def _indent(text: str, prefix: str = "  ") -> str:
+    return "\n".join(prefix + line for line in text.splitlines())
