@@ -1,0 +1,115 @@
+"""Where training data comes from, and how a global batch becomes micro-batches.
+
+Three sources (checked in this order):
+
+- ``--mock-data``: deterministic random tokens (``MockGPTDataset``), vocabulary ``--vocab-size``;
+- ``--data-path``: Megatron indexed datasets with the tokenizer the flags name;
+- neither: the corpus and SentencePiece tokenizer embedded in the package
+  (``megatron_auto.data.embedded_dataset``), preprocessed once into a cache directory.
+
+Batch contract (DESIGN §4): iteration ``t`` trains on samples ``[consumed, consumed + B)`` of
+the training set (``B`` = global batch, ``consumed = (t - 1) * B``). Every rank of the first and
+of the last pipeline stage reads that whole global batch and cuts it into ``num_microbatches``
+consecutive micro-batches; the stage takes its own data-parallel slice. Middle stages read
+nothing. A dataset shorter than needed is cycled (sample index modulo its length).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    data_path: tuple[str, ...] = ()
+    mock_data: bool = False
+    split: str = "969,30,1"
+    tokenizer_type: str | None = None
+    tokenizer_model: str | None = None
+    vocab_file: str | None = None
+    merge_file: str | None = None
+    vocab_size: int | None = None
+    eod_mask_loss: bool = False
+    cache_dir: str | None = None
+
+    @property
+    def source(self) -> str:
+        return "mock" if self.mock_data else "files" if self.data_path else "embedded"
+
+
+@dataclass
+class DataSource:
+    """The resolved source: tokenizer (None for mock data), its vocabulary and data prefixes."""
+
+    kind: str
+    tokenizer: Any = None
+    vocab_size: int | None = None
+    data_prefix: list[str] | None = None
+
+
+class DataError(ValueError):
+    """Unusable data flags; the message names the flag, the value and the fix."""
+
+
+def prepare_data_source(config: DataConfig, *, build_first: Callable[[Callable[[], Any]], Any]
+                        = lambda fn: fn()) -> DataSource:
+    """Resolve the tokenizer and data prefixes of ``config``.
+
+    ``build_first(fn)`` runs a step that writes shared files (the embedded corpus cache); the
+    training loop passes a function that runs it on rank 0 first and then on the others, so
+    that the one-time preprocessing is not repeated by every rank.
+    """
+    from .. import data as data_lib  # noqa: PLC0415 - keeps `import megatron_auto.training` light
+
+    if config.source == "mock":
+        return DataSource(kind="mock", vocab_size=config.vocab_size)
+    if config.source == "embedded":
+        prefix, model = build_first(lambda: data_lib.embedded_dataset(config.cache_dir))
+        tokenizer = data_lib.build_tokenizer(data_lib.EMBEDDED_TOKENIZER_TYPE, tokenizer_model=model)
+        return DataSource(kind="embedded", tokenizer=tokenizer, vocab_size=tokenizer.vocab_size,
+                          data_prefix=[prefix])
+    if config.tokenizer_type is None:
+        raise DataError("--tokenizer-type=None: --data-path needs the tokenizer the data was "
+                        "preprocessed with; add --tokenizer-type (and its model/vocab files)")
+    try:
+        tokenizer = data_lib.build_tokenizer(
+            config.tokenizer_type, tokenizer_model=config.tokenizer_model,
+            vocab_file=config.vocab_file, merge_file=config.merge_file,
+            vocab_size=config.vocab_size)
+    except (ValueError, OSError) as err:
+        raise DataError(f"--tokenizer-type={config.tokenizer_type}: {err}") from None
+    return DataSource(kind="files", tokenizer=tokenizer, vocab_size=tokenizer.vocab_size,
+                      data_prefix=list(config.data_path))
+
+
+def collate(items: Sequence[Mapping[str, np.ndarray]]) -> dict[str, torch.Tensor]:
+    """Stack dataset items (dicts of equal-shape numpy arrays) into batch tensors."""
+    keys = items[0].keys()
+    return {k: torch.from_numpy(np.stack([np.asarray(item[k]) for item in items])) for k in keys}
+
+
+def load_global_batch(dataset: Any, consumed_samples: int, global_batch_size: int,
+                      collate_fn: Callable[[Sequence[Mapping[str, np.ndarray]]], dict[str, torch.Tensor]]
+                      = collate) -> dict[str, torch.Tensor]:
+    """Samples ``[consumed, consumed + global_batch_size)`` of ``dataset`` (cycled) as tensors."""
+    n = len(dataset)
+    if n == 0:
+        raise DataError("the dataset is empty; check --data-path/--split (every split needs "
+                        "documents) or use --mock-data")
+    return collate_fn([dataset[(consumed_samples + i) % n] for i in range(global_batch_size)])
+
+
+def split_microbatches(batch: Mapping[str, torch.Tensor], num_microbatches: int,
+                       device: torch.device) -> list[dict[str, torch.Tensor]]:
+    """Cut a global batch into ``num_microbatches`` consecutive micro-batches on ``device``."""
+    size = next(iter(batch.values())).shape[0]
+    if size % num_microbatches:
+        raise DataError(f"global batch of {size} samples does not split into "
+                        f"num_microbatches={num_microbatches}; fix the plan's batch sizes")
+    step = size // num_microbatches
+    return [{k: v[i * step:(i + 1) * step].to(device, non_blocking=True) for k, v in batch.items()}
+            for i in range(num_microbatches)]

@@ -1,0 +1,58 @@
+"""Throughput arithmetic and the ``--metrics-file`` writer (DESIGN §5.3).
+
+Model FLOPs count the matrix multiplications of forward and backward (backward = 2 x forward),
+per token: per layer ``2 * (4 h^2 + k h f)`` for the QKV/output projections and the MLP
+(``k = 2`` for GeLU, 3 for SwiGLU's gate), ``2 * 2 * s * h`` for attention scores and values,
+and ``2 * h * V`` for the LM head. Recomputation is not counted (model FLOPs, not hardware
+FLOPs), so TFLOP/s and MFU compare plans fairly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping
+
+import torch
+
+from ..config import ModelConfig
+
+# Dense peak TFLOP/s by CUDA device name fragment: (bf16/fp16, fp32). Spec-sheet values.
+_PEAK_TFLOPS = {"H200": (989.0, 67.0), "H100": (989.0, 67.0), "A100": (312.0, 19.5),
+                "A800": (312.0, 19.5), "L40S": (362.0, 91.6), "V100": (125.0, 15.7)}
+
+
+def model_flops_per_token(config: ModelConfig) -> float:
+    """Forward + backward model FLOPs for one token (see the module docstring)."""
+    h, f, s = config.hidden_size, config.ffn_hidden_size, config.seq_length
+    mlp_mats = 3 if config.activation == "swiglu" else 2
+    per_layer = 2 * (4 * h * h + mlp_mats * h * f) + 4 * s * h
+    forward = config.num_layers * per_layer + 2 * h * config.padded_vocab_size
+    return 3.0 * forward
+
+
+def device_peak_tflops(device: torch.device, low_precision: bool) -> float | None:
+    """Spec-sheet dense peak of ``device`` for the compute dtype, or None when unknown (CPU)."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for fragment, (low, fp32) in _PEAK_TFLOPS.items():
+        if fragment in name:
+            return low if low_precision else fp32
+    return None
+
+
+class MetricsWriter:
+    """Appends one JSON object per call to ``path`` (only where ``enabled``, i.e. rank 0)."""
+
+    def __init__(self, path: str | None, enabled: bool) -> None:
+        self.path = path if enabled else None
+        if self.path:
+            parent = os.path.dirname(os.path.abspath(self.path))
+            os.makedirs(parent, exist_ok=True)
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        if not self.path:
+            return
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(dict(record), allow_nan=True) + "\n")

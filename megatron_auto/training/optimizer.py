@@ -1,0 +1,75 @@
+"""AdamW over the data-parallel layer's (possibly sharded) parameters.
+
+Weight decay applies to matrices only: biases and 1-D parameters (LayerNorm/RMSNorm weights)
+are exempt, as in Megatron-LM. The decision uses the parameter's *global* shape (a DTensor
+shard of a matrix is still a matrix) and its name when the stage knows it.
+
+Kernel choice: NVIDIA apex ``FusedAdam`` when importable on CUDA with plain tensors; else
+torch's fused AdamW on CUDA with plain tensors; else torch's ``foreach`` implementation (the
+path for CPU and for FSDP2 DTensor shards). All of them compute the same AdamW update, so the
+single-process reference and every plan agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    weight_decay: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0  # global gradient-norm clip; 0 disables it
+
+
+def _no_weight_decay(name: str, param: torch.Tensor) -> bool:
+    # Norm weights are 1-D, so the shape rule covers them; the name catches 2-D-stored biases.
+    return param.dim() < 2 or name.endswith(".bias")
+
+
+def _is_plain(param: torch.Tensor) -> bool:
+    return type(param) in (torch.Tensor, nn.Parameter)
+
+
+def param_groups(params: Iterable[nn.Parameter], names: dict[int, str],
+                 weight_decay: float) -> list[dict]:
+    """Split ``params`` into a decayed and a non-decayed group (empty groups are dropped)."""
+    decay, no_decay = [], []
+    for p in params:
+        if not p.requires_grad:
+            continue
+        (no_decay if _no_weight_decay(names.get(id(p), ""), p) else decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+def build_optimizer(params: Iterable[nn.Parameter], config: OptimizerConfig, *, lr: float,
+                    named_parameters: Iterable[tuple[str, nn.Parameter]] = ()) -> torch.optim.Optimizer:
+    """AdamW over ``params`` (what ``DataParallel.parameters()`` yields).
+
+    ``named_parameters`` (e.g. ``stage.named_parameters()``) supplies names for the weight-decay
+    rule; parameters without a name fall back to the shape rule.
+    """
+    params = list(params)
+    names = {id(p): n for n, p in named_parameters}
+    groups = param_groups(params, names, config.weight_decay)
+    if not groups:
+        raise ValueError("build_optimizer: no trainable parameter on this rank; every rank must "
+                         "own at least one layer's shard (check the plan)")
+    kwargs = dict(lr=lr, betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps)
+    plain_cuda = all(_is_plain(p) and p.is_cuda for p in params)
+    if plain_cuda:
+        try:
+            from apex.optimizers import FusedAdam  # noqa: PLC0415 - optional dependency
+
+            return FusedAdam(groups, adam_w_mode=True, **kwargs)
+        except Exception:  # noqa: BLE001 - apex may fail to import in many ways (ABI, CUDA)
+            return torch.optim.AdamW(groups, fused=True, **kwargs)
+    return torch.optim.AdamW(groups, foreach=True, **kwargs)

@@ -1,0 +1,361 @@
+"""The training loop shared by the entry scripts (``pretrain_gpt.py``, ``pretrain_bert.py``).
+
+An entry script supplies three thin providers (STYLE principle 8) and calls :func:`pretrain`:
+
+- ``model_provider(model_config, ctx, seed) -> nn.Module``: this rank's pipeline stage;
+- ``datasets_provider(data_config, source, model_config, seed, train_samples, valid_samples,
+  test_samples) -> (train, valid, test)``: datasets of item dicts (``None`` when absent);
+- ``batch_fn(items) -> dict[str, Tensor]``: stacks items into the global batch whose keys the
+  stage takes (``tokens`` for the first stage, ``labels``/``loss_mask`` for the last).
+
+One iteration (:func:`train_step`): zero gradients, set the learning rate, split the global
+batch into the plan's micro-batches, run the pipeline schedule (forward, backward, data-parallel
+gradient sync), unscale fp16 gradients, compute/clip the global gradient norm, skip the step
+when it is inf/nan on any rank (fp16), optimizer step, and reduce the loss over the world.
+Tests drive :func:`build_trainer` + :func:`train_step` directly, so they exercise exactly the
+code the command line runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .. import arguments
+from ..config import ConfigError, ModelConfig
+from ..plan import Plan, PlanError
+from ..parallel.context import ParallelContext
+from ..parallel.data_parallel import DataParallel
+from ..parallel.pipeline import forward_backward
+from .data import DataConfig, DataError, load_global_batch, prepare_data_source, split_microbatches
+from .logging import format_eval_line, format_iteration_line, get_logger, setup_logging
+from .lr_scheduler import LRConfig, lr_at, set_lr
+from .metrics import MetricsWriter, device_peak_tflops, model_flops_per_token
+from .optimizer import OptimizerConfig, build_optimizer
+from .precision import LossScaler, PrecisionConfig, unscale_
+
+ModelProvider = Callable[[ModelConfig, ParallelContext, int], nn.Module]
+DatasetsProvider = Callable[..., tuple[Any, Any, Any]]
+BatchFn = Callable[[Sequence[dict]], dict[str, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    train_iters: int = 100
+    eval_interval: int = 50
+    eval_iters: int = 5
+    seed: int = 1234
+
+
+@dataclass
+class Trainer:
+    """Everything one rank needs to run iterations of a plan."""
+
+    ctx: ParallelContext
+    plan: Plan
+    model_config: ModelConfig
+    stage: nn.Module
+    data_parallel: DataParallel
+    optimizer: torch.optim.Optimizer
+    optimizer_config: OptimizerConfig
+    lr_config: LRConfig
+    precision: PrecisionConfig
+    scaler: LossScaler
+    iteration: int = 0
+    consumed_samples: int = 0
+    skipped_iterations: int = 0
+    history: list[dict] = field(default_factory=list)
+
+    @property
+    def reads_data(self) -> bool:
+        """First- and last-stage ranks read the global batch; middle stages do not."""
+        return self.ctx.is_first_stage or self.ctx.is_last_stage
+
+
+@dataclass
+class StepResult:
+    lm_loss: float  # global mean over the batch's masked tokens (same on every rank)
+    num_tokens: float
+    grad_norm: float
+    skipped: bool
+    lr: float
+    loss_scale: float
+
+
+def build_trainer(model_config: ModelConfig, plan: Plan, model_provider: ModelProvider, *,
+                  optimizer_config: OptimizerConfig = OptimizerConfig(),
+                  lr_config: LRConfig = LRConfig(),
+                  precision: PrecisionConfig = PrecisionConfig(), seed: int = 1234,
+                  device: torch.device | None = None) -> Trainer:
+    """Collective: build context, stage, data parallelism and optimizer for ``plan``."""
+    plan.validate(model_config)
+    ctx = ParallelContext(plan, device=device)
+    torch.manual_seed(seed)
+    stage = model_provider(model_config, ctx, seed)
+    data_parallel = DataParallel(stage, ctx, precision=precision.name)
+    optimizer = build_optimizer(data_parallel.parameters(), optimizer_config, lr=lr_config.lr,
+                                named_parameters=stage.named_parameters())
+    return Trainer(ctx=ctx, plan=plan, model_config=model_config, stage=stage,
+                   data_parallel=data_parallel, optimizer=optimizer,
+                   optimizer_config=optimizer_config, lr_config=lr_config, precision=precision,
+                   scaler=LossScaler(precision))
+
+
+def _microbatches(trainer: Trainer, batch: dict[str, torch.Tensor] | None) -> tuple[list[dict], float]:
+    num_mb = trainer.plan.num_microbatches
+    if not trainer.reads_data:
+        return [{} for _ in range(num_mb)], 1.0
+    if batch is None:
+        raise ValueError("train_step: ranks of the first and last stage need the global batch")
+    total_tokens = float(batch["loss_mask"].sum()) if "loss_mask" in batch else 1.0
+    return split_microbatches(batch, num_mb, trainer.ctx.device), total_tokens
+
+
+def _reduce_loss(trainer: Trainer, losses: list[tuple[float, float]]) -> tuple[float, float]:
+    """Global mean loss: sums of (loss, tokens) over last-stage ranks, divided.
+
+    Every TP rank of a last-stage replica reports the same slice, so both sums carry the same
+    multiplicity and their quotient is exact.
+    """
+    totals = torch.tensor([sum(l for l, _ in losses), sum(t for _, t in losses)],
+                          dtype=torch.float64, device=trainer.ctx.device)
+    dist.all_reduce(totals)
+    loss_sum, tokens = totals.tolist()
+    return (loss_sum / tokens if tokens > 0 else float("nan")), tokens
+
+
+def train_step(trainer: Trainer, batch: dict[str, torch.Tensor] | None) -> StepResult:
+    """One training iteration on the global ``batch`` (``None`` on middle-stage ranks)."""
+    iteration = trainer.iteration + 1
+    lr = lr_at(trainer.lr_config, iteration)
+    set_lr(trainer.optimizer, lr)
+    trainer.data_parallel.zero_grad()
+    microbatches, total_tokens = _microbatches(trainer, batch)
+    scale = trainer.scaler.scale
+    losses = forward_backward(trainer.stage, trainer.data_parallel, trainer.ctx, microbatches,
+                              schedule=trainer.plan.pipeline.schedule, total_tokens=total_tokens,
+                              loss_scale=scale, autocast_dtype=trainer.precision.autocast_dtype)
+    params = list(trainer.data_parallel.parameters())
+    unscale_(params, scale)
+    grad_norm = float(trainer.data_parallel.clip_grad_norm_(trainer.optimizer_config.clip_grad))
+    # The norm is already global; the flag all-reduce makes the skip decision identical on every
+    # rank even if a future norm implementation were only group-local.
+    found_inf = torch.tensor([0.0 if math.isfinite(grad_norm) else 1.0], device=trainer.ctx.device)
+    dist.all_reduce(found_inf, op=dist.ReduceOp.MAX)
+    skipped = bool(found_inf.item())
+    if skipped:
+        trainer.skipped_iterations += 1
+    else:
+        trainer.optimizer.step()
+    trainer.scaler.update(skipped)
+    lm_loss, tokens = _reduce_loss(trainer, losses)
+    trainer.iteration = iteration
+    trainer.consumed_samples += trainer.plan.global_batch_size
+    return StepResult(lm_loss=lm_loss, num_tokens=tokens, grad_norm=grad_norm, skipped=skipped,
+                      lr=lr, loss_scale=scale)
+
+
+def evaluate(trainer: Trainer, batches: Sequence[dict[str, torch.Tensor] | None]) -> float:
+    """Mean validation loss over ``batches`` (forward only, no gradient, no state change)."""
+    trainer.stage.eval()
+    losses: list[tuple[float, float]] = []
+    try:
+        for batch in batches:
+            microbatches, total_tokens = _microbatches(trainer, batch)
+            losses += forward_backward(trainer.stage, None, trainer.ctx, microbatches,
+                                       schedule=trainer.plan.pipeline.schedule,
+                                       total_tokens=total_tokens, forward_only=True,
+                                       autocast_dtype=trainer.precision.autocast_dtype)
+    finally:
+        trainer.stage.train()
+    return _reduce_loss(trainer, losses)[0]
+
+
+# ----------------------------------------------------------------------------- the run
+def _init_distributed() -> torch.device:
+    """Join the torchrun world (or make a one-rank world for plain `python script.py`)."""
+    if not dist.is_initialized():
+        if "RANK" not in os.environ:
+            os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+                               "MASTER_ADDR": "127.0.0.1"})
+            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend)
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    return torch.device("cpu")
+
+
+def _free_port() -> int:
+    import socket  # noqa: PLC0415
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _rank0_first(fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` on rank 0, then on the others (it fills a shared cache rank 0 made)."""
+    if dist.get_rank() == 0:
+        result = fn()
+        dist.barrier()
+        return result
+    dist.barrier()
+    return fn()
+
+
+def _peak_memory_meter(trainer: Trainer) -> Any:
+    try:
+        from .memory import PeakMemoryMeter  # noqa: PLC0415 - owned by the data-parallel work
+    except ImportError:
+        return None
+    return PeakMemoryMeter(trainer.stage, trainer.optimizer, device=trainer.ctx.device)
+
+
+def run_training(args: argparse.Namespace, model_provider: ModelProvider,
+                 datasets_provider: DatasetsProvider, batch_fn: BatchFn) -> Trainer:
+    """Everything after argument parsing: data, plan, model, loop, logging, metrics."""
+    log = get_logger()
+    device = _init_distributed()
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    setup_logging(rank)
+    data_config = arguments.data_config_from_args(args)
+    train_config = arguments.training_config_from_args(args)
+    source = prepare_data_source(data_config, build_first=_rank0_first)
+    model_config = arguments.model_config_from_args(args, vocab_size=source.vocab_size)
+    plan = arguments.resolve_plan(args, model_config, world_size)
+    if args.plan_out and rank == 0:
+        plan.save(args.plan_out)
+    log.info(f"> {world_size} rank(s), plan: pp={plan.pp_size} schedule={plan.pipeline.schedule} "
+             f"layers_per_stage={list(plan.pipeline.layers_per_stage)} global batch "
+             f"{plan.global_batch_size} in {plan.num_microbatches} micro-batch(es); model "
+             f"{model_config.num_parameters() / 1e6:.2f} M parameters; data: {source.kind}")
+    trainer = build_trainer(model_config, plan, model_provider,
+                            optimizer_config=arguments.optimizer_config_from_args(args),
+                            lr_config=arguments.lr_config_from_args(args),
+                            precision=arguments.precision_config_from_args(args),
+                            seed=train_config.seed, device=device)
+    gbs = plan.global_batch_size
+    num_evals = train_config.train_iters // train_config.eval_interval
+    train_ds, valid_ds, _ = datasets_provider(
+        data_config, source, model_config, train_config.seed,
+        train_config.train_iters * gbs, num_evals * train_config.eval_iters * gbs, 0)
+    _train_loop(trainer, args, train_config, train_ds, valid_ds, batch_fn)
+    return trainer
+
+
+def _train_loop(trainer: Trainer, args: argparse.Namespace, train_config: TrainingConfig,
+                train_ds: Any, valid_ds: Any, batch_fn: BatchFn) -> None:
+    log = get_logger()
+    ctx, plan, cfg = trainer.ctx, trainer.plan, trainer.model_config
+    writer = MetricsWriter(args.metrics_file, enabled=ctx.rank == 0)
+    meter = _peak_memory_meter(trainer) if args.metrics_file else None
+    tokens_per_iter = plan.global_batch_size * cfg.seq_length
+    flops_per_iter = model_flops_per_token(cfg) * tokens_per_iter
+    peak = device_peak_tflops(ctx.device, trainer.precision.autocast_dtype is not None)
+    estimate = plan.estimate or {}
+    window: list[tuple[float, float]] = []  # (loss, seconds) since the last log line
+    valid_consumed = 0
+    for _ in range(train_config.train_iters):
+        batch = (load_global_batch(train_ds, trainer.consumed_samples, plan.global_batch_size,
+                                   batch_fn) if trainer.reads_data else None)
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        if meter is not None:
+            meter.start()
+        result = train_step(trainer, batch)
+        peak_bytes = meter.stop() if meter is not None else None
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        if not result.skipped:
+            window.append((result.lm_loss, seconds))
+        it = trainer.iteration
+        record = {"iteration": it, "lm_loss": result.lm_loss, "grad_norm": result.grad_norm,
+                  "lr": result.lr, "iteration_time_s": seconds}
+        trainer.history.append(record)
+        if it % args.log_interval == 0 or it == train_config.train_iters:
+            mean_loss = sum(l for l, _ in window) / len(window) if window else float("nan")
+            mean_s = sum(s for _, s in window) / len(window) if window else seconds
+            tflops = flops_per_iter / mean_s / ctx.world_size / 1e12
+            log.info(format_iteration_line(
+                iteration=it, train_iters=train_config.train_iters,
+                consumed_samples=trainer.consumed_samples, elapsed_ms=mean_s * 1e3, lr=result.lr,
+                global_batch_size=plan.global_batch_size,
+                lm_loss=mean_loss if window else None,
+                loss_scale=result.loss_scale if trainer.precision.fp16 else None,
+                grad_norm=result.grad_norm, skipped_iterations=trainer.skipped_iterations,
+                tokens_per_s=tokens_per_iter / mean_s, tflops_per_device=tflops))
+            metrics = {"iteration": it, "lm_loss": mean_loss, "lr": result.lr,
+                       "grad_norm": result.grad_norm, "iteration_time_s": mean_s,
+                       "samples_per_s": plan.global_batch_size / mean_s,
+                       "tokens_per_s": tokens_per_iter / mean_s, "tflops_per_device": tflops,
+                       "consumed_samples": trainer.consumed_samples,
+                       "skipped_iterations": trainer.skipped_iterations,
+                       "loss_scale": result.loss_scale}
+            if peak:
+                metrics["mfu"] = tflops / peak
+            if peak_bytes is not None:
+                metrics["peak_memory_bytes"] = _max_over_ranks(int(peak_bytes), ctx.device)
+            if "iteration_time_s" in estimate:
+                metrics["predicted_iteration_time_s"] = estimate["iteration_time_s"]
+            stages = estimate.get("stages") or []
+            if stages and all("peak_memory_bytes" in s for s in stages):
+                metrics["predicted_peak_memory_bytes"] = max(s["peak_memory_bytes"] for s in stages)
+            writer.write(metrics)
+            window.clear()
+        if valid_ds is not None and train_config.eval_iters > 0 and it % train_config.eval_interval == 0:
+            batches = []
+            for _ in range(train_config.eval_iters):
+                batches.append(load_global_batch(valid_ds, valid_consumed, plan.global_batch_size,
+                                                 batch_fn) if trainer.reads_data else None)
+                valid_consumed += plan.global_batch_size
+            loss = evaluate(trainer, batches)
+            ppl = math.exp(min(loss, 20.0))
+            log.info(format_eval_line(it, loss, ppl))
+            writer.write({"iteration": it, "split": "valid", "lm_loss": loss, "ppl": ppl})
+
+
+def _max_over_ranks(value: int, device: torch.device) -> int:
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from ..data import IndexedDatasetError  # noqa: PLC0415 - data is imported lazily
+
+    return (ConfigError, PlanError, DataError, IndexedDatasetError)
+
+
+def pretrain(model_provider: ModelProvider, datasets_provider: DatasetsProvider,
+             batch_fn: BatchFn, *, argv: Sequence[str] | None = None,
+             parser: argparse.ArgumentParser | None = None) -> int:
+    """Entry point of the pretrain scripts: parse ``argv``, train, return the exit code.
+
+    Configuration mistakes (bad flags, bad ``--plan`` files, bad data flags) print one
+    ``error: ...`` line on stderr, without a traceback, and return 2.
+    """
+    try:
+        args = arguments.parse_args(argv, parser)
+        run_training(args, model_provider, datasets_provider, batch_fn)
+        code = 0
+    except _user_errors() as err:
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            print(f"error: {err}", file=sys.stderr)
+        code = 2
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return code

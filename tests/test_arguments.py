@@ -1,0 +1,192 @@
+"""Flags → configs → plan: the mapping, and a clear message for every invalid combination."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import warnings
+
+import pytest
+
+from megatron_auto import arguments
+from megatron_auto.config import ConfigError
+from megatron_auto.plan import Plan, PlanError
+
+
+def resolve(argv, world_size):
+    args = arguments.parse_args(argv)
+    return arguments.resolve_plan(args, arguments.model_config_from_args(args), world_size)
+
+
+# ------------------------------------------------------------------------------ mapping
+def test_defaults_are_the_embedded_small_gpt():
+    args = arguments.parse_args([])
+    cfg = arguments.model_config_from_args(args, vocab_size=8000)
+    assert (cfg.num_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.seq_length) == (4, 256, 4, 128)
+    assert cfg.vocab_size == 8000 and cfg.padded_vocab_size == 8064
+    plan = arguments.resolve_plan(args, cfg, 2)
+    # 16 samples over dp=2 replicas with micro-batches of 4: 2 micro-batches.
+    assert (plan.global_batch_size, plan.num_microbatches, plan.pp_size) == (16, 2, 1)
+
+
+def test_model_flags_map_onto_model_config():
+    args = arguments.parse_args(["--num-layers", "3", "--hidden-size", "64", "--num-attention-heads",
+                                 "8", "--ffn-hidden-size", "96", "--seq-length", "32",
+                                 "--max-position-embeddings", "64", "--vocab-size", "1000",
+                                 "--swiglu", "--normalization", "RMSNorm",
+                                 "--position-embedding-type", "rope",
+                                 "--untie-embeddings-and-output-weights", "--hidden-dropout", "0",
+                                 "--attention-dropout", "0.05"])
+    cfg = arguments.model_config_from_args(args)
+    assert cfg.activation == "swiglu" and cfg.normalization == "rmsnorm"
+    assert cfg.position_embedding_type == "rope" and cfg.untie_embeddings_and_output_weights
+    assert (cfg.ffn_hidden_size, cfg.max_position_embeddings, cfg.vocab_size) == (96, 64, 1000)
+    assert (cfg.hidden_dropout, cfg.attention_dropout) == (0.0, 0.05)
+
+
+def test_classic_flags_build_the_uniform_plan():
+    plan = resolve(["--num-layers", "4", "--tensor-model-parallel-size", "2",
+                    "--pipeline-model-parallel-size", "2", "--global-batch-size", "16",
+                    "--micro-batch-size", "2", "--use-distributed-optimizer"], 8)
+    # world 8 = tp 2 x pp 2 x dp 2; 16 / (2 x 2) = 4 micro-batches.
+    assert plan.num_microbatches == 4 and plan.pipeline.layers_per_stage == (2, 2)
+    assert all(l.tp == 2 and l.dp_mode == "zero2" and not l.recompute for l in plan.layers)
+    assert plan.vocab.tp == 2 and plan.pipeline.schedule == "1f1b"
+
+
+@pytest.mark.parametrize("flags,expected", [
+    (["--recompute-granularity", "full", "--recompute-method", "uniform"], [True] * 4),
+    (["--recompute-granularity", "full", "--recompute-method", "block",
+      "--recompute-num-layers", "1"], [True, False, True, False]),
+    ([], [False] * 4),
+])
+def test_recompute_flags_become_per_layer_flags(flags, expected):
+    plan = resolve(["--num-layers", "4", "--pipeline-model-parallel-size", "2",
+                    "--global-batch-size", "4", "--micro-batch-size", "1"] + flags, 2)
+    assert [l.recompute for l in plan.layers] == expected
+
+
+def write_plan(tmp_path, world_size=2, gbs=8, mb=2, name="plan.json", **overrides):
+    plan = Plan.uniform(world_size, 4, global_batch_size=gbs, num_microbatches=mb, pp=2,
+                        layers_per_stage=(3, 1), schedule="gpipe")
+    data = plan.to_dict()
+    data.update(overrides)
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_plan_file_rules_the_batch(tmp_path):
+    path = write_plan(tmp_path)
+    plan = resolve(["--plan", path], 2)
+    assert (plan.global_batch_size, plan.num_microbatches) == (8, 2)
+    assert plan.pipeline.layers_per_stage == (3, 1) and plan.pipeline.schedule == "gpipe"
+    assert resolve(["--plan", path, "--global-batch-size", "8"], 2).global_batch_size == 8
+
+
+def test_plan_file_warns_that_micro_batch_size_is_ignored(tmp_path):
+    path = write_plan(tmp_path)
+    with pytest.warns(UserWarning, match="--micro-batch-size=3 is ignored with --plan"):
+        resolve(["--plan", path, "--micro-batch-size", "3"], 2)
+
+
+# ------------------------------------------------------------------------------ errors
+ERROR_CASES = [
+    # (argv, world size, error type, message fragment)
+    (["--hidden-size", "30", "--num-attention-heads", "4"], 2, ConfigError,
+     "--hidden-size=30: must be divisible by --num-attention-heads=4"),
+    (["--tensor-model-parallel-size", "8"], 8, ConfigError,
+     "--tensor-model-parallel-size=8: must divide --num-attention-heads=4"),
+    (["--ffn-hidden-size", "1026", "--tensor-model-parallel-size", "4"], 4, ConfigError,
+     "--tensor-model-parallel-size=4: must divide --ffn-hidden-size=1026"),
+    (["--vocab-size", "102", "--make-vocab-size-divisible-by", "1", "--tensor-model-parallel-size",
+      "4"], 4, ConfigError, "must divide the padded vocabulary size 102"),
+    (["--global-batch-size", "12", "--micro-batch-size", "2"], 4, ConfigError,
+     "--global-batch-size=12: must be a multiple of --micro-batch-size=2 x data-parallel size 4"),
+    (["--num-layers", "3", "--pipeline-model-parallel-size", "3"], 4, ConfigError,
+     "must divide the world size 4"),
+    (["--num-layers", "3", "--pipeline-model-parallel-size", "2"], 4, ConfigError,
+     "--num-layers=3: Megatron needs it divisible by --pipeline-model-parallel-size=2"),
+    (["--num-layers", "2", "--pipeline-model-parallel-size", "4"], 4, ConfigError,
+     "--pipeline-model-parallel-size=4: exceeds --num-layers=2"),
+    (["--recompute-granularity", "full", "--recompute-method", "block"], 2, ConfigError,
+     "--recompute-num-layers=None: --recompute-method block needs"),
+    (["--seq-length", "256", "--max-position-embeddings", "128"], 2, ConfigError,
+     "--max-position-embeddings=128: must be at least --seq-length=256"),
+]
+
+
+@pytest.mark.parametrize("argv,world_size,error,message", ERROR_CASES)
+def test_invalid_model_or_parallel_flags_fail_with_the_flag_named(argv, world_size, error, message):
+    with pytest.raises(error) as info:
+        resolve(argv, world_size)
+    assert message in str(info.value)
+
+
+PARSE_ERRORS = [
+    (["--bf16", "--fp16"], "--bf16=True: cannot be combined with --fp16"),
+    (["--mock-data", "--data-path", "a"], "--data-path=a: cannot be combined with --mock-data"),
+    (["--plan", "p.json", "--auto-parallel"], "--plan=p.json: cannot be combined with --auto-parallel"),
+    (["--train-iters", "0"], "--train-iters=0: must be a positive integer"),
+    (["--global-batch-size", "0"], "--global-batch-size=0: must be a positive integer"),
+    (["--lr", "1e-3", "--min-lr", "1e-2"], "--min-lr=0.01: must be between 0 and --lr=0.001"),
+    (["--train-iters", "5", "--lr-warmup-iters", "10"], "--lr-warmup-iters=10: must not exceed"),
+    (["--loss-scale", "128"], "--loss-scale=128.0: only applies to --fp16"),
+    (["--clip-grad", "-1"], "--clip-grad=-1.0: must be >= 0"),
+    (["--normalization", "BatchNorm"], "--normalization=BatchNorm: choose LayerNorm or RMSNorm"),
+    (["--save", "ckpt"], "--save=ckpt: checkpoint saving and loading are not part"),
+    (["--tokenizer-type", "NullTokenizer"], "--tokenizer-type=NullTokenizer: needs --data-path"),
+    (["--eval-iters", "-1"], "--eval-iters=-1: must be >= 0"),
+]
+
+
+@pytest.mark.parametrize("argv,message", PARSE_ERRORS)
+def test_contradictory_flags_fail_at_parse_time(argv, message):
+    with pytest.raises(arguments.ArgumentError) as info:
+        arguments.parse_args(argv)
+    assert message in str(info.value)
+
+
+def test_plan_file_errors_name_the_problem(tmp_path):
+    path = write_plan(tmp_path)
+    with pytest.raises(PlanError, match="world_size=2 but this run has 4 ranks"):
+        resolve(["--plan", path], 4)
+    with pytest.raises(arguments.ArgumentError,
+                       match="--global-batch-size=16: differs from the plan's global_batch_size=8"):
+        resolve(["--plan", path, "--global-batch-size", "16"], 2)
+    with pytest.raises(arguments.ArgumentError,
+                       match="--tensor-model-parallel-size=2: conflicts with --plan"):
+        resolve(["--plan", path, "--tensor-model-parallel-size", "2"], 2)
+    bad = write_plan(tmp_path, name="bad.json", num_microbatches=3)
+    with pytest.raises(PlanError, match="num_microbatches=3"):
+        resolve(["--plan", bad], 2)
+    with pytest.raises(PlanError, match="layers has 4 entries but the model has --num-layers=2"):
+        resolve(["--plan", path, "--num-layers", "2"], 2)
+    with pytest.raises(PlanError, match="cannot read the file"):
+        resolve(["--plan", str(tmp_path / "missing.json")], 2)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("megatron_auto.auto") is not None,
+                    reason="the planner front-end is installed")
+def test_auto_parallel_without_planner_says_so():
+    with pytest.raises(arguments.ArgumentError, match="--auto-parallel=True: the automatic planner"):
+        resolve(["--auto-parallel"], 2)
+
+
+def test_config_converters_carry_the_flags():
+    args = arguments.parse_args(["--fp16", "--loss-scale", "64", "--lr-decay-style", "WSD",
+                                 "--lr-wsd-decay-iters", "20", "--train-iters", "200",
+                                 "--clip-grad", "0", "--adam-beta2", "0.95", "--mock-data",
+                                 "--vocab-size", "512", "--metrics-file", "m.jsonl"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        prec = arguments.precision_config_from_args(args)
+        lr = arguments.lr_config_from_args(args)
+    assert prec.fp16 and prec.loss_scale == 64 and prec.name == "fp16"
+    assert (lr.decay_style, lr.decay_iters, lr.wsd_decay_iters) == ("WSD", 200, 20)
+    opt = arguments.optimizer_config_from_args(args)
+    assert opt.clip_grad == 0 and opt.adam_beta2 == 0.95
+    data = arguments.data_config_from_args(args)
+    assert data.source == "mock" and data.vocab_size == 512
+    assert arguments.logging_config_from_args(args).metrics_file == "m.jsonl"
+    assert arguments.training_config_from_args(args).train_iters == 200
