@@ -1,0 +1,244 @@
+"""GPTStage: the part of a GPT model that one pipeline stage holds, under any plan.
+
+A stage builds only its own layers (``self.layers``, keyed by the global layer index), plus the
+embedding on the first stage and final norm + LM head on the last. Parameter FQNs and global
+shapes never depend on the plan; each rank holds its TP shard, initialised as the shard of a full
+tensor drawn from ``(seed, fqn)`` (see :mod:`megatron_auto.models.init`).
+
+Activation layouts inside a stage (DESIGN §4): the embedding and head run on the vocab layout
+(vocab tp, consecutive), layer ``i`` on its own layout; ``relayout`` moves the batch chunks
+between consecutive layouts, and between the embedding / head and the neighbouring layer.
+
+Tied embeddings: with one stage the LM head multiplies by ``embedding.word_embeddings.weight``.
+With several stages the last stage holds its own ``embedding.word_embeddings`` (same FQN, same
+init, no position table) used only as the head; the data-parallel runtime all-reduces its
+gradient with the first stage's copy over ``ctx.embedding_group``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import ModelConfig
+from ..parallel.context import LayerGroups, Layout, ParallelContext, make_layout
+from ..parallel.mappings import copy_to_tensor_parallel
+from ..parallel.random import REPLICATED, RNGTracker
+from ..parallel.redistribute import batch_chunk, relayout
+from ..parallel.tensor_parallel import (ColumnParallelLinear, VocabParallelEmbedding,
+                                        vocab_parallel_cross_entropy)
+from .init import collect_shard_specs, init_parameters
+from .transformer import RotaryEmbedding, TransformerLayer, make_norm
+
+
+class LanguageModelEmbedding(nn.Module):
+    """Word (+ learned position, + token type) embeddings on the vocab layout.
+
+    ``embed`` and ``logits`` are the two entry points (FSDP2 may register both as forward
+    methods). ``logits`` is the tied LM head: hidden (b, s, h) -> vocab-split logits (b, s, V/tp).
+    """
+
+    def __init__(self, config: ModelConfig, groups: LayerGroups, rng: RNGTracker | None, *,
+                 with_positions: bool, num_tokentypes: int = 0) -> None:
+        super().__init__()
+        self.word_embeddings = VocabParallelEmbedding(config.padded_vocab_size,
+                                                      config.hidden_size, groups)
+        if with_positions and config.position_embedding_type == "learned":
+            self.position_embeddings = nn.Embedding(config.max_position_embeddings,
+                                                    config.hidden_size)
+        else:
+            self.position_embeddings = None
+        self.tokentype_embeddings = (nn.Embedding(num_tokentypes, config.hidden_size)
+                                     if num_tokentypes > 0 else None)
+        self.tp_group, self.tp_size = groups.tp_group, groups.tp_size
+        self.dropout = config.hidden_dropout
+        self.rng = rng
+
+    def embed(self, tokens: torch.Tensor, position_ids: torch.Tensor | None = None,
+              tokentype_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens (b, s) -> hidden (b, s, h), replicated over the vocab TP group."""
+        x = self.word_embeddings(tokens)
+        if self.position_embeddings is not None:
+            if position_ids is None:
+                position_ids = torch.arange(tokens.shape[1], device=tokens.device)
+            x = x + self.position_embeddings(position_ids)
+        if self.tokentype_embeddings is not None and tokentype_ids is not None:
+            x = x + self.tokentype_embeddings(tokentype_ids)
+        if self.training and self.dropout > 0.0:
+            if self.rng is None:
+                return F.dropout(x, self.dropout, training=True)
+            with self.rng.fork(REPLICATED):
+                x = F.dropout(x, self.dropout, training=True)
+        return x
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden (b, s, h) -> logits (b, s, V/tp) with the tied word-embedding matrix."""
+        if self.tp_size > 1:
+            hidden = copy_to_tensor_parallel(hidden, self.tp_group)
+        return F.linear(hidden, self.word_embeddings.weight)
+
+    def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor | None = None,
+                tokentype_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.embed(tokens, position_ids, tokentype_ids)
+
+
+def padding_attention_mask(keep: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Bool SDPA mask (b, 1, s, s), True = attend, from a (b, s) keep mask (1 = real token)."""
+    mask = keep.bool()[:, None, None, :]
+    if causal:
+        s = keep.shape[1]
+        mask = mask & torch.ones(s, s, dtype=torch.bool, device=keep.device).tril()
+    return mask
+
+
+class TransformerStage(nn.Module):
+    """What GPT and BERT stages share: layers, layouts, relayouts, rotary tables, init."""
+
+    causal = True
+
+    def __init__(self, config: ModelConfig, ctx: ParallelContext, *, seed: int = 1234) -> None:
+        super().__init__()
+        ctx.plan.validate(config)
+        self.config, self.ctx, self.seed = config, ctx, seed
+        self.rng = RNGTracker(seed, stage=ctx.stage, local_index=ctx.local_index,
+                              device=ctx.device)
+        plan = ctx.plan
+        self.layer_ids = list(plan.stage_layer_range(ctx.stage))
+        self.is_first_stage, self.is_last_stage = ctx.is_first_stage, ctx.is_last_stage
+        self.vocab_groups = (ctx.vocab_groups()
+                             if self.is_first_stage or self.is_last_stage else None)
+        self._layer_groups = {i: ctx.layer_groups(i) for i in self.layer_ids}
+        self.layers = nn.ModuleDict({
+            str(i): TransformerLayer(config, self._layer_groups[i], rng=self.rng,
+                                     causal=self.causal, recompute=plan.layers[i].recompute)
+            for i in self.layer_ids})
+        self.rotary = (RotaryEmbedding(config.head_dim, config.max_position_embeddings,
+                                       config.rotary_base)
+                       if config.position_embedding_type == "rope" else None)
+        first, last = self.layer_ids[0], self.layer_ids[-1]
+        self.input_layout: Layout | None = None
+        if not self.is_first_stage:
+            prev = plan.layers[first - 1]
+            self.input_layout = make_layout(ctx.stage, prev.tp, prev.tp_consecutive,
+                                            ctx.stage_size)
+        self.output_layout: Layout | None = (None if self.is_last_stage
+                                             else self._layer_groups[last].layout)
+
+    def _finish_init(self) -> None:
+        """Record shard specs, draw the plan-independent init, move to the context's device."""
+        self.shard_specs = collect_shard_specs(self)
+        init_parameters(self, self.config, self.seed, self.shard_specs)
+        self.to(self.ctx.device)
+
+    # ------------------------------------------------------------------ shapes
+    def _chunk_shape(self, microbatch_size: int, layout: Layout) -> tuple[int, ...]:
+        dp = self.ctx.stage_size // layout.tp
+        return (microbatch_size // dp, self.config.seq_length, self.config.hidden_size)
+
+    def input_shape(self, microbatch_size: int) -> tuple[int, ...]:
+        """What this stage receives: tokens (b_m, s) on the first stage, else its hidden chunk."""
+        if self.input_layout is None:
+            return (microbatch_size, self.config.seq_length)
+        return self._chunk_shape(microbatch_size, self.input_layout)
+
+    def output_shape(self, microbatch_size: int) -> tuple[int, ...]:
+        """What this stage sends to the next: its hidden chunk; () on the last stage."""
+        if self.output_layout is None:
+            return ()
+        return self._chunk_shape(microbatch_size, self.output_layout)
+
+    # ---------------------------------------------------------------- forward
+    def run_layers(self, hidden: torch.Tensor, current: LayerGroups,
+                   position_ids: torch.Tensor | None, keep_mask: torch.Tensor | None
+                   ) -> tuple[torch.Tensor, LayerGroups]:
+        """Run this stage's layers, re-laying out ``hidden`` whenever the layout changes.
+
+        ``position_ids`` / ``keep_mask`` cover the whole micro-batch (b_m, s); each layer gets
+        the rows of its own batch chunk.
+        """
+        seq = hidden.shape[1]
+        rotary_full = None
+        if self.rotary is not None:
+            rotary_full = self.rotary.tables(seq, position_ids)
+        mask_full = None if keep_mask is None else padding_attention_mask(keep_mask, self.causal)
+        for i in self.layer_ids:
+            groups = self._layer_groups[i]
+            hidden = relayout(hidden, current, groups, self.ctx)
+            current = groups
+            rotary = rotary_full
+            if rotary_full is not None and position_ids is not None:
+                rotary = (batch_chunk(rotary_full[0], groups), batch_chunk(rotary_full[1], groups))
+            mask = None if mask_full is None else batch_chunk(mask_full, groups)
+            hidden = self.layers[str(i)](hidden, mask, rotary)
+        return hidden, current
+
+    def groups_for_parameter(self, fqn: str) -> LayerGroups:
+        """Groups a parameter lives on: its layer's layout for ``layers.<i>.*``, else the vocab
+        layout (embeddings, final norm, head). Its gradient is summed over that ``dp_group``."""
+        if fqn.startswith("layers."):
+            return self._layer_groups[int(fqn.split(".")[1])]
+        if self.vocab_groups is None:
+            raise KeyError(f"{fqn}: not a parameter of stage {self.ctx.stage}")
+        return self.vocab_groups
+
+    def input_groups(self) -> LayerGroups:
+        assert self.input_layout is not None
+        return self.ctx.layout_groups(self.input_layout)
+
+
+class GPTStage(TransformerStage):
+    """One pipeline stage of a GPT decoder (see module docstring and DESIGN §4)."""
+
+    causal = True
+
+    def __init__(self, config: ModelConfig, ctx: ParallelContext, *, seed: int = 1234) -> None:
+        super().__init__(config, ctx, seed=seed)
+        tied = not config.untie_embeddings_and_output_weights
+        if self.is_first_stage or (self.is_last_stage and tied):
+            self.embedding = LanguageModelEmbedding(config, self.vocab_groups, self.rng,
+                                                    with_positions=self.is_first_stage)
+        if self.is_last_stage:
+            self.final_norm = make_norm(config)
+            if not tied:
+                self.output_layer = ColumnParallelLinear(config.hidden_size,
+                                                         config.padded_vocab_size,
+                                                         self.vocab_groups, bias=False)
+        self._finish_init()
+
+    def forward(self, x: torch.Tensor, *, labels: torch.Tensor | None = None,
+                loss_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """First stage: ``x`` = token ids (b_m, s) of the whole micro-batch; else the hidden chunk
+        (b_m/dp, s, h) in ``input_layout``. ``position_ids``, ``attention_mask`` (a (b_m, s) keep
+        mask, combined with causality), ``labels`` and ``loss_mask`` cover the whole micro-batch.
+
+        Returns the hidden chunk in ``output_layout``, or on the last stage
+        ``(loss_sum, num_tokens)``: fp32 sums over this rank's vocab-layout batch chunk of
+        per-token cross entropy times ``loss_mask``, and of ``loss_mask``.
+        """
+        if self.is_first_stage:
+            vocab = self.vocab_groups
+            tokens = batch_chunk(x, vocab)
+            pos = None if position_ids is None else batch_chunk(position_ids, vocab)
+            hidden, current = self.embedding.embed(tokens, pos), vocab
+        else:
+            hidden, current = x, self.input_groups()
+        hidden, current = self.run_layers(hidden, current, position_ids, attention_mask)
+        if not self.is_last_stage:
+            return hidden
+        if labels is None:
+            raise ValueError("the last pipeline stage needs labels (b_m, s) to compute the loss")
+        # norm on the vocab layout so every non-layer parameter reduces over the vocab DP group
+        hidden = self.final_norm(relayout(hidden, current, self.vocab_groups, self.ctx))
+        if hasattr(self, "output_layer"):
+            logits = self.output_layer(hidden)
+        else:
+            logits = self.embedding.logits(hidden)
+        losses = vocab_parallel_cross_entropy(logits, batch_chunk(labels, self.vocab_groups),
+                                              self.vocab_groups)  # (b/dp, s) fp32
+        if loss_mask is None:
+            return losses.sum(), torch.tensor(float(losses.numel()), device=losses.device)
+        mask = batch_chunk(loss_mask, self.vocab_groups).to(losses.dtype)
+        return (losses * mask).sum(), mask.sum()

@@ -1,0 +1,158 @@
+"""One pre-LayerNorm transformer layer, tensor-parallel over the TP group of its own layout.
+
+``x + Dropout(Attention(Norm(x)))`` then ``h + Dropout(MLP(Norm(h)))``. Attention uses one fused
+QKV column-parallel projection (this rank's heads), ``F.scaled_dot_product_attention`` over all
+local heads at once, and a row-parallel output projection. The MLP is column-parallel fc1
+(GELU, or SwiGLU) and row-parallel fc2. Normalisation (LayerNorm/RMSNorm), activation and rotary
+position embeddings follow :class:`~megatron_auto.config.ModelConfig`.
+
+Global weight layouts (what the plan-independent init and checkpoints see) are chosen so that
+every TP shard is a contiguous chunk of dim 0 for any TP degree dividing the head count:
+``linear_qkv.weight`` is ``(heads, 3, head_dim, h)`` flattened to ``(3h, h)`` (q, k, v of head 0,
+then of head 1, ...); the SwiGLU ``linear_fc1.weight`` interleaves rows as
+``(gate_0, up_0, gate_1, up_1, ...)``, i.e. ``(f, 2, h)`` flattened to ``(2f, h)``.
+
+Recompute (``recompute=True``): the layer keeps only its inputs and re-runs its forward in
+backward (``torch.utils.checkpoint``, non-reentrant), replaying the TP-aware dropout streams.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import ModelConfig
+from ..parallel.context import LayerGroups
+from ..parallel.random import REPLICATED, TENSOR_PARALLEL, RNGTracker, checkpoint
+from ..parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+
+Rotary = Optional[tuple[torch.Tensor, torch.Tensor]]
+
+
+def make_norm(config: ModelConfig) -> nn.Module:
+    """LayerNorm or RMSNorm over the hidden size (replicated on every TP rank)."""
+    if config.normalization == "rmsnorm":
+        return nn.RMSNorm(config.hidden_size, eps=config.layernorm_epsilon)
+    return nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin tables of rotary position embeddings (non-persistent buffers, recomputable)."""
+
+    def __init__(self, head_dim: int, max_positions: int, base: float = 10000.0) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+        angles = torch.cat([angles, angles], dim=-1)  # (max_pos, head_dim)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def tables(self, seq_length: int, position_ids: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) of shape (s, d), or (b, 1, s, d) for explicit ``position_ids`` (b, s)."""
+        if position_ids is None:
+            return self.cos[:seq_length], self.sin[:seq_length]
+        return self.cos[position_ids].unsqueeze(1), self.sin[position_ids].unsqueeze(1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` (b, heads, s, d) by the position angles (rotate-half convention)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention over this rank's ``heads/tp`` heads."""
+
+    def __init__(self, config: ModelConfig, groups: LayerGroups, rng: RNGTracker | None, *,
+                 causal: bool) -> None:
+        super().__init__()
+        h = config.hidden_size
+        self.linear_qkv = ColumnParallelLinear(h, 3 * h, groups)
+        self.linear_proj = RowParallelLinear(h, h, groups, input_is_parallel=True)
+        self.num_local_heads = config.num_attention_heads // groups.tp_size
+        self.head_dim = config.head_dim
+        self.attention_dropout = config.attention_dropout
+        self.causal = causal
+        self.rng = rng
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                rotary: Rotary = None) -> torch.Tensor:
+        b, s, _ = x.shape
+        qkv = self.linear_qkv(x).view(b, s, self.num_local_heads, 3, self.head_dim)
+        q, k, v = qkv.permute(3, 0, 2, 1, 4).unbind(0)  # each (b, heads, s, d)
+        if rotary is not None:
+            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        p = self.attention_dropout if self.training else 0.0
+        is_causal = self.causal and attn_mask is None
+        if p > 0.0 and self.rng is not None:
+            with self.rng.fork(TENSOR_PARALLEL):  # this rank's heads: an independent stream
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p,
+                                                     is_causal=is_causal)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p,
+                                                 is_causal=is_causal)
+        out = out.transpose(1, 2).reshape(b, s, self.num_local_heads * self.head_dim)
+        return self.linear_proj(out)  # (b, s, h), summed over the TP group
+
+
+class MLP(nn.Module):
+    """``fc2(act(fc1(x)))`` with fc1 column-parallel and fc2 row-parallel."""
+
+    def __init__(self, config: ModelConfig, groups: LayerGroups) -> None:
+        super().__init__()
+        h, f = config.hidden_size, config.ffn_hidden_size
+        self.swiglu = config.activation == "swiglu"
+        self.linear_fc1 = ColumnParallelLinear(h, 2 * f if self.swiglu else f, groups)
+        self.linear_fc2 = RowParallelLinear(f, h, groups, input_is_parallel=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.linear_fc1(x)
+        if self.swiglu:
+            y = y.unflatten(-1, (-1, 2))  # (b, s, f/tp, 2): rows interleave (gate, up)
+            y = F.silu(y[..., 0]) * y[..., 1]
+        else:
+            y = F.gelu(y)
+        return self.linear_fc2(y)
+
+
+class TransformerLayer(nn.Module):
+    """A pre-norm transformer layer on one layout; input and output (b/dp, s, h) replicated on TP."""
+
+    def __init__(self, config: ModelConfig, groups: LayerGroups, *, rng: RNGTracker | None = None,
+                 causal: bool = True, recompute: bool = False) -> None:
+        super().__init__()
+        config.check_tensor_parallel(groups.tp_size, what="layer tp")
+        self.input_layernorm = make_norm(config)
+        self.self_attention = SelfAttention(config, groups, rng, causal=causal)
+        self.pre_mlp_layernorm = make_norm(config)
+        self.mlp = MLP(config, groups)
+        self.hidden_dropout = config.hidden_dropout
+        self.recompute = recompute
+        self.rng = rng
+        self.groups = groups
+
+    def _dropout(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.hidden_dropout == 0.0:
+            return x
+        if self.rng is None:
+            return F.dropout(x, self.hidden_dropout, training=True)
+        with self.rng.fork(REPLICATED):  # replicated activation: the same mask on all TP ranks
+            return F.dropout(x, self.hidden_dropout, training=True)
+
+    def _forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None,
+                 rotary: Rotary) -> torch.Tensor:
+        x = x + self._dropout(self.self_attention(self.input_layernorm(x), attn_mask, rotary))
+        return x + self._dropout(self.mlp(self.pre_mlp_layernorm(x)))
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                rotary: Rotary = None) -> torch.Tensor:
+        """``x`` (b/dp, s, h); ``attn_mask`` bool, True = attend, broadcastable to
+        (b/dp, heads, s, s) (None: causal or full); ``rotary`` (cos, sin) tables or None."""
+        if self.recompute and torch.is_grad_enabled():
+            return checkpoint(self._forward, self.rng, x, attn_mask, rotary)
+        return self._forward(x, attn_mask, rotary)
