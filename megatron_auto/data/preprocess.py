@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import itertools
 import json
 import multiprocessing
 import os
@@ -120,7 +121,7 @@ class _Encoder:
             if self.append_eod and any(seqs):
                 seqs[-1] = list(seqs[-1]) + [self.tokenizer.eod]
             lengths = [len(s) for s in seqs]
-            flat = np.fromiter((t for s in seqs for t in s), dtype=np.int64, count=sum(lengths))
+            flat = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int64, count=sum(lengths))
             out[key] = (flat, lengths)
         return out, len(line.encode("utf-8"))
 
