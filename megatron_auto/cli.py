@@ -13,12 +13,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 from typing import Any, Sequence
 
 from .config import ModelConfig
 from .plan import Plan
-from .planner.hardware import GiB, ClusterSpec
+from .planner.hardware import GB, ClusterSpec
 from .planner.megatron_flags import plan_from_megatron_flags, to_megatron_flags
 from .planner.model_spec import ModelSpec, TrainingSpec
 from .planner.presets import PRESET_NAMES, get_cluster
@@ -97,7 +98,8 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                    help=f"preset ({', '.join(PRESET_NAMES)}; or <gpu>-<mem>-<N>x<D>) or a cluster "
                         f"JSON file (default {DEFAULT_CLUSTER})")
     g.add_argument("--memory-budget-gb", type=float, default=None, metavar="X",
-                   help="per-device memory budget in GiB (default: the device's memory)")
+                   help="per-device memory budget in GB = 1e9 bytes, the unit of the presets' "
+                        "device memory (default: the device's memory)")
     g.add_argument("--model-profile", default=None, metavar="FILE",
                    help="measured or imported model profile (default: analytic from the shapes)")
 
@@ -149,11 +151,11 @@ def _setup(args: argparse.Namespace, global_batch_size: int | None = None,
     else:
         if args.memory_budget_gb <= 0:
             raise CliError(f"--memory-budget-gb={args.memory_budget_gb}: must be positive "
-                           f"(GiB per device)")
-        budget = int(args.memory_budget_gb * GiB)
+                           f"(GB per device)")
+        budget = int(args.memory_budget_gb * GB)
         if budget > cluster.device_memory_bytes:
             print(f"warning: --memory-budget-gb={args.memory_budget_gb} exceeds the "
-                  f"{cluster.device_memory_bytes / GiB:.1f} GiB of a {cluster.device_name}",
+                  f"{cluster.device_memory_bytes / GB:.1f} GB of a {cluster.device_name}",
                   file=sys.stderr)
     from .planner.profiles import ModelProfile, analytic_profile  # noqa: PLC0415
     if args.model_profile:
@@ -203,6 +205,9 @@ def _given_plan(args: argparse.Namespace, world_size: int, config: ModelConfig) 
         from .planner.galvatron import plan_from_galvatron_config  # noqa: PLC0415
         plan = plan_from_galvatron_config(args.galvatron_config, world_size=world_size)
     else:
+        tp = args.tensor_model_parallel_size or 1
+        config.check_tensor_parallel(tp)  # errors name the Megatron flag, not a plan field
+        config.check_vocab_parallel(tp, what="--tensor-model-parallel-size")
         plan = plan_from_megatron_flags(
             world_size=world_size, num_layers=config.num_layers,
             global_batch_size=args.global_batch_size or DEFAULT_GLOBAL_BATCH,
@@ -448,9 +453,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"megatron-auto {args.command}: error: {err}", file=sys.stderr)
         minimum = getattr(err, "min_memory_bytes", None) or getattr(err, "minimum_bytes", None)
         if minimum:
-            print(f"megatron-auto {args.command}: the smallest budget that fits is "
-                  f"{minimum / GiB:.2f} GiB: try --memory-budget-gb {minimum / GiB + 0.01:.2f}",
-                  file=sys.stderr)
+            print(f"megatron-auto {args.command}: minimum memory that works: "
+                  f"--memory-budget-gb {math.ceil(minimum / GB * 100) / 100:.2f}", file=sys.stderr)
         return 2
     except OSError as err:
         print(f"megatron-auto {args.command}: error: {err.filename or ''}: {err.strerror}; check "
