@@ -17,6 +17,7 @@ and 10% stay; pad to ``seq_length``.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -214,9 +215,12 @@ class BertDataset:
         self.max_num_tokens = seq_length - (3 if binary_head else 2)
         document_ids = np.asarray(document_ids, dtype=np.int64)
         eod = getattr(tokenizer, "eod", None)
+        # Sentences cut on the fly depend on token values, so the key names the files too
+        # (path, size and modification time), besides the document selection.
+        bin_path = os.path.abspath(indexed.prefix + ".bin")
         params = {
             "kind": "bert",
-            "data": [indexed.num_documents, indexed.num_tokens, indexed.dtype.name],
+            "data": [bin_path, os.path.getsize(bin_path), os.path.getmtime(bin_path), indexed.num_documents],
             "documents": array_digest(document_ids),
             "num_samples": self.num_samples,
             "seq_length": self.seq_length,

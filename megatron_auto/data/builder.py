@@ -127,6 +127,8 @@ def build_train_valid_test_datasets(
             if ranges[d][split_i][1] > ranges[d][split_i][0] and weights[d] > 0
         ]
         if not usable or not num:
+            if num:
+                logger.warning("%s: %d samples requested but --split %s leaves it no documents", name, num, split)
             results.append(None)
             continue
         if len(prefixes) == 1:

@@ -87,10 +87,11 @@ class GPTDataset:
         self.name = name
 
         self.doc_lengths = indexed.document_lengths_cached()[self.document_ids]
+        # The indices depend only on the selected documents' lengths (not on token values), so
+        # the key hashes exactly those: identical-shaped data may share, different data cannot.
         params = {
             "kind": "gpt",
-            "data": [indexed.num_documents, indexed.num_tokens, indexed.dtype.name],
-            "documents": array_digest(self.document_ids),
+            "document_lengths": array_digest(self.doc_lengths),
             "num_samples": self.num_samples,
             "seq_length": self.seq_length,
             "seed": self.seed,
