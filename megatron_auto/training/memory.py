@@ -1,0 +1,215 @@
+"""Peak memory of one training iteration on this rank, with a breakdown by kind.
+
+What is measured is what a GPU caching allocator would have *allocated* (not reserved): every live
+tensor storage rounded up to the allocator's 512-byte block. The planner's memory model predicts
+exactly this quantity, so the two can be compared (``metrics`` records both).
+
+- CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats`` at the start of the
+  iteration. The breakdown holds the parameter, gradient and optimizer-state bytes resident at the
+  end of the iteration, and ``activations_and_temporaries`` = peak minus those.
+- CPU: ``torch.distributed._tools.mem_tracker.MemTracker`` (a private PyTorch API, used only in
+  this module): a dispatch mode that follows every storage's lifetime and records the peak split
+  into parameters, buffers, gradients, activations, temporaries and optimizer state. Entering it
+  resets the peak; the per-module statistics are cleared after each iteration so that they do not
+  grow with the run.
+
+The meter must see the model and optimizer before its first iteration (``track``); optimizer
+state created during an iteration is picked up on its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+# MemTracker's categories -> our names (the planner's memory_breakdown keys).
+_MEMTRACKER_KINDS = {
+    "Parameter": "parameters", "Buffer": "buffers", "Gradient": "gradients",
+    "Activation": "activations", "Temp": "temporaries", "Optstate": "optimizer_state",
+    "Other": "other",
+}
+ALLOCATOR_BLOCK_BYTES = 512  # the CUDA caching allocator's rounding (and MemTracker's)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def storage_bytes(tensors: Iterable[torch.Tensor], *, rounded: bool = True) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (DTensors: their local shard).
+
+    ``rounded`` rounds each storage up to the allocator block, as the GPU allocator would.
+    """
+    seen: set[int] = set()
+    total = 0
+    for t in tensors:
+        storage = _local(t).untyped_storage()
+        key = storage.data_ptr() if storage.nbytes() else id(storage)
+        if key in seen:
+            continue
+        seen.add(key)
+        size = storage.nbytes()
+        if rounded and size:
+            size = -(-size // ALLOCATOR_BLOCK_BYTES) * ALLOCATOR_BLOCK_BYTES
+        total += size
+    return total
+
+
+def resident_parameter_bytes(module: nn.Module) -> int:
+    """Bytes of the parameters this rank holds at rest (ZeRO-3: only its shards)."""
+    return storage_bytes(p for p in module.parameters())
+
+
+def _state_tensors(optimizers: Iterable[torch.optim.Optimizer]) -> list[torch.Tensor]:
+    return [v for opt in optimizers for state in opt.state.values() for v in state.values()
+            if isinstance(v, torch.Tensor)]
+
+
+def _make_tracker() -> Any:
+    """A MemTracker that accepts a top-level module being called once per micro-batch.
+
+    MemTracker refuses a second forward of a root module inside one ``with`` block (it takes it
+    for the next iteration), but a pipeline schedule runs the stage once per micro-batch. The
+    per-module statistics of that root are dropped and restarted instead; the global peak, which
+    is all we report, is unaffected.
+    """
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class _MicrobatchMemTracker(MemTracker):
+        def _pre_fw_hook(self, module: nn.Module, inputs: Any) -> None:
+            if module in self.memory_tracking and not self._mod_tracker.is_bw:
+                name = self._mod_tracker.get_known_fqn(module)
+                if set(self._mod_tracker.parents) - {name} == {"Global"}:
+                    del self.memory_tracking[module]
+            super()._pre_fw_hook(module, inputs)
+
+    return _MicrobatchMemTracker()
+
+
+_saved_winfo: Any = None
+
+
+def _round_like_cuda(enable: bool) -> None:
+    """Make MemTracker round CPU storages to the CUDA allocator block while a meter runs.
+
+    MemTracker rounds only CUDA storages; a CPU run must report what the GPU would allocate.
+    Storages seen while enabled keep the rounding rule (it lives on their record objects).
+    """
+    global _saved_winfo
+    from torch.distributed._tools import mem_tracker
+
+    if enable and _saved_winfo is None:
+        _saved_winfo = mem_tracker._WeakRefInfo
+
+        class _RoundedWeakRefInfo(_saved_winfo):  # type: ignore[misc, valid-type]
+            def _calculate_mem_consumed(self) -> int:
+                mem = self.size * self.element_size
+                return -(-mem // ALLOCATOR_BLOCK_BYTES) * ALLOCATOR_BLOCK_BYTES
+
+        mem_tracker._WeakRefInfo = _RoundedWeakRefInfo
+    elif not enable and _saved_winfo is not None:
+        mem_tracker._WeakRefInfo = _saved_winfo
+        _saved_winfo = None
+
+
+class PeakMemoryMeter:
+    """Measure one iteration's peak memory on ``device``; use as a context manager or start/stop.
+
+    ::
+
+        meter = PeakMemoryMeter(device, model, optimizer)
+        with meter:
+            ...one iteration...
+        meter.peak_bytes, meter.breakdown
+
+    Not re-entrant. On CPU the tracked objects must be given (constructor or :meth:`track`)
+    before the first iteration; tensors the meter never saw are invisible to it.
+    """
+
+    def __init__(self, device: torch.device | str | None = None,
+                 *track: nn.Module | torch.optim.Optimizer) -> None:
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        if self.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"PeakMemoryMeter device={self.device}: only cpu and cuda are "
+                             f"supported; pass the device the model lives on")
+        self.peak_bytes = 0
+        self.breakdown: dict[str, int] = {}
+        self._modules: list[nn.Module] = []
+        self._optimizers: list[torch.optim.Optimizer] = []
+        self._pending: list[Any] = []
+        self._tracker: Any = None
+        self._active = False
+        self.track(*track)
+
+    def track(self, *objs: nn.Module | torch.optim.Optimizer) -> None:
+        """Make modules and optimizers built outside the meter visible to it."""
+        if self._active:
+            raise RuntimeError("PeakMemoryMeter.track: call it between iterations, not inside one")
+        for obj in objs:
+            if isinstance(obj, nn.Module):
+                self._modules.append(obj)
+            elif isinstance(obj, torch.optim.Optimizer):
+                self._optimizers.append(obj)
+            else:
+                raise TypeError(f"PeakMemoryMeter.track: got {type(obj).__name__}; pass "
+                                f"nn.Module or torch.optim.Optimizer objects")
+            self._pending.append(obj)
+
+    # ------------------------------------------------------------------ control
+    def start(self) -> None:
+        if self._active:
+            raise RuntimeError("PeakMemoryMeter.start: already measuring; call stop() first")
+        self._active = True
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return
+        if self._tracker is None:
+            self._tracker = _make_tracker()
+        _round_like_cuda(True)
+        if self._pending:
+            self._tracker.track_external(*self._pending)
+            self._pending = []
+        self._tracker.__enter__()
+
+    def stop(self) -> int:
+        """End the iteration; sets and returns :attr:`peak_bytes` (and :attr:`breakdown`)."""
+        if not self._active:
+            raise RuntimeError("PeakMemoryMeter.stop: start() was not called")
+        self._active = False
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.peak_bytes = int(torch.cuda.max_memory_allocated(self.device))
+            params = storage_bytes(p for m in self._modules for p in m.parameters())
+            grads = storage_bytes(p.grad for m in self._modules for p in m.parameters()
+                                  if p.grad is not None)
+            state = storage_bytes(_state_tensors(self._optimizers))
+            self.breakdown = {"parameters": params, "gradients": grads, "optimizer_state": state,
+                              "activations_and_temporaries":
+                                  max(0, self.peak_bytes - params - grads - state)}
+            return self.peak_bytes
+        tracker = self._tracker
+        tracker.__exit__(None, None, None)
+        _round_like_cuda(False)
+        snapshot = tracker.get_tracker_snapshot("peak").get(self.device, {})
+        breakdown = {ours: 0 for ours in _MEMTRACKER_KINDS.values()}
+        total = 0
+        for kind, nbytes in snapshot.items():
+            name = getattr(kind, "value", kind)
+            if name in _MEMTRACKER_KINDS:
+                breakdown[_MEMTRACKER_KINDS[name]] += int(nbytes)
+            elif name == "Total":
+                total = int(nbytes)
+        self.breakdown = breakdown
+        self.peak_bytes = total or sum(breakdown.values())
+        tracker.reset_mod_stats()  # per-module stats would otherwise grow every iteration
+        return self.peak_bytes
+
+    def __enter__(self) -> "PeakMemoryMeter":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

@@ -1,0 +1,114 @@
+"""PeakMemoryMeter on CPU (MemTracker) against hand-computed byte counts, and ZeRO-3 residency."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from dist_utils import run_distributed
+from megatron_auto.parallel.context import ParallelContext
+from megatron_auto.parallel.data_parallel import DataParallel
+from megatron_auto.plan import Plan
+from megatron_auto.training.memory import PeakMemoryMeter, resident_parameter_bytes, storage_bytes
+
+KIB = 1024
+
+
+def test_forward_peak_is_weights_plus_output():
+    # (128, 256) fp32 weight = 128 KiB; output (64, 128) fp32 = 32 KiB. The input was made before
+    # the meter and never shown to it, so it is not counted: peak = 160 KiB exactly.
+    layer = nn.Linear(256, 128, bias=False)
+    x = torch.randn(64, 256)
+    meter = PeakMemoryMeter("cpu", layer)
+    with torch.no_grad(), meter:
+        y = layer(x)
+    assert meter.peak_bytes == 160 * KIB
+    assert meter.breakdown["parameters"] == 128 * KIB
+    assert meter.breakdown["activations"] == 32 * KIB
+    del y
+
+
+def test_small_tensors_round_to_the_gpu_allocator_block():
+    layer = nn.Linear(3, 1, bias=False)  # 12 bytes of weight, one 512-byte block on a GPU
+    x = torch.ones(1, 3)  # made before the meter: not counted
+    meter = PeakMemoryMeter("cpu", layer)
+    with torch.no_grad(), meter:
+        layer(x)  # output: 4 bytes -> 512
+    assert meter.breakdown["parameters"] == 512
+    assert meter.peak_bytes == 1024
+    assert storage_bytes([torch.ones(3)]) == 512 and storage_bytes([torch.ones(3)], rounded=False) == 12
+
+
+def test_training_iterations_break_down_and_do_not_grow():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 256, bias=False), nn.Tanh(), nn.Linear(256, 256, bias=False))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    meter = PeakMemoryMeter("cpu", model, opt)
+    params = 2 * 256 * 256 * 4  # 512 KiB
+    peaks = []
+    for _ in range(3):
+        with meter:
+            for _ in range(2):  # two micro-batches: the model is called twice per iteration
+                model(torch.randn(8, 256)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        peaks.append(meter.peak_bytes)
+        b = meter.breakdown
+        assert b["parameters"] == params
+        assert b["gradients"] == params  # the peak falls in the step, with gradients alive
+        assert b["optimizer_state"] >= 2 * params  # Adam's two moments (+ step temporaries)
+        assert meter.peak_bytes == sum(b.values())
+    assert peaks[1] == peaks[2]  # steady state: nothing accumulates across iterations
+
+
+class Stack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleDict({str(i): nn.Linear(256, 256, bias=False) for i in range(4)})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers.values():
+            x = torch.tanh(layer(x))
+        return x.sum()
+
+
+def _measure(rank, world_size, dp_mode):
+    plan = Plan.uniform(2, 4, global_batch_size=8, num_microbatches=2, dp_mode=dp_mode)
+    ctx = ParallelContext(plan, device=torch.device("cpu"))
+    model = Stack()
+    dp = DataParallel(model, ctx)
+    opt = torch.optim.Adam(dp.parameters(), lr=1e-3)
+    meter = PeakMemoryMeter("cpu", model, opt)
+    x = torch.randn(8, 256)
+    for _ in range(2):
+        with meter:
+            dp.zero_grad()
+            for m in range(2):
+                dp.set_microbatch(m, 2)
+                model(x[4 * m:4 * m + 4][2 * rank:2 * rank + 2]).backward()
+            dp.finish_grad_sync()
+            opt.step()
+    state = storage_bytes(v for s in opt.state.values() for v in s.values()
+                          if isinstance(v, torch.Tensor) and v.dim() > 0)
+    return resident_parameter_bytes(model), state, meter.peak_bytes, meter.breakdown
+
+
+def test_zero3_rank_holds_half_of_each_layer_over_two_ranks():
+    full = 4 * 256 * 256 * 4  # 1 MiB of weights
+    ddp = run_distributed(_measure, 2, "ddp")
+    zero3 = run_distributed(_measure, 2, "zero3")
+    for (d_params, d_state, d_peak, d_bd), (z_params, z_state, _, _) in zip(ddp, zero3):
+        assert d_params == full and z_params == full // 2
+        assert d_state == 2 * full and z_state == full  # Adam moments, sharded with ZeRO
+        assert d_peak >= d_bd["parameters"] + d_bd["gradients"] + 2 * full
+
+
+def test_bad_input_is_reported():
+    with pytest.raises(ValueError, match="device=meta"):
+        PeakMemoryMeter("meta")
+    with pytest.raises(TypeError, match="got int"):
+        PeakMemoryMeter("cpu", 42)
+    with pytest.raises(RuntimeError, match="start\\(\\) was not called"):
+        PeakMemoryMeter("cpu").stop()
