@@ -7,7 +7,6 @@ import multiprocessing
 import os
 
 import numpy as np
-import pytest
 
 from megatron_auto.data import IndexedDataset, build_tokenizer, embedded_dataset
 from megatron_auto.data.embedded import embedded_corpus_path

@@ -78,7 +78,8 @@ def test_wordpiece_hand_computed(vocab_txt):
 
 
 def test_basic_tokenizer_cjk_controls_punctuation():
-    assert basic_tokenize("a\x00b\u200bc 中文x $5.", lower_case=False) == ["abc", "中", "文", "x", "$", "5", "."]  # U+200B is a format char: dropped
+    # NUL and U+200B (a format character) are dropped; CJK ideographs become words.
+    assert basic_tokenize("a\x00b\u200bc 中文x $5.", lower_case=False) == ["abc", "中", "文", "x", "$", "5", "."]
 
 
 def test_wordpiece_missing_specials(tmp_path):

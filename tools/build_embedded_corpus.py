@@ -26,7 +26,10 @@ import sys
 import sysconfig
 
 # Test suites, demos and vendored or generated code: little prose, much noise.
-SKIP_PARTS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__", "lib2to3", "turtledemo", "ensurepip", "encodings"}
+SKIP_PARTS = {
+    "test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__", "lib2to3", "turtledemo",
+    "ensurepip", "encodings",
+}
 MIN_CHARS = 80  # shorter docstrings ("Return self.") teach little
 
 

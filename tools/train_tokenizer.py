@@ -35,7 +35,9 @@ def iter_texts(path: str, json_key: str | None) -> Iterator[str]:
             try:
                 yield str(json.loads(line)[json_key])
             except (json.JSONDecodeError, KeyError) as err:
-                raise SystemExit(f"{path}:{lineno}: cannot read key {json_key!r} ({err}); use --json-key or --plain-text")
+                raise SystemExit(
+                    f"{path}:{lineno}: cannot read key {json_key!r} ({err}); use --json-key or --plain-text"
+                )
 
 
 def train(

@@ -117,7 +117,9 @@ def _target_length(rng: np.random.Generator, max_num_tokens: int, short_seq_prob
     return max_num_tokens
 
 
-def truncate_pair(a: np.ndarray, b: np.ndarray, max_tokens: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def truncate_pair(
+    a: np.ndarray, b: np.ndarray, max_tokens: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """Shorten the longer segment, from a random end, until the pair fits ``max_tokens``."""
     while len(a) + len(b) > max_tokens:
         excess = len(a) + len(b) - max_tokens
@@ -209,7 +211,8 @@ class BertDataset:
             self.specials = {k: int(getattr(tokenizer, k)) for k in ("cls", "sep", "mask", "pad")}
         except AttributeError as err:
             raise ValueError(f"BERT needs a tokenizer with [CLS]/[SEP]/[MASK]/pad tokens: {err}") from None
-        self.indexed, self.num_samples, self.seq_length, self.seed = indexed, int(num_samples), int(seq_length), int(seed)
+        self.indexed, self.num_samples = indexed, int(num_samples)
+        self.seq_length, self.seed = int(seq_length), int(seed)
         self.masked_lm_prob, self.binary_head, self.name = masked_lm_prob, binary_head, name
         self.random_ids = _random_ids(tokenizer.vocab_size, self.specials)
         self.max_num_tokens = seq_length - (3 if binary_head else 2)
@@ -266,7 +269,9 @@ class BertDataset:
         else:
             a, b, is_random = np.concatenate(sents), np.zeros(0, np.int64), False
         a, b = truncate_pair(a, b, target, rng)
-        return make_bert_item(a, b, is_random, self.seq_length, rng, self.specials, self.random_ids, self.masked_lm_prob)
+        return make_bert_item(
+            a, b, is_random, self.seq_length, rng, self.specials, self.random_ids, self.masked_lm_prob
+        )
 
 
 class MockBertDataset:
@@ -277,7 +282,9 @@ class MockBertDataset:
 
     SPECIALS = {"pad": 0, "cls": 1, "sep": 2, "mask": 3}
 
-    def __init__(self, vocab_size: int, seq_length: int, num_samples: int, seed: int = 1234, masked_lm_prob: float = 0.15) -> None:
+    def __init__(
+        self, vocab_size: int, seq_length: int, num_samples: int, seed: int = 1234, masked_lm_prob: float = 0.15
+    ) -> None:
         if vocab_size <= len(self.SPECIALS) or seq_length < 5 or num_samples < 0:
             raise ValueError(
                 f"MockBertDataset: vocab_size={vocab_size} must be > 4, seq_length={seq_length} >= 5, "

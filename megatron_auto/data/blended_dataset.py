@@ -66,7 +66,9 @@ class BlendedDataset:
         self.datasets = list(datasets)
         self.weights = normalize_weights(weights)
         self.size = int(size)
-        key = params_hash({"kind": "blend", "weights": self.weights.tolist(), "size": self.size, "parts": list(cache_key_parts)})
+        key = params_hash(
+            {"kind": "blend", "weights": self.weights.tolist(), "size": self.size, "parts": list(cache_key_parts)}
+        )
         if cache_dir is not None:
             self.dataset_index, self.dataset_sample_index = cached_arrays(
                 resolve_cache_dir(None, cache_dir, "BlendedDataset_indices"),

@@ -63,7 +63,9 @@ def parse_split(split: str) -> list[float]:
     except ValueError:
         raise ValueError(f"--split {split!r}: expected up to three numbers like 969,30,1") from None
     if not 1 <= len(values) <= 3 or any(v < 0 for v in values) or sum(values) <= 0:
-        raise ValueError(f"--split {split!r}: expected up to three non-negative numbers with a positive sum, like 969,30,1")
+        raise ValueError(
+            f"--split {split!r}: expected up to three non-negative numbers with a positive sum, like 969,30,1"
+        )
     values += [0.0] * (3 - len(values))
     total = sum(values)
     return [v / total for v in values]

@@ -16,7 +16,6 @@ import json
 import multiprocessing
 import os
 import re
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import IO, Any, Iterator
@@ -70,7 +69,9 @@ class TokenizerArgs:
     vocab_size: int | None = None
 
     def build(self) -> Any:
-        return build_tokenizer(self.tokenizer_type, self.tokenizer_model, self.vocab_file, self.merge_file, self.vocab_size)
+        return build_tokenizer(
+            self.tokenizer_type, self.tokenizer_model, self.vocab_file, self.merge_file, self.vocab_size
+        )
 
 
 @dataclass
@@ -93,8 +94,11 @@ class PreprocessStats:
 class _Encoder:
     """Per-process tokenisation of one input line (the tokenizer is built once per worker)."""
 
-    def __init__(self, tok_args: TokenizerArgs, json_keys: list[str], split: bool, append_eod: bool, source: str) -> None:
-        self.tok_args, self.json_keys, self.split, self.append_eod, self.source = tok_args, json_keys, split, append_eod, source
+    def __init__(
+        self, tok_args: TokenizerArgs, json_keys: list[str], split: bool, append_eod: bool, source: str
+    ) -> None:
+        self.tok_args, self.json_keys, self.source = tok_args, json_keys, source
+        self.split, self.append_eod = split, append_eod
         self.tokenizer: Any = None
 
     def initializer(self) -> None:
