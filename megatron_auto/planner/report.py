@@ -15,20 +15,20 @@ from typing import Any, Mapping, Sequence
 
 from ..plan import Plan
 
-GIB = 2**30
 BREAKDOWN_ORDER = ("parameters", "gradients", "optimizer_states", "activations", "embedding",
                    "transient", "context_reserve")
 
 
 def format_bytes(n: float | None) -> str:
-    """``1.5 GiB`` / ``320.0 MiB`` / ``-``."""
+    """``1.50 GB`` / ``320.0 MB`` / ``-``, decimal units (1 GB = 1e9 B) like
+    ``--memory-budget-gb`` and the presets' device memory."""
     if n is None:
         return "-"
-    if abs(n) >= GIB:
-        return f"{n / GIB:.2f} GiB"
-    if abs(n) >= 2**20:
-        return f"{n / 2**20:.1f} MiB"
-    return f"{n / 1024:.1f} KiB"
+    if abs(n) >= 1e9:
+        return f"{n / 1e9:.2f} GB"
+    if abs(n) >= 1e6:
+        return f"{n / 1e6:.1f} MB"
+    return f"{n / 1e3:.1f} kB"
 
 
 def format_time(s: float | None) -> str:
