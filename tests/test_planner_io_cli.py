@@ -164,6 +164,8 @@ def test_import_galvatron_then_evaluate(capsys, tmp_path):
     (["evaluate", *SMALL, "--hidden-size", "250"], "--hidden-size=250: must be divisible by"),
     (["evaluate", *SMALL, "--memory-budget-gb", "-1"], "--memory-budget-gb=-1.0: must be positive"),
     (["evaluate", *SMALL, "--bf16", "--fp16"], "--bf16 and --fp16 given together"),
+    (["plan", *SMALL, "--memory-budget-gb", "1"],
+     "--memory-budget-gb=1.0: not above the framework reserve of 1.61 GB"),
     (["evaluate", *SMALL, "--plan", "missing.json"], "--plan missing.json: cannot read the file"),
     (["evaluate", *SMALL, "--plan", "a.json", "--tensor-model-parallel-size", "2"],
      "--plan and --tensor-model-parallel-size given together"),
