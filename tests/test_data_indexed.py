@@ -162,6 +162,16 @@ def test_bad_files_give_clear_errors(tmp_path, edit, pattern):
         IndexedDataset(prefix)
 
 
+def test_non_contiguous_pointers_are_reported(tmp_path):
+    prefix = str(tmp_path / "gap")
+    write_by_hand(prefix, DOCS, np.int32)
+    # Sequence 2's pointer moved 4 bytes on: still inside .bin, but not back to back.
+    _patch(prefix + ".idx", 34 + 6 * 4 + 2 * 8, struct.pack("<q", 4 * 4 + 4))
+    ds = IndexedDataset(prefix)
+    with pytest.raises(IndexedDatasetError, match="sequence 2 starts at byte 20 but sequence 1 ends at byte 16"):
+        ds.get_document(1)
+
+
 def test_bad_dtype_and_index_errors(tmp_path):
     with pytest.raises(IndexedDatasetError, match="dtype=bool: not storable"):
         IndexedDatasetBuilder(str(tmp_path / "x"), np.bool_)

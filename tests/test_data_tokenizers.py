@@ -132,11 +132,17 @@ def test_unknown_type_and_missing_files(tmp_path):
         build_tokenizer("SentencePieceTokenizer", tokenizer_model=str(tmp_path / "none.model"))
 
 
-@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers not installed")
-def test_huggingface_tokenizer_needs_local_model(tmp_path):
-    # No network in CI: only check that a missing local model is reported.
-    with pytest.raises(Exception):
-        build_tokenizer("HuggingFaceTokenizer", tokenizer_model=str(tmp_path / "missing"))
+@pytest.mark.skipif(importlib.util.find_spec("tokenizers") is None, reason="tokenizers not installed")
+def test_huggingface_tokenizer_json(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, "[PAD]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4, "hello": 5, "world": 6}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    ours = build_tokenizer("HuggingFaceTokenizer", tokenizer_model=str(tmp_path / "tokenizer.json"))
+    assert ours.tokenize("hello world hello") == [5, 6, 5]
+    assert (ours.eod, ours.pad, ours.cls, ours.sep, ours.mask, ours.vocab_size) == (3, 1, 2, 3, 4, 7)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is not None, reason="transformers installed")

@@ -334,6 +334,18 @@ class IndexedDataset:
         """
         if len(self) == 0:
             return np.zeros(self.num_documents, dtype=np.int64)
+        # Reading a document as one slice needs each sequence to start where the previous one
+        # ends. Every Megatron writer does that, but a foreign writer might not: check once.
+        starts = self.sequence_pointers[1:]
+        ends = self.sequence_pointers[:-1] + self.sequence_lengths[:-1].astype(np.int64) * self.dtype.itemsize
+        gaps = np.nonzero(starts != ends)[0]
+        if len(gaps):
+            i = int(gaps[0]) + 1
+            raise IndexedDatasetError(
+                f"{index_file_path(self.prefix)}: sequence {i} starts at byte {int(starts[i - 1])} but sequence "
+                f"{i - 1} ends at byte {int(ends[i - 1])}; documents must be stored back to back, as "
+                f"tools/preprocess_data.py writes them; re-create the files"
+            )
         first = np.minimum(self.document_indices[:-1], len(self) - 1)
         return np.where(self.document_indices[1:] > self.document_indices[:-1], self.sequence_pointers[first], 0)
 

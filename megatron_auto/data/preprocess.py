@@ -45,9 +45,17 @@ def _punkt() -> Any:
     """NLTK's punkt splitter when nltk and its data are installed (never downloads)."""
     try:
         import nltk
+    except ImportError:
+        return None
+    try:  # nltk >= 3.9 reads the "punkt_tab" data
+        from nltk.tokenize import PunktTokenizer
 
+        return PunktTokenizer()
+    except Exception:  # older nltk, or the data is not installed (LookupError)
+        pass
+    try:  # older nltk: the pickled "punkt" model
         return nltk.data.load("tokenizers/punkt/english.pickle")
-    except Exception:  # nltk missing, or data missing (LookupError), or a broken install
+    except Exception:
         return None
 
 

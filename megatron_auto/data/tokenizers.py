@@ -161,50 +161,83 @@ class SentencePieceTokenizer:
 
 
 class HuggingFaceTokenizer:
-    """A ``transformers`` AutoTokenizer (name or local directory); needs ``transformers``."""
+    """A HuggingFace tokenizer: a ``tokenizer.json`` file (needs ``tokenizers``) or a model name
+    or directory (needs ``transformers``' AutoTokenizer)."""
+
+    # Spellings of the special tokens across common HuggingFace vocabularies.
+    _NAMES = {
+        "eod": ("<|endoftext|>", "</s>", "<eos>", "[SEP]"),
+        "pad": ("<pad>", "[PAD]", "<|padding|>"),
+        "cls": ("[CLS]", "<s>", "<cls>"),
+        "sep": ("[SEP]", "</s>", "<sep>"),
+        "mask": ("[MASK]", "<mask>"),
+    }
 
     def __init__(self, model_name_or_path: str) -> None:
-        try:
-            from transformers import AutoTokenizer
-        except ImportError as err:
-            raise ImportError(
-                "--tokenizer-type HuggingFaceTokenizer needs the `transformers` package: "
-                "pip install transformers"
-            ) from err
-        self.hf = AutoTokenizer.from_pretrained(model_name_or_path)
-        self._eod = self.hf.eos_token_id if self.hf.eos_token_id is not None else self.hf.sep_token_id
-        if self._eod is None:
-            raise ValueError(f"{model_name_or_path}: tokenizer has neither an eos nor a sep token for eod")
+        self._specials: dict[str, int] = {}
+        if model_name_or_path.endswith(".json") and os.path.isfile(model_name_or_path):
+            try:
+                from tokenizers import Tokenizer as _HFTokenizer
+            except ImportError as err:
+                raise ImportError(
+                    f"--tokenizer-model {model_name_or_path}: a tokenizer.json needs the `tokenizers` "
+                    f"package: pip install tokenizers"
+                ) from err
+            self.fast = _HFTokenizer.from_file(model_name_or_path)
+            self.hf = None
+            self._vocab_size = self.fast.get_vocab_size(with_added_tokens=True)
+            lookup = self.fast.token_to_id
+        else:
+            try:
+                from transformers import AutoTokenizer
+            except ImportError as err:
+                raise ImportError(
+                    "--tokenizer-type HuggingFaceTokenizer needs the `transformers` package "
+                    "(or a tokenizer.json file and the `tokenizers` package): pip install transformers"
+                ) from err
+            self.hf = AutoTokenizer.from_pretrained(model_name_or_path)
+            self.fast = None
+            self._vocab_size = len(self.hf)
+            vocab = self.hf.get_vocab()
+            lookup = vocab.get
+            for key, attr in (("eod", "eos_token_id"), ("pad", "pad_token_id"), ("cls", "cls_token_id"),
+                              ("sep", "sep_token_id"), ("mask", "mask_token_id")):
+                if getattr(self.hf, attr, None) is not None:
+                    self._specials[key] = int(getattr(self.hf, attr))
+        for key, names in self._NAMES.items():
+            if key not in self._specials:
+                found = [lookup(n) for n in names if lookup(n) is not None]
+                if found:
+                    self._specials[key] = int(found[0])
+        if "eod" not in self._specials:
+            raise ValueError(f"{model_name_or_path}: tokenizer has no end-of-document token ({self._NAMES['eod']})")
+        self._specials.setdefault("pad", self._specials["eod"])
 
     @property
     def vocab_size(self) -> int:
-        return len(self.hf)
+        return self._vocab_size
 
-    @property
-    def eod(self) -> int:
-        return self._eod
+    def _special(self, key: str) -> int:
+        if key not in self._specials:
+            raise AttributeError(f"this HuggingFace tokenizer has no {key} token ({self._NAMES[key]})")
+        return self._specials[key]
 
-    @property
-    def pad(self) -> int:
-        return self.hf.pad_token_id if self.hf.pad_token_id is not None else self._eod
-
-    @property
-    def cls(self) -> int:
-        return self.hf.cls_token_id
-
-    @property
-    def sep(self) -> int:
-        return self.hf.sep_token_id
-
-    @property
-    def mask(self) -> int:
-        return self.hf.mask_token_id
+    eod = property(lambda self: self._special("eod"))
+    pad = property(lambda self: self._special("pad"))
+    cls = property(lambda self: self._special("cls"))
+    sep = property(lambda self: self._special("sep"))
+    mask = property(lambda self: self._special("mask"))
 
     def tokenize(self, text: str) -> list[int]:
+        if self.fast is not None:
+            return list(self.fast.encode(text, add_special_tokens=False).ids)
         return list(self.hf(text, add_special_tokens=False)["input_ids"])
 
     def detokenize(self, ids: list[int]) -> str:
-        return self.hf.decode([int(i) for i in ids])
+        ids = [int(i) for i in ids]
+        if self.fast is not None:
+            return self.fast.decode(ids, skip_special_tokens=False)
+        return self.hf.decode(ids)
 
 
 def build_tokenizer(
