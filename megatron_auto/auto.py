@@ -202,11 +202,14 @@ def plan_for_run(args: argparse.Namespace, model_config: ModelConfig, world_size
     precision = precision_of(args)
     cache_dir = Path(default_cache_dir())
     cluster = resolve_cluster(args, world_size, cache_dir)
-    budget = int(args.memory_budget_gb * GB) if args.memory_budget_gb else \
-        cluster.device_memory_bytes
-    if args.memory_budget_gb is not None and args.memory_budget_gb <= 0:
-        raise AutoParallelError(f"--memory-budget-gb={args.memory_budget_gb}: must be positive "
-                                f"(GB per device)")
+    budget = cluster.device_memory_bytes
+    if args.memory_budget_gb is not None:
+        budget = int(args.memory_budget_gb * GB)
+        if budget <= cluster.memory_reserve_bytes:
+            raise AutoParallelError(
+                f"--memory-budget-gb={args.memory_budget_gb}: not above the framework reserve of "
+                f"{cluster.memory_reserve_bytes / GB:.2f} GB per device of cluster "
+                f"{cluster.name!r}; raise the budget")
     spec = ModelSpec.from_model_config(model_config)
     options = search_options_for(args, explicit, world_size, global_batch)
 
