@@ -252,6 +252,11 @@ def _explain_text(setup: _Setup, plan: Plan, estimate: Any, title: str = "Plan")
 
 
 # ------------------------------------------------------------------------------ subcommands
+_OPTION_FLAGS = {"space": "--search-space", "time_limit_s": "--time-limit",
+                 "tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size",
+                 "num_microbatches": "--num-microbatches", "schedule": "--schedule"}
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from .planner.search import SearchOptions, search  # noqa: PLC0415 - planner core
     setup = _setup(args)
@@ -260,6 +265,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
         num_microbatches=args.num_microbatches, schedule=args.schedule,
         allow_recompute=not args.no_recompute, search_batch_size=args.search_batch_size,
         space=args.search_space, time_limit_s=args.time_limit, show_progress=not args.quiet)
+    try:
+        options.validate()
+    except ValueError as err:  # name our flags, not the SearchOptions fields
+        text = str(err)
+        for field_name, flag in _OPTION_FLAGS.items():
+            text = text.replace(f"search option {field_name}=", f"{flag}=")
+        raise CliError(text) from None
     result = search(setup.spec, setup.training, setup.cluster, setup.profile, setup.budget,
                     options)
     plan = result.plan

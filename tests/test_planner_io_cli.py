@@ -172,6 +172,8 @@ def test_import_galvatron_then_evaluate(capsys, tmp_path):
     (["evaluate", *SMALL, "--model-profile", "nope.json"], "--model-profile nope.json: cannot read"),
     (["evaluate", *SMALL, "--tensor-model-parallel-size", "8", "--micro-batch-size", "1",
       "--global-batch-size", "2"], "--tensor-model-parallel-size=8: must divide --num-attention-heads=4"),
+    (["plan", *SMALL, "--search-space", "bogus"], "--search-space='bogus': choose one of full"),
+    (["plan", *SMALL, "--time-limit", "-1"], "--time-limit=-1.0: must be positive"),
     (["import-galvatron"], "nothing to import"),
     (["import-galvatron", "--computation", "c.json"], "--computation and --memory go together"),
     (["import-galvatron", "--p2p", "p.json"], "give --allreduce FILE too"),
