@@ -109,9 +109,9 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
     if plan.num_layers != spec.num_layers:
         raise ValueError(f"plan has {plan.num_layers} layers but model {spec.name!r} has "
                          f"{spec.num_layers}; use a plan made for this model")
-    if plan.world_size != cluster.world_size:
+    if plan.world_size > cluster.world_size:
         raise ValueError(f"plan world_size={plan.world_size} but cluster {cluster.name!r} has "
-                         f"{cluster.world_size} devices; use a plan for this cluster")
+                         f"only {cluster.world_size} devices; use a plan for this cluster")
     profile.check_matches(spec, training.precision)
     n, pp, m = plan.stage_size, plan.pp_size, plan.num_microbatches
     b_m = plan.microbatch_size

@@ -82,8 +82,20 @@ def layer_time(profile: LayerTypeProfile, cluster: Any, layout: Layout, dp_mode:
     forward = overlap(gather, fwd, g) + 2 * tp_ar
     backward = overlap(gather + scatter, bwd, g) + n_bwd_ar * tp_ar
     exposed = overlap(allreduce, bwd, g) - bwd if allreduce > 0 else 0.0
-    return TimeCost(forward, backward, allreduce, exposed, fwd + bwd, (2 + n_bwd_ar) * tp_ar,
-                    2 * gather + scatter)
+    regather = _zero2_regather(cluster, local, dp, dp_mode, dp_group_consecutive(layout),
+                               stage_size)
+    exposed += overlap(regather, fwd, g) - fwd if regather > 0 else 0.0
+    return TimeCost(forward, backward, allreduce + regather, exposed, fwd + bwd,
+                    (2 + n_bwd_ar) * tp_ar, 2 * gather + scatter)
+
+
+def _zero2_regather(cluster: Any, num_params: float, dp: int, dp_mode: str, consecutive: bool,
+                    stage_size: int) -> float:
+    """ZeRO-2 updates only its parameter shard, so the whole fp32 parameters are all-gathered
+    once per iteration, before the first forward (overlapped with that forward)."""
+    if dp_mode != "zero2" or dp <= 1:
+        return 0.0
+    return cluster.allgather_time(MASTER_BYTES * num_params, dp, consecutive, span=stage_size)
 
 
 def embedding_time(profile: EmbeddingProfile, cluster: Any, vocab_tp: int, dp_mode: str,
@@ -125,7 +137,9 @@ def embedding_time(profile: EmbeddingProfile, cluster: Any, vocab_tp: int, dp_mo
     forward = overlap(gather, fwd, g) + (tp_ar if first else 0.0)
     backward = overlap(gather + scatter, bwd, g) + (tp_ar if last else 0.0)
     exposed = (overlap(allreduce, bwd, g) - bwd if allreduce > 0 else 0.0) + tied
-    return TimeCost(forward, backward, allreduce + tied, exposed, fwd + bwd, tp_comm,
+    regather = _zero2_regather(cluster, num_params, dp, dp_mode, True, stage_size)
+    exposed += overlap(regather, fwd, g) - fwd if regather > 0 else 0.0
+    return TimeCost(forward, backward, allreduce + tied + regather, exposed, fwd + bwd, tp_comm,
                     2 * gather + scatter)
 
 

@@ -37,8 +37,8 @@ class LayerOptions:
     """The candidate strategies of one layer position, as arrays over ``s``.
 
     ``mem`` cells (int), ``cost`` the objective to minimise, ``aux`` values carried along the
-    optimal path (summed, e.g. the sync tail; shape ``(S, K)``), ``cls`` class index into the
-    transition matrix.
+    optimal path (summed, e.g. the sync tail; shape ``(S, K)``; ``K = 0`` skips the bookkeeping),
+    ``cls`` class index into the transition matrix.
     """
 
     mem: np.ndarray
@@ -105,58 +105,71 @@ def solve_stage(layers: Sequence[LayerOptions], transition: np.ndarray,
     """Run the DP over ``layers`` (in order) with caps ``0..max_cells`` cells.
 
     ``transition[c_prev, c]`` is the objective added when a layer of class ``c`` follows one of
-    class ``c_prev`` (0 on the diagonal in practice, but not assumed).
+    class ``c_prev`` (0 on the diagonal in practice, but not assumed). Arrays are laid out
+    ``(s, v)`` so that "use ``mem[s]`` more cells" is a contiguous shift along ``v``.
     """
     if max_cells < 0:
         raise ValueError(f"max_cells={max_cells}: must be >= 0")
     transition = np.asarray(transition, dtype=float)
     num_classes = transition.shape[0]
-    v = np.arange(max_cells + 1)
+    width = max_cells + 1
+    v = np.arange(width)
     n_layers = len(layers)
     k = layers[0].aux.shape[1]
-    best = np.full((n_layers, max_cells + 1), INF)
-    best_aux = np.zeros((n_layers, max_cells + 1, k))
-    best_s = np.zeros((n_layers, max_cells + 1), dtype=np.int64)
+    best = np.full((n_layers, width), INF)
+    best_aux = np.zeros((n_layers, width, k))
+    best_s = np.zeros((n_layers, width), dtype=np.int64)
     preds: list[np.ndarray] = [np.zeros((0, 0), dtype=np.int64)]
 
     first = layers[0]
-    fits = v[:, None] >= first.mem[None, :]                       # (v, s)
-    f = np.where(fits, first.cost[None, :], INF)                   # (v, s)
-    aux = np.where(fits[..., None], first.aux[None, :, :], 0.0)    # (v, s, k)
+    f = np.full((len(first.mem), width), INF)                      # (s, v)
+    aux = np.zeros((len(first.mem), width, k))                     # (s, v, k)
+    for s, m in enumerate(first.mem):
+        if m <= max_cells:
+            f[s, m:] = first.cost[s]
+            aux[s, m:] = first.aux[s]
     _record(0, f, aux, v, best, best_aux, best_s)
     for layer in range(1, n_layers):
-        prev_cls = layers[layer - 1].cls
         # Best strategy of the previous layer within each class, at every cap.
-        by_class = np.full((max_cells + 1, num_classes), INF)       # (v, c')
-        arg_class = np.zeros((max_cells + 1, num_classes), dtype=np.int64)
-        for c in np.unique(prev_cls):
-            idx = np.nonzero(prev_cls == c)[0]
-            a = f[:, idx].argmin(axis=1)
-            by_class[:, c] = f[v, idx[a]]
-            arg_class[:, c] = idx[a]
-        into = by_class[:, :, None] + transition[None, :, :]         # (v, c', c)
-        best_prev_class = into.argmin(axis=1)                        # (v, c)
-        h = np.take_along_axis(into, best_prev_class[:, None, :], axis=1)[:, 0, :]  # (v, c)
-        pred = np.take_along_axis(arg_class, best_prev_class, axis=1)               # (v, c)
+        by_class = np.full((num_classes, width), INF)               # (c', v)
+        arg_class = np.zeros((num_classes, width), dtype=np.int64)
+        for c, idx in _class_groups(layers[layer - 1].cls):
+            if len(idx) == 1:
+                by_class[c] = f[idx[0]]
+                arg_class[c] = idx[0]
+                continue
+            a = f[idx].argmin(axis=0)
+            by_class[c] = f[idx[a], v]
+            arg_class[c] = idx[a]
+        into = by_class[:, None, :] + transition[:, :, None]         # (c', c, v)
+        best_prev_class = into.argmin(axis=0)                        # (c, v)
+        h = np.take_along_axis(into, best_prev_class[None], axis=0)[0]   # (c, v)
+        pred = np.take_along_axis(arg_class, best_prev_class, axis=0)    # (c, v) strategy
         opts = layers[layer]
-        u = v[:, None] - opts.mem[None, :]                           # (v, s) cells left
-        ok = u >= 0
-        uc = np.where(ok, u, 0)
-        cls = opts.cls[None, :]
-        f_new = np.where(ok, h[uc, cls] + opts.cost[None, :], INF)
-        prev_s = pred[uc, cls]                                       # (v, s)
-        aux = aux[uc, prev_s] + opts.aux[None, :, :]
-        aux[~ok] = 0.0
-        f = f_new
-        preds.append(pred)
+        f_new = np.full((len(opts.mem), width), INF)
+        aux_new = np.zeros((len(opts.mem), width, k))
+        for s, m in enumerate(opts.mem):
+            if m > max_cells:
+                continue
+            c = opts.cls[s]
+            f_new[s, m:] = h[c, :width - m] + opts.cost[s]
+            if k:
+                aux_new[s, m:] = aux[pred[c, :width - m], v[:width - m]] + opts.aux[s]
+        f, aux = f_new, aux_new
+        preds.append(pred.T.copy())                                  # (v, c)
         _record(layer, f, aux, v, best, best_aux, best_s)
     return StageTables(layers=list(layers), best=best, best_aux=best_aux, best_s=best_s,
                        pred=preds)
 
 
+def _class_groups(cls: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    return [(int(c), np.nonzero(cls == c)[0]) for c in np.unique(cls)]
+
+
 def _record(layer: int, f: np.ndarray, aux: np.ndarray, v: np.ndarray, best: np.ndarray,
             best_aux: np.ndarray, best_s: np.ndarray) -> None:
-    s = f.argmin(axis=1)
-    best[layer] = f[v, s]
-    best_aux[layer] = aux[v, s]
+    s = f.argmin(axis=0)
+    best[layer] = f[s, v]
+    if aux.shape[2]:
+        best_aux[layer] = aux[s, v]
     best_s[layer] = s

@@ -95,6 +95,7 @@ class SpaceRules:
     allow_recompute: bool = True
     allow_strided: bool = True
     max_tp: int | None = None
+    force_recompute: bool = False  # every layer recomputes (uniform Megatron grids)
 
 
 def layer_strategies(layer_type: LayerType, stage_size: int, microbatch_size: int,
@@ -122,7 +123,11 @@ def layer_strategies(layer_type: LayerType, stage_size: int, microbatch_size: in
         layouts = [True, False] if (1 < tp < stage_size and rules.allow_strided) else [True]
         for consec in layouts:
             for mode in modes:
-                for recompute in ((False, True) if rules.allow_recompute else (False,)):
+                if rules.force_recompute:
+                    recomputes: tuple[bool, ...] = (True,)
+                else:
+                    recomputes = (False, True) if rules.allow_recompute else (False,)
+                for recompute in recomputes:
                     out.append(LayerStrategy(tp=tp, dp_mode=mode, tp_consecutive=consec,
                                              recompute=recompute))
     return out

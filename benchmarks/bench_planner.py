@@ -1,0 +1,78 @@
+"""Planner speed and quality: search wall time and the searched plan's estimated throughput
+against the best baseline space, on three reference problems (analytic profiles, no GPU).
+
+    python benchmarks/bench_planner.py            # all three
+    python benchmarks/bench_planner.py --only a   # one of a, b, c
+
+(a) BERT-Large-like, 24 layers, 8 GPUs (a100-40g-1x8), budgets 8/12/16/20 GB, batch 64.
+(b) GPT 1.5B (48 layers, h=1600, 25 heads -> 32 heads for TP), 16 GPUs (a100-40g-2x8), 40 GB.
+(c) GPT-3 175B (96 layers, h=12288, 96 heads, s=2048), 1024 GPUs (h100-80g 128x8), 80 GB.
+Targets on a 2-core machine: (a), (b) under 1 s per search, (c) under 30 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from megatron_auto.planner import (InfeasibleError, ModelSpec, SearchOptions, TrainingSpec,
+                                   analytic_profile, search)
+from megatron_auto.planner.presets import get_cluster, make_cluster
+
+GB = 1e9
+
+
+def run(label: str, spec: ModelSpec, training: TrainingSpec, cluster, budgets_gb) -> None:
+    profile = analytic_profile(spec, training, cluster)
+    for budget in budgets_gb:
+        t0 = time.perf_counter()
+        try:
+            result = search(spec, training, cluster, profile, int(budget * GB),
+                            SearchOptions(show_progress=False, include_baselines=False))
+        except InfeasibleError as err:
+            print(f"{label} {budget:>5.0f} GB: infeasible: {err}")
+            continue
+        search_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        full = search(spec, training, cluster, profile, int(budget * GB),
+                      SearchOptions(show_progress=False))
+        baseline_s = time.perf_counter() - t1
+        best_name, best = None, None
+        for name, est in full.baselines.items():
+            if est is not None and (best is None or est.samples_per_s > best.samples_per_s):
+                best_name, best = name, est
+        plan = result.plan
+        tps = sorted({layer.tp for layer in plan.layers})
+        modes = sorted({layer.dp_mode for layer in plan.layers})
+        rc = sum(layer.recompute for layer in plan.layers)
+        base_txt = (f"best baseline {best_name} {best.samples_per_s:9.2f} samples/s "
+                    f"(x{result.estimate.samples_per_s / best.samples_per_s:.3f})"
+                    if best else "no baseline fits")
+        print(f"{label} {budget:>5.0f} GB: search {search_s:6.2f} s (with baselines "
+              f"{baseline_s:6.2f} s) | {result.estimate.samples_per_s:9.2f} samples/s | "
+              f"pp={plan.pp_size} m={plan.num_microbatches} stages={list(plan.pipeline.layers_per_stage)} "
+              f"tp={tps} dp={modes} recompute={rc}/{plan.num_layers} vocab={plan.vocab.tp}/"
+              f"{plan.vocab.dp_mode} partition={plan.search['partition']['winner']} | {base_txt}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", choices=["a", "b", "c"], help="run one problem")
+    args = parser.parse_args()
+    if args.only in (None, "a"):
+        spec = ModelSpec.uniform(24, 1024, 16, 512, 30592, name="bert", causal=False)
+        run("(a) BERT-Large 8xA100-40G", spec, TrainingSpec(64), get_cluster("a100-40g-1x8"),
+            [8, 12, 16, 20])
+    if args.only in (None, "b"):
+        spec = ModelSpec.uniform(48, 1600, 32, 1024, 50304, name="gpt-1.5b")
+        run("(b) GPT-1.5B 16xA100-40G", spec, TrainingSpec(128), get_cluster("a100-40g-2x8"),
+            [40])
+    if args.only in (None, "c"):
+        spec = ModelSpec.uniform(96, 12288, 96, 2048, 51200, name="gpt3-175b")
+        run("(c) GPT-3 175B 1024xH100", spec, TrainingSpec(1536),
+            make_cluster("h100-80g", num_nodes=128, devices_per_node=8), [80])
+
+
+if __name__ == "__main__":
+    main()

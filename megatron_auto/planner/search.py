@@ -1,0 +1,409 @@
+"""The search: outer loops over batch, pp, micro-batches and vocab layout around per-stage DPs.
+
+``search`` returns the plan with the highest estimated throughput that fits the memory budget,
+with the estimate of every baseline space next to it, or raises :class:`InfeasibleError` stating
+the least memory any plan of the space would need. ``evaluate`` prices any given plan with the
+same cost model. Steps (docs/planner.md):
+
+1. Tasks: every global batch (one unless ``search_batch_size``), pipeline degree (power of two
+   dividing the world, at most the layer count), micro-batch count (divisor of the batch) and
+   schedule. Tasks run in order of a lower bound on their iteration time (compute alone, perfect
+   balance, bubble included) and are skipped once that bound cannot beat the best plan found:
+   exact pruning, the answer is the same as visiting all of them.
+2. Per task and vocab layout: the per-stage DP tables (``tasks.Task``) and the partition kinds
+   (even, memory-balanced, BMW; ``partition.choose_partition``).
+3. The leading candidates get the BMW local moves and are re-priced by ``evaluate``; the best
+   feasible one is the answer. Deterministic: ties resolve by enumeration order.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping
+
+from ..plan import DP_MODES, SCHEDULES, LayerStrategy, PipelineSpec, Plan, VocabStrategy
+from .cost_model import Estimate, evaluate_plan
+from .model_spec import ModelSpec, TrainingSpec
+from .partition import choose_partition
+from .profiles import ModelProfile
+from .strategies import BASELINE_SPACES, SPACES, SpaceRules, powers_of_two_upto, vocab_tps
+from .tasks import Task, VocabOption
+
+GB = 1e9
+AUTO_MEMORY_CELLS = 1024  # default resolution: the budget in about this many cells
+PARTITIONS = ("bmw", "even", "memory")
+
+
+class InfeasibleError(ValueError):
+    """No plan of the space fits the budget; ``min_memory_bytes`` would (None if none ever can)."""
+
+    def __init__(self, message: str, min_memory_bytes: float | None) -> None:
+        super().__init__(message)
+        self.min_memory_bytes = min_memory_bytes
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """Pins and knobs. ``None`` means "search it". ``memory_step_bytes=None`` picks the budget
+    over ``AUTO_MEMORY_CELLS`` rounded up to a MiB (at least 1 MiB)."""
+
+    pp: int | None = None
+    tp: int | None = None
+    num_microbatches: int | None = None
+    schedule: str | None = None
+    dp_modes: tuple[str, ...] = DP_MODES
+    allow_recompute: bool = True
+    vocab_tp: int | None = None
+    search_batch_size: bool = False
+    space: str = "full"
+    time_limit_s: float | None = None
+    memory_step_bytes: int | None = None
+    show_progress: bool = True
+    max_tp: int | None = None
+    partition: str = "bmw"
+    include_baselines: bool = True
+    max_transient_levels: int = 6
+
+    def validate(self) -> None:
+        def need(cond: bool, name: str, value: Any, fix: str) -> None:
+            if not cond:
+                raise ValueError(f"search option {name}={value!r}: {fix}")
+        need(self.space in SPACES, "space", self.space, f"choose one of {', '.join(SPACES)}")
+        need(self.schedule is None or self.schedule in SCHEDULES, "schedule", self.schedule,
+             f"choose one of {', '.join(SCHEDULES)} or leave it unset")
+        need(bool(self.dp_modes) and all(d in DP_MODES for d in self.dp_modes), "dp_modes",
+             self.dp_modes, f"give a non-empty subset of {DP_MODES}")
+        need(self.partition in PARTITIONS, "partition", self.partition,
+             f"choose one of {', '.join(PARTITIONS)}")
+        for name in ("pp", "tp", "vocab_tp", "max_tp"):
+            value = getattr(self, name)
+            need(value is None or (value >= 1 and value & (value - 1) == 0), name, value,
+                 "must be a power of two")
+        need(self.num_microbatches is None or self.num_microbatches >= 1, "num_microbatches",
+             self.num_microbatches, "must be a positive integer")
+        need(self.memory_step_bytes is None or self.memory_step_bytes >= 1, "memory_step_bytes",
+             self.memory_step_bytes, "must be a positive number of bytes (e.g. 1048576)")
+        need(self.time_limit_s is None or self.time_limit_s > 0, "time_limit_s",
+             self.time_limit_s, "must be positive seconds")
+        need(self.max_transient_levels >= 1, "max_transient_levels", self.max_transient_levels,
+             "must be >= 1")
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    plan: Plan
+    estimate: Estimate
+    baselines: Mapping[str, Estimate | None] = field(default_factory=dict)
+
+    @property
+    def search(self) -> Mapping[str, Any]:
+        return self.plan.search or {}
+
+
+@dataclass(frozen=True)
+class _Space:
+    """A (restricted) space: layer rules, allowed pp degrees, vocab layout and partitions."""
+
+    name: str
+    rules: SpaceRules
+    pps: tuple[int, ...] | None = None
+    vocab_tp: str | int | None = None  # None search, "layer" = the layers' only tp, or an int
+    vocab_modes: tuple[str, ...] | None = None
+    partitions: tuple[str, ...] = ("even", "memory", "bmw")
+
+
+def _spaces(name: str, options: SearchOptions, world: int) -> list[_Space]:
+    """The sub-spaces a named space is the union of (several only for megatron3d)."""
+    base = SpaceRules(dp_modes=tuple(options.dp_modes), allow_recompute=options.allow_recompute,
+                      max_tp=options.max_tp,
+                      tps=(options.tp,) if options.tp is not None else None)
+    if name == "full":
+        parts = ("even", "memory", "bmw") if options.partition == "bmw" else (options.partition,)
+        return [_Space("full", base, partitions=parts)]
+    if name == "dp":
+        return [_Space(name, SpaceRules(tps=(1,), dp_modes=("ddp",), allow_recompute=False),
+                       pps=(1,), vocab_tp=1, vocab_modes=("ddp",), partitions=("even",))]
+    if name == "zero3":
+        return [_Space(name, SpaceRules(tps=(1,), dp_modes=("zero3",), allow_recompute=False),
+                       pps=(1,), vocab_tp=1, vocab_modes=("zero3",), partitions=("even",))]
+    if name == "tp":
+        return [_Space(name, SpaceRules(tps=(world,), dp_modes=("ddp",), allow_recompute=False),
+                       pps=(1,), vocab_tp=world, vocab_modes=("ddp",), partitions=("even",))]
+    if name == "pp":
+        return [_Space(name, SpaceRules(tps=(1,), dp_modes=("ddp",), allow_recompute=False),
+                       pps=(world,), vocab_tp=1, vocab_modes=("ddp",), partitions=("even",))]
+    if name == "galvatron-base":
+        return [_Space(name, replace(base, allow_recompute=False), partitions=("even",))]
+    if name == "megatron3d":
+        out = []
+        for tp in powers_of_two_upto(world):
+            for recompute in (False, True):
+                rules = SpaceRules(tps=(tp,), dp_modes=("ddp",), allow_recompute=recompute,
+                                   allow_strided=False, force_recompute=recompute,
+                                   max_tp=options.max_tp)
+                out.append(_Space(f"megatron3d[tp={tp},recompute={recompute}]", rules,
+                                  vocab_tp="layer", vocab_modes=("ddp",), partitions=("even",)))
+        return out
+    raise ValueError(f"search option space={name!r}: choose one of {', '.join(SPACES)}")
+
+
+@dataclass
+class _Candidate:
+    score: float  # seconds per sample (throughput objective)
+    task: Task
+    option: VocabOption
+    partitions: dict[str, tuple[tuple[int, ...] | None, float]]
+    space: str
+
+
+class _Progress:
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.t0 = time.monotonic()
+        self.last = 0.0
+
+    def __call__(self, done: int, total: int, best: float | None) -> None:
+        now = time.monotonic() - self.t0
+        if not self.enabled or now < 1.0 or now - self.last < 0.5:
+            return
+        self.last = now
+        best_txt = f"{1 / best:.2f} samples/s" if best else "none yet"
+        print(f"megatron-auto search: {done}/{total} tasks, {now:.1f} s, best {best_txt}",
+              file=sys.stderr, flush=True)
+
+
+def _batches(training: TrainingSpec, options: SearchOptions) -> list[int]:
+    b = training.global_batch_size
+    if not options.search_batch_size:
+        return [b]
+    return sorted({b * 2 ** j // 8 for j in range(0, 7) if (b * 2 ** j) % 8 == 0})
+
+
+def _run_space(space: _Space, spec: ModelSpec, training: TrainingSpec, cluster: Any,
+               profile: ModelProfile, budget: float, options: SearchOptions, world: int,
+               step: int, deadline: float | None, progress: _Progress | None,
+               stats: dict[str, Any]) -> list[_Candidate]:
+    """All candidates of one space, best first (at most a few kept per task)."""
+    schedules = [options.schedule] if options.schedule else ["1f1b"]
+    pps = space.pps or tuple(p for p in powers_of_two_upto(world)
+                             if world % p == 0 and p <= spec.num_layers)
+    if options.pp is not None and space.pps is None:
+        pps = tuple(p for p in pps if p == options.pp)
+    raw = []
+    for batch in _batches(training, options):
+        for pp in pps:
+            if pp > spec.num_layers or world % pp:
+                continue
+            ms = [options.num_microbatches] if options.num_microbatches else \
+                [d for d in range(1, batch + 1) if batch % d == 0]
+            for m in ms:
+                if batch % m:
+                    continue
+                for sched in schedules:
+                    raw.append((batch, pp, m, sched))
+    max_len_of = {pp: spec.num_layers if pp == 1 else
+                  min(spec.num_layers - pp + 1, 2 * math.ceil(spec.num_layers / pp) + 2)
+                  for pp in pps}
+    tasks = []
+    for batch, pp, m, sched in raw:
+        task = Task(spec, profile, cluster, world, batch, pp, m, sched, space.rules, budget, step,
+                    options.max_transient_levels, max_len_of[pp])
+        if task.ok and task.cells > 0:
+            tasks.append(task)
+    tasks.sort(key=lambda t: t.lower_bound / t.global_batch)
+    stats["tasks"] = stats.get("tasks", 0) + len(tasks)
+    found: list[_Candidate] = []
+    best = math.inf
+    for i, task in enumerate(tasks):
+        if progress:
+            progress(i, len(tasks), best if math.isfinite(best) else None)
+        if task.lower_bound / task.global_batch >= best:
+            stats["pruned"] = stats.get("pruned", 0) + len(tasks) - i
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            stats["time_limited"] = True
+            break
+        for option in _vocab_options(task, spec, space, options):
+            stats["candidates"] = stats.get("candidates", 0) + 1
+            l, p = spec.num_layers, task.pp
+            mem_row = lambda k, a, o=option: task.memory_row(k, a, o)  # noqa: E731
+            mem_part, least = _least_memory(task, mem_row)
+            if least is not None:
+                stats["min_memory"] = min(stats.get("min_memory", math.inf), least)
+            if least is None or least > budget:
+                continue
+            parts = choose_partition(
+                l, p, lambda k, a, o=option: task.row(k, a, o).value / task.m, mem_row,
+                lambda part, o=option: task.score(part, o), task.max_len, space.partitions,
+                polish=False, memory_seed=mem_part)
+            kind = min(parts, key=lambda x: parts[x][1])
+            score = parts[kind][1] / task.global_batch
+            if math.isfinite(score):
+                found.append(_Candidate(score, task, option, parts, space.name))
+                best = min(best, score)
+    found.sort(key=lambda c: c.score)
+    return found[:3]
+
+
+def _least_memory(task: Task, mem_row) -> tuple[tuple[int, ...] | None, float | None]:
+    """The memory-balanced partition and the least peak memory (bytes) any plan of the task can
+    have with this vocab layout (None when no partition exists)."""
+    from .partition import memory_balanced
+    part = memory_balanced(task.spec.num_layers, task.pp, mem_row, task.max_len)
+    if part is None:
+        return None, None
+    start, worst = 0, 0.0
+    for k, length in enumerate(part):
+        worst = max(worst, float(mem_row(k, start)[length - 1]))
+        start += length
+    return part, worst * task.step + task.cluster.memory_reserve_bytes
+
+
+def _vocab_options(task: Task, spec: ModelSpec, space: _Space,
+                   options: SearchOptions) -> list[VocabOption]:
+    modes = space.vocab_modes or tuple(options.dp_modes)
+    if space.vocab_tp == "layer":
+        tps = sorted({s.tp for group in task.strategies for s in group})
+    elif isinstance(space.vocab_tp, int):
+        tps = [space.vocab_tp]
+    elif options.vocab_tp is not None:
+        tps = [options.vocab_tp]
+    else:
+        tps = vocab_tps(spec.vocab_size, task.n, task.b_m, space.rules,
+                        task.cluster.devices_per_node)
+    out = []
+    for tp in tps:
+        if spec.vocab_size % tp or task.b_m % (task.n // tp):
+            continue
+        for mode in (("ddp",) if task.n // tp == 1 else modes):
+            out.append(VocabOption(tp, mode))
+    return out
+
+
+def _build_plan(cand: _Candidate, partition: tuple[int, ...], spec: ModelSpec) -> Plan | None:
+    task = cand.task
+    layers: list[LayerStrategy] = []
+    start = 0
+    for k, length in enumerate(partition):
+        chosen = task.stage_strategies(k, start, length, cand.option)
+        if chosen is None:
+            return None
+        layers.extend(chosen)
+        start += length
+    return Plan(world_size=task.n * task.pp, global_batch_size=task.global_batch,
+                num_microbatches=task.m,
+                pipeline=PipelineSpec(size=task.pp, schedule=task.schedule,
+                                      layers_per_stage=tuple(partition)),
+                vocab=VocabStrategy(tp=cand.option.tp, dp_mode=cand.option.dp_mode),
+                layers=tuple(layers), model=spec.plan_model_record())
+
+
+def _finish(cands: list[_Candidate], spec: ModelSpec, training: TrainingSpec, cluster: Any,
+            profile: ModelProfile, budget: float, polish: bool):
+    """Polish, build and evaluate the leading candidates; best feasible (plan, estimate, info)."""
+    best = None
+    for cand in cands:
+        if polish and "bmw" in cand.partitions:
+            from .partition import improve
+            part, _ = cand.partitions["bmw"]
+            if part is not None:
+                part, score = improve(part, lambda p: cand.task.score(p, cand.option))
+                cand.partitions["bmw"] = (part, score)
+        evaluated = {}
+        for kind, (part, _) in cand.partitions.items():
+            if part is None:
+                continue
+            plan = _build_plan(cand, part, spec)
+            if plan is None:
+                continue
+            est = evaluate_plan(plan, spec, training, cluster, profile, budget)
+            if est.feasible:
+                evaluated[kind] = (plan, est)
+        if not evaluated:
+            continue
+        kind = min(evaluated, key=lambda k: (-evaluated[k][1].samples_per_s,
+                                             PARTITIONS.index(k)))
+        plan, est = evaluated[kind]
+        scores = {k: v[1].samples_per_s for k, v in evaluated.items()}
+        info = {"winner": kind, "samples_per_s": scores}
+        for other in ("even", "memory"):
+            if other in scores and other != kind:
+                info[f"gain_vs_{other}"] = est.samples_per_s / scores[other] - 1.0
+        if best is None or est.samples_per_s > best[1].samples_per_s:
+            best = (plan, est, info, cand)
+    return best
+
+
+def search(spec: ModelSpec, training: TrainingSpec, cluster: Any, profile: ModelProfile,
+           memory_budget_bytes: int, options: SearchOptions = SearchOptions(),
+           world_size: int | None = None) -> SearchResult:
+    """Best plan for ``spec`` on ``cluster`` within ``memory_budget_bytes`` per device.
+
+    Raises ``InfeasibleError`` (with the least memory that would work) when nothing fits, and
+    ``ValueError`` for bad options.
+    """
+    options.validate()
+    profile.check_matches(spec, training.precision)
+    world = world_size or cluster.world_size
+    if world > cluster.world_size or world < 1:
+        raise ValueError(f"world_size={world}: must be between 1 and the cluster's "
+                         f"{cluster.world_size} devices")
+    t0 = time.monotonic()
+    step = options.memory_step_bytes or max(
+        2 ** 20, math.ceil(memory_budget_bytes / AUTO_MEMORY_CELLS / 2 ** 20) * 2 ** 20)
+    deadline = t0 + options.time_limit_s if options.time_limit_s else None
+    progress = _Progress(options.show_progress)
+    stats: dict[str, Any] = {}
+
+    def run(name: str, deadline_: float | None, progress_: _Progress | None):
+        cands: list[_Candidate] = []
+        for sub in _spaces(name, options, world):
+            cands.extend(_run_space(sub, spec, training, cluster, profile, memory_budget_bytes,
+                                    options, world, step, deadline_, progress_, stats))
+        cands.sort(key=lambda c: c.score)
+        return _finish(cands[:3], spec, training, cluster, profile, memory_budget_bytes,
+                       polish=True)
+
+    best = run(options.space, deadline, progress)
+    if best is None:
+        least = stats.get("min_memory")
+        if least is None or not math.isfinite(least):
+            raise InfeasibleError(
+                f"no plan of space {options.space!r} exists for this model on {world} devices "
+                f"(check divisibility of batch, heads and layers, or widen the space)", None)
+        raise InfeasibleError(
+            f"memory budget {memory_budget_bytes / GB:.2f} GB per device is too small: the "
+            f"least memory any plan of space {options.space!r} needs is "
+            f"{math.ceil(least / GB * 100) / 100:.2f} GB (framework reserve included); raise "
+            f"--memory-budget-gb, lower the global batch, or widen the search space", least)
+    plan, est, partition_info, cand = best
+    main_stats = dict(stats)
+    baselines: dict[str, Estimate | None] = {}
+    if options.include_baselines:
+        for name in BASELINE_SPACES:
+            if name == options.space:
+                continue
+            found = run(name, None, None)
+            baselines[name] = found[1] if found else None
+    info = {
+        "space": options.space, "partition": partition_info,
+        "search_time_s": time.monotonic() - t0, "tasks": main_stats.get("tasks", 0),
+        "tasks_pruned": main_stats.get("pruned", 0),
+        "candidates": main_stats.get("candidates", 0),
+        "memory_step_bytes": step, "time_limited": bool(main_stats.get("time_limited")),
+        "memory_budget_bytes": memory_budget_bytes,
+        "schedules": [options.schedule] if options.schedule else
+        ["1f1b (gpipe has the same time and never less memory, so it is not searched)"],
+        "baselines": {k: (v.samples_per_s if v else None) for k, v in baselines.items()},
+    }
+    plan = replace(plan, estimate=est.to_dict(), search=info)
+    return SearchResult(plan=plan, estimate=est, baselines=baselines)
+
+
+def evaluate(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: Any,
+             profile: ModelProfile, memory_budget_bytes: int | None = None) -> Estimate:
+    """Cost-model estimate of any plan; ``.feasible`` against ``memory_budget_bytes`` if given."""
+    return evaluate_plan(plan, spec, training, cluster, profile, memory_budget_bytes)

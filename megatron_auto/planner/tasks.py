@@ -1,0 +1,373 @@
+"""One search task: a fixed (global batch, pp, micro-batch count, schedule) and its cost tables.
+
+A task turns the cost model into the DP's inputs (per layer type: memory cells, objective, class
+of every strategy), runs the per-stage DP lazily (one run per layer-type window, micro-batches in
+flight and transient level), and answers "what does stage ``k`` cost if it holds ``L`` layers
+from ``start``?" as arrays over ``L`` for the partition code.
+
+Objective of a layer in the DP: ``m * (forward + backward) + exposed_sync`` seconds per iteration;
+of a transition between layout classes: ``m * relayout``. The DP also carries the exposed sync
+and the backward time along its optimum so the partition can be scored with the pipeline model.
+
+Transient memory (only the running layer's) enters as a *level* ``tau``: the DP for level ``tau``
+allows strategies whose transient is at most ``tau`` and reserves ``max(tau, head transient)``
+cells; the stage's answer is the best level. Levels are the distinct transient sizes, merged
+upward (conservatively) when there are more than ``max_levels``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..plan import LayerStrategy
+from .cost_memory import MemoryCost, embedding_memory, layer_memory
+from .cost_model import in_flight
+from .cost_time import TimeCost, embedding_time, layer_time, pipeline_time, relayout_time
+from .dp import LayerOptions, StageTables, solve_stage
+from .model_spec import ModelSpec
+from .profiles import ModelProfile
+from .strategies import Layout, SpaceRules, layer_strategies, layout_of
+
+INF = math.inf
+
+
+def cells_up(nbytes: float, step: int) -> int:
+    """Memory cells needed for ``nbytes`` (rounded UP so plans never exceed the budget)."""
+    return int(math.ceil(nbytes / step - 1e-12)) if nbytes > 0 else 0
+
+
+@dataclass(frozen=True)
+class VocabOption:
+    tp: int
+    dp_mode: str
+
+
+@dataclass
+class StageRow:
+    """Per stage length ``L = 1..len``: the objective (seconds per iteration) and the transient
+    level that won (-1 when infeasible)."""
+
+    value: np.ndarray
+    level: np.ndarray
+
+
+class Task:
+    """Cost tables of one (B, pp, m, schedule) for one search space."""
+
+    def __init__(self, spec: ModelSpec, profile: ModelProfile, cluster: Any, world_size: int,
+                 global_batch: int, pp: int, m: int, schedule: str, rules: SpaceRules,
+                 budget_bytes: float, step: int, max_levels: int, max_len: int) -> None:
+        self.spec, self.profile, self.cluster = spec, profile, cluster
+        self.pp, self.m, self.schedule, self.global_batch = pp, m, schedule, global_batch
+        self.n = world_size // pp
+        self.b_m = global_batch // m
+        self.step = step
+        self.max_len = min(max_len, spec.num_layers)
+        self.cells = int((budget_bytes - cluster.memory_reserve_bytes) // step)
+        n = self.n
+        self.strategies: list[list[LayerStrategy]] = []
+        self.mem: list[list[MemoryCost]] = []
+        self.time: list[list[TimeCost]] = []
+        for lt in spec.layer_types:
+            lp = profile.layer_types[lt.name]
+            strategies = layer_strategies(lt, n, self.b_m, rules, cluster.devices_per_node)
+            self.strategies.append(strategies)
+            self.mem.append([layer_memory(lp, s.tp, n // s.tp, s.dp_mode, s.recompute,
+                                          self.b_m / (n // s.tp)) for s in strategies])
+            self.time.append([layer_time(lp, cluster, layout_of(s, n), s.dp_mode, s.recompute,
+                                         self.b_m / (n // s.tp), n) for s in strategies])
+        self.ok = all(self.strategies)
+        self.layouts: list[Layout] = sorted({layout_of(s, n) for group in self.strategies
+                                             for s in group})
+        self.cls = [np.array([self.layouts.index(layout_of(s, n)) for s in group], dtype=np.int64)
+                    for group in self.strategies]
+        hidden = max(profile.layer_types[t.name].hidden_bytes_per_sample for t in spec.layer_types)
+        c = len(self.layouts)
+        self.transition = np.zeros((c, c))
+        for i, a in enumerate(self.layouts):
+            for j, b in enumerate(self.layouts):
+                if i != j:
+                    self.transition[i, j] = m * relayout_time(cluster, a, b, self.b_m, hidden, n)
+        # penalty[a, b]: most a layer of class a can pay in transitions beyond one of class b
+        # (into it from any predecessor, out of it to any successor; never negative).
+        tr = self.transition
+        self.penalty = np.zeros((c, c))
+        for a in range(c):
+            for b in range(c):
+                self.penalty[a, b] = max(0.0, (tr[:, a] - tr[:, b]).max()) + \
+                    max(0.0, (tr[a, :] - tr[b, :]).max())
+        self.cost = [np.array([m * t.microbatch + t.exposed_sync for t in group])
+                     for group in self.time]
+        self.aux = [np.array([[t.exposed_sync, t.backward] for t in group]).reshape(-1, 2)
+                    for group in self.time]
+        self.trans_cells = [np.array([cells_up(x.transient, step) for x in group], dtype=np.int64)
+                            for group in self.mem]
+        levels = self._candidate_levels()
+        if len(levels) > max_levels:
+            # Too many: keep evenly spaced ones (always the largest); a strategy then counts at
+            # the next level up, a conservative rounding.
+            picks = np.unique(np.round(np.linspace(0, len(levels) - 1, max_levels)).astype(int))
+            levels = [levels[i] for i in picks]
+        self.levels = levels
+        self._tables: dict[tuple, tuple[StageTables, list[np.ndarray]] | None] = {}
+        self._rows: dict[tuple, Any] = {}
+        self._opts: dict[tuple, tuple[LayerOptions, np.ndarray]] = {}
+        self._least: dict[tuple, float] = {}
+        self._details: dict[tuple, tuple[float, float, float] | None] = {}
+        self._vocab: dict[tuple, tuple[MemoryCost, TimeCost]] = {}
+        # Lower bound on the iteration time of any plan of this task (memory ignored).
+        per_type_min = [min(t.microbatch for t in group) if group else INF for group in self.time]
+        work = sum(per_type_min[t] for t in spec.layer_order)
+        self.lower_bound = (m + pp - 1) / pp * work
+
+    def _candidate_levels(self) -> list[int]:
+        """Transient levels that can matter: the transient of every strategy that no strategy
+        with a smaller-or-equal transient dominates (memory at 1 and at the most micro-batches
+        in flight, time with the transition penalty). Other strategies never need their own
+        level, so dropping those levels is exact."""
+        out: set[int] = set()
+        k_max = self.in_flight(0)
+        for t, group in enumerate(self.mem):
+            lo = np.array([cells_up(x.persistent(1), self.step) for x in group])
+            hi = np.array([cells_up(x.persistent(k_max), self.step) for x in group])
+            trans, cost, cls = self.trans_cells[t], self.cost[t], self.cls[t]
+            for i in range(len(group)):
+                dominated = any(
+                    trans[j] <= trans[i] and lo[j] <= lo[i] and hi[j] <= hi[i]
+                    and cost[j] + self.penalty[cls[j], cls[i]] <= cost[i]
+                    and (trans[j] < trans[i] or lo[j] < lo[i] or hi[j] < hi[i]
+                         or cost[j] + self.penalty[cls[j], cls[i]] < cost[i] or j < i)
+                    for j in range(len(group)) if j != i)
+                if not dominated:
+                    out.add(int(trans[i]))
+        return sorted(out)
+
+    # ------------------------------------------------------------------ helpers
+    def in_flight(self, k: int) -> int:
+        return in_flight(self.schedule, self.pp, k, self.m)
+
+    def vocab(self, k: int, option: VocabOption) -> tuple[MemoryCost, TimeCost] | None:
+        first, last = k == 0, k == self.pp - 1
+        if not (first or last):
+            return None
+        key = (first, last, option)
+        if key not in self._vocab:
+            dp = self.n // option.tp
+            samples = self.b_m / dp
+            self._vocab[key] = (
+                embedding_memory(self.profile.embedding, option.tp, dp, option.dp_mode, samples,
+                                 first, last, self.pp),
+                embedding_time(self.profile.embedding, self.cluster, option.tp, option.dp_mode,
+                               samples, self.n, first, last, self.pp))
+        return self._vocab[key]
+
+    def _window(self, start: int) -> tuple[int, ...]:
+        order = self.spec.layer_order
+        if len(self.spec.layer_types) == 1:
+            return tuple(order[:self.max_len])
+        return tuple(order[start:start + self.max_len])
+
+    def _options(self, t: int, k_in: int, level: int) -> tuple[LayerOptions, np.ndarray]:
+        """DP options of type ``t`` at ``k_in`` micro-batches in flight and transient level."""
+        key = (t, k_in, level)
+        if key in self._opts:
+            return self._opts[key]
+        persist = np.array([cells_up(x.persistent(k_in), self.step) for x in self.mem[t]],
+                           dtype=np.int64)
+        allowed = np.nonzero(self.trans_cells[t] <= level)[0]
+        cost, cls = self.cost[t], self.cls[t]
+        keep = []
+        for i in allowed:
+            # j dominates i when it needs no more memory and is no slower even after paying the
+            # worst transition difference into and out of its class (exact: rule 5).
+            dominated = any(
+                persist[j] <= persist[i]
+                and cost[j] + self.penalty[cls[j], cls[i]] <= cost[i]
+                and (persist[j] < persist[i] or cost[j] + self.penalty[cls[j], cls[i]] < cost[i]
+                     or j < i)
+                for j in allowed if j != i)
+            if not dominated:
+                keep.append(i)
+        ids = np.array(keep, dtype=np.int64)
+        if len(ids) == 0:  # nothing fits this level: one impossible option keeps shapes valid
+            out = (LayerOptions(mem=np.array([self.cells + 1]), cost=np.array([INF]),
+                                aux=np.zeros((1, 0)), cls=np.array([0])), np.array([-1]))
+        else:
+            out = (LayerOptions(mem=persist[ids], cost=cost[ids], aux=np.zeros((len(ids), 0)),
+                                cls=cls[ids]), ids)
+        self._opts[key] = out
+        return out
+
+    def useful_levels(self, window: tuple[int, ...], k_in: int) -> list[int]:
+        """Indices of the transient levels worth a DP: a level whose surviving options equal the
+        previous level's only reserves more memory for the same plans, so it is skipped."""
+        out, previous = [], None
+        for j, level in enumerate(self.levels):
+            current = tuple(tuple(self._options(t, k_in, level)[1]) for t in sorted(set(window)))
+            if current != previous:
+                out.append(j)
+            previous = current
+        return out
+
+    def tables(self, start: int, k_in: int, level: int) -> tuple[StageTables, list[np.ndarray]]:
+        window = self._window(start)
+        key = (window, k_in, level)
+        if key not in self._tables:
+            opts = {t: self._options(t, k_in, level) for t in set(window)}
+            layers = [opts[t][0] for t in window]
+            ids = [opts[t][1] for t in window]
+            self._tables[key] = (solve_stage(layers, self.transition, max(self.cells, 0)), ids)
+        return self._tables[key]
+
+    # ------------------------------------------------------------------ rows
+    def row(self, k: int, start: int, option: VocabOption) -> StageRow:
+        """Stage ``k`` starting at ``start``: DP objective for every length (vectorised), plus
+        the embedding/head and incoming p2p terms; ``level`` says which transient level won."""
+        k_in = self.in_flight(k)
+        first, last = k == 0, k == self.pp - 1
+        single = len(self.spec.layer_types) == 1
+        key = (k_in, first, last, option if (first or last) else None, None if single else start)
+        if key in self._rows:
+            return self._rows[key]
+        n_len = len(self._window(start)) if single else min(len(self._window(start)),
+                                                            self.spec.num_layers - start)
+        value = np.full(n_len, INF)
+        level_won = np.full(n_len, -1)
+        voc = self.vocab(k, option)
+        other, head = self._vocab_cells(k, option)
+        for j in self.useful_levels(self._window(start), k_in):
+            level = self.levels[j]
+            cap = self.cells - other - max(level, head)
+            if cap < 0:
+                continue
+            tab, _ = self.tables(start, k_in, level)
+            vals = tab.best[:n_len, min(cap, tab.max_cells)]
+            better = vals < value
+            value = np.where(better, vals, value)
+            level_won = np.where(better, j, level_won)
+        if voc:
+            value = value + self.m * voc[1].microbatch + voc[1].exposed_sync
+        result = StageRow(value, level_won)
+        self._rows[key] = result
+        return result
+
+    def _vocab_cells(self, k: int, option: VocabOption) -> tuple[int, int]:
+        """(persistent, transient) cells of the embedding/head on stage ``k`` (0 in between)."""
+        voc = self.vocab(k, option)
+        if not voc:
+            return 0, 0
+        return (cells_up(voc[0].persistent(self.in_flight(k)), self.step),
+                cells_up(voc[0].transient, self.step))
+
+    def detail(self, k: int, start: int, length: int,
+               option: VocabOption) -> tuple[float, float, float, LayerStrategy,
+                                             LayerStrategy] | None:
+        """``(objective, sync tail, backward per micro-batch, first strategy, last strategy)`` of
+        a stage's optimum, summed along its back-tracked strategies (the DP carries only the
+        objective, for speed)."""
+        key = (k, start, length, option)
+        if key in self._details:
+            return self._details[key]
+        picks = self._picks(k, start, length, option)
+        out = None
+        if picks is not None:
+            window = self._window(start)
+            tail = sum(self.aux[window[i]][s, 0] for i, s in enumerate(picks))
+            bwd = sum(self.aux[window[i]][s, 1] for i, s in enumerate(picks))
+            voc = self.vocab(k, option)
+            if voc:
+                tail += voc[1].exposed_sync
+                bwd += voc[1].backward
+            out = (float(self.row(k, start, option).value[length - 1]), tail, bwd,
+                   self.strategies[window[0]][picks[0]],
+                   self.strategies[window[len(picks) - 1]][picks[-1]])
+        self._details[key] = out
+        return out
+
+    def boundary_time(self, sender: LayerStrategy, receiver: LayerStrategy) -> float:
+        """Forward + backward seconds of one micro-batch crossing a stage boundary: the p2p hop
+        of each rank's slice both ways, then the relayout into the receiver's layout."""
+        hidden = max(self.profile.layer_types[t.name].hidden_bytes_per_sample
+                     for t in self.spec.layer_types)
+        slice_bytes = self.b_m / (self.n // sender.tp) * hidden
+        return (2 * self.cluster.p2p_time(slice_bytes, self.pp)
+                + relayout_time(self.cluster, layout_of(sender, self.n),
+                                layout_of(receiver, self.n), self.b_m, hidden, self.n))
+
+    def _picks(self, k: int, start: int, length: int, option: VocabOption) -> list[int] | None:
+        """Indices into each layer type's strategy list of the stage optimum."""
+        r = self.row(k, start, option)
+        if length > len(r.value):
+            return None
+        j = int(r.level[length - 1])
+        if j < 0:
+            return None
+        level = self.levels[j]
+        other, head = self._vocab_cells(k, option)
+        tab, ids = self.tables(start, self.in_flight(k), level)
+        picks = tab.choices(length, self.cells - other - max(level, head))
+        if picks is None:
+            return None
+        return [int(ids[i][p]) for i, p in enumerate(picks)]
+
+    def memory_row(self, k: int, start: int, option: VocabOption) -> np.ndarray:
+        """Least memory cells stage ``k`` from ``start`` can have, per length (inf: never fits)."""
+        k_in = self.in_flight(k)
+        first, last = k == 0, k == self.pp - 1
+        single = len(self.spec.layer_types) == 1
+        key = ("mem", k_in, first, last, option if (first or last) else None,
+               None if single else start)
+        if key in self._rows:
+            return self._rows[key]
+        window = self._window(start)[:self.spec.num_layers - start]
+        other, head = self._vocab_cells(k, option)
+        best = np.full(len(window), INF)
+        for level in self.levels:
+            per_layer = np.array([self._least_cells(t, k_in, level) for t in window])
+            best = np.minimum(best, np.cumsum(per_layer) + other + max(level, head))
+        self._rows[key] = best
+        return best
+
+    def _least_cells(self, t: int, k_in: int, level: int) -> float:
+        key = (t, k_in, level)
+        if key not in self._least:
+            persist = [cells_up(x.persistent(k_in), self.step)
+                       for x, tc in zip(self.mem[t], self.trans_cells[t]) if tc <= level]
+            self._least[key] = min(persist) if persist else INF
+        return self._least[key]
+
+    def score(self, partition: tuple[int, ...], option: VocabOption) -> float:
+        """Pipeline iteration time of ``partition`` under the DP optima (inf when infeasible),
+        with the stage-boundary hops and relayouts of the back-tracked strategies."""
+        micro, backward, tails = [], [], []
+        start = 0
+        previous_last = None
+        for k, length in enumerate(partition):
+            d = self.detail(k, start, length, option)
+            if d is None:
+                return INF
+            f, tail, bwd, first, last = d
+            c_k = (f - tail) / self.m
+            if previous_last is not None:
+                hop = self.boundary_time(previous_last, first)
+                c_k += hop
+                bwd += hop / 2
+            micro.append(c_k)
+            backward.append(bwd)
+            tails.append(tail)
+            previous_last = last
+            start += length
+        return pipeline_time(micro, backward, tails, self.m).iteration
+
+    def stage_strategies(self, k: int, start: int, length: int,
+                         option: VocabOption) -> list[LayerStrategy] | None:
+        """The DP optimum of one stage as strategies."""
+        picks = self._picks(k, start, length, option)
+        if picks is None:
+            return None
+        window = self._window(start)
+        return [self.strategies[window[i]][p] for i, p in enumerate(picks)]
