@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -58,10 +59,15 @@ def main() -> None:
             check=True,
         )
         wall = time.perf_counter() - start
+        # CPU seconds of the tool and its workers: on a shared machine wall time mostly
+        # measures the neighbours, tokens per CPU second measures us.
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = usage.ru_utime + usage.ru_stime
         ds = IndexedDataset(prefix + "_text_document")
         print(f"RESULT workers={args.workers} size_mb={args.size_mb:.0f} documents={ds.num_documents} "
               f"tokens={ds.num_tokens} wall_s={wall:.1f} docs_per_s={ds.num_documents / wall:.0f} "
-              f"tokens_per_s={ds.num_tokens / wall:.0f} MB_per_s={args.size_mb / wall:.2f}")
+              f"tokens_per_s={ds.num_tokens / wall:.0f} MB_per_s={args.size_mb / wall:.2f} "
+              f"cpu_s={cpu:.1f} tokens_per_cpu_s={ds.num_tokens / cpu:.0f} load={os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":
