@@ -3,12 +3,12 @@
 import gzip
 import importlib.util
 import json
-import multiprocessing
 import os
 
 import numpy as np
 
-from megatron_auto.data import IndexedDataset, build_tokenizer, embedded_dataset
+from dist_utils import run_distributed
+from megatron_auto.data import IndexedDataset, build_tokenizer, build_train_valid_test_datasets, embedded_dataset
 from megatron_auto.data.embedded import embedded_corpus_path
 from megatron_auto.data.preprocess import split_sentences
 
@@ -94,21 +94,19 @@ def test_embedded_corpus_and_tokenizer(tmp_path):
     assert os.path.getmtime(prefix + ".bin") == mtime
 
 
-def _build_embedded(cache_dir):
-    embedded_dataset(cache_dir=cache_dir)
-    os._exit(0)
+def _rank_builds_embedded_and_gpt(rank, world_size, cache_dir):
+    # Every rank builds the embedded files and the GPT indices at the same moment, into one cache.
+    import torch.distributed as dist
+
+    dist.barrier()
+    prefix, model = embedded_dataset(cache_dir=cache_dir)
+    train, valid, _ = build_train_valid_test_datasets([prefix], "98,2,0", 64, 1, 200, 20, 0, cache_dir=cache_dir)
+    return prefix, [train[i]["tokens"].tolist() for i in (0, 57, 199)], valid[3]["labels"].tolist()
 
 
-def test_embedded_concurrent_builders(tmp_path, monkeypatch):
-    monkeypatch.setenv("MEGATRON_AUTO_CACHE", str(tmp_path))
-    ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_build_embedded, args=(None,)) for _ in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-        assert p.exitcode == 0
-    prefix, _ = embedded_dataset()
-    assert prefix.startswith(str(tmp_path)) and IndexedDataset(prefix).num_documents > 1000
+def test_embedded_and_indices_built_by_concurrent_ranks(tmp_path):
+    results = run_distributed(_rank_builds_embedded_and_gpt, 2, str(tmp_path))
+    assert results[0] == results[1]
+    assert IndexedDataset(results[0][0]).num_documents > 1000
     leftovers = [n for _, _, files in os.walk(tmp_path) for n in files if ".tmp" in n]
     assert not leftovers
