@@ -104,9 +104,28 @@ def test_model_profile_units_by_hand():
 @needs_files
 def test_profile_of_another_model_is_refused():
     other = ModelSpec.uniform(24, 2048, 16, 512, 30592, causal=False, name="bert")
-    with pytest.raises(GalvatronFormatError, match="hidden=1024 but the model has 2048"):
+    cluster = get_cluster("a100-40g-1x8")
+    with pytest.raises(GalvatronFormatError, match="hidden=1024 but the model has --hidden-size=2048"):
         model_profile_from_galvatron(PROFILES / BERT_COMP, PROFILES / BERT_MEM, other,
-                                     TrainingSpec(8), get_cluster("a100-40g-1x8"))
+                                     TrainingSpec(8), cluster)
+    with pytest.raises(GalvatronFormatError, match="profiled in bf16 but the run trains in fp32"):
+        model_profile_from_galvatron(PROFILES / BERT_COMP, PROFILES / BERT_MEM, bert(),
+                                     TrainingSpec(8, precision="fp32"), cluster)
+    with pytest.raises(GalvatronFormatError, match="seqlen=1024 but the model has --seq-length=2048"):
+        model_profile_from_galvatron(PROFILES / GPT_COMP, PROFILES / GPT_MEM,
+                                     ModelSpec.uniform(48, 1600, 32, 2048, 50304), TrainingSpec(8),
+                                     cluster)
+    # 2.4 layout: the computation file stops at 1024, so 4096 cannot be priced from it.
+    with pytest.raises(GalvatronFormatError, match="profiled up to sequence length 1024 but the "
+                                                   "model has --seq-length=4096"):
+        model_profile_from_galvatron(PROFILES / BERT_COMP, PROFILES / BERT_MEM, bert(4096),
+                                     TrainingSpec(8), cluster)
+    # seq 768: the computation file has it; the memory file does not and its next longer
+    # record (1024) is used, which over- rather than under-estimates.
+    p768 = model_profile_from_galvatron(PROFILES / BERT_COMP, PROFILES / BERT_MEM, bert(768),
+                                        TrainingSpec(8), cluster)
+    assert p768.layer_types["bert"].forward_time_per_sample_s == pytest.approx(1.9231648445129386e-3)
+    assert p768.layer_types["bert"].activation_bytes(1) == pytest.approx(110.56787109375 * MB)
 
 
 @needs_files

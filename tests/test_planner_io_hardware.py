@@ -158,3 +158,24 @@ def test_large_synthetic_cluster():
     assert c.allreduce_busbw(128, consecutive=False) == pytest.approx(0.8 * 50 * GB)
     with pytest.raises(ClusterError, match="num_nodes=0"):
         make_cluster("h100-80g", num_nodes=0)
+
+
+def test_measured_strided_entry_is_not_used_for_a_group_that_stays_in_a_node():
+    two = get_cluster("a100-40g-2x8")
+    # Measured (2, strided) = 8.1 GB/s: stride 8 over 16 ranks puts the pair on two nodes.
+    assert two.allreduce_busbw(2, consecutive=False) == pytest.approx(8.1 * GB)
+    # A strided pair inside an 8-rank stage (pp=2) stays in one node: the in-node entry applies.
+    assert two.allreduce_busbw(2, consecutive=False, span=8) == pytest.approx(149.7 * GB)
+
+def test_groups_larger_than_any_measured_take_min_of_largest_and_topology():
+    from dataclasses import replace
+    four = make_cluster("a100-40g", num_nodes=4)  # topology across nodes: 8 GPUs x 20 GB/s
+    measured = replace(four, allreduce_busbw_table={(8, True): 200 * GB, (16, True): 180 * GB})
+    assert measured.allreduce_busbw(32) == pytest.approx(160 * GB)  # min(180, 160)
+    slow = replace(four, allreduce_busbw_table={(16, True): 90 * GB})
+    assert slow.allreduce_busbw(32) == pytest.approx(90 * GB)  # min(90, 160)
+
+
+def test_make_cluster_rejects_unknown_gpu():
+    with pytest.raises(ClusterError, match="gpu='v100-16g': unknown; choose one of a100-40g"):
+        make_cluster("v100-16g", num_nodes=1)

@@ -37,17 +37,25 @@ MB = 2**20
 MODEL_STATE_BYTES_PER_PARAM = 16  # fp32 master + grad + Adam m, v (mixed precision or fp32)
 
 
-def _check_name_matches(path: str, spec: ModelSpec) -> None:
-    """Galvatron names files ``..._hidden{h}_head{a}[_seqlen{s}]``; refuse another model's file."""
+def _check_name_matches(path: str, spec: ModelSpec, precision: str) -> None:
+    """Galvatron names files ``<kind>_<precision>_hidden{h}_head{a}[_seqlen{s}]``; refuse a file
+    of another model, precision or (older layout, one length per file) sequence length."""
     name = os.path.basename(path)
     lt = spec.layer_types[0]
-    for label, pattern, value in (("hidden", r"hidden(\d+)", lt.hidden_size),
-                                  ("head", r"head(\d+)", lt.num_attention_heads)):
+    checks = [("hidden", r"_hidden(\d+)", lt.hidden_size, "--hidden-size"),
+              ("head", r"_head(\d+)", lt.num_attention_heads, "--num-attention-heads"),
+              ("seqlen", r"_seqlen(\d+)", lt.seq_length, "--seq-length")]
+    for label, pattern, value, flag in checks:
         m = re.search(pattern + r"(?=_|\.|$)", name)
         if m and int(m[1]) != value and len(spec.layer_types) == 1:
             raise GalvatronFormatError(
-                f"{path}: the file name says {label}={m[1]} but the model has {value}; give the "
-                f"profile of this model (--hidden-size / --num-attention-heads) or profile it")
+                f"{path}: the file name says {label}={m[1]} but the model has {flag}={value}; "
+                f"give the profile of this model or profile it with Galvatron")
+    m = re.search(r"_(fp32|bf16|fp16)_", name)
+    if m and m[1] != precision:
+        raise GalvatronFormatError(
+            f"{path}: profiled in {m[1]} but the run trains in {precision} (--bf16/--fp16 select "
+            f"it); give a {precision} profile or train in {m[1]}")
 
 
 def model_profile_from_galvatron(computation_path: str | os.PathLike,
@@ -62,7 +70,7 @@ def model_profile_from_galvatron(computation_path: str | os.PathLike,
     comp = gf.read_computation(computation_path)
     mem = gf.read_memory(memory_path)
     for path in (comp.path, mem.path):
-        _check_name_matches(path, spec)
+        _check_name_matches(path, spec, training.precision)
     base = analytic_profile(spec, training, cluster)
     beta = training.compute_bytes
     notes: list[str] = []

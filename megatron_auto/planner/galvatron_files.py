@@ -80,28 +80,34 @@ class GalvatronComputation:
 def _pick(records: Mapping[tuple[int, int | None], float], seq: int | None,
           what: str) -> tuple[float, str]:
     """Per-sample ms at sequence ``seq``: exact match, else the next longer profiled sequence
-    (conservative), else the longest scaled linearly. Several batch sizes: the smallest batch
-    (per-sample time is largest there, again conservative)."""
+    (conservative). Several batch sizes: the smallest batch (per-sample time is largest there,
+    again conservative)."""
     by_seq: dict[int | None, list[tuple[int, float]]] = {}
     for (bsz, s), ms in records.items():
         by_seq.setdefault(s, []).append((bsz, ms))
-    chosen = _pick_seq(list(by_seq), seq)
+    chosen = _pick_seq(list(by_seq), seq, what)
     bsz, ms = min(by_seq[chosen])
     note = f"{what}: bsz{bsz}" + ("" if chosen is None else f" seq{chosen}")
-    if seq is not None and chosen is not None and chosen < seq:
-        ms *= seq / chosen
-        note += f" scaled x{seq / chosen:.3g} to seq{seq}"
     return ms, note
 
 
-def _pick_seq(available: list[int | None], seq: int | None) -> int | None:
+def _pick_seq(available: list[int | None], seq: int | None, what: str) -> int | None:
+    """The profiled sequence length to use for ``seq``: itself, else the next longer one.
+
+    A longer sequence than any profiled is refused: time and memory grow faster than linearly
+    with it (attention), so extrapolating would under-estimate both.
+    """
     known = sorted(s for s in available if s is not None)
     if not known or seq is None:
         return None if None in available else (known[-1] if known else None)
     if seq in known:
         return seq
     longer = [s for s in known if s > seq]
-    return longer[0] if longer else known[-1]
+    if not longer:
+        raise GalvatronFormatError(
+            f"{what}: profiled up to sequence length {known[-1]} but the model has --seq-length="
+            f"{seq}; profile it at that length with Galvatron (--profile_max_seq_length)")
+    return longer[0]
 
 
 def read_computation(path: str | os.PathLike) -> GalvatronComputation:
@@ -176,12 +182,12 @@ class GalvatronMemory:
                 f"memory profile {self.path}: no layertype_{layer_type} record; it has "
                 f"{sorted(self.layers)}; profile the model's memory with Galvatron first")
         recs = self.layers[layer_type]
-        chosen = _pick_seq(list(recs), seq)
+        chosen = _pick_seq(list(recs), seq, f"memory profile {self.path} layertype_{layer_type}")
         return recs[chosen], chosen
 
     def other_record(self, position: str, seq: int | None) -> GalvatronOtherMemory:
         recs = self.other[position]
-        return recs[_pick_seq(list(recs), seq)]
+        return recs[_pick_seq(list(recs), seq, f"memory profile {self.path} other_memory_{position}")]
 
 
 _OTHER_POSITIONS = ("pp_off", "pp_on_first", "pp_on_last")
