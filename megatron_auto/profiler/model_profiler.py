@@ -1,0 +1,410 @@
+"""Model profiler: measure one transformer layer, the embedding and the LM head on this device.
+
+It runs the runtime's own modules (``models.transformer.TransformerLayer``,
+``models.gpt.LanguageModelEmbedding``, the final norm, the tied or untied head and
+``vocab_parallel_cross_entropy``) at tensor-parallel degree 1 on one process, in the training
+precision (fp32, or bf16/fp16 under ``torch.autocast`` with fp32 master weights), and writes the
+planner's :class:`~megatron_auto.planner.profiles.ModelProfile` (``source: "measured"``).
+
+Per micro-batch size ``b`` in ``batch_sizes`` (forward and backward timed separately in each of
+``iters`` steps, medians) it fits straight lines ``y = alpha * b + beta`` (docs/profiling.md §2):
+
+- forward time -> ``forward_time_per_sample_s`` (alpha) and ``forward_time_constant_s``
+  (beta); backward time -> ``backward_forward_ratio`` (ratio of the slopes);
+- bytes autograd keeps (:class:`~.activation_meter.SavedTensorMeter`) plus the layer output, with
+  and without recompute -> ``activation_split_bytes`` / ``activation_replicated_bytes`` /
+  ``recompute_bytes_per_sample`` (alpha); under autocast the intercept is the compute-dtype weight
+  copies -> ``weight_copy_bytes_per_parameter``;
+- the peak during forward+backward (``training.memory.PeakMemoryMeter``: CUDA allocator stats or
+  MemTracker on CPU) minus parameters, gradients and kept activations -> the backward scratch;
+  for the head this is the transient of the logits and the loss.
+
+Tensor parallelism: measured at tp=1 only. Degrees tp > 1 are derived analytically by the
+profile's own rule (split part / tp + replicated part; times / tp), the split being decided per
+saved tensor by the module that saved it (``activation_meter``). Measuring on TP groups is
+future work.
+
+:func:`get_or_create_model_profile` caches the result (``cache.py``) under a key of device,
+precision, model shape, sequence length, torch version and profiler settings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import platform
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..config import ModelConfig
+from ..models.gpt import LanguageModelEmbedding
+from ..models.transformer import TransformerLayer, make_norm
+from ..parallel.context import LayerGroups, Layout
+from ..parallel.tensor_parallel import ColumnParallelLinear, vocab_parallel_cross_entropy
+from ..planner.profiles import EmbeddingProfile, LayerTypeProfile, ModelProfile
+from ..training.memory import PeakMemoryMeter, storage_bytes
+from . import cache as profile_cache
+from .activation_meter import SavedTensorMeter, vocab_classifier
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# Incremented by every real measurement (not by cache hits): lets tests and users see reuse.
+MEASUREMENT_COUNT = 0
+
+
+@dataclass(frozen=True)
+class ModelProfilerConfig:
+    """Micro-batch sizes and repetitions; part of the cache key."""
+
+    batch_sizes: tuple[int, ...] = ()  # () = (1, 2, 4) on CPU, (1, 2, 4, 8) on GPU
+    warmup_iters: int = 1
+    iters: int = 3
+
+    def __post_init__(self) -> None:
+        if any(b < 1 for b in self.batch_sizes) or len(set(self.batch_sizes)) != len(self.batch_sizes):
+            raise ValueError(f"--batch-sizes {list(self.batch_sizes)}: need distinct positive "
+                             f"micro-batch sizes, e.g. 1 2 4")
+        if 0 < len(self.batch_sizes) < 2:
+            raise ValueError(f"--batch-sizes {list(self.batch_sizes)}: give at least two sizes "
+                             f"to fit time = alpha * b + beta")
+        if self.iters < 1 or self.warmup_iters < 0:
+            raise ValueError(f"--iters {self.iters} / --warmup-iters {self.warmup_iters}: need "
+                             f"iters >= 1 and warmup >= 0")
+
+    def sizes(self, device: torch.device) -> tuple[int, ...]:
+        return self.batch_sizes or ((1, 2, 4, 8) if device.type == "cuda" else (1, 2, 4))
+
+
+# ------------------------------------------------------------------------------ helpers
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu-{platform.machine() or 'unknown'}-{torch.get_num_threads()}threads"
+
+
+def _check_precision(precision: str, device: torch.device) -> None:
+    if precision not in DTYPES:
+        raise ValueError(f"--precision {precision!r}: choose one of {', '.join(DTYPES)}")
+
+
+def _autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=DTYPES[precision])
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_forward_backward(forward: Callable[[], torch.Tensor], warmup: int, iters: int,
+                           device: torch.device) -> tuple[float, float]:
+    """Median seconds of the forward and of the backward, timed separately in each step.
+
+    Timing both halves of the same step (instead of forward-only runs against full steps)
+    keeps the two medians comparable on a busy machine.
+    """
+    fwd, bwd = [], []
+    for i in range(warmup + iters):
+        _sync(device)
+        start = time.perf_counter()
+        out = forward()
+        _sync(device)
+        middle = time.perf_counter()
+        out.backward(torch.ones_like(out) if out.dim() == 0 else torch.randn_like(out))
+        _sync(device)
+        if i >= warmup:
+            fwd.append(middle - start)
+            bwd.append(time.perf_counter() - middle)
+    return float(np.median(fwd)), float(np.median(bwd))
+
+
+def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Least-squares ``y = alpha * x + beta`` with ``alpha, beta >= 0``.
+
+    Timing noise can make the unconstrained fit negative; then the line through the origin
+    (``beta = 0``) is used, and failing that the slope of the largest point.
+    """
+    x = np.asarray(xs, dtype=np.float64)
+    y = np.asarray(ys, dtype=np.float64)
+    alpha, beta = np.polyfit(x, y, 1)
+    if alpha > 0 and beta >= 0:
+        return float(alpha), float(beta)
+    through_origin = float((x @ y) / (x @ x))
+    if through_origin > 0:
+        return through_origin, 0.0
+    return max(0.0, float(y[np.argmax(x)] / x.max())), 0.0
+
+
+def tp1_groups(device: torch.device) -> LayerGroups:
+    """The groups of a one-rank layout: no communication, plain linear layers."""
+    return LayerGroups(layout=Layout(0, 1, True), tp_group=None, tp_rank=0, tp_size=1,
+                       tp_ranks=[0], dp_group=None, dp_rank=0, dp_size=1, dp_ranks=[0],
+                       device_type=device.type)
+
+
+def _init_(module: nn.Module, std: float) -> nn.Module:
+    """Plausible values (the runtime's init needs a parallel context): matrices N(0, std),
+    vectors of linear layers 0, norms keep their ones/zeros."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, std)
+            elif "norm" not in name:
+                p.zero_()
+    return module
+
+
+# ---------------------------------------------------------------------- one measurement
+@dataclass
+class _Series:
+    """Per-batch-size measurements of one component."""
+
+    forward_s: list[float] = dataclasses.field(default_factory=list)
+    backward_s: list[float] = dataclasses.field(default_factory=list)
+    split: list[float] = dataclasses.field(default_factory=list)
+    replicated: list[float] = dataclasses.field(default_factory=list)
+    recompute: list[float] = dataclasses.field(default_factory=list)
+    transient: list[float] = dataclasses.field(default_factory=list)
+
+
+def _measure(modules: nn.Module, run: Callable[[int], tuple[Callable[[], torch.Tensor], list]],
+             sizes: Sequence[int], cfg: ModelProfilerConfig, device: torch.device,
+             classifier: Callable, count_output: bool,
+             recompute: Callable[[bool], None] | None = None) -> _Series:
+    """Time and meter ``run(b)`` -> (forward closure returning the value to back-propagate,
+    tensors that existed before the forward) for every micro-batch size."""
+    series = _Series()
+    params = list(modules.parameters())
+    for b in sizes:
+        forward, inputs = run(b)
+
+        def backward_step() -> None:
+            out = forward()
+            out.backward(torch.ones_like(out) if out.dim() == 0 else torch.randn_like(out))
+
+        fwd, bwd = _time_forward_backward(forward, cfg.warmup_iters, cfg.iters, device)
+        series.forward_s.append(fwd)
+        series.backward_s.append(bwd)
+
+        meter = SavedTensorMeter(modules, exclude=inputs, classifier=classifier)
+        with meter:
+            out = forward()
+        if count_output:
+            meter.add_output(out)
+        series.split.append(meter.split_bytes)
+        series.replicated.append(meter.replicated_bytes)
+        retained = meter.total_bytes
+        del out, meter
+        if recompute is not None:
+            recompute(True)
+            meter = SavedTensorMeter(modules, exclude=inputs, classifier=classifier)
+            with meter:
+                out = forward()
+            meter.add_output(out)
+            series.recompute.append(meter.total_bytes)
+            del out, meter
+            recompute(False)
+
+        for p in params:
+            p.grad = None
+        _sync(device)
+        base = (torch.cuda.memory_allocated(device) if device.type == "cuda"
+                else storage_bytes(params))
+        peak_meter = PeakMemoryMeter(device, modules)
+        with peak_meter:
+            backward_step()
+        grads = storage_bytes([p.grad for p in params if p.grad is not None])
+        series.transient.append(max(0.0, peak_meter.peak_bytes - base - grads - retained))
+        for p in params:
+            p.grad = None
+    return series
+
+
+def _ratio(series: _Series, sizes: Sequence[int]) -> float:
+    fa, _ = fit_line(sizes, series.forward_s)
+    ba, _ = fit_line(sizes, series.backward_s)
+    if fa > 0 and ba > 0:
+        return ba / fa
+    return max(1e-3, series.backward_s[-1] / max(series.forward_s[-1], 1e-12))
+
+
+# ------------------------------------------------------------------------------ profiler
+def profile_model(model_config: ModelConfig, precision: str = "fp32",
+                  device: str | torch.device | None = None, *,
+                  config: ModelProfilerConfig = ModelProfilerConfig(),
+                  seed: int = 1234) -> ModelProfile:
+    """Measure ``model_config``'s layer, embedding and head on ``device`` (no cache).
+
+    Runs on one process and needs no torch.distributed. Dropout rates are the model's, so the
+    masks' memory and time are included as in training.
+    """
+    global MEASUREMENT_COUNT
+    dev = resolve_device(device)
+    _check_precision(precision, dev)
+    torch.manual_seed(seed)
+    cfg = model_config
+    s, h, vocab = cfg.seq_length, cfg.hidden_size, cfg.padded_vocab_size
+    sizes = config.sizes(dev)
+    groups = tp1_groups(dev)
+    started = time.perf_counter()
+    amp = lambda: _autocast(precision, dev)  # noqa: E731 - a fresh context per use
+
+    layer = _init_(TransformerLayer(cfg, groups, causal=cfg.causal), cfg.init_method_std).to(dev)
+    layer.train()
+
+    def layer_run(b: int) -> tuple[Callable[[], torch.Tensor], list]:
+        x = torch.randn(b, s, h, device=dev, requires_grad=True)
+
+        def forward() -> torch.Tensor:
+            with amp():
+                return layer(x)
+        return forward, [x]
+
+    def set_recompute(flag: bool) -> None:
+        layer.recompute = flag
+
+    from .activation_meter import transformer_classifier
+    lay = _measure(layer, layer_run, sizes, config, dev, transformer_classifier, True,
+                   set_recompute)
+    num_params = sum(p.numel() for p in layer.parameters())
+    beta_bytes = 4 if precision == "fp32" else 2
+    split_a, split_b = fit_line(sizes, lay.split)
+    rep_a, rep_b = fit_line(sizes, lay.replicated)
+    rec_a, _ = fit_line(sizes, lay.recompute)
+    scratch_a, _ = fit_line(sizes, lay.transient)
+    grad_io = 2 * 4 * s * h  # fp32 gradients of the layer's input and output (see docs)
+    fwd_a, fwd_b = fit_line(sizes, lay.forward_s)
+    layer_profile = LayerTypeProfile(
+        name=cfg.model_type, parameter_count=num_params,
+        forward_time_per_sample_s=fwd_a, forward_time_constant_s=fwd_b,
+        backward_forward_ratio=_ratio(lay, sizes),
+        activation_replicated_bytes=rep_a, activation_split_bytes=split_a,
+        recompute_bytes_per_sample=rec_a, hidden_bytes_per_sample=float(beta_bytes * s * h),
+        backward_scratch_replicated_bytes=float(min(scratch_a, grad_io)),
+        backward_scratch_split_bytes=float(max(0.0, scratch_a - grad_io)),
+        weight_copy_bytes_per_parameter=(0.0 if precision == "fp32"
+                                         else (split_b + rep_b) / max(num_params, 1)),
+        forward_time_by_tp={1: (fwd_a, fwd_b)},
+        flops_per_sample=float(2 * s * (4 * h * h + (3 if cfg.activation == "swiglu" else 2)
+                                        * h * cfg.ffn_hidden_size) + 4 * s * s * h))
+    del layer
+
+    tied = not cfg.untie_embeddings_and_output_weights
+    emb = _init_(LanguageModelEmbedding(cfg, groups, None, with_positions=True,
+                                        num_tokentypes=cfg.num_tokentypes),
+                 cfg.init_method_std).to(dev).train()
+
+    def embed_run(b: int) -> tuple[Callable[[], torch.Tensor], list]:
+        tokens = torch.randint(0, cfg.vocab_size, (b, s), device=dev)
+
+        def forward() -> torch.Tensor:
+            with amp():
+                return emb.embed(tokens)
+        return forward, [tokens]
+
+    emb_series = _measure(emb, embed_run, sizes, config, dev, lambda t, m: False, True)
+    norm = _init_(make_norm(cfg), cfg.init_method_std).to(dev)
+    head_parts = nn.ModuleList([norm])
+    if tied:
+        head_parts.append(emb)
+        project = emb.logits
+    else:
+        out_layer = _init_(ColumnParallelLinear(h, vocab, groups, bias=False),
+                           cfg.init_method_std).to(dev)
+        head_parts.append(out_layer)
+        project = out_layer
+
+    def head_run(b: int) -> tuple[Callable[[], torch.Tensor], list]:
+        hidden = torch.randn(b, s, h, device=dev, requires_grad=True)
+        labels = torch.randint(0, cfg.vocab_size, (b, s), device=dev)
+
+        def forward() -> torch.Tensor:
+            with amp():
+                logits = project(norm(hidden))
+            return vocab_parallel_cross_entropy(logits, labels, groups).sum()
+        return forward, [hidden, labels]
+
+    head_series = _measure(head_parts, head_run, sizes, config, dev, vocab_classifier(vocab),
+                           False)
+    e_fwd_a, e_fwd_b = fit_line(sizes, emb_series.forward_s)
+    h_fwd_a, h_fwd_b = fit_line(sizes, head_series.forward_s)
+    e_bwd_a, _ = fit_line(sizes, emb_series.backward_s)
+    h_bwd_a, _ = fit_line(sizes, head_series.backward_s)
+    emb_params = sum(p.numel() for p in emb.parameters())
+    head_params = sum(p.numel() for p in norm.parameters()) + (
+        0 if tied else sum(p.numel() for p in head_parts[1].parameters()))
+    embedding_profile = EmbeddingProfile(
+        embedding_parameters=emb_params, head_parameters=head_params, tied=tied,
+        vocab_size=vocab, hidden_bytes_per_sample=float(beta_bytes * s * h),
+        embedding_forward_time_per_sample_s=e_fwd_a, head_forward_time_per_sample_s=h_fwd_a,
+        embedding_activation_bytes=fit_line(sizes, [a + r for a, r in zip(
+            emb_series.split, emb_series.replicated)])[0],
+        head_activation_replicated_bytes=fit_line(sizes, head_series.replicated)[0],
+        head_activation_split_bytes=fit_line(sizes, head_series.split)[0],
+        head_transient_split_bytes=fit_line(sizes, head_series.transient)[0],
+        forward_time_constant_s=(e_fwd_b + h_fwd_b) / 2,
+        backward_forward_ratio=((e_bwd_a + h_bwd_a) / (e_fwd_a + h_fwd_a)
+                                if e_fwd_a + h_fwd_a > 0 and e_bwd_a + h_bwd_a > 0 else 2.0))
+    MEASUREMENT_COUNT += 1
+    elapsed = time.perf_counter() - started
+    metadata = {
+        "model": cfg.model_type, "device": device_name(dev), "torch": torch.__version__,
+        "batch_sizes": list(sizes), "profile_seconds": elapsed,
+        "tp_derivation": "measured at tp=1; tp>1 = replicated + split/tp (analytic)",
+        "raw": {"layer": dataclasses.asdict(lay), "embedding": dataclasses.asdict(emb_series),
+                "head": dataclasses.asdict(head_series)}}
+    logger.info("profiled %s layer (h=%d, s=%d) on %s in %.1f s", cfg.model_type, h, s,
+                metadata["device"], elapsed)
+    return ModelProfile(layer_types={cfg.model_type: layer_profile}, embedding=embedding_profile,
+                        precision=precision, source="measured", metadata=metadata)
+
+
+def profile_cache_key(model_config: ModelConfig, precision: str, device: str | torch.device | None,
+                      config: ModelProfilerConfig = ModelProfilerConfig()) -> dict[str, Any]:
+    """Everything that changes the measured numbers (see cache.py)."""
+    dev = resolve_device(device)
+    shape = {k: v for k, v in model_config.to_dict().items() if k not in ("num_layers",)}
+    shape["padded_vocab_size"] = model_config.padded_vocab_size
+    return {"device": device_name(dev), "precision": precision, "torch": torch.__version__,
+            "model": shape, "batch_sizes": list(config.sizes(dev)),
+            "iters": config.iters, "warmup_iters": config.warmup_iters}
+
+
+def get_or_create_model_profile(model_config: ModelConfig, precision: str = "fp32",
+                                device: str | torch.device | None = None,
+                                cache_dir: str | None = None, *,
+                                config: ModelProfilerConfig = ModelProfilerConfig(),
+                                force: bool = False) -> ModelProfile:
+    """The cached profile for this (device, precision, layer shape, seq length, torch), or a
+    fresh measurement stored in the cache. ``force`` re-measures and overwrites.
+
+    The number of layers is not part of the key: layers of one shape cost the same, so a 24-
+    and a 48-layer model of the same width share one profile.
+    """
+    key = profile_cache_key(model_config, precision, device, config)
+    if not force:
+        cached = profile_cache.load_cached(key, cache_dir)
+        if cached is not None:
+            logger.info("reusing cached model profile %s", profile_cache.cache_path(key, cache_dir))
+            return cached
+    profile = profile_model(model_config, precision, device, config=config)
+    profile = dataclasses.replace(profile, metadata={**profile.metadata,
+                                                     profile_cache.KEY_FIELD: key})
+    path = profile_cache.store(profile, key, cache_dir)
+    logger.info("stored model profile %s", path)
+    return profile

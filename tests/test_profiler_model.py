@@ -1,0 +1,151 @@
+"""Model profiler: a valid measured ModelProfile for a tiny GPT, hand-checked bytes, the cache."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from megatron_auto.config import ModelConfig
+from megatron_auto.plan import Plan
+from megatron_auto.planner.model_spec import ModelSpec
+from megatron_auto.planner.profiles import ModelProfile
+from megatron_auto.profiler import cache as profile_cache
+from megatron_auto.profiler import model_profiler as mp
+from megatron_auto.profiler.activation_meter import SavedTensorMeter
+from tests.dist_utils import run_distributed
+
+# s*h*4 = 8192 bytes per sample: a multiple of the 512-byte allocator block, so fp32 (b, s, h)
+# tensors are counted without rounding and hand calculations are exact.
+TINY = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32,
+                   vocab_size=256, make_vocab_size_divisible_by=128, hidden_dropout=0.0,
+                   attention_dropout=0.0)
+QUICK = mp.ModelProfilerConfig(batch_sizes=(1, 2), warmup_iters=0, iters=1)
+S, H = TINY.seq_length, TINY.hidden_size
+
+
+@pytest.fixture(scope="module")
+def tiny_profile() -> ModelProfile:
+    torch.set_num_threads(1)
+    return mp.profile_model(TINY, "fp32", "cpu", config=QUICK)
+
+
+def test_profile_is_valid_and_matches_the_model(tiny_profile):
+    spec = ModelSpec.from_model_config(TINY)
+    tiny_profile.check_matches(spec, "fp32")
+    again = ModelProfile.from_dict(json.loads(json.dumps(tiny_profile.to_dict())))
+    assert again == tiny_profile
+    lt = tiny_profile.layer_types["gpt"]
+    assert lt.parameter_count == TINY.num_layer_parameters()
+    emb = tiny_profile.embedding
+    assert emb.embedding_parameters == spec.embedding_parameters
+    assert emb.head_parameters == spec.head_parameters
+    assert emb.vocab_size == TINY.padded_vocab_size and emb.tied
+    assert tiny_profile.source == "measured"
+
+
+def test_activation_bytes_are_positive_and_recompute_keeps_less(tiny_profile):
+    lt = tiny_profile.layer_types["gpt"]
+    assert lt.activation_replicated_bytes > 0 and lt.activation_split_bytes > 0
+    assert lt.recompute_bytes_per_sample < lt.activation_bytes(1)
+    # A recomputing layer keeps its input (counted as the previous layer's output) and adds
+    # only its own fp32 output: s*h*4 bytes per sample.
+    assert lt.recompute_bytes_per_sample == pytest.approx(4 * S * H)
+    # Without dropout the embedding keeps only its fp32 output (b, s, h).
+    assert tiny_profile.embedding.embedding_activation_bytes == pytest.approx(4 * S * H)
+    # fp32 cross entropy keeps one (s, V) fp32 log-softmax per sample (split by vocab TP); the
+    # head's linear keeps its (replicated) normed input, (s, h) fp32.
+    assert tiny_profile.embedding.head_activation_split_bytes == pytest.approx(
+        4 * S * TINY.padded_vocab_size)
+    assert tiny_profile.embedding.head_activation_replicated_bytes == pytest.approx(4 * S * H)
+    assert lt.forward_time_per_sample_s > 0 and lt.backward_forward_ratio > 0
+    assert lt.hidden_bytes_per_sample == 4 * S * H and lt.weight_copy_bytes_per_parameter == 0
+
+
+def test_bf16_profile_counts_weight_copies():
+    cfg = ModelConfig(num_layers=1, hidden_size=64, num_attention_heads=4, seq_length=32,
+                      vocab_size=128, hidden_dropout=0.0, attention_dropout=0.0)
+    profile = mp.profile_model(cfg, "bf16", "cpu", config=QUICK)
+    lt = profile.layer_types["gpt"]
+    # autocast saves a bf16 copy of each matrix for backward: ~2 bytes per parameter.
+    assert 1.0 < lt.weight_copy_bytes_per_parameter < 3.0
+    assert lt.hidden_bytes_per_sample == 2 * 32 * 64
+
+
+def _tp2_saved_bytes(rank: int, world_size: int, cfg_dict: dict) -> int:
+    from megatron_auto.models.transformer import TransformerLayer
+    from megatron_auto.parallel.context import ParallelContext
+
+    cfg = ModelConfig.from_dict(cfg_dict)
+    ctx = ParallelContext(Plan.uniform(2, cfg.num_layers, global_batch_size=4, tp=2))
+    layer = mp._init_(TransformerLayer(cfg, ctx.layer_groups(0)), 0.02)
+    x = torch.randn(4, cfg.seq_length, cfg.hidden_size, requires_grad=True)
+    meter = SavedTensorMeter(layer, exclude=[x])
+    with meter:
+        out = layer(x)
+    meter.add_output(out)
+    return meter.total_bytes
+
+
+def test_tp_split_derivation_matches_a_real_tp2_layer(tiny_profile):
+    # The tp=1 split/replicated attribution predicts what a TP=2 rank keeps; measure it.
+    measured = run_distributed(_tp2_saved_bytes, 2, TINY.to_dict())
+    lt = tiny_profile.layer_types["gpt"]
+    predicted = 4 * lt.activation_bytes(2)
+    for per_rank in measured:
+        assert per_rank == pytest.approx(predicted, rel=0.05)
+
+
+# ------------------------------------------------------------------------------------ cache
+def test_cache_reuses_the_profile_without_measuring(tmp_path):
+    before = mp.MEASUREMENT_COUNT
+    first = mp.get_or_create_model_profile(TINY, "fp32", "cpu", str(tmp_path), config=QUICK)
+    assert mp.MEASUREMENT_COUNT == before + 1
+    files = list(tmp_path.glob("*.json"))
+    assert len(files) == 1 and files[0].name.startswith("cpu-")
+    second = mp.get_or_create_model_profile(TINY, "fp32", "cpu", str(tmp_path), config=QUICK)
+    assert mp.MEASUREMENT_COUNT == before + 1  # served from the cache
+    assert second == first
+    # The layer count is not part of the key; the sequence length is.
+    deeper = ModelConfig.from_dict({**TINY.to_dict(), "num_layers": 8})
+    mp.get_or_create_model_profile(deeper, "fp32", "cpu", str(tmp_path), config=QUICK)
+    assert mp.MEASUREMENT_COUNT == before + 1
+    longer = ModelConfig.from_dict({**TINY.to_dict(), "seq_length": 16})
+    mp.get_or_create_model_profile(longer, "fp32", "cpu", str(tmp_path), config=QUICK)
+    assert mp.MEASUREMENT_COUNT == before + 2
+    mp.get_or_create_model_profile(TINY, "fp32", "cpu", str(tmp_path), config=QUICK, force=True)
+    assert mp.MEASUREMENT_COUNT == before + 3
+
+
+def test_damaged_or_foreign_cache_files_are_misses(tmp_path):
+    key = mp.profile_cache_key(TINY, "fp32", "cpu", QUICK)
+    path = profile_cache.cache_path(key, tmp_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("{not json")
+    assert profile_cache.load_cached(key, tmp_path) is None
+    other = {**key, "torch": "0.0"}
+    assert profile_cache.cache_path(other, tmp_path) != path
+
+
+def test_cache_dir_from_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv(profile_cache.CACHE_ENV, str(tmp_path / "c"))
+    assert profile_cache.default_cache_dir() == tmp_path / "c"
+    monkeypatch.delenv(profile_cache.CACHE_ENV)
+    assert profile_cache.default_cache_dir().parts[-2:] == ("megatron_auto", "profiles")
+
+
+# ------------------------------------------------------------------------------- bad inputs
+def test_bad_inputs_name_the_flag():
+    with pytest.raises(ValueError, match="--precision 'fp8'"):
+        mp.profile_model(TINY, "fp8", "cpu", config=QUICK)
+    with pytest.raises(ValueError, match=r"--batch-sizes \[2\]: give at least two"):
+        mp.ModelProfilerConfig(batch_sizes=(2,))
+    with pytest.raises(ValueError, match=r"--batch-sizes \[1, 1\]: need distinct"):
+        mp.ModelProfilerConfig(batch_sizes=(1, 1))
+
+
+def test_fit_line_hand_checked():
+    assert mp.fit_line([1, 2, 4], [3.0, 5.0, 9.0]) == pytest.approx((2.0, 1.0))
+    # Negative intercept from noise -> line through the origin: sum(xy)/sum(x^2) = 20.5/21.
+    assert mp.fit_line([1, 2, 4], [0.5, 2.0, 4.0]) == pytest.approx((20.5 / 21, 0.0))
