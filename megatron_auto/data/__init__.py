@@ -8,8 +8,9 @@ The training loop calls only what is re-exported here:
 - ``build_train_valid_test_datasets(data_prefix, split, seq_length, seed, train_samples,
   valid_samples, test_samples, cache_dir=None, model="gpt", tokenizer=None, ...)``
 - ``MockGPTDataset(vocab_size, seq_length, num_samples, seed)`` and ``MockBertDataset(...)``
-- ``embedded_dataset(cache_dir=None) -> (data_prefix, tokenizer_model)`` with
-  ``EMBEDDED_TOKENIZER_TYPE`` the tokenizer type to build for it.
+- ``embedded_dataset(cache_dir=None, split_sentences=False) -> (data_prefix, tokenizer_model)``
+  with ``EMBEDDED_TOKENIZER_TYPE`` the tokenizer type to build for it (``split_sentences=True``
+  gives the sentence-level files for BERT; document-level files work for BERT too).
 """
 
 from megatron_auto.data.bert_dataset import BertDataset, MockBertDataset
