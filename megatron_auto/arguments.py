@@ -78,14 +78,15 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--micro-batch-size", type=int, default=None,
                    help="samples per data-parallel replica per micro-batch (classic flags); "
                         "default: 4")
-    g.add_argument("--global-batch-size", type=int, default=None, help="default: 16")
+    g.add_argument("--global-batch-size", type=int, default=None, help="default: 8")
     g.add_argument("--train-iters", type=int, default=100)
     g.add_argument("--seed", type=int, default=1234)
     g.add_argument("--lr", type=float, default=1e-3)
     g.add_argument("--min-lr", type=float, default=1e-4)
     g.add_argument("--lr-decay-style", default="cosine",
                    choices=["constant", "linear", "cosine", "WSD"])
-    g.add_argument("--lr-warmup-iters", type=int, default=10)
+    g.add_argument("--lr-warmup-iters", type=int, default=None,
+                   help="default: 10%% of --train-iters")
     g.add_argument("--lr-decay-iters", type=int, default=None, help="default: --train-iters")
     g.add_argument("--lr-wsd-decay-iters", type=int, default=None,
                    help="WSD: length of the final decay phase (default: 10%% of decay iters)")
@@ -200,6 +201,8 @@ def check_args(args: argparse.Namespace) -> None:
         _fail("--lr", args.lr, "must be positive")
     if not 0 <= args.min_lr <= args.lr:
         _fail("--min-lr", args.min_lr, f"must be between 0 and --lr={args.lr}")
+    if args.lr_warmup_iters is None:
+        args.lr_warmup_iters = args.train_iters // 10
     if args.lr_warmup_iters < 0:
         _fail("--lr-warmup-iters", args.lr_warmup_iters, "must be >= 0")
     decay_iters = args.lr_decay_iters if args.lr_decay_iters is not None else args.train_iters
@@ -342,7 +345,7 @@ def _plan_from_classic_flags(args: argparse.Namespace, model_config: ModelConfig
     if pp > model_config.num_layers:
         _fail("--pipeline-model-parallel-size", pp,
               f"exceeds --num-layers={model_config.num_layers}; every stage needs a layer")
-    global_batch = args.global_batch_size if args.global_batch_size is not None else 16
+    global_batch = args.global_batch_size if args.global_batch_size is not None else 8
     micro_batch = args.micro_batch_size
     if micro_batch is None:
         # Default: the largest of 4, 2, 1 that splits each replica's share of the batch.

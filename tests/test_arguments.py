@@ -25,8 +25,9 @@ def test_defaults_are_the_embedded_small_gpt():
     assert (cfg.num_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.seq_length) == (4, 256, 4, 128)
     assert cfg.vocab_size == 8000 and cfg.padded_vocab_size == 8064
     plan = arguments.resolve_plan(args, cfg, 2)
-    # 16 samples over dp=2 replicas with micro-batches of 4: 2 micro-batches.
-    assert (plan.global_batch_size, plan.num_microbatches, plan.pp_size) == (16, 2, 1)
+    # 8 samples over dp=2 replicas with micro-batches of 4: 1 micro-batch.
+    assert (plan.global_batch_size, plan.num_microbatches, plan.pp_size) == (8, 1, 1)
+    assert args.lr_warmup_iters == 10  # 10% of the 100 default iterations
 
 
 def test_model_flags_map_onto_model_config():

@@ -1,0 +1,29 @@
+"""Packaging for megatron_auto.
+
+torch is a range that the pinned development build (2.13) satisfies; install the CPU or CUDA
+build you want first (``pip install torch==2.13.0``), otherwise pip may pull a large CUDA build.
+NVIDIA apex (fused Adam) and Transformer Engine are optional accelerators that are not
+installable from PyPI in a usable form: build them from their repositories; megatron_auto uses
+them when they import and falls back to torch kernels otherwise.
+"""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="megatron_auto",
+    version="0.1.0",
+    description="Megatron-style training whose per-layer parallel layout is searched (Galvatron-BMW)",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["megatron_auto", "megatron_auto.*"]),
+    package_data={"megatron_auto.data": ["assets/*"]},
+    include_package_data=True,
+    install_requires=["torch>=2.4", "numpy", "sentencepiece"],
+    extras_require={
+        "test": ["pytest"],
+        # apex / transformer-engine: build from source (see README); nothing installable here.
+        "gpu": [],
+    },
+    entry_points={"console_scripts": ["megatron-auto = megatron_auto.cli:main"]},
+)
