@@ -162,6 +162,18 @@ def test_bad_files_give_clear_errors(tmp_path, edit, pattern):
         IndexedDataset(prefix)
 
 
+def test_multimodal_modes_accepted_other_trailing_bytes_rejected(tmp_path):
+    prefix = str(tmp_path / "mm")
+    write_by_hand(prefix, DOCS, np.int32)
+    with open(prefix + ".idx", "ab") as f:
+        f.write(bytes(6))  # Megatron multimodal: one int8 mode per sequence
+    assert IndexedDataset(prefix)[5].tolist() == [13, 14, 15]
+    with open(prefix + ".idx", "ab") as f:
+        f.write(b"x")
+    with pytest.raises(IndexedDatasetError, match="7 unexpected trailing bytes"):
+        IndexedDataset(prefix)
+
+
 def test_non_contiguous_pointers_are_reported(tmp_path):
     prefix = str(tmp_path / "gap")
     write_by_hand(prefix, DOCS, np.int32)

@@ -226,7 +226,8 @@ def _read_index(path: str) -> tuple[np.dtype, np.ndarray, np.ndarray, np.ndarray
             f"sequences and {num_docs} document entries ({expected} bytes); the file was cut "
             f"off, re-create it with tools/preprocess_data.py"
         )
-    if size > expected:
+    # Megatron's multimodal indices append one int8 mode per sequence; text training ignores it.
+    if size > expected and size != expected + num_seqs:
         raise IndexedDatasetError(
             f"{path}: index has {size - expected} unexpected trailing bytes ({size} bytes, "
             f"header implies {expected}); the file is damaged, re-create it"
