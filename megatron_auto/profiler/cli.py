@@ -1,0 +1,206 @@
+"""``megatron-auto profile-model``, ``profile-hardware`` and ``calibrate`` subcommands.
+
+``megatron_auto/cli.py`` registers them::
+
+    from .profiler.cli import (add_calibrate_parser, add_profile_hardware_parser,
+                               add_profile_model_parser)
+    add_profile_model_parser(sub); add_profile_hardware_parser(sub); add_calibrate_parser(sub)
+
+Each ``add_*`` function adds one subparser and sets ``func`` to its handler; a handler takes the
+parsed namespace and returns the exit status. Errors are ``ValueError`` subclasses whose message
+names the flag, the value and the fix (``cli.main`` prints them as one line, status 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+_FMT = argparse.RawDescriptionHelpFormatter
+
+PROFILE_MODEL_EPILOG = """examples:
+  # measure a GPT layer, the embedding and the head on this machine's GPU (or CPU), cached
+  megatron-auto profile-model --num-layers 24 --hidden-size 1024 --num-attention-heads 16 \\
+      --seq-length 1024 --bf16 --out gpt-1024.profile.json
+  # then plan with it
+  megatron-auto plan ... --bf16 --model-profile gpt-1024.profile.json
+  # re-measure although a cached profile exists; choose the micro-batch sizes of the fit
+  megatron-auto profile-model --hidden-size 512 --num-attention-heads 8 --force \\
+      --batch-sizes 1 2 4 8
+The cache lives in $MEGATRON_AUTO_CACHE or ~/.cache/megatron_auto/profiles (--cache-dir)."""
+
+PROFILE_HARDWARE_EPILOG = """examples:
+  # one process per device; rank 0 writes the cluster profile
+  torchrun --nproc-per-node 8 -m megatron_auto.profiler.hardware_profiler --out cluster.json
+  torchrun --nproc-per-node 4 $(which megatron-auto) profile-hardware --out cluster.json
+  # two nodes (run on both; node boundaries come from torchrun's LOCAL_WORLD_SIZE)
+  torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint HOST:29500 \\
+      -m megatron_auto.profiler.hardware_profiler --out cluster-2x8.json
+  # then
+  megatron-auto plan ... --cluster cluster.json
+Without torchrun it profiles this one device (compute only, no communication)."""
+
+CALIBRATE_EPILOG = """examples:
+  # train with a plan and a metrics file, then correct the profiles from what was measured
+  torchrun --nproc-per-node 8 pretrain_gpt.py ... --plan plan.json --metrics-file run1.jsonl
+  megatron-auto calibrate --run run1.jsonl plan.json --run run2.jsonl plan2.json \\
+      --cluster cluster.json --model-profile gpt.profile.json
+  # a preset cluster is not overwritten: name the output
+  megatron-auto calibrate --run run1.jsonl plan.json --cluster a100-40g-1x8 --bf16 \\
+      --cluster-out a100-calibrated.json
+Fits the compute time scale and overlap slowdown to iteration_time_s, and the memory reserve
+and activation scale to peak_memory_bytes (least squares; docs/profiling.md)."""
+
+
+def _precision(args: argparse.Namespace, default: str | None) -> str | None:
+    if getattr(args, "bf16", False) and getattr(args, "fp16", False):
+        raise ValueError("--bf16 and --fp16 given together: choose one precision")
+    if getattr(args, "bf16", False):
+        return "bf16"
+    if getattr(args, "fp16", False):
+        return "fp16"
+    return default
+
+
+# --------------------------------------------------------------------------- profile-model
+def add_profile_model_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """``profile-model``: measure the model's layer, embedding and head (cached)."""
+    from ..cli import add_model_flags  # the shared Megatron model flags
+
+    p = subparsers.add_parser("profile-model", help="measure a model's layer/embedding/head costs",
+                              description=cmd_profile_model.__doc__, epilog=PROFILE_MODEL_EPILOG,
+                              formatter_class=_FMT, allow_abbrev=False)
+    add_model_flags(p)
+    g = p.add_argument_group("profiling")
+    g.add_argument("--bf16", action="store_true", help="bf16 mixed precision (autocast)")
+    g.add_argument("--fp16", action="store_true", help="fp16 mixed precision (autocast)")
+    g.add_argument("--device", default=None, help="cuda, cuda:1 or cpu (default: cuda if present)")
+    g.add_argument("--out", default=None, metavar="FILE",
+                   help="also write the profile here (for --model-profile)")
+    g.add_argument("--cache-dir", default=None, metavar="DIR",
+                   help="default: $MEGATRON_AUTO_CACHE or ~/.cache/megatron_auto/profiles")
+    g.add_argument("--force", action="store_true", help="measure even if a cached profile exists")
+    g.add_argument("--batch-sizes", type=int, nargs="+", default=None, metavar="B",
+                   help="micro-batch sizes of the linear fits (default 1 2 4 on CPU, 1 2 4 8 GPU)")
+    g.add_argument("--iters", type=int, default=3, help="timed steps per size (default 3)")
+    g.add_argument("--warmup-iters", type=int, default=1)
+    g.add_argument("--json", action="store_true", help="print the profile JSON")
+    p.set_defaults(func=cmd_profile_model)
+    return p
+
+
+def cmd_profile_model(args: argparse.Namespace) -> int:
+    """Measure (or reuse from the cache) the model profile and print a summary."""
+    import torch  # noqa: PLC0415 - keep `megatron-auto --help` fast
+
+    from ..cli import model_config_from_flags
+    from . import model_profiler
+    from .model_profiler import ModelProfilerConfig, get_or_create_model_profile
+
+    config = model_config_from_flags(args)
+    precision = _precision(args, "fp32")
+    if args.device is not None and args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {args.device}: CUDA is not available here; use --device cpu")
+    settings = ModelProfilerConfig(batch_sizes=tuple(args.batch_sizes or ()),
+                                   warmup_iters=args.warmup_iters, iters=args.iters)
+    before = model_profiler.MEASUREMENT_COUNT
+    profile = get_or_create_model_profile(config, precision, args.device, args.cache_dir,
+                                          config=settings, force=args.force)
+    cached = model_profiler.MEASUREMENT_COUNT == before
+    if args.out:
+        profile.save(args.out)
+    if args.json:
+        print(json.dumps(profile.to_dict(), indent=2))
+        return 0
+    lt = profile.layer_types[config.model_type]
+    emb = profile.embedding
+    print(f"model profile ({profile.precision}, {profile.metadata.get('device', '?')}"
+          f"{', from the cache' if cached else ''})")
+    print(f"  layer: {lt.parameter_count:,} parameters; forward {lt.forward_time_per_sample_s * 1e3:.3f}"
+          f" ms/sample + {lt.forward_time_constant_s * 1e3:.3f} ms; backward x"
+          f"{lt.backward_forward_ratio:.2f}")
+    print(f"  layer activations per sample: {lt.activation_replicated_bytes / 2**20:.2f} MiB "
+          f"replicated + {lt.activation_split_bytes / 2**20:.2f} MiB split by tp; recompute keeps "
+          f"{lt.recompute_bytes_per_sample / 2**20:.2f} MiB")
+    print(f"  head: forward {emb.head_forward_time_per_sample_s * 1e3:.3f} ms/sample; logits "
+          f"transient {emb.head_transient_split_bytes / 2**20:.2f} MiB/sample (split by vocab tp)")
+    if args.out:
+        print(f"  wrote {args.out}")
+    return 0
+
+
+# ------------------------------------------------------------------------ profile-hardware
+def add_profile_hardware_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """``profile-hardware``: measure collectives, p2p, overlap and FLOP/s (under torchrun)."""
+    from .hardware_profiler import build_parser
+
+    p = subparsers.add_parser("profile-hardware", help="measure this cluster (run under torchrun)",
+                              description=cmd_profile_hardware.__doc__,
+                              epilog=PROFILE_HARDWARE_EPILOG, formatter_class=_FMT,
+                              allow_abbrev=False)
+    build_parser(p)
+    p.set_defaults(func=cmd_profile_hardware)
+    return p
+
+
+def cmd_profile_hardware(args: argparse.Namespace) -> int:
+    """Profile the cluster this process belongs to and write the cluster JSON on rank 0."""
+    from .hardware_profiler import run_from_args
+
+    spec = run_from_args(args)
+    if int(os.environ.get("RANK", "0")) == 0:
+        table = ", ".join(f"{g}{'' if c else ' strided'}: {v / 1e9:.2f} GB/s"
+                          for (g, c), v in sorted(spec.allreduce_busbw_table.items()))
+        print(f"wrote {args.out}: {spec.world_size} device(s) ({spec.device_name}); all-reduce "
+              f"busbw {table or 'not measured (one process)'}; overlap slowdown "
+              f"{spec.overlap_slowdown:.3f}")
+    return 0
+
+
+# ------------------------------------------------------------------------------- calibrate
+def add_calibrate_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """``calibrate``: fit correction terms to measured runs and write them into the profiles."""
+    p = subparsers.add_parser("calibrate", help="correct cluster/model profiles from measured runs",
+                              description=cmd_calibrate.__doc__, epilog=CALIBRATE_EPILOG,
+                              formatter_class=_FMT, allow_abbrev=False)
+    p.add_argument("--run", nargs=2, action="append", required=True,
+                   metavar=("METRICS", "PLAN"),
+                   help="a run's --metrics-file and the plan it trained with (repeat for more)")
+    p.add_argument("--cluster", required=True, metavar="NAME|FILE",
+                   help="the cluster the plans were priced with (preset or JSON)")
+    p.add_argument("--model-profile", default=None, metavar="FILE",
+                   help="the model profile they were priced with (default: analytic)")
+    p.add_argument("--cluster-out", default=None, metavar="FILE",
+                   help="default: overwrite --cluster (required when it is a preset)")
+    p.add_argument("--model-profile-out", default=None, metavar="FILE",
+                   help="default: overwrite --model-profile")
+    p.add_argument("--bf16", action="store_true", help="the runs trained in bf16")
+    p.add_argument("--fp16", action="store_true", help="the runs trained in fp16")
+    p.add_argument("--skip-iterations", type=int, default=1, metavar="N",
+                   help="warm-up records to drop from each metrics file (default 1)")
+    p.add_argument("--json", action="store_true", help="print the fitted terms as JSON")
+    p.set_defaults(func=cmd_calibrate)
+    return p
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """Fit time scale, overlap slowdown, memory reserve and activation scale; write profiles."""
+    from .calibrate import calibrate_files
+
+    if args.skip_iterations < 0:
+        raise ValueError(f"--skip-iterations {args.skip_iterations}: must be >= 0")
+    precision = _precision(args, None if args.model_profile else "fp32")
+    result = calibrate_files([tuple(r) for r in args.run], args.cluster, args.model_profile,
+                             cluster_out=args.cluster_out,
+                             model_profile_out=args.model_profile_out, precision=precision,
+                             skip_iterations=args.skip_iterations)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(result.summary())
+        print(f"wrote {args.cluster_out or args.cluster}"
+              + (f" and {args.model_profile_out or args.model_profile}" if args.model_profile
+                 else ""))
+    return 0
