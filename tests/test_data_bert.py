@@ -127,3 +127,29 @@ def test_single_sentence_documents_error(tmp_path):
 def test_mock_bert_errors():
     with pytest.raises(ValueError, match="seq_length=4 >= 5"):
         MockBertDataset(100, 4, 10)
+
+
+def test_sentence_table_matches_brute_force(tmp_path):
+    eod = SPECIAL["eod"]
+    docs = [[[10, 11], [12, eod]], [], [[20], [], [21, 22, eod]], [[eod]], [[30, 31, 32], [33]]]
+    b = IndexedDatasetBuilder(str(tmp_path / "s"), np.int32)
+    for doc in docs:
+        for sent in doc:
+            b.add_item(sent)
+        b.end_document()
+    b.finalize()
+    idx = IndexedDataset(str(tmp_path / "s"))
+    from megatron_auto.data.bert_dataset import build_sentences
+
+    chosen = np.array([0, 1, 2, 4])
+    rows, bounds = build_sentences(idx, chosen, None, eod)
+    expected_rows, expected_bounds, seq = [], [0], 0
+    for d, doc in enumerate(docs):  # brute force over the nested lists
+        for sent in doc:
+            n = len(sent) - (1 if sent and sent[-1] == eod else 0)
+            if d in chosen and n:
+                expected_rows.append([seq, 0, n])
+            seq += 1
+        if d in chosen:
+            expected_bounds.append(len(expected_rows))
+    assert rows.tolist() == expected_rows and bounds.tolist() == expected_bounds

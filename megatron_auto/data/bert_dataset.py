@@ -48,21 +48,19 @@ def build_sentences(
     """Sentences of the documents as (sentences (n, 3): [sequence, offset, length], doc_bounds).
 
     ``doc_bounds`` (num_docs + 1,) gives each document's sentence range. Trailing ``eod`` tokens
-    are dropped (they end documents, not sentences).
+    are dropped (they end documents, not sentences). Sentence-level data (more sequences than
+    documents) uses its sequences; document-level data is cut after ``end_ids`` tokens.
     """
+    if len(indexed) > indexed.num_documents or end_ids is None or not len(end_ids):
+        return _sequences_as_sentences(indexed, document_ids, eod)
     rows: list[tuple[int, int, int]] = []
     bounds = [0]
-    sentence_level = len(indexed) > indexed.num_documents
     for doc in document_ids:
         for seq in indexed.document_sequences(int(doc)):
             toks = indexed[seq]
             n = len(toks)
             while n and eod is not None and toks[n - 1] == eod:
                 n -= 1
-            if sentence_level or end_ids is None or not len(end_ids):
-                if n:
-                    rows.append((seq, 0, n))
-                continue
             cuts = np.nonzero(np.isin(toks[:n], end_ids))[0] + 1
             start = 0
             for end in list(cuts) + [n]:
@@ -71,6 +69,26 @@ def build_sentences(
                     start = int(end)
         bounds.append(len(rows))
     return np.asarray(rows, dtype=np.int64).reshape(-1, 3), np.asarray(bounds, dtype=np.int64)
+
+
+def _sequences_as_sentences(
+    indexed: IndexedDataset, document_ids: np.ndarray, eod: int | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``build_sentences`` when every sequence is a sentence, vectorised (no per-sentence loop)."""
+    first = indexed.document_indices[document_ids]
+    count = indexed.document_indices[document_ids + 1] - first
+    # The sequence ids of all selected documents: first[d], first[d] + 1, ... for each d.
+    seq_doc = np.repeat(np.arange(len(document_ids)), count)
+    seqs = np.repeat(first, count) + (np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count))
+    lengths = indexed.sequence_lengths[seqs].astype(np.int64)
+    if eod is not None and len(seqs):
+        tokens = np.frombuffer(indexed._bin, dtype=indexed.dtype)
+        last = indexed.sequence_pointers[seqs] // indexed.dtype.itemsize + np.maximum(lengths - 1, 0)
+        lengths -= (lengths > 0) & (tokens[last] == eod)  # a trailing eod ends the document
+    keep = lengths > 0
+    rows = np.stack([seqs[keep], np.zeros(int(keep.sum()), np.int64), lengths[keep]], axis=1)
+    per_doc = np.bincount(seq_doc[keep], minlength=len(document_ids))
+    return rows.astype(np.int64), np.concatenate([[0], np.cumsum(per_doc)]).astype(np.int64)
 
 
 def build_samples_mapping(
