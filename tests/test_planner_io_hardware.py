@@ -91,6 +91,10 @@ def test_json_round_trip(tmp_path):
     (lambda d: d.update(intra_node_busbw=-1), "intra_node_busbw=-1: must be positive"),
     (lambda d: d.update(allreduce_busbw_table={"8-fast": 1.0}), "allreduce_busbw_table.8-fast"),
     (lambda d: d.update(peak_flops={"int4": 1e15}), "peak_flops.int4"),
+    (lambda d: d.update(intra_node_busbw="fast"), "intra_node_busbw='fast': must be a finite number"),
+    (lambda d: d.update(num_nodes="2"), "num_nodes='2': must be a positive integer"),
+    (lambda d: d.update(p2p_bw_table={"2": "x"}), "p2p_bw_table"),
+    (lambda d: d.update(allreduce_busbw_table={"8_consecutive": "x"}), "8_consecutive='x'"),
 ])
 def test_bad_cluster_files_name_the_field(tmp_path, mutate, message):
     data = small_cluster().to_dict()

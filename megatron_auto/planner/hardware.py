@@ -84,9 +84,21 @@ class ClusterSpec:
     p2p_bw_table: Mapping[int, float] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
+        # Types first, so that a string in a JSON file is reported by field, not as a TypeError.
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.type == "float":  # integer fields are checked (with their own message) below
+                _need(isinstance(value, (int, float)) and not isinstance(value, bool)
+                      and math.isfinite(value), f.name, value, "must be a finite number")
+        for name in ("peak_flops", "allreduce_busbw_table", "p2p_bw_table"):
+            table = getattr(self, name)
+            _need(isinstance(table, Mapping) and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                for v in table.values()), name, table, "must map keys to finite numbers")
         object.__setattr__(self, "peak_flops", dict(self.peak_flops))
         object.__setattr__(self, "allreduce_busbw_table",
-                           {(int(g), bool(c)): float(v) for (g, c), v in self.allreduce_busbw_table.items()})
+                           {(int(g), bool(c)): float(v)
+                            for (g, c), v in self.allreduce_busbw_table.items()})
         object.__setattr__(self, "p2p_bw_table",
                            {int(p): float(v) for p, v in self.p2p_bw_table.items()})
         self.validate()
@@ -324,5 +336,8 @@ def _parse_allreduce_keys(table: Any, where: str) -> dict[tuple[int, bool], floa
         if not size.isdigit() or kind not in ("consecutive", "strided"):
             raise ClusterError(f"{where}: key allreduce_busbw_table.{key}: must look like "
                                f"'<group size>_consecutive' or '<group size>_strided'")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ClusterError(f"{where}: key allreduce_busbw_table.{key}={value!r}: must be a "
+                               f"bandwidth in bytes/s")
         out[(int(size), kind == "consecutive")] = float(value)
     return out
