@@ -122,9 +122,14 @@ class DataParallel:
         self._sharded: list[_Unit] = [u for u in self._units if u.dp_mode != "ddp"]
         for unit in self._sharded:
             self._shard(unit)
-        ddp_groups = [(u.groups.dp_group, [p for _, p in u.params]) for u in self._units
-                      if u.dp_mode == "ddp" and u.groups.dp_size > 1]
-        self._buckets = GradBuckets(ddp_groups, bucket_size_bytes=bucket_size_bytes,
+        # Units on the same DP group share buckets (fewer, larger all-reduces), laid out in
+        # forward order (GradBuckets reverses it into the order backward finishes gradients).
+        ddp_groups: dict[tuple[int, ...], tuple[Any, list[nn.Parameter]]] = {}
+        for u in sorted(self._units, key=self._forward_position):
+            if u.dp_mode == "ddp" and u.groups.dp_size > 1:
+                key = tuple(u.groups.dp_ranks)
+                ddp_groups.setdefault(key, (u.groups.dp_group, []))[1].extend(p for _, p in u.params)
+        self._buckets = GradBuckets(list(ddp_groups.values()), bucket_size_bytes=bucket_size_bytes,
                                     overlap=overlap)
 
     # ----------------------------------------------------------------- setup
@@ -162,6 +167,19 @@ class DataParallel:
                 raise ValueError(f"DataParallel: dp_mode={unit.dp_mode!r} for {unit.name}: "
                                  f"choose one of {', '.join(DP_MODES)}")
         return units
+
+    def _forward_position(self, unit: _Unit) -> int:
+        """Where a unit's parameters are first used in forward (their gradients finish last).
+
+        The first stage's embedding comes first (also when, with one stage, it is the tied head
+        too: its gradient is complete only after the whole backward), layers by index, then the
+        final norm and the head.
+        """
+        if unit.name.startswith("layers."):
+            return 1 + int(unit.name.split(".")[1])
+        if unit.name == "embedding" and self.ctx.is_first_stage:
+            return 0
+        return 1 + len(self.ctx.plan.layers)
 
     @staticmethod
     def _has_tied_copy(stage: nn.Module, ctx: Any) -> bool:
