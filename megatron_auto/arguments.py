@@ -168,6 +168,8 @@ def parse_args(argv: Sequence[str] | None = None,
                parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
     """Parse and check flags that need no world size (see :func:`check_args`)."""
     args = (parser or build_parser()).parse_args(argv)
+    # Which flags were typed (not defaulted) matters to --auto-parallel (they pin choices).
+    args.argv_ = list(argv) if argv is not None else None
     check_args(args)
     return args
 

@@ -343,9 +343,10 @@ def _max_over_ranks(value: int, device: torch.device) -> int:
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
+    from ..auto import AutoParallelError  # noqa: PLC0415 - heavy: profiler and planner
     from ..data import IndexedDatasetError  # noqa: PLC0415 - data is imported lazily
 
-    return (ConfigError, PlanError, DataError, IndexedDatasetError)
+    return (ConfigError, PlanError, DataError, IndexedDatasetError, AutoParallelError)
 
 
 def pretrain(model_provider: ModelProvider, datasets_provider: DatasetsProvider,

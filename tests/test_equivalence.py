@@ -1,0 +1,226 @@
+"""The equivalence invariant (DESIGN §4) end to end, through the training step the CLI runs.
+
+Every plan below trains the same tiny GPT (h=32, s=16, 4 layers, dropout off, fp32) for a few
+steps of AdamW with gradient clipping on the same global batches; losses and the updated
+parameters (gathered to full tensors) must match a one-process run within relative 1e-5.
+The one-process reference runs through exactly the same code (a one-rank plan).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import random
+
+import pytest
+import torch
+
+from dist_utils import run_distributed
+from megatron_auto.config import ModelConfig
+from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy
+from megatron_auto.training.lr_scheduler import LRConfig
+from megatron_auto.training.optimizer import OptimizerConfig
+from megatron_auto.training.precision import PrecisionConfig
+
+CONFIG = ModelConfig(num_layers=4, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64,
+                     seq_length=16, vocab_size=60, make_vocab_size_divisible_by=16,
+                     hidden_dropout=0.0, attention_dropout=0.0)
+GLOBAL_BATCH = 8
+STEPS = 3
+RTOL = 1e-5
+
+
+def make_batch(step: int, vocab: int = CONFIG.vocab_size) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1000 + step)
+    tokens = torch.randint(0, vocab, (GLOBAL_BATCH, CONFIG.seq_length + 1), generator=gen)
+    loss_mask = (torch.rand(GLOBAL_BATCH, CONFIG.seq_length, generator=gen) > 0.1).float()
+    return {"tokens": tokens[:, :-1].contiguous(), "labels": tokens[:, 1:].contiguous(),
+            "loss_mask": loss_mask,
+            "position_ids": torch.arange(CONFIG.seq_length).expand(GLOBAL_BATCH, -1).contiguous()}
+
+
+def layer(tp=1, dp_mode="ddp", consecutive=True, recompute=False) -> LayerStrategy:
+    return LayerStrategy(tp=tp, dp_mode=dp_mode, tp_consecutive=consecutive, recompute=recompute)
+
+
+def plan_of(world_size, layers, *, layers_per_stage=None, num_microbatches=2, schedule="1f1b",
+            vocab_tp=1, vocab_dp_mode="ddp") -> dict:
+    lps = tuple(layers_per_stage or (len(layers),))
+    return Plan(world_size=world_size, global_batch_size=GLOBAL_BATCH,
+                num_microbatches=num_microbatches,
+                pipeline=PipelineSpec(size=len(lps), schedule=schedule, layers_per_stage=lps),
+                vocab=VocabStrategy(tp=vocab_tp, dp_mode=vocab_dp_mode),
+                layers=tuple(layers)).to_dict()
+
+
+def _train_worker(rank, world_size, plan_dicts, steps, precision, lr, config_dict):
+    from megatron_auto.models.gpt import GPTStage
+    from megatron_auto.models.init import gather_full_state
+    from megatron_auto.training.pretrain import build_trainer, train_step
+
+    config = ModelConfig.from_dict(config_dict)
+    out = []
+    for plan_dict in plan_dicts:
+        plan = Plan.from_dict(plan_dict)
+        trainer = build_trainer(
+            config, plan, lambda cfg, ctx, seed: GPTStage(cfg, ctx, seed=seed),
+            # eps 1e-6: the key bias has a mathematically zero gradient (softmax ignores it),
+            # so its gradient is rounding noise that Adam would blow up to +-lr per step with a
+            # tiny eps, differently under each plan; a larger eps keeps such noise negligible.
+            optimizer_config=OptimizerConfig(weight_decay=0.1, clip_grad=1.0, adam_eps=1e-6),
+            lr_config=LRConfig(lr=lr, decay_style="constant"),
+            precision=PrecisionConfig(**precision), seed=1234)
+        results = []
+        for step in range(steps):
+            batch = make_batch(step) if trainer.reads_data else None
+            results.append(train_step(trainer, batch).__dict__)
+        state = gather_full_state(trainer.stage)
+        out.append({"results": results, "state": state, "scaler": trainer.scaler.scale})
+    return out
+
+
+def run_plans(world_size, plan_dicts, *, steps=STEPS, precision=None, lr=1e-3):
+    """Per plan: (per-step results of rank 0, merged full parameter state over all ranks)."""
+    per_rank = run_distributed(_train_worker, world_size, plan_dicts, steps, precision or {},
+                               lr, CONFIG.to_dict())
+    merged = []
+    for p in range(len(plan_dicts)):
+        state: dict[str, torch.Tensor] = {}
+        for rank_out in per_rank:
+            for name, value in rank_out[p]["state"].items():
+                if name in state:  # replicas and tied copies must agree exactly enough
+                    torch.testing.assert_close(value, state[name], rtol=RTOL, atol=1e-7)
+                state[name] = value
+        merged.append((per_rank[0][p]["results"], state))
+    return merged
+
+
+@functools.lru_cache(maxsize=None)
+def _reference_steps(steps):
+    return run_plans(1, [plan_of(1, [layer()] * 4, num_microbatches=1)], steps=steps)
+
+
+def reference():
+    return _reference_steps(STEPS)[0]
+
+
+def assert_matches_reference(results, state, label):
+    ref_results, ref_state = reference()
+    ref_losses = [r["lm_loss"] for r in ref_results]
+    losses = [r["lm_loss"] for r in results]
+    assert losses == pytest.approx(ref_losses, rel=RTOL), f"{label}: losses differ"
+    norms = [r["grad_norm"] for r in results]
+    assert norms == pytest.approx([r["grad_norm"] for r in ref_results], rel=1e-4), label
+    assert set(state) == set(ref_state), f"{label}: parameter names differ"
+    for name, value in ref_state.items():
+        torch.testing.assert_close(state[name], value, rtol=RTOL, atol=1e-6,
+                                   msg=lambda m, n=name: f"{label}: {n}: {m}")
+
+
+def test_tensor_parallel_two_ranks_matches_one_process_for_five_steps():
+    (results, state), = run_plans(2, [plan_of(2, [layer(tp=2)] * 4, vocab_tp=2)], steps=5)
+    (ref, ref_state), = _reference_steps(5)
+    assert [r["lm_loss"] for r in results] == pytest.approx([r["lm_loss"] for r in ref], rel=RTOL)
+    for name, value in ref_state.items():
+        torch.testing.assert_close(state[name], value, rtol=RTOL, atol=1e-6)
+
+
+FOUR_RANK_PLANS = {
+    "tp4": plan_of(4, [layer(tp=4)] * 4, vocab_tp=4),
+    "tp2xdp2": plan_of(4, [layer(tp=2)] * 4, vocab_tp=2),
+    "pp2-uneven-3+1": plan_of(4, [layer(tp=2)] * 4, layers_per_stage=(3, 1), vocab_tp=2),
+    "pp4-gpipe-4mb": plan_of(4, [layer()] * 4, layers_per_stage=(1, 1, 1, 1), num_microbatches=4,
+                             schedule="gpipe"),
+    "pp4-1f1b-8mb": plan_of(4, [layer()] * 4, layers_per_stage=(1, 1, 1, 1), num_microbatches=8),
+    "pp2-1mb": plan_of(4, [layer(tp=2)] * 4, layers_per_stage=(2, 2), num_microbatches=1,
+                       vocab_tp=2),
+    "pp1-mix": plan_of(4, [layer(tp=2), layer(tp=1, dp_mode="zero3"), layer(tp=4),
+                           layer(tp=2, dp_mode="zero2", consecutive=False)], vocab_tp=2),
+    "recompute-some": plan_of(4, [layer(tp=2, recompute=True), layer(tp=2),
+                                  layer(tp=1, recompute=True), layer(tp=2, consecutive=False)],
+                              layers_per_stage=(2, 2), num_microbatches=4, schedule="gpipe"),
+}
+
+
+@pytest.fixture(scope="module")
+def four_rank_results():
+    names = list(FOUR_RANK_PLANS)
+    return dict(zip(names, run_plans(4, [FOUR_RANK_PLANS[n] for n in names])))
+
+
+@pytest.mark.parametrize("name", list(FOUR_RANK_PLANS))
+def test_four_rank_plan_matches_one_process(four_rank_results, name):
+    results, state = four_rank_results[name]
+    assert_matches_reference(results, state, name)
+
+
+def test_eight_ranks_pipeline_with_per_layer_layouts():
+    plan = plan_of(8, [layer(tp=4), layer(tp=1, dp_mode="zero2"), layer(tp=2, consecutive=False),
+                       layer(tp=2, dp_mode="zero3", recompute=True)],
+                   layers_per_stage=(2, 2), num_microbatches=2, vocab_tp=2, vocab_dp_mode="zero2")
+    (results, state), = run_plans(8, [plan])
+    assert_matches_reference(results, state, "8 ranks pp2 mixed")
+
+
+def random_plans(count: int, seed: int, world_size: int = 4) -> list[dict]:
+    """Random valid plans for CONFIG on ``world_size`` ranks (seeded, reproducible)."""
+    rng = random.Random(seed)
+    plans = []
+    while len(plans) < count:
+        pp = rng.choice([1, 2, 4])
+        n = world_size // pp
+        cuts = sorted(rng.sample(range(1, CONFIG.num_layers), pp - 1))
+        bounds = [0] + cuts + [CONFIG.num_layers]
+        lps = tuple(bounds[i + 1] - bounds[i] for i in range(pp))
+        tps = [t for t in (1, 2, 4) if n % t == 0]
+        mb = rng.choice([1, 2, 4])
+        layers = [layer(tp=rng.choice(tps), dp_mode=rng.choice(["ddp", "zero2", "zero3"]),
+                        consecutive=rng.random() < 0.5, recompute=rng.random() < 0.3)
+                  for _ in range(CONFIG.num_layers)]
+        try:
+            plans.append(plan_of(world_size, layers, layers_per_stage=lps, num_microbatches=mb,
+                                 schedule=rng.choice(["1f1b", "gpipe"]), vocab_tp=rng.choice(tps),
+                                 vocab_dp_mode=rng.choice(["ddp", "zero2", "zero3"])))
+        except ValueError:
+            continue  # e.g. a dp degree that does not divide the micro-batch: draw again
+    return plans
+
+
+def test_random_plans_match_one_process():
+    plans = random_plans(6, seed=20261129)
+    (ref, ref_state), = _reference_steps(2)
+    for plan, (results, state) in zip(plans, run_plans(4, plans, steps=2)):
+        losses = [r["lm_loss"] for r in results]
+        assert losses == pytest.approx([r["lm_loss"] for r in ref], rel=RTOL), plan
+        for name, value in ref_state.items():
+            torch.testing.assert_close(state[name], value, rtol=RTOL, atol=1e-6,
+                                       msg=lambda m, n=name, p=plan: f"{p}: {n}: {m}")
+
+
+def test_bf16_run_trains():
+    plan = plan_of(2, [layer(tp=2), layer(tp=1, dp_mode="zero2"), layer(tp=2), layer(tp=1)],
+                   layers_per_stage=(2, 2), vocab_tp=1)
+    (results, state), = run_plans(2, [plan], steps=6, precision={"bf16": True}, lr=1e-2)
+    losses = [r["lm_loss"] for r in results]
+    assert all(math.isfinite(l) for l in losses)
+    assert losses[-1] < losses[0]
+    assert all(v.dtype == torch.float32 for v in state.values())  # fp32 master parameters
+
+
+def test_fp16_skips_overflowing_steps_and_recovers():
+    plan = plan_of(2, [layer(tp=2)] * 4, vocab_tp=2)
+    start_scale = 2.0 ** 24  # large enough that the first backward overflows fp16
+    precision = {"fp16": True, "initial_loss_scale": start_scale, "hysteresis": 1}
+    (results, state), = run_plans(2, [plan], steps=10, precision=precision, lr=1e-2)
+    skipped = [r["skipped"] for r in results]
+    assert skipped[0], "the first step should overflow at loss scale 2^24"
+    assert not any(skipped[-3:]), f"training did not recover: {skipped}"
+    scales = [r["loss_scale"] for r in results]
+    # Every skipped step halves the scale (hysteresis 1); clean steps keep it (window 1000).
+    for before, after, skip in zip(scales, scales[1:], skipped):
+        assert after == (before / 2 if skip else before)
+    assert all(math.isinf(r["grad_norm"]) or math.isnan(r["grad_norm"])
+               for r, s in zip(results, skipped) if s)
+    assert all(torch.isfinite(v).all() for v in state.values())
+    losses = [r["lm_loss"] for r, s in zip(results, skipped) if not s]
+    assert losses[-1] < results[0]["lm_loss"]
