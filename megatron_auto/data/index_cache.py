@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import os
+import socket
 from typing import Any, Callable
 
 import numpy as np
@@ -52,7 +53,7 @@ def array_digest(arr: np.ndarray) -> str:
 
 
 def save_npy_atomic(path: str, arr: np.ndarray) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
+    tmp = f"{path}.tmp.{socket.gethostname()}.{os.getpid()}"
     with open(tmp, "wb") as f:
         np.save(f, arr, allow_pickle=False)
     os.replace(tmp, path)

@@ -22,6 +22,7 @@ instead of returning garbage tokens later.
 from __future__ import annotations
 
 import os
+import socket
 import struct
 from typing import Sequence
 
@@ -91,7 +92,8 @@ class IndexedDatasetBuilder:
         self.prefix = prefix
         self.dtype = np.dtype(dtype)
         self._code = dtype_code(self.dtype)
-        self._tmp_suffix = f".tmp{os.getpid()}"
+        # Unique per writer, also across nodes sharing a file system (pids repeat across hosts).
+        self._tmp_suffix = f".tmp.{socket.gethostname()}.{os.getpid()}"
         self._bin_tmp = data_file_path(prefix) + self._tmp_suffix
         os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
         self._bin = open(self._bin_tmp, "wb")
