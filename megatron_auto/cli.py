@@ -94,9 +94,10 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                         f"batch wins)")
     g.add_argument("--bf16", action="store_true", help="bf16 mixed precision")
     g.add_argument("--fp16", action="store_true", help="fp16 mixed precision")
-    g.add_argument("--cluster", default=DEFAULT_CLUSTER, metavar="NAME|FILE",
+    g.add_argument("--cluster", default=None, metavar="NAME|FILE",
                    help=f"preset ({', '.join(PRESET_NAMES)}; or <gpu>-<mem>-<N>x<D>) or a cluster "
-                        f"JSON file (default {DEFAULT_CLUSTER})")
+                        f"JSON file (default: the one a --plan file was searched for, else "
+                        f"{DEFAULT_CLUSTER})")
     g.add_argument("--memory-budget-gb", type=float, default=None, metavar="X",
                    help="per-device memory budget in GB = 1e9 bytes, the unit of the presets' "
                         "device memory (default: the device's memory)")
@@ -131,10 +132,33 @@ class _Setup:
     budget: int
 
 
-def _precision(args: argparse.Namespace) -> str:
+def _precision(args: argparse.Namespace, recorded: str | None = None) -> str:
+    """--bf16 / --fp16, else the precision a plan file recorded, else fp32 (Megatron's default)."""
     if args.bf16 and args.fp16:
         raise CliError("--bf16 and --fp16 given together: choose one precision")
-    return "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+    return "bf16" if args.bf16 else "fp16" if args.fp16 else (recorded or "fp32")
+
+
+def _recorded(args: argparse.Namespace) -> dict[str, Any]:
+    """What ``plan`` recorded in a plan file's ``search`` (precision, cluster), if anything."""
+    if not getattr(args, "plan", None) or getattr(args, "galvatron_config", None):
+        return {}
+    try:
+        search = Plan.load(args.plan).search or {}
+    except ValueError:
+        return {}  # the real load reports the problem
+    return {k: search[k] for k in ("precision", "cluster") if isinstance(search.get(k), str)}
+
+
+def _cluster(args: argparse.Namespace) -> ClusterSpec:
+    """--cluster, else the cluster a plan file was searched for, else the default preset."""
+    recorded = _recorded(args).get("cluster")
+    if args.cluster is None and recorded:
+        try:
+            return get_cluster(recorded)
+        except ValueError:
+            pass  # e.g. a cluster file that moved: fall back to the default
+    return get_cluster(args.cluster or DEFAULT_CLUSTER)
 
 
 def _setup(args: argparse.Namespace, global_batch_size: int | None = None,
@@ -144,8 +168,9 @@ def _setup(args: argparse.Namespace, global_batch_size: int | None = None,
     batch = global_batch_size or args.global_batch_size or DEFAULT_GLOBAL_BATCH
     if batch < 1:
         raise CliError(f"--global-batch-size={batch}: must be a positive integer")
-    training = TrainingSpec(global_batch_size=batch, precision=_precision(args))
-    cluster = get_cluster(args.cluster)
+    training = TrainingSpec(global_batch_size=batch,
+                            precision=_precision(args, _recorded(args).get("precision")))
+    cluster = _cluster(args)
     if args.memory_budget_gb is None:
         budget = cluster.device_memory_bytes
     else:
@@ -226,8 +251,8 @@ def _given_plan(args: argparse.Namespace, world_size: int, config: ModelConfig) 
             decoder_first_pipeline_num_layers=args.decoder_first_pipeline_num_layers,
             decoder_last_pipeline_num_layers=args.decoder_last_pipeline_num_layers)
     if plan.world_size != world_size:
-        raise CliError(f"plan world_size={plan.world_size} but --cluster {args.cluster} has "
-                       f"{world_size} devices; choose the matching --cluster")
+        raise CliError(f"plan world_size={plan.world_size} but the cluster has {world_size} "
+                       f"devices; choose the matching --cluster")
     if args.global_batch_size is not None and args.global_batch_size != plan.global_batch_size:
         raise CliError(f"--global-batch-size={args.global_batch_size} differs from the plan's "
                        f"global_batch_size={plan.global_batch_size}; drop the flag")
@@ -274,7 +299,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise CliError(text) from None
     result = search(setup.spec, setup.training, setup.cluster, setup.profile, setup.budget,
                     options)
-    plan = result.plan
+    # Record what the estimate assumed, so evaluate/explain --plan need no repeated flags.
+    plan = dataclasses.replace(result.plan, search={
+        **(result.plan.search or {}), "precision": setup.training.precision,
+        "cluster": args.cluster or setup.cluster.name})
     plan.save(args.plan_out)
     print(_explain_text(setup, plan, result.estimate, title="Searched plan"))
     baselines = {name: (est.to_dict() if est is not None else None)
@@ -287,7 +315,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    cluster = get_cluster(args.cluster)
+    cluster = _cluster(args)
     plan, config = _plan_and_model(args, cluster.world_size)
     setup = _setup(args, global_batch_size=plan.global_batch_size, config=config)
     estimate = _evaluate(setup, plan)
@@ -302,7 +330,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    cluster = get_cluster(args.cluster)
+    cluster = _cluster(args)
     plan, config = _plan_and_model(args, cluster.world_size)
     setup = _setup(args, global_batch_size=plan.global_batch_size, config=config)
     print(_explain_text(setup, plan, _evaluate(setup, plan)), end="")

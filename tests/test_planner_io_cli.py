@@ -94,11 +94,16 @@ def test_plan_searches_writes_and_explains(capsys, tmp_path):
     plan = Plan.load(out_path)
     assert plan.world_size == 8 and plan.num_layers == 4 and plan.estimate
     assert "Searched plan" in out and "Stages:" in out
-    # The written plan records its model, so evaluate needs no model flags; and it agrees.
-    code, out2, err = run(capsys, "evaluate", "--plan", str(out_path), "--cluster", "a100-40g-1x8",
-                          "--bf16", "--memory-budget-gb", "8", "--json")
+    assert plan.search["precision"] == "bf16" and plan.search["cluster"] == "a100-40g-1x8"
+    # The written plan records its model, precision and cluster, so evaluate needs none of
+    # those flags again; and it agrees with the search's estimate.
+    code, out2, err = run(capsys, "evaluate", "--plan", str(out_path), "--memory-budget-gb", "8",
+                          "--json")
     assert code == 0, err
     assert json.loads(out2)["iteration_time_s"] == pytest.approx(plan.estimate["iteration_time_s"])
+    # Another cluster size is refused with the reason.
+    code, _, err = run(capsys, "explain", "--plan", str(out_path), "--cluster", "a100-40g-2x8")
+    assert code == 2 and "plan world_size=8 but the cluster has 16 devices" in err
 
 
 @pytest.mark.skipif(not has_search(), reason="planner core search.py not available yet")
