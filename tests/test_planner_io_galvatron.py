@@ -214,3 +214,20 @@ def test_bad_profile_files_name_file_and_key(tmp_path):
     with pytest.raises(GalvatronFormatError, match="cannot read the file"):
         read_memory(missing)
     assert not os.path.exists(missing)
+
+
+def test_plan_to_galvatron_config_round_trips():
+    from megatron_auto.planner.galvatron import plan_to_galvatron_config
+    config = {"pp_deg": 2, "tp_sizes_enc": "1,2,2,4", "tp_consecutive_flags": "1,0,1,1",
+              "dp_types_enc": "1,0,0,1", "use_sp": "0,0,0,0", "checkpoint": "1,1,0,0",
+              "global_bsz": 16, "chunks": 2, "pp_division": "3,1", "pipeline_type": "gpipe",
+              "default_dp_type": "ddp", "vtp": 4, "vsp": 0, "embed_sdp": 1}
+    plan = plan_from_galvatron_config(config, world_size=8)
+    back, reasons = plan_to_galvatron_config(plan)
+    assert reasons == [] and back == config
+    from dataclasses import replace
+    from megatron_auto.plan import LayerStrategy
+    mixed = replace(plan, layers=(LayerStrategy(dp_mode="ddp"), LayerStrategy(dp_mode="zero2"))
+                    + plan.layers[2:])
+    none, reasons = plan_to_galvatron_config(mixed)
+    assert none is None and "both ddp and zero2" in reasons[0]

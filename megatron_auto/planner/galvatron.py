@@ -343,3 +343,39 @@ def plan_from_galvatron_config(source: str | os.PathLike | Mapping[str, Any], wo
         return plan
     raise GalvatronFormatError(f"galvatron config {path}: no micro-batch count >= chunks={chunks} "
                                f"gives a valid plan ({last_error}); check global_bsz and tp_sizes_enc")
+
+
+def plan_to_galvatron_config(plan: Plan) -> tuple[dict[str, Any] | None, list[str]]:
+    """The Galvatron 2.4 ``galvatron_config`` equivalent of ``plan``, or ``(None, reasons)``.
+
+    Galvatron has one data-parallel type for all non-ZeRO-3 layers (``default_dp_type``), so a
+    plan mixing ``ddp`` and ``zero2`` layers, or whose vocabulary uses a third flavour, has none.
+    The inverse of :func:`plan_from_galvatron_config` (``chunks`` = ``num_microbatches``).
+    """
+    modes = {layer.dp_mode for layer in plan.layers} | {plan.vocab.dp_mode}
+    defaults = sorted(modes - {"zero3"})
+    reasons = []
+    if len(defaults) > 1:
+        reasons.append(f"layers use both {defaults[0]} and {defaults[1]}; Galvatron has one "
+                       f"default_dp_type besides ZeRO-3")
+    if reasons:
+        return None, reasons
+    default = defaults[0] if defaults else "zero2"
+    schedule = {v: k for k, v in _PIPELINES.items()}[plan.pipeline.schedule]
+
+    def joined(values: Any) -> str:
+        return ",".join(str(int(v)) for v in values)
+
+    config = {
+        "pp_deg": plan.pp_size,
+        "tp_sizes_enc": joined(layer.tp for layer in plan.layers),
+        "tp_consecutive_flags": joined(layer.tp_consecutive for layer in plan.layers),
+        "dp_types_enc": joined(layer.dp_mode == "zero3" for layer in plan.layers),
+        "use_sp": joined(0 for _ in plan.layers),
+        "checkpoint": joined(layer.recompute for layer in plan.layers),
+        "global_bsz": plan.global_batch_size, "chunks": plan.num_microbatches,
+        "pp_division": joined(plan.pipeline.layers_per_stage), "pipeline_type": schedule,
+        "default_dp_type": default, "vtp": plan.vocab.tp, "vsp": 0,
+        "embed_sdp": int(plan.vocab.dp_mode == "zero3"),
+    }
+    return config, []
