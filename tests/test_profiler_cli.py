@@ -38,7 +38,7 @@ def test_help_has_examples(command, capsys):
 def test_profile_model_writes_and_then_reuses(tmp_path, capsys):
     out = tmp_path / "p.json"
     argv = ["profile-model", *TINY_FLAGS, "--device", "cpu", "--cache-dir", str(tmp_path / "c"),
-            "--batch-sizes", "1", "2", "--iters", "1", "--warmup-iters", "0", "--out", str(out)]
+            "--batch-sizes", "2", "3", "--iters", "1", "--warmup-iters", "0", "--out", str(out)]
     before = mp.MEASUREMENT_COUNT
     assert _run(argv) == 0
     profile = ModelProfile.load(out)

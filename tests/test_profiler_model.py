@@ -21,7 +21,7 @@ from tests.dist_utils import run_distributed
 TINY = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32,
                    vocab_size=256, make_vocab_size_divisible_by=128, hidden_dropout=0.0,
                    attention_dropout=0.0)
-QUICK = mp.ModelProfilerConfig(batch_sizes=(1, 2), warmup_iters=0, iters=1)
+QUICK = mp.ModelProfilerConfig(batch_sizes=(2, 3), warmup_iters=0, iters=1)
 S, H = TINY.seq_length, TINY.hidden_size
 
 
@@ -88,13 +88,17 @@ def _tp2_saved_bytes(rank: int, world_size: int, cfg_dict: dict) -> int:
     return meter.total_bytes
 
 
-def test_tp_split_derivation_matches_a_real_tp2_layer(tiny_profile):
-    # The tp=1 split/replicated attribution predicts what a TP=2 rank keeps; measure it.
-    measured = run_distributed(_tp2_saved_bytes, 2, TINY.to_dict())
-    lt = tiny_profile.layer_types["gpt"]
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_tp_split_derivation_matches_a_real_tp2_layer(dropout):
+    # The tp=1 split/replicated attribution predicts what a TP=2 rank keeps; measure it. The
+    # tolerance covers the 512-byte rounding of small per-row statistics (mean, rstd).
+    cfg = ModelConfig.from_dict({**TINY.to_dict(), "hidden_dropout": dropout,
+                                 "attention_dropout": dropout})
+    lt = mp.profile_model(cfg, "fp32", "cpu", config=QUICK).layer_types["gpt"]
+    measured = run_distributed(_tp2_saved_bytes, 2, cfg.to_dict())
     predicted = 4 * lt.activation_bytes(2)
     for per_rank in measured:
-        assert per_rank == pytest.approx(predicted, rel=0.05)
+        assert per_rank == pytest.approx(predicted, rel=0.02)
 
 
 # ------------------------------------------------------------------------------------ cache

@@ -28,7 +28,7 @@ PROFILE_MODEL_EPILOG = """examples:
   megatron-auto plan ... --bf16 --model-profile gpt-1024.profile.json
   # re-measure although a cached profile exists; choose the micro-batch sizes of the fit
   megatron-auto profile-model --hidden-size 512 --num-attention-heads 8 --force \\
-      --batch-sizes 1 2 4 8
+      --batch-sizes 2 4 8 16
 The cache lives in $MEGATRON_AUTO_CACHE or ~/.cache/megatron_auto/profiles (--cache-dir)."""
 
 PROFILE_HARDWARE_EPILOG = """examples:
@@ -83,7 +83,7 @@ def add_profile_model_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="default: $MEGATRON_AUTO_CACHE or ~/.cache/megatron_auto/profiles")
     g.add_argument("--force", action="store_true", help="measure even if a cached profile exists")
     g.add_argument("--batch-sizes", type=int, nargs="+", default=None, metavar="B",
-                   help="micro-batch sizes of the linear fits (default 1 2 4 on CPU, 1 2 4 8 GPU)")
+                   help="micro-batch sizes of the linear fits (default 2 3 4 on CPU, 2 4 6 8 on GPU)")
     g.add_argument("--iters", type=int, default=3, help="timed steps per size (default 3)")
     g.add_argument("--warmup-iters", type=int, default=1)
     g.add_argument("--json", action="store_true", help="print the profile JSON")
