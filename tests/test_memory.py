@@ -10,6 +10,7 @@ from dist_utils import run_distributed
 from megatron_auto.parallel.context import ParallelContext
 from megatron_auto.parallel.data_parallel import DataParallel
 from megatron_auto.plan import Plan
+from megatron_auto.planner.cost_memory import model_states
 from megatron_auto.training.memory import PeakMemoryMeter, resident_parameter_bytes, storage_bytes
 
 KIB = 1024
@@ -103,6 +104,10 @@ def test_zero3_rank_holds_half_of_each_layer_over_two_ranks():
         assert d_params == full and z_params == full // 2
         assert d_state == 2 * full and z_state == full  # Adam moments, sharded with ZeRO
         assert d_peak >= d_bd["parameters"] + d_bd["gradients"] + 2 * full
+        # The planner's model of resident model states agrees with what the ranks hold.
+        for mode, params, state in (("ddp", d_params, d_state), ("zero3", z_params, z_state)):
+            m_params, _, m_state, _ = model_states(full / 4, mode, 2)
+            assert (params, state) == (m_params, m_state)
 
 
 def test_bad_input_is_reported():
