@@ -78,6 +78,9 @@ def test_errors_are_clear(tmp_path, capsys):
     (tmp_path / "bad.jsonl").write_text("{not json\n")
     assert preprocess_data.main(["--input", str(tmp_path / "bad.jsonl")] + args) == 2
     assert "bad.jsonl:1: not valid JSON" in capsys.readouterr().err
+    (tmp_path / "list.jsonl").write_text('["text"]\n')
+    assert preprocess_data.main(["--input", str(tmp_path / "list.jsonl")] + args) == 2
+    assert "list.jsonl:1: a JSON list, not an object" in capsys.readouterr().err
 
 
 def test_embedded_corpus_and_tokenizer(tmp_path):

@@ -120,6 +120,11 @@ class _Encoder:
             record = json.loads(line)
         except json.JSONDecodeError as err:
             raise ValueError(f"{self.source}:{lineno}: not valid JSON ({err}); --input must be JSON lines") from None
+        if not isinstance(record, dict):
+            raise ValueError(
+                f"{self.source}:{lineno}: a JSON {type(record).__name__}, not an object; "
+                f"each line must be an object such as {{\"text\": ...}}"
+            )
         out = {}
         for key in self.json_keys:
             if key not in record:
