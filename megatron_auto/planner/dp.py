@@ -54,6 +54,7 @@ class LayerOptions:
             raise ValueError("LayerOptions needs at least one strategy")
         if (np.asarray(self.mem) < 0).any():
             raise ValueError("LayerOptions.mem must be >= 0 cells")
+        object.__setattr__(self, "groups", _class_groups(np.asarray(self.cls)))
 
 
 @dataclass
@@ -133,7 +134,7 @@ def solve_stage(layers: Sequence[LayerOptions], transition: np.ndarray,
         # Best strategy of the previous layer within each class, at every cap.
         by_class = np.full((num_classes, width), INF)               # (c', v)
         arg_class = np.zeros((num_classes, width), dtype=np.int64)
-        for c, idx in _class_groups(layers[layer - 1].cls):
+        for c, idx in layers[layer - 1].groups:
             if len(idx) == 1:
                 by_class[c] = f[idx[0]]
                 arg_class[c] = idx[0]
@@ -143,8 +144,8 @@ def solve_stage(layers: Sequence[LayerOptions], transition: np.ndarray,
             arg_class[c] = idx[a]
         into = by_class[:, None, :] + transition[:, :, None]         # (c', c, v)
         best_prev_class = into.argmin(axis=0)                        # (c, v)
-        h = np.take_along_axis(into, best_prev_class[None], axis=0)[0]   # (c, v)
-        pred = np.take_along_axis(arg_class, best_prev_class, axis=0)    # (c, v) strategy
+        h = into.min(axis=0)                                         # (c, v)
+        pred = arg_class[best_prev_class, v[None, :]]                # (c, v) strategy
         opts = layers[layer]
         f_new = np.full((len(opts.mem), width), INF)
         aux_new = np.zeros((len(opts.mem), width, k))

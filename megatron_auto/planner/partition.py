@@ -32,41 +32,59 @@ Row = Callable[[int, int], np.ndarray]
 Partition = tuple[int, ...]
 
 
-def min_max_partition(num_layers: int, num_stages: int, row: Row,
-                      max_len: int) -> Partition | None:
+def min_max_partition(num_layers: int, num_stages: int, row: Row, max_len: int,
+                      row_depends_on_start: bool = True) -> Partition | None:
     """Partition minimising the largest stage value (ties: the smallest sum); None if every
-    partition has an infinite stage. O(num_stages * num_layers) row calls, each vectorised over
-    the stage length."""
+    partition has an infinite stage.
+
+    ``best[k][e]`` = (largest, sum) over stages ``0..k`` covering layers ``[0, e)``; stage ``k``
+    of length ``j`` ending at ``e`` starts at ``e - j``. Vectorised over the start for each
+    length, so one stage costs ``max_len`` numpy steps (plus ``num_layers`` row calls when the
+    row depends on the start, e.g. several layer types).
+    """
     if num_stages > num_layers:
         return None
     inf = np.inf
+    width = max_len
+
+    def table(k: int) -> np.ndarray:  # (start, length-1) -> value
+        out = np.full((num_layers, width), inf)
+        if row_depends_on_start:
+            for a in range(num_layers):
+                vals = np.asarray(row(k, a), dtype=float)[:width]
+                out[a, :len(vals)] = vals
+        else:
+            vals = np.asarray(row(k, 0), dtype=float)[:width]
+            out[:, :len(vals)] = vals[None, :]
+        return out
+
     best_max = np.full(num_layers + 1, inf)
     best_sum = np.full(num_layers + 1, inf)
-    back: list[np.ndarray] = []
-    # Stage 0 starts at layer 0.
-    vals = np.asarray(row(0, 0), dtype=float)[:max_len]
-    ends = np.arange(1, len(vals) + 1)
-    best_max[ends] = vals
-    best_sum[ends] = vals
-    back.append(np.zeros(num_layers + 1, dtype=np.int64))
+    vals = table(0)[0]
+    ends = np.arange(1, width + 1)
+    keep = ends <= num_layers
+    best_max[ends[keep]] = vals[keep]
+    best_sum[ends[keep]] = vals[keep]
+    back: list[np.ndarray] = [np.zeros(num_layers + 1, dtype=np.int64)]
+    starts = np.arange(num_layers + 1)
     for k in range(1, num_stages):
+        t = table(k)
         new_max = np.full(num_layers + 1, inf)
         new_sum = np.full(num_layers + 1, inf)
         arg = np.full(num_layers + 1, -1, dtype=np.int64)
-        remaining = num_stages - 1 - k  # stages after this one need a layer each
-        for start in range(k, num_layers - remaining):
-            if not np.isfinite(best_max[start]):
+        remaining = num_stages - 1 - k  # later stages need a layer each
+        for j in range(width):
+            a = starts[k:num_layers - remaining - j]   # stage covers [a, a + j + 1)
+            if len(a) == 0:
                 continue
-            length_cap = min(max_len, num_layers - remaining - start)
-            vals = np.asarray(row(k, start), dtype=float)[:length_cap]
-            ends = start + np.arange(1, len(vals) + 1)
-            cand_max = np.maximum(best_max[start], vals)
-            cand_sum = best_sum[start] + vals
-            cur_max, cur_sum = new_max[ends], new_sum[ends]
+            e = a + j + 1
+            cand_max = np.maximum(best_max[a], t[a, j])
+            cand_sum = best_sum[a] + t[a, j]
+            cur_max, cur_sum = new_max[e], new_sum[e]
             better = (cand_max < cur_max) | ((cand_max == cur_max) & (cand_sum < cur_sum))
-            new_max[ends] = np.where(better, cand_max, cur_max)
-            new_sum[ends] = np.where(better, cand_sum, cur_sum)
-            arg[ends] = np.where(better, start, arg[ends])
+            new_max[e] = np.where(better, cand_max, cur_max)
+            new_sum[e] = np.where(better, cand_sum, cur_sum)
+            arg[e] = np.where(better, a, arg[e])
         best_max, best_sum = new_max, new_sum
         back.append(arg)
     if not np.isfinite(best_max[num_layers]):
@@ -87,10 +105,10 @@ def even(num_layers: int, num_stages: int) -> Partition:
 
 
 def memory_balanced(num_layers: int, num_stages: int, memory_row: Row,
-                    max_len: int) -> Partition | None:
+                    max_len: int, row_depends_on_start: bool = True) -> Partition | None:
     """The partition whose largest stage needs the least memory (``memory_row`` gives each
     stage's least memory). Exact, unlike a greedy fill."""
-    return min_max_partition(num_layers, num_stages, memory_row, max_len)
+    return min_max_partition(num_layers, num_stages, memory_row, max_len, row_depends_on_start)
 
 
 def improve(partition: Partition, score: Callable[[Partition], float],
@@ -121,7 +139,8 @@ def improve(partition: Partition, score: Callable[[Partition], float],
 
 def choose_partition(num_layers: int, num_stages: int, time_row: Row, memory_row: Row,
                      score: Callable[[Partition], float], max_len: int, allowed: tuple[str, ...],
-                     polish: bool, memory_seed: Partition | None | str = "compute"
+                     polish: bool, memory_seed: Partition | None | str = "compute",
+                     row_depends_on_start: bool = True
                      ) -> dict[str, tuple[Partition | None, float]]:
     """Score the allowed partition kinds (``even``, ``memory``, ``bmw``) and return
     ``{kind: (partition, score)}``. ``bmw`` is the best seed (all three) improved by local moves
@@ -132,14 +151,16 @@ def choose_partition(num_layers: int, num_stages: int, time_row: Row, memory_row
     if "even" in allowed or "bmw" in allowed:
         seeds["even"] = even(num_layers, num_stages)
     if "memory" in allowed or "bmw" in allowed:
-        seeds["memory"] = (memory_balanced(num_layers, num_stages, memory_row, max_len)
+        seeds["memory"] = (memory_balanced(num_layers, num_stages, memory_row, max_len,
+                                           row_depends_on_start)
                            if memory_seed == "compute" else memory_seed)
     scored = {k: (p, score(p) if p is not None else np.inf) for k, p in seeds.items()}
     for kind in ("even", "memory"):
         if kind in allowed:
             out[kind] = scored[kind]
     if "bmw" in allowed:
-        balanced = min_max_partition(num_layers, num_stages, time_row, max_len)
+        balanced = min_max_partition(num_layers, num_stages, time_row, max_len,
+                                     row_depends_on_start)
         if balanced is not None:
             scored["time"] = (balanced, score(balanced))
         start, start_score = min(scored.values(), key=lambda x: x[1])

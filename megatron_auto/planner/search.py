@@ -205,7 +205,7 @@ def _run_space(space: _Space, spec: ModelSpec, training: TrainingSpec, cluster: 
                 for sched in schedules:
                     raw.append((batch, pp, m, sched))
     max_len_of = {pp: spec.num_layers if pp == 1 else
-                  min(spec.num_layers - pp + 1, 2 * math.ceil(spec.num_layers / pp) + 2)
+                  min(spec.num_layers - pp + 1, math.ceil(1.5 * spec.num_layers / pp) + 1)
                   for pp in pps}
     tasks = []
     for batch, pp, m, sched in raw:
@@ -238,7 +238,8 @@ def _run_space(space: _Space, spec: ModelSpec, training: TrainingSpec, cluster: 
             parts = choose_partition(
                 l, p, lambda k, a, o=option: task.row(k, a, o).value / task.m, mem_row,
                 lambda part, o=option: task.score(part, o), task.max_len, space.partitions,
-                polish=False, memory_seed=mem_part)
+                polish=False, memory_seed=mem_part,
+                row_depends_on_start=len(spec.layer_types) > 1)
             kind = min(parts, key=lambda x: parts[x][1])
             score = parts[kind][1] / task.global_batch
             if math.isfinite(score):
@@ -252,7 +253,8 @@ def _least_memory(task: Task, mem_row) -> tuple[tuple[int, ...] | None, float | 
     """The memory-balanced partition and the least peak memory (bytes) any plan of the task can
     have with this vocab layout (None when no partition exists)."""
     from .partition import memory_balanced
-    part = memory_balanced(task.spec.num_layers, task.pp, mem_row, task.max_len)
+    part = memory_balanced(task.spec.num_layers, task.pp, mem_row, task.max_len,
+                           len(task.spec.layer_types) > 1)
     if part is None:
         return None, None
     start, worst = 0, 0.0

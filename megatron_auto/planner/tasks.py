@@ -33,6 +33,23 @@ from .profiles import ModelProfile
 from .strategies import Layout, SpaceRules, layer_strategies, layout_of
 
 INF = math.inf
+EXACT_IN_FLIGHT = 8
+IN_FLIGHT_GRID = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192,
+                  256, 320, 384, 512, 640, 768, 1024, 1 << 62)
+
+
+def _envelope(x: np.ndarray, y: np.ndarray, cap: float) -> float:
+    """Least ``y`` a convex combination of the points ``(x, y)`` reaches with ``x <= cap``."""
+    best = INF
+    fit = x <= cap
+    if fit.any():
+        best = float(y[fit].min())
+    for i in np.nonzero(fit)[0]:
+        for j in np.nonzero(~fit)[0]:  # mix a fitting point with a bigger, faster one
+            if y[j] < y[i]:
+                w = (cap - x[i]) / (x[j] - x[i])
+                best = min(best, float(y[i] + w * (y[j] - y[i])))
+    return best
 
 
 def cells_up(nbytes: float, step: int) -> int:
@@ -67,6 +84,7 @@ class Task:
         self.b_m = global_batch // m
         self.step = step
         self.max_len = min(max_len, spec.num_layers)
+        self._in_flight = self._in_flight_counts()
         self.cells = int((budget_bytes - cluster.memory_reserve_bytes) // step)
         n = self.n
         self.strategies: list[list[LayerStrategy]] = []
@@ -120,9 +138,7 @@ class Task:
         self._details: dict[tuple, tuple[float, float, float] | None] = {}
         self._vocab: dict[tuple, tuple[MemoryCost, TimeCost]] = {}
         # Lower bound on the iteration time of any plan of this task (memory ignored).
-        per_type_min = [min(t.microbatch for t in group) if group else INF for group in self.time]
-        work = sum(per_type_min[t] for t in spec.layer_order)
-        self.lower_bound = (m + pp - 1) / pp * work
+        self.lower_bound = self._lower_bound()
 
     def _candidate_levels(self) -> list[int]:
         """Transient levels that can matter: the transient of every strategy that no strategy
@@ -148,7 +164,43 @@ class Task:
 
     # ------------------------------------------------------------------ helpers
     def in_flight(self, k: int) -> int:
-        return in_flight(self.schedule, self.pp, k, self.m)
+        """Micro-batches stage ``k`` is costed for. With more than ``EXACT_IN_FLIGHT`` stages the
+        count is rounded UP to the next value of ``IN_FLIGHT_GRID`` (conservative: more memory
+        reserved, never less) so that deep pipelines need a few DP runs instead of one per
+        stage; the first stage (usually the binding one) keeps its exact count."""
+        return self._in_flight[k]
+
+    def _in_flight_counts(self) -> list[int]:
+        first = in_flight(self.schedule, self.pp, 0, self.m)
+        out = []
+        for k in range(self.pp):
+            k_in = in_flight(self.schedule, self.pp, k, self.m)
+            if self.pp > EXACT_IN_FLIGHT and k > 0:
+                k_in = min(next(g for g in IN_FLIGHT_GRID if g >= k_in), first)
+            out.append(k_in)
+        return out
+
+    def _lower_bound(self) -> float:
+        """A lower bound on the iteration time of every plan of this task (memory included).
+
+        Per layer the points (persistent memory at one micro-batch in flight, time per
+        micro-batch) of its strategies; ``g(x)`` = the lower convex envelope at memory ``x``
+        (an LP relaxation of choosing strategies). A stage of ``L_k`` layers within ``cap``
+        cells takes at least ``L_k * g(cap / L_k)``; that is convex in ``L_k``, so the stages
+        together take at least ``L * g(pp * cap / L)``; the pipeline at least
+        ``(m + pp - 1) / pp`` times that. Transitions, tails and the embedding only add.
+        """
+        total = 0.0
+        per_layer_cap = self.pp * (self.cells - min(
+            (int(t.min()) for t in self.trans_cells if len(t)), default=0)) / self.spec.num_layers
+        for t, group in enumerate(self.mem):
+            if not group:
+                return INF
+            x = np.array([cells_up(g.persistent(1), self.step) for g in group], dtype=float)
+            y = np.array([tc.microbatch for tc in self.time[t]])
+            count = sum(1 for o in self.spec.layer_order if o == t)
+            total += count * _envelope(x, y, per_layer_cap)
+        return (self.m + self.pp - 1) / self.pp * total
 
     def vocab(self, k: int, option: VocabOption) -> tuple[MemoryCost, TimeCost] | None:
         first, last = k == 0, k == self.pp - 1

@@ -1,0 +1,134 @@
+"""Cost model: hand calculations for memory and time, layout arithmetic, schedules."""
+
+from __future__ import annotations
+
+import pytest
+
+from megatron_auto.plan import LayerStrategy, Plan
+from megatron_auto.planner import ModelSpec, TrainingSpec, evaluate
+from megatron_auto.planner.cost_memory import layer_memory, model_states
+from megatron_auto.planner.cost_model import in_flight
+from megatron_auto.planner.cost_time import overlap, pipeline_time
+from megatron_auto.planner.strategies import batch_slice, relayout_is_local
+
+from planner_fakes import FakeCluster, round_profile
+
+SPEC2 = ModelSpec.uniform(2, 64, 4, 16, 64, name="gpt")
+
+
+def test_evaluate_uniform_two_layer_plan_matches_hand_calculation():
+    # World 2, pp 1, tp 1 (dp 2), ddp, B = 4 in m = 2 micro-batches -> 1 sample per rank.
+    # Per layer: F = 0.01 s, backward 0.02 s; DDP all-reduce of 4 B x 1000 grads over 2 ranks:
+    #   2*(1/2)*4000/1e4 = 0.4 s, exposed beyond the 0.02 s backward: 0.38 s.
+    # Embedding+head (pp 1): forward 0.005, backward 0.010; all-reduce of 4 x 520 B: 0.208 s,
+    #   exposed 0.198 s.
+    # C = 2*(0.01+0.02) + 0.005 + 0.010 = 0.075 s; T_pipe = C + (m-1) C = 0.15 s.
+    # Tail = 2*0.38 + 0.198 = 0.958 s  ->  iteration 1.108 s, 4/1.108 samples/s.
+    # Memory per rank: layers 2 x 16 B x 1000 = 32000; activations 2 x 100 (1 in flight);
+    #   embedding states 16 x 520 = 8320 plus activations 10 + 40 = 50; transient (loss) 80;
+    #   reserve 1000  ->  41650 bytes.
+    plan = Plan.uniform(2, 2, global_batch_size=4, num_microbatches=2)
+    est = evaluate(plan, SPEC2, TrainingSpec(4), FakeCluster(), round_profile(),
+                   memory_budget_bytes=41650)
+    assert est.iteration_time_s == pytest.approx(1.108)
+    assert est.samples_per_s == pytest.approx(4 / 1.108)
+    stage = est.stages[0]
+    assert stage.peak_memory_bytes == pytest.approx(41650)
+    assert stage.memory_breakdown["parameters"] == pytest.approx(8000)
+    assert stage.memory_breakdown["optimizer_states"] == pytest.approx(16000)
+    assert stage.memory_breakdown["activations"] == pytest.approx(200)
+    assert stage.memory_breakdown["embedding"] == pytest.approx(8370)
+    assert stage.memory_breakdown["transient"] == pytest.approx(80)
+    assert est.feasible
+    assert not evaluate(plan, SPEC2, TrainingSpec(4), FakeCluster(), round_profile(),
+                        memory_budget_bytes=41649).feasible
+    d = est.to_dict()
+    assert set(d) >= {"iteration_time_s", "samples_per_s", "stages"}
+    assert set(d["stages"][0]["memory_breakdown"]) >= {
+        "parameters", "gradients", "optimizer_states", "activations", "embedding",
+        "context_reserve"}
+
+
+def test_recompute_and_pipeline_hand_calculation():
+    # pp 2 (one layer per stage, 1 rank each), m = 2, recompute on both layers.
+    # Layer: forward 0.01 x 2 samples = 0.02; backward 2 x 0.02 + 0.02 (recompute) = 0.06.
+    # Stage 0: + embedding (no compute) ; stage 1: + head forward 0.01, backward 0.02;
+    #   hop into stage 1: 2 samples x 50 B / 1e4 = 0.01 s each way -> 0.02 s.
+    # C0 = 0.08; C1 = 0.08 + 0.03 + 0.02 = 0.13. T_pipe = 0.21 + 1 x 0.13 = 0.34 s.
+    # No DP (dp = 1). Tied embedding all-reduce between the stages: 2*(1/2)*4*500/1e4 = 0.2 s
+    #   on both; stage 1 finishes 0.34 - B0 + 0.2 where B0 = 0.06, stage 0 at 0.34 + 0.2.
+    # Iteration = 0.54 s.
+    plan = Plan.uniform(2, 2, global_batch_size=4, num_microbatches=2, pp=2, recompute=True)
+    est = evaluate(plan, SPEC2, TrainingSpec(4), FakeCluster(), round_profile())
+    assert est.iteration_time_s == pytest.approx(0.54)
+    # Stage 0 (1F1B) holds min(2 - 0, 2) = 2 micro-batches of the 10 B/sample input x 2 samples.
+    assert est.stages[0].memory_breakdown["activations"] == pytest.approx(40)
+    assert est.stages[1].memory_breakdown["activations"] == pytest.approx(20)
+
+
+def test_gpipe_holds_every_microbatch():
+    assert in_flight("1f1b", 4, 0, 16) == 4
+    assert in_flight("1f1b", 4, 3, 16) == 1
+    assert in_flight("1f1b", 4, 0, 2) == 2
+    assert in_flight("gpipe", 4, 3, 16) == 16
+    one = Plan.uniform(2, 2, global_batch_size=8, num_microbatches=4, pp=2)
+    gp = Plan.uniform(2, 2, global_batch_size=8, num_microbatches=4, pp=2, schedule="gpipe")
+    a = evaluate(one, SPEC2, TrainingSpec(8), FakeCluster(), round_profile())
+    b = evaluate(gp, SPEC2, TrainingSpec(8), FakeCluster(), round_profile())
+    assert b.iteration_time_s == pytest.approx(a.iteration_time_s)
+    assert b.stages[1].memory_breakdown["activations"] == pytest.approx(
+        4 * a.stages[1].memory_breakdown["activations"])
+
+
+def test_model_states_bytes_per_parameter():
+    # Mixed precision with fp32 master weights: ddp 16 B; zero2 4 + 12/d; zero3 16/d.
+    assert sum(model_states(1000, "ddp", 4)[:3]) == pytest.approx(16000)
+    assert sum(model_states(1000, "zero2", 4)[:3]) == pytest.approx(4000 + 12000 / 4)
+    assert sum(model_states(1000, "zero3", 4)[:3]) == pytest.approx(16000 / 4)
+    # zero3 gathers the params and produces unsharded grads for the layer in use.
+    assert model_states(1000, "zero3", 4)[3] == pytest.approx(8 * 750)
+    with pytest.raises(ValueError, match="dp_mode='zero1'"):
+        model_states(1, "zero1", 2)
+
+
+def test_recompute_keeps_only_the_input():
+    prof = round_profile().layer_types["gpt"]
+    plain = layer_memory(prof, 1, 2, "ddp", False, 3)
+    rc = layer_memory(prof, 1, 2, "ddp", True, 3)
+    assert plain.activations_per_microbatch == pytest.approx(300)
+    assert rc.activations_per_microbatch == pytest.approx(30)
+    assert rc.transient == pytest.approx(300)  # rebuilt during its backward
+
+
+def test_layout_slices_and_relayout_rule():
+    # 4 ranks, tp 2 consecutive: ranks 0,1 hold slice 0 of 2; strided: rank 1 holds slice 1.
+    assert batch_slice(1, 4, (2, True)) == (0, 2)
+    assert batch_slice(1, 4, (2, False)) == (1, 2)
+    # Reducing TP from a consecutive layout is a local slice; increasing TP needs a gather.
+    assert relayout_is_local((2, True), (1, True), 4)
+    assert not relayout_is_local((1, True), (2, True), 4)
+    # From strided tp 2 to tp 1: rank 1 had slice 1 of 2 = quarters {2,3}, needs quarter 1.
+    assert not relayout_is_local((2, False), (1, True), 4)
+
+
+def test_overlap_and_pipeline_formula():
+    assert overlap(1.0, 3.0, 1.0) == pytest.approx(3.0)
+    assert overlap(1.0, 3.0, 1.5) == pytest.approx(3.5)
+    # Two stages of 1 s, 4 micro-batches: (2 + 3) x 1 = 5 s; stage 1's 2 s tail starts
+    # B0 = 0.5 s before the end: 5 - 0.5 + 2 = 6.5 s.
+    pt = pipeline_time([1.0, 1.0], [0.5, 0.5], [0.0, 2.0], 4)
+    assert pt.pipeline == pytest.approx(5.0)
+    assert pt.iteration == pytest.approx(6.5)
+    assert pt.bubble_fraction == pytest.approx(1 - 4 / 5)
+
+
+def test_evaluate_rejects_mismatched_plans():
+    plan = Plan.uniform(2, 3, global_batch_size=4, num_microbatches=2)
+    with pytest.raises(ValueError, match="3 layers but model"):
+        evaluate(plan, SPEC2, TrainingSpec(4), FakeCluster(), round_profile())
+    big = Plan.uniform(4, 2, global_batch_size=4, num_microbatches=1)
+    with pytest.raises(ValueError, match="world_size=4"):
+        evaluate(big, SPEC2, TrainingSpec(4), FakeCluster(), round_profile())
+    with pytest.raises(ValueError, match="precision"):
+        evaluate(Plan.uniform(2, 2, global_batch_size=4), SPEC2, TrainingSpec(4, "fp32"),
+                 FakeCluster(), round_profile())
