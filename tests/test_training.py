@@ -111,7 +111,7 @@ def test_weight_decay_skips_biases_and_norms():
     model = Tiny()
     groups = param_groups(model.parameters(), {id(p): n for n, p in model.named_parameters()}, 0.1)
     decayed = {id(p) for p in groups[0]["params"]}
-    assert groups[0]["weight_decay"] == 0.1 and groups[1]["weight_decay"] == 0.0
+    assert [g["weight_decay"] for g in groups] == [0.1, 0.0]
     assert decayed == {id(model.proj.weight)}
     assert len(groups[1]["params"]) == 3
 

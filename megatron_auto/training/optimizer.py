@@ -39,15 +39,19 @@ def _is_plain(param: torch.Tensor) -> bool:
 
 def param_groups(params: Iterable[nn.Parameter], names: dict[int, str],
                  weight_decay: float) -> list[dict]:
-    """Split ``params`` into a decayed and a non-decayed group (empty groups are dropped)."""
-    decay, no_decay = [], []
+    """Group ``params`` by (decayed or not, plain tensor or DTensor shard); drop empty groups.
+
+    Plain tensors and FSDP2's DTensor shards go to separate groups because torch's ``foreach``
+    kernels refuse a list that mixes the two.
+    """
+    groups: dict[tuple[bool, bool], list[nn.Parameter]] = {}
     for p in params:
         if not p.requires_grad:
             continue
-        (no_decay if _no_weight_decay(names.get(id(p), ""), p) else decay).append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
-    return [g for g in groups if g["params"]]
+        key = (_no_weight_decay(names.get(id(p), ""), p), not _is_plain(p))
+        groups.setdefault(key, []).append(p)
+    return [{"params": groups[key], "weight_decay": 0.0 if key[0] else weight_decay}
+            for key in sorted(groups)]
 
 
 def build_optimizer(params: Iterable[nn.Parameter], config: OptimizerConfig, *, lr: float,

@@ -1,0 +1,93 @@
+"""The GPT entry script end to end: torchrun command, metrics file, clean configuration errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dist_utils import free_port, run_distributed
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL_RUN = ["--mock-data", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads",
+             "4", "--seq-length", "32", "--max-position-embeddings", "32", "--vocab-size", "512",
+             "--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", "10",
+             "--log-interval", "1", "--lr", "1e-3", "--tensor-model-parallel-size", "2"]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def test_torchrun_command_writes_ten_metrics_lines(tmp_path):
+    metrics = tmp_path / "m.jsonl"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           os.path.join(ROOT, "pretrain_gpt.py"), *SMALL_RUN, "--metrics-file", str(metrics)]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["iteration"] for r in records] == list(range(1, 11))
+    for r in records:
+        assert r["lm_loss"] > 0 and r["iteration_time_s"] > 0 and r["tokens_per_s"] > 0
+        assert {"lr", "grad_norm", "samples_per_s"} <= set(r)
+    # Megatron console lines, printed once (rank 0), with the loss of the last stage.
+    lines = [l for l in proc.stdout.splitlines() if l.lstrip().startswith("iteration")]
+    assert len(lines) == 10 and "lm loss:" in lines[0] and "| consumed samples:" in lines[0]
+
+
+def _main_worker(rank, world_size, argv):
+    import pretrain_gpt
+
+    code = pretrain_gpt.main(argv)
+    return code
+
+
+def test_forked_ranks_pipeline_run_with_plan_file_and_eval(tmp_path):
+    from megatron_auto.plan import Plan
+
+    plan = Plan.uniform(2, 2, global_batch_size=4, num_microbatches=2, pp=2, schedule="gpipe")
+    plan_path = tmp_path / "plan.json"
+    plan.save(plan_path)
+    metrics = tmp_path / "m.jsonl"
+    argv = ["--mock-data", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+            "--seq-length", "16", "--vocab-size", "128", "--train-iters", "4", "--log-interval", "2",
+            "--eval-interval", "2", "--eval-iters", "1", "--plan", str(plan_path),
+            "--metrics-file", str(metrics), "--plan-out", str(tmp_path / "used.json")]
+    assert run_distributed(_main_worker, 2, argv) == [0, 0]
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    train = [r for r in records if "split" not in r]
+    valid = [r for r in records if r.get("split") == "valid"]
+    assert [r["iteration"] for r in train] == [2, 4] and [r["iteration"] for r in valid] == [2, 4]
+    assert all(r["ppl"] == pytest.approx(2.718281828 ** r["lm_loss"], rel=1e-6) for r in valid)
+    assert Plan.load(tmp_path / "used.json") == plan
+
+
+def test_bad_plan_file_exits_2_without_traceback(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": "megatron_auto.plan", "version": 1, "world_size": 1,
+                               "global_batch_size": 8, "num_microbatches": 3,
+                               "pipeline": {"size": 1, "layers_per_stage": [4]},
+                               "layers": [{"tp": 1}] * 4}))
+    env = _env()
+    env.pop("RANK", None)
+    env["MASTER_PORT"] = str(free_port())
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "pretrain_gpt.py"), "--mock-data",
+                           "--plan", str(bad)], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert "error: --plan" in proc.stderr and "num_microbatches=3" in proc.stderr
+
+
+def test_bad_flags_exit_2_with_message(capsys):
+    import pretrain_gpt
+
+    assert pretrain_gpt.main(["--bf16", "--fp16"]) == 2
+    assert "error: --bf16=True: cannot be combined with --fp16" in capsys.readouterr().err
