@@ -414,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="megatron-auto", description="Search, price and explain per-layer parallel plans.",
         allow_abbrev=False)
-    sub = parser.add_subparsers(dest="command", metavar="{plan,evaluate,explain,import-galvatron}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     fmt = argparse.RawDescriptionHelpFormatter
 
     p = sub.add_parser("plan", help="search the fastest plan that fits and write it",
@@ -479,7 +479,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--world-size", type=int, default=None, help="default: from the file name")
     g.add_argument("--plan-out", metavar="FILE")
     r.set_defaults(func=cmd_import_galvatron)
+    _add_profiler_subcommands(sub)
     return parser
+
+
+def _add_profiler_subcommands(sub: Any) -> None:
+    """profile-model, profile-hardware and calibrate live with the profiler (it owns them)."""
+    try:
+        from .profiler.cli import (add_calibrate_parser,  # noqa: PLC0415 - optional component
+                                   add_profile_hardware_parser, add_profile_model_parser)
+    except ImportError:
+        return
+    for add in (add_profile_model_parser, add_profile_hardware_parser, add_calibrate_parser):
+        add(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
