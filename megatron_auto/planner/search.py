@@ -211,7 +211,7 @@ def _run_space(space: _Space, spec: ModelSpec, training: TrainingSpec, cluster: 
     for batch, pp, m, sched in raw:
         task = Task(spec, profile, cluster, world, batch, pp, m, sched, space.rules, budget, step,
                     options.max_transient_levels, max_len_of[pp])
-        if task.ok and task.cells > 0:
+        if task.ok:
             tasks.append(task)
     tasks.sort(key=lambda t: t.lower_bound / t.global_batch)
     stats["tasks"] = stats.get("tasks", 0) + len(tasks)
@@ -220,7 +220,7 @@ def _run_space(space: _Space, spec: ModelSpec, training: TrainingSpec, cluster: 
     for i, task in enumerate(tasks):
         if progress:
             progress(i, len(tasks), best if math.isfinite(best) else None)
-        if task.lower_bound / task.global_batch >= best:
+        if math.isfinite(best) and task.lower_bound / task.global_batch >= best:
             stats["pruned"] = stats.get("pruned", 0) + len(tasks) - i
             break
         if deadline is not None and time.monotonic() > deadline:
@@ -377,9 +377,9 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: Any, profile: Model
                 f"no plan of space {options.space!r} exists for this model on {world} devices "
                 f"(check divisibility of batch, heads and layers, or widen the space)", None)
         raise InfeasibleError(
-            f"memory budget {memory_budget_bytes / GB:.2f} GB per device is too small: the "
+            f"memory budget {memory_budget_bytes / GB:.3f} GB per device is too small: the "
             f"least memory any plan of space {options.space!r} needs is "
-            f"{math.ceil(least / GB * 100) / 100:.2f} GB (framework reserve included); raise "
+            f"{math.ceil(least / GB * 1000) / 1000:.3f} GB (framework reserve included); raise "
             f"--memory-budget-gb, lower the global batch, or widen the search space", least)
     plan, est, partition_info, cand = best
     main_stats = dict(stats)

@@ -1,0 +1,145 @@
+"""The search end to end on small problems: budget respected, monotone in memory, partition
+never worse than even or memory-balanced, JSON round trip, infeasible budgets, options."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from megatron_auto.plan import Plan
+from megatron_auto.planner import (BASELINE_SPACES, InfeasibleError, LayerType, ModelSpec,
+                                   SearchOptions, TrainingSpec, analytic_profile, evaluate,
+                                   search)
+
+from planner_fakes import FakeCluster, round_profile
+
+CLUSTER = FakeCluster(devices_per_node=4, bandwidth=2e4)
+SPEC = ModelSpec.uniform(6, 64, 4, 16, 64, name="gpt")
+QUIET = dict(show_progress=False, memory_step_bytes=256)
+
+
+def run(budget, **kw):
+    opts = {**QUIET, "include_baselines": False, **kw}
+    return search(SPEC, TrainingSpec(8), CLUSTER, round_profile(), budget, SearchOptions(**opts))
+
+
+@pytest.mark.parametrize("budget", [30000, 36000, 45000, 60000, 90000])
+def test_plan_never_exceeds_the_budget(budget):
+    result = run(budget)
+    est = evaluate(result.plan, SPEC, TrainingSpec(8), CLUSTER, round_profile(), budget)
+    assert est.feasible
+    assert est.peak_memory_bytes <= budget
+    assert result.estimate.iteration_time_s == pytest.approx(est.iteration_time_s)
+    for stage in result.plan.estimate["stages"]:
+        assert stage["peak_memory_bytes"] <= budget
+
+
+@pytest.mark.parametrize("pp", [1, None])
+def test_more_memory_never_gives_a_slower_plan(pp):
+    previous = math.inf
+    for budget in range(26000, 80001, 2000):
+        try:
+            t = run(budget, pp=pp).estimate.iteration_time_s
+        except InfeasibleError:
+            continue
+        assert t <= previous * (1 + 1e-9), budget
+        previous = t
+    assert math.isfinite(previous)
+
+
+@pytest.mark.parametrize("budget", [30000, 40000, 60000])
+def test_partition_never_loses_to_even_or_memory_balanced(budget):
+    result = run(budget)
+    scores = result.plan.search["partition"]["samples_per_s"]
+    best = result.estimate.samples_per_s
+    for kind, value in scores.items():
+        assert best >= value * (1 - 1e-12), kind
+    for kind in ("even", "memory"):
+        try:
+            other = run(budget, partition=kind).estimate.samples_per_s
+        except InfeasibleError:
+            continue
+        assert best >= other * (1 - 1e-9), kind
+
+
+def test_plan_json_round_trip_keeps_the_estimate(tmp_path):
+    result = run(45000)
+    path = tmp_path / "plan.json"
+    result.plan.save(path)
+    loaded = Plan.load(path)
+    assert loaded == result.plan
+    assert loaded.estimate == pytest.approx(result.plan.estimate) or \
+        loaded.estimate["iteration_time_s"] == pytest.approx(result.estimate.iteration_time_s)
+    again = evaluate(loaded, SPEC, TrainingSpec(8), CLUSTER, round_profile(), 45000)
+    assert again.to_dict()["iteration_time_s"] == pytest.approx(
+        result.plan.estimate["iteration_time_s"])
+    assert loaded.search["partition"]["winner"] in ("bmw", "even", "memory")
+
+
+def test_infeasible_budget_states_the_least_memory_that_works():
+    with pytest.raises(InfeasibleError, match=r"least memory .* needs is [0-9.]+ GB") as info:
+        run(5000)
+    least = info.value.min_memory_bytes
+    assert least > 5000
+    # That much memory (plus one memory step for the rounding of the budget) is enough.
+    assert run(int(least) + 256).estimate.feasible
+
+
+def test_baselines_are_reported_and_never_beat_the_full_space():
+    result = search(SPEC, TrainingSpec(8), CLUSTER, round_profile(), 60000,
+                    SearchOptions(**QUIET))
+    assert set(result.baselines) == set(BASELINE_SPACES)
+    for name, est in result.baselines.items():
+        if est is not None:
+            assert result.estimate.samples_per_s >= est.samples_per_s * (1 - 1e-9), name
+    assert result.plan.search["baselines"].keys() == result.baselines.keys()
+
+
+def test_restricted_spaces_produce_their_shape():
+    dp = run(200000, space="dp").plan
+    assert dp.pp_size == 1 and {(s.tp, s.dp_mode, s.recompute) for s in dp.layers} == {
+        (1, "ddp", False)}
+    mg = run(200000, space="megatron3d").plan
+    assert mg.is_uniform() and mg.layers[0].dp_mode == "ddp"
+    z3 = run(200000, space="zero3").plan
+    assert {s.dp_mode for s in z3.layers} == {"zero3"}
+
+
+def test_pins_are_respected():
+    plan = run(60000, pp=2, num_microbatches=4, tp=2).plan
+    assert plan.pp_size == 2 and plan.num_microbatches == 4
+    assert {s.tp for s in plan.layers} == {2}
+
+
+def test_multi_type_model_searches_and_plans_every_layer():
+    enc = LayerType("enc", 64, 4, 256, 16, 3, causal=False)
+    dec = LayerType("dec", 32, 4, 128, 16, 3)
+    spec = ModelSpec.stacked([(enc, 3), (dec, 3)], vocab_size=64, embedding_hidden_size=64,
+                             seq_length=16, name="encdec")
+    training = TrainingSpec(8)
+    profile = analytic_profile(spec, training, CLUSTER)
+    result = search(spec, training, CLUSTER, profile, 10 ** 8,
+                    SearchOptions(show_progress=False, include_baselines=False))
+    assert result.plan.num_layers == 6
+    assert result.estimate.feasible
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("space", "zero9", "space='zero9'"),
+    ("schedule", "interleaved", "schedule='interleaved'"),
+    ("pp", 3, "pp=3: must be a power of two"),
+    ("dp_modes", ("fsdp",), "dp_modes"),
+    ("partition", "greedy", "partition='greedy'"),
+])
+def test_bad_options_name_the_option(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        run(60000, **{field: value})
+
+
+def test_search_is_deterministic():
+    a, b = run(40000), run(40000)
+    assert a.plan.layers == b.plan.layers
+    assert a.plan.pipeline == b.plan.pipeline
+    assert np.isclose(a.estimate.iteration_time_s, b.estimate.iteration_time_s)
