@@ -52,10 +52,12 @@ class GradBuckets:
             raise ValueError(f"bucket_size_bytes={bucket_size_bytes}: must be positive "
                              f"(e.g. 25 * 2**20 for 25 MiB buckets)")
         self.overlap = overlap
-        # Buckets whose all-reduce started inside backward during the last step (for tests and
-        # benchmarks: how much communication could overlap with computation).
+        # Buckets whose all-reduce started while backward still had gradients of these groups to
+        # produce, in the last step (for tests and benchmarks: how much communication overlaps).
         self.num_overlapped = 0
         self.last_num_overlapped = 0
+        self._num_params = 0
+        self._num_ready = 0  # parameters whose gradient is final in this step
         self._sync_now = True  # True while the last micro-batch's backward runs
         # One ordered bucket list per group; the launch cursor walks it in order.
         self._chains: list[list[_Bucket]] = []
@@ -78,6 +80,7 @@ class GradBuckets:
             for b, bucket in enumerate(chain):
                 for p in bucket.params:
                     self._where[id(p)] = (c, b)
+                    self._num_params += 1
                     p.register_post_accumulate_grad_hook(self._on_grad_ready)
         self.zero_grad()
 
@@ -118,6 +121,8 @@ class GradBuckets:
 
     def zero_grad(self) -> None:
         """Zero the buffers and point every ``.grad`` back at its buffer view."""
+        self._num_ready = 0
+        self._cursor = [0] * len(self._chains)
         for chain in self._chains:
             for bucket in chain:
                 self._reset(bucket)
@@ -146,6 +151,7 @@ class GradBuckets:
         if id(param) not in bucket.ready:
             bucket.ready.add(id(param))
             bucket.num_ready += 1
+            self._num_ready += 1
         if self.overlap:
             self._launch_ready(c)
 
@@ -156,7 +162,8 @@ class GradBuckets:
             if bucket.num_ready < len(bucket.params):
                 return
             self._launch(bucket)
-            self.num_overlapped += 1
+            if self._num_ready < self._num_params:
+                self.num_overlapped += 1
             self._cursor[c] += 1
 
     @staticmethod
@@ -178,6 +185,7 @@ class GradBuckets:
     def finish(self) -> None:
         """Launch buckets not launched yet (in order), wait for all, reset for the next step."""
         self.last_num_overlapped, self.num_overlapped = self.num_overlapped, 0
+        self._num_ready = 0
         for c, chain in enumerate(self._chains):
             while self._cursor[c] < len(chain):
                 self._launch(chain[self._cursor[c]])
