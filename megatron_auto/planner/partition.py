@@ -74,7 +74,7 @@ def min_max_partition(num_layers: int, num_stages: int, row: Row, max_len: int,
         arg = np.full(num_layers + 1, -1, dtype=np.int64)
         remaining = num_stages - 1 - k  # later stages need a layer each
         for j in range(width):
-            a = starts[k:num_layers - remaining - j]   # stage covers [a, a + j + 1)
+            a = starts[k:max(k, num_layers - remaining - j)]  # stage covers [a, a + j + 1)
             if len(a) == 0:
                 continue
             e = a + j + 1
