@@ -66,7 +66,9 @@ def test_activation_bytes_are_positive_and_recompute_keeps_less(tiny_profile):
 def test_bf16_profile_counts_weight_copies():
     cfg = ModelConfig(num_layers=1, hidden_size=64, num_attention_heads=4, seq_length=32,
                       vocab_size=128, hidden_dropout=0.0, attention_dropout=0.0)
+    rng_before = torch.get_rng_state()
     profile = mp.profile_model(cfg, "bf16", "cpu", config=QUICK)
+    assert torch.equal(torch.get_rng_state(), rng_before)  # the caller's RNG is untouched
     lt = profile.layer_types["gpt"]
     # autocast saves a bf16 copy of each matrix for backward: ~2 bytes per parameter.
     assert 1.0 < lt.weight_copy_bytes_per_parameter < 3.0

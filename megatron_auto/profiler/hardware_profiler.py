@@ -136,8 +136,7 @@ class HardwareProfile:
         p2p_across = [r for r in self.p2p if r.nodes_spanned > 1]
         lat_in = [r.latency_s for r in in_node]
         lat_across = [r.latency_s for r in across]
-        defaults = ClusterSpec(name="defaults", num_nodes=1, devices_per_node=1, device_name="x",
-                               device_memory_bytes=2 * GiB, peak_flops={"fp32": 1.0})
+        defaults = _ClusterDefaults()
         peak, efficiency = _peak_and_efficiency(self.device_name, self.matmul_flops)
         source = (f"measured by megatron_auto's hardware profiler on "
                   f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC: "
@@ -169,6 +168,14 @@ class HardwareProfile:
             else defaults.p2p_latency_s,
             allreduce_busbw_table=table,
             p2p_bw_table={r.group_size: r.busbw for r in self.p2p})
+
+
+class _ClusterDefaults:
+    """ClusterSpec's own field defaults, for fields a run could not measure (e.g. no nodes to
+    cross on one machine)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return ClusterSpec.__dataclass_fields__[name].default
 
 
 def _slug(text: str) -> str:
@@ -299,11 +306,11 @@ def profile_hardware(config: HardwareProfilerConfig = HardwareProfilerConfig()) 
     if device.type == "cuda":
         dtypes["fp16"] = torch.float16
     for prec, dtype in dtypes.items():
+        # CPU bf16 matmuls are slow (no matrix units on most CPUs): a smaller one suffices.
         size = mm_size if prec == "fp32" or device.type == "cuda" else max(64, mm_size // 2)
-        # The slowest rank's rate: the planner paces a step by its slowest device.
-        seconds = cb.world_max([2.0 * size**3 / cb.matmul_flops(device, dtype, size,
-                                                                config.matmul_iters)], device)[0]
-        profile.matmul_flops[prec] = 2.0 * size**3 / seconds
+        rate = cb.matmul_flops(device, dtype, size, config.matmul_iters)
+        # The slowest rank's rate (the planner paces a step by its slowest device).
+        profile.matmul_flops[prec] = -cb.world_max([-rate], device)[0]
 
     profile.overlap = cb.overlap_slowdown(
         device, min(mm_size, 2048) if device.type == "cuda" else max(64, mm_size // 2),

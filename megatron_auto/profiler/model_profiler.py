@@ -98,6 +98,7 @@ def device_name(device: torch.device) -> str:
 
 
 def _check_precision(precision: str, device: torch.device) -> None:
+    """Reject precisions the profiler has no compute dtype for."""
     if precision not in DTYPES:
         raise ValueError(f"--precision {precision!r}: choose one of {', '.join(DTYPES)}")
 
@@ -253,11 +254,22 @@ def profile_model(model_config: ModelConfig, precision: str = "fp32",
     """Measure ``model_config``'s layer, embedding and head on ``device`` (no cache).
 
     Runs on one process and needs no torch.distributed. Dropout rates are the model's, so the
-    masks' memory and time are included as in training.
+    masks' memory and time are included as in training. The caller's RNG state is left as it
+    was (the random inputs come from ``seed`` inside a forked RNG).
     """
-    global MEASUREMENT_COUNT
     dev = resolve_device(device)
     _check_precision(precision, dev)
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+        return _profile_model(model_config, precision, dev, config=config, seed=seed)
+
+
+def _profile_model(model_config: ModelConfig, precision: str = "fp32",
+                  device: str | torch.device | None = None, *,
+                  config: ModelProfilerConfig = ModelProfilerConfig(),
+                  seed: int = 1234) -> ModelProfile:
+    """The measurement behind :func:`profile_model`."""
+    global MEASUREMENT_COUNT
+    dev = resolve_device(device)
     torch.manual_seed(seed)
     cfg = model_config
     s, h, vocab = cfg.seq_length, cfg.hidden_size, cfg.padded_vocab_size
