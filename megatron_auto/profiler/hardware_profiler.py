@@ -225,8 +225,10 @@ def nodes_of(ranks: Sequence[int], devices_per_node: int) -> int:
 
 # ----------------------------------------------------------------------------- the profiler
 def _device() -> torch.device:
+    """CUDA (the current device, which the launcher or ``run_from_args`` selected) unless the
+    process group is gloo; then CPU."""
     if torch.cuda.is_available() and (not dist.is_initialized() or dist.get_backend() == "nccl"):
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+        return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 
@@ -281,6 +283,10 @@ def profile_hardware(config: HardwareProfilerConfig = HardwareProfilerConfig()) 
             result.latency_s, result.busbw = cb.fit_latency_bandwidth(
                 [cb.bus_factor(op, g) * s for s in sizes], times)
             profile.comm.append(result)
+        # Free this partition's communicators (NCCL buffers would otherwise stay allocated in
+        # a training process that profiles before it trains).
+        if handles[mine] is not None and handles[mine] != dist.GroupMember.NON_GROUP_MEMBER:
+            dist.destroy_process_group(handles[mine])
 
     for pp in sorted({g for g, _ in group_shapes(world)}):
         stage = world // pp
