@@ -275,14 +275,28 @@ def _bad_input(rank, world_size):
     plan = Plan.from_dict(_plan([(1, "ddp", True)], vocab=("ddp", 1), world=2))
     ctx = ParallelContext(plan, device=torch.device("cpu"))
     model = StandIn(plan, ctx)
+    loose = nn.Module()
+    loose.scale = nn.Parameter(torch.ones(2))  # no layer or embedding to give it a group
     errors = []
     for call in (lambda: DataParallel(model, ctx, precision="fp8"),
                  lambda: DataParallel(model, ctx).set_microbatch(2, 2),
-                 lambda: GradBuckets([], bucket_size_bytes=0)):
+                 lambda: GradBuckets([], bucket_size_bytes=0),
+                 lambda: DataParallel(loose, ctx)):
         try:
             call()
         except ValueError as err:
             errors.append(str(err))
+    # A gradient arriving after its bucket was sent (a second backward without set_microbatch
+    # or finish) must fail loudly rather than be lost.
+    w = nn.Parameter(torch.ones(3))
+    buckets = GradBuckets([(dist.group.WORLD, [w])])
+    (w * 2).sum().backward()
+    try:
+        (w * 3).sum().backward()
+    except RuntimeError as err:
+        errors.append(str(err))
+    buckets.finish()
+    errors.append(w.grad.tolist())  # the first backward, summed over both ranks
     return errors
 
 
@@ -291,6 +305,9 @@ def test_bad_input_names_the_field():
     assert "precision='fp8'" in errors[0] and "bf16" in errors[0]
     assert "set_microbatch(index=2, num_microbatches=2)" in errors[1]
     assert "bucket_size_bytes=0" in errors[2]
+    assert "parameters ['scale'] sit directly on the stage module" in errors[3]
+    assert "received a gradient after its bucket's all-reduce was launched" in errors[4]
+    assert errors[5] == [4.0, 4.0, 4.0]
 
 
 # ------------------------------------------------------------------ with the real GPTStage

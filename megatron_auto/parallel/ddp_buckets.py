@@ -81,6 +81,7 @@ class GradBuckets:
                 for p in bucket.params:
                     self._where[id(p)] = (c, b)
                     self._num_params += 1
+                    p.register_hook(self._guard(id(p)))
                     p.register_post_accumulate_grad_hook(self._on_grad_ready)
         self.zero_grad()
 
@@ -138,16 +139,25 @@ class GradBuckets:
         bucket.launched = False
 
     # ----------------------------------------------------------------- hooks
+    def _guard(self, key: int) -> Any:
+        """A hook that runs *before* accumulation and refuses to touch a buffer in flight."""
+
+        def check(grad: torch.Tensor) -> None:
+            c, b = self._where[key]
+            if self._chains[c][b].launched:
+                raise RuntimeError(
+                    "a ddp parameter received a gradient after its bucket's all-reduce was "
+                    "launched (a second backward in the last micro-batch without "
+                    "set_microbatch/finish_grad_sync, or reentrant checkpointing); call "
+                    "set_microbatch before every backward and use non-reentrant checkpointing")
+
+        return check
+
     def _on_grad_ready(self, param: torch.Tensor) -> None:
         if not self._sync_now:
             return
         c, b = self._where[id(param)]
         bucket = self._chains[c][b]
-        if bucket.launched:
-            raise RuntimeError(
-                "a ddp parameter received a gradient after its bucket's all-reduce was launched "
-                "(the parameter is used twice in one backward, e.g. by reentrant checkpointing); "
-                "use non-reentrant torch.utils.checkpoint or DataParallel(overlap=False)")
         if id(param) not in bucket.ready:
             bucket.ready.add(id(param))
             bucket.num_ready += 1
