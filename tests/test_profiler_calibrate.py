@@ -200,3 +200,14 @@ def test_read_metrics_skips_warmup_and_takes_median_and_max(tmp_path):
     assert out["iteration_time_s"] == 0.5 and out["peak_memory_bytes"] == 7e9
     assert out["num_records"] == 3 and out["predicted_iteration_time_s"] == 1.0
     assert cal.read_metrics(metrics, skip_iterations=0)["iteration_time_s"] == 0.5  # median
+
+
+def test_a_logged_prediction_from_other_profiles_is_flagged():
+    runs = _runs("measured")
+    priced_here = _measure(runs[0].plan, CLUSTER, PROFILE)[0]
+    consistent = dataclasses.replace(runs[0], predicted_iteration_time_s=priced_here)
+    foreign = dataclasses.replace(runs[1], metrics_path="other.jsonl",
+                                  predicted_iteration_time_s=123.0)
+    result = cal.fit_calibration([consistent, foreign, *runs[2:]], CLUSTER, PROFILE)
+    flagged = [n for n in result.notes if "logged a prediction" in n]
+    assert len(flagged) == 1 and flagged[0].startswith("other.jsonl")

@@ -38,6 +38,8 @@ from ..planner.model_spec import ModelSpec, TrainingSpec
 from ..planner.profiles import EmbeddingProfile, LayerTypeProfile, ModelProfile, analytic_profile
 
 MEASURED_FIELDS = ("iteration_time_s", "peak_memory_bytes")
+# Relative gap between a run's logged prediction and our re-pricing that earns a warning note.
+PREDICTION_MISMATCH = 0.05
 PREDICTED_FIELDS = ("predicted_iteration_time_s", "predicted_peak_memory_bytes")
 _LAYER_TIME_FIELDS = ("forward_time_per_sample_s", "forward_time_constant_s")
 _LAYER_ACT_FIELDS = ("activation_replicated_bytes", "activation_split_bytes",
@@ -308,6 +310,15 @@ def fit_calibration(runs: Sequence[RunMeasurement], cluster: ClusterSpec,
 
     notes: list[str] = []
     t_before = time_residuals(np.array([1.0, g0]))
+    # The runs' own logged predictions should equal what these profiles say about their plans;
+    # if not, the plans were priced with another cluster or model profile than the one given.
+    repriced = priced(1.0, g0, 1.0, cluster.memory_reserve_bytes)
+    for run, (t_now, _) in zip(runs, repriced):
+        logged = run.predicted_iteration_time_s
+        if logged and abs(t_now / logged - 1.0) > PREDICTION_MISMATCH:
+            notes.append(f"{run.metrics_path}: its plan prices at {t_now:.4g} s with this "
+                         f"cluster/profile but the run logged a prediction of {logged:.4g} s; "
+                         f"pass the --cluster and --model-profile the plan was made with")
     (s, g), t_free = least_squares(time_residuals, [1.0, g0], [1e-6, 1.0], priority=[0, 1])
     if not t_free[1]:
         notes.append(f"overlap_slowdown kept at {g0:.4f}: not identifiable from these runs (it "
