@@ -34,7 +34,7 @@ The cache lives in $MEGATRON_AUTO_CACHE or ~/.cache/megatron_auto/profiles (--ca
 PROFILE_HARDWARE_EPILOG = """examples:
   # one process per device; rank 0 writes the cluster profile
   torchrun --nproc-per-node 8 -m megatron_auto.profiler.hardware_profiler --out cluster.json
-  torchrun --nproc-per-node 4 $(which megatron-auto) profile-hardware --out cluster.json
+  torchrun --nproc-per-node 4 -m megatron_auto.cli profile-hardware --out cluster.json
   # two nodes (run on both; node boundaries come from torchrun's LOCAL_WORLD_SIZE)
   torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint HOST:29500 \\
       -m megatron_auto.profiler.hardware_profiler --out cluster-2x8.json
