@@ -50,7 +50,7 @@ from ..parallel.tensor_parallel import ColumnParallelLinear, vocab_parallel_cros
 from ..planner.profiles import EmbeddingProfile, LayerTypeProfile, ModelProfile
 from ..training.memory import PeakMemoryMeter, storage_bytes
 from . import cache as profile_cache
-from .activation_meter import SavedTensorMeter, vocab_classifier
+from .activation_meter import SavedTensorMeter, transformer_classifier, vocab_classifier
 
 logger = logging.getLogger(__name__)
 
@@ -292,7 +292,6 @@ def _profile_model(model_config: ModelConfig, precision: str = "fp32",
     def set_recompute(flag: bool) -> None:
         layer.recompute = flag
 
-    from .activation_meter import transformer_classifier
     lay = _measure(layer, layer_run, sizes, config, dev, transformer_classifier, True,
                    set_recompute)
     num_params = sum(p.numel() for p in layer.parameters())
