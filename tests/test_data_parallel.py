@@ -194,8 +194,9 @@ def _plan(layers, vocab=("zero3", 2), world=4, pp=1, lps=None, gbs=8, mbs=2) -> 
     return Plan(world_size=world, global_batch_size=gbs, num_microbatches=mbs,
                 pipeline=PipelineSpec(size=pp, layers_per_stage=tuple(lps or [len(layers)])),
                 vocab=VocabStrategy(tp=vocab[1], dp_mode=vocab[0]),
-                layers=tuple(LayerStrategy(tp=t, dp_mode=m, tp_consecutive=c)
-                             for t, m, c in layers)).to_dict()
+                layers=tuple(LayerStrategy(tp=t, dp_mode=m, tp_consecutive=c,
+                                           recompute="rc" in r)  # optional 4th item "rc"
+                             for t, m, c, *r in layers)).to_dict()
 
 
 MIXED = [(1, "ddp", True), (1, "zero2", True), (1, "zero3", True), (2, "ddp", True),
@@ -353,10 +354,13 @@ def _gpt_train(rank, world_size, plan_dict, steps):
 GPT_PLANS = {
     # one stage: all three modes, strided TP, recompute, a tp=4 layer with a single replica; the
     # tied vocab shares layer 1's DP group and buckets (its gradient is complete only at the end)
-    "pp1": _plan([(1, "zero3", True), (2, "ddp", True), (2, "zero2", False), (4, "ddp", True)],
+    "pp1": _plan([(1, "zero3", True), (2, "ddp", True), (2, "zero2", False),
+                  (4, "ddp", True, "rc")],
                  vocab=("ddp", 2), gbs=GPT_BATCH, mbs=2),
-    # two stages, 1F1B with 4 micro-batches, ZeRO-2 vocab shards tied across the stages
-    "pp2": _plan([(1, "zero2", True), (2, "ddp", True), (1, "ddp", True), (1, "zero3", True)],
+    # two stages, 1F1B with 4 micro-batches, ZeRO-2 vocab shards tied across the stages,
+    # recompute inside ZeRO-2 and ZeRO-3 layers
+    "pp2": _plan([(1, "zero2", True, "rc"), (2, "ddp", True), (1, "ddp", True),
+                  (1, "zero3", True, "rc")],
                  vocab=("zero2", 1), pp=2, lps=[2, 2], gbs=GPT_BATCH, mbs=4),
 }
 
