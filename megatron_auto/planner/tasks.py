@@ -265,14 +265,25 @@ class Task:
             previous = current
         return out
 
-    def tables(self, start: int, k_in: int, level: int) -> tuple[StageTables, list[np.ndarray]]:
+    def tables(self, start: int, k_in: int,
+               level: int) -> tuple[StageTables, list[np.ndarray]] | None:
+        """DP tables of the window at ``start``, cut after the last length whose least memory
+        still fits the largest cap of any stage at this level (longer prefixes are infeasible
+        whatever the strategies); None when not even one layer fits."""
         window = self._window(start)
         key = (window, k_in, level)
         if key not in self._tables:
-            opts = {t: self._options(t, k_in, level) for t in set(window)}
-            layers = [opts[t][0] for t in window]
-            ids = [opts[t][1] for t in window]
-            self._tables[key] = (solve_stage(layers, self.transition, max(self.cells, 0)), ids)
+            least = np.cumsum([self._least_cells(t, k_in, level) for t in window]) + level
+            fits = int(np.searchsorted(least, self.cells, side="right"))
+            if fits == 0:
+                self._tables[key] = None
+            else:
+                window = window[:fits]
+                opts = {t: self._options(t, k_in, level) for t in set(window)}
+                layers = [opts[t][0] for t in window]
+                ids = [opts[t][1] for t in window]
+                self._tables[key] = (solve_stage(layers, self.transition, max(self.cells, 0)),
+                                     ids)
         return self._tables[key]
 
     # ------------------------------------------------------------------ rows
@@ -296,8 +307,13 @@ class Task:
             cap = self.cells - other - max(level, head)
             if cap < 0:
                 continue
-            tab, _ = self.tables(start, k_in, level)
-            vals = tab.best[:n_len, min(cap, tab.max_cells)]
+            found = self.tables(start, k_in, level)
+            if found is None:
+                continue
+            tab = found[0]
+            vals = np.full(n_len, INF)
+            got = tab.best[:n_len, min(cap, tab.max_cells)]
+            vals[:len(got)] = got
             better = vals < value
             value = np.where(better, vals, value)
             level_won = np.where(better, j, level_won)
@@ -360,7 +376,10 @@ class Task:
             return None
         level = self.levels[j]
         other, head = self._vocab_cells(k, option)
-        tab, ids = self.tables(start, self.in_flight(k), level)
+        found = self.tables(start, self.in_flight(k), level)
+        if found is None or length > found[0].best.shape[0]:
+            return None
+        tab, ids = found
         picks = tab.choices(length, self.cells - other - max(level, head))
         if picks is None:
             return None
