@@ -243,7 +243,7 @@ def _bf16(rank, world_size, plan_dict):
     opt = torch.optim.AdamW(dp.parameters(), lr=0.05)
     batches = _batches(plan.num_microbatches, plan.microbatch_size)  # the same batch each step
     losses = []
-    for _ in range(6):
+    for _ in range(4):
         dp.zero_grad()
         total = 0.0
         for m, batch in enumerate(batches):
