@@ -60,7 +60,7 @@ def _train_worker(rank, world_size, plan_dicts, steps, precision, lr, config_dic
 
     config = ModelConfig.from_dict(config_dict)
     out = []
-    for plan_dict in plan_dicts:
+    for index, plan_dict in enumerate(plan_dicts):
         plan = Plan.from_dict(plan_dict)
         trainer = build_trainer(
             config, plan, lambda cfg, ctx, seed: GPTStage(cfg, ctx, seed=seed),
@@ -71,7 +71,7 @@ def _train_worker(rank, world_size, plan_dicts, steps, precision, lr, config_dic
             lr_config=LRConfig(lr=lr, decay_style="constant"),
             precision=PrecisionConfig(**precision), seed=1234)
         results = []
-        for step in range(steps):
+        for step in range(steps[index] if isinstance(steps, (list, tuple)) else steps):
             batch = make_batch(0 if same_batch else step) if trainer.reads_data else None
             results.append(train_step(trainer, batch).__dict__)
         state = gather_full_state(trainer.stage)
@@ -80,7 +80,10 @@ def _train_worker(rank, world_size, plan_dicts, steps, precision, lr, config_dic
 
 
 def run_plans(world_size, plan_dicts, *, steps=STEPS, precision=None, lr=1e-3, same_batch=False):
-    """Per plan: (per-step results of rank 0, merged full parameter state over all ranks)."""
+    """Per plan: (per-step results of rank 0, merged full parameter state over all ranks).
+
+    ``steps`` is one count for all plans or a list with one count per plan.
+    """
     per_rank = run_distributed(_train_worker, world_size, plan_dicts, steps, precision or {},
                                lr, CONFIG.to_dict(), same_batch)
     merged = []
@@ -104,8 +107,9 @@ def reference():
     return _reference_steps(STEPS)[0]
 
 
-def assert_matches_reference(results, state, label):
-    ref_results, ref_state = reference()
+
+def assert_matches_reference(results, state, label, steps=STEPS):
+    (ref_results, ref_state), = _reference_steps(steps)
     ref_losses = [r["lm_loss"] for r in ref_results]
     losses = [r["lm_loss"] for r in results]
     assert losses == pytest.approx(ref_losses, rel=RTOL), f"{label}: losses differ"
@@ -119,10 +123,7 @@ def assert_matches_reference(results, state, label):
 
 def test_tensor_parallel_two_ranks_matches_one_process_for_five_steps():
     (results, state), = run_plans(2, [plan_of(2, [layer(tp=2)] * 4, vocab_tp=2)], steps=5)
-    (ref, ref_state), = _reference_steps(5)
-    assert [r["lm_loss"] for r in results] == pytest.approx([r["lm_loss"] for r in ref], rel=RTOL)
-    for name, value in ref_state.items():
-        torch.testing.assert_close(state[name], value, rtol=RTOL, atol=1e-6)
+    assert_matches_reference(results, state, "tp2", steps=5)
 
 
 FOUR_RANK_PLANS = {
@@ -142,16 +143,21 @@ FOUR_RANK_PLANS = {
 }
 
 
+FIVE_STEP_PLANS = ("tp4", "tp2xdp2")  # pure tensor parallelism: checked over five steps
+
+
 @pytest.fixture(scope="module")
 def four_rank_results():
     names = list(FOUR_RANK_PLANS)
-    return dict(zip(names, run_plans(4, [FOUR_RANK_PLANS[n] for n in names])))
+    steps = [5 if n in FIVE_STEP_PLANS else STEPS for n in names]
+    return dict(zip(names, run_plans(4, [FOUR_RANK_PLANS[n] for n in names], steps=steps)))
 
 
 @pytest.mark.parametrize("name", list(FOUR_RANK_PLANS))
 def test_four_rank_plan_matches_one_process(four_rank_results, name):
     results, state = four_rank_results[name]
-    assert_matches_reference(results, state, name)
+    steps = len(results)
+    assert_matches_reference(results, state, name, steps)
 
 
 def test_eight_ranks_pipeline_with_per_layer_layouts():
@@ -188,13 +194,8 @@ def random_plans(count: int, seed: int, world_size: int = 4) -> list[dict]:
 
 def test_random_plans_match_one_process():
     plans = random_plans(6, seed=20261129)
-    (ref, ref_state), = _reference_steps(2)
     for plan, (results, state) in zip(plans, run_plans(4, plans, steps=2)):
-        losses = [r["lm_loss"] for r in results]
-        assert losses == pytest.approx([r["lm_loss"] for r in ref], rel=RTOL), plan
-        for name, value in ref_state.items():
-            torch.testing.assert_close(state[name], value, rtol=RTOL, atol=1e-6,
-                                       msg=lambda m, n=name, p=plan: f"{p}: {n}: {m}")
+        assert_matches_reference(results, state, f"random plan {plan}", steps=2)
 
 
 def test_bf16_run_trains():
