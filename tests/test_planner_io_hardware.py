@@ -183,3 +183,15 @@ def test_groups_larger_than_any_measured_take_min_of_largest_and_topology():
 def test_make_cluster_rejects_unknown_gpu():
     with pytest.raises(ClusterError, match="gpu='v100-16g': unknown; choose one of a100-40g"):
         make_cluster("v100-16g", num_nodes=1)
+
+
+def test_a_size_measured_in_one_flavour_only_answers_for_the_other():
+    # A 2-rank profiler run measures only the consecutive pair; a strided pair of the same two
+    # ranks must use that number (it used to find no neighbour and crash the search).
+    spec = ClusterSpec(name="t", num_nodes=1, devices_per_node=2, device_name="cpu",
+                       device_memory_bytes=8 * 2**30, memory_reserve_bytes=0,
+                       peak_flops={"fp32": 1e11}, allreduce_busbw_table={(2, True): 0.8e9})
+    assert spec.allreduce_busbw(2, consecutive=False) == 0.8e9
+    # all-reduce of 1e9 bytes over 2 ranks: 2*(1/2)*1e9/0.8e9 s + latency
+    assert abs(spec.allreduce_time(1e9, 2, consecutive=False)
+               - (1.25 + spec.collective_latency_s)) < 1e-9

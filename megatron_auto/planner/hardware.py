@@ -181,6 +181,8 @@ class ClusterSpec:
         # table that measured only one flavour; fall back to the other flavour before giving up.
         same = {g: v for (g, c), v in table.items() if c == consecutive} or \
                {g: v for (g, c), v in table.items()}
+        if group_size in same:  # measured only as the other flavour
+            return same[group_size]
         below = [g for g in same if g < group_size]
         above = [g for g in same if g > group_size]
         neighbours = ([same[max(below)]] if below else []) + ([same[min(above)]] if above else [])
