@@ -221,3 +221,21 @@ def test_dropout_is_tp_consistent_and_recompute_replays_masks() -> None:
     # dropout masks agree inside a TP group, so their losses are identical
     assert results[0]["loss"] == results[1]["loss"]
     assert results[2]["loss"] == results[3]["loss"]
+
+
+def test_one_rank_plan_runs_without_torch_distributed() -> None:
+    assert not dist.is_initialized()
+    plan = plan_of(1, [(1, True, False)] * CONFIG.num_layers, vocab_tp=1)
+    ctx = ParallelContext(plan)
+    assert (ctx.rank, ctx.world_size, ctx.stage_group, ctx.embedding_group) == (0, 1, None, None)
+    stage = GPTStage(CONFIG, ctx, seed=42)
+    batch = make_batch(CONFIG)
+    loss_sum, num_tokens = stage(batch["tokens"], labels=batch["labels"],
+                                 loss_mask=batch["loss_mask"])
+    (loss_sum / batch["loss_mask"].sum()).backward()
+    ref = reference(CONFIG)
+    assert loss_sum.item() == pytest.approx(ref["loss"], rel=1e-6)
+    assert num_tokens.item() == batch["loss_mask"].sum().item()
+    grads = gather_full_state(stage, ctx, grads=True)
+    for fqn, grad in ref["grads"].items():
+        torch.testing.assert_close(grads[fqn], grad, rtol=1e-6, atol=1e-8, msg=fqn)

@@ -117,21 +117,25 @@ def _default_device() -> torch.device:
 class ParallelContext:
     """Every process group a plan needs, built once; pass it explicitly to the model and runtime.
 
-    Needs ``torch.distributed`` initialised with ``plan.world_size`` ranks. The constructor is
-    collective: every rank must build the context from the same plan.
+    Needs ``torch.distributed`` initialised with ``plan.world_size`` ranks (a one-rank plan also
+    works without it: groups are then ``None`` and no collective is ever called). The
+    constructor is collective: every rank must build the context from the same plan.
     """
 
     def __init__(self, plan: Plan, *, device: torch.device | None = None) -> None:
-        if not dist.is_initialized():
+        # A one-rank plan also runs without torch.distributed (groups are then None and every
+        # communication function is skipped); anything bigger needs the process group.
+        self._distributed = dist.is_initialized()
+        if not self._distributed and plan.world_size != 1:
             raise RuntimeError("ParallelContext needs torch.distributed initialised; call "
                                "torch.distributed.init_process_group first (torchrun sets the env)")
-        world_size = dist.get_world_size()
+        world_size = dist.get_world_size() if self._distributed else 1
         if world_size != plan.world_size:
             raise ValueError(f"plan field world_size={plan.world_size} but this run has "
                              f"{world_size} ranks; launch with {plan.world_size} processes or "
                              f"use a plan made for {world_size}")
         self.plan = plan
-        self.rank = dist.get_rank()
+        self.rank = dist.get_rank() if self._distributed else 0
         self.world_size = world_size
         self.device = device if device is not None else _default_device()
         self.num_stages = plan.pp_size
@@ -152,7 +156,9 @@ class ParallelContext:
         """The group over ``ranks`` (collective on first request for a tuple, cached after)."""
         key = tuple(ranks)
         if key not in self._groups:
-            if len(key) == self.world_size:
+            if not self._distributed:
+                self._groups[key] = None
+            elif len(key) == self.world_size:
                 self._groups[key] = dist.group.WORLD
             else:
                 self._groups[key] = dist.new_group(list(key))
