@@ -244,7 +244,10 @@ def _device_info(device: torch.device, local_world: int) -> tuple[str, int, int]
     pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     per_rank = int(pages // max(1, local_world))
     import platform
-    return f"cpu-{platform.machine() or 'unknown'}", per_rank, min(GiB, per_rank // 8)
+    # On CPU there is no device context and the runtime measures peak memory as the bytes of
+    # live tensors (training/memory.py), so the planner's reserve must not add a GPU-style
+    # allowance on top: plans and measurements then speak about the same quantity.
+    return f"cpu-{platform.machine() or 'unknown'}", per_rank, 0
 
 
 def profile_hardware(config: HardwareProfilerConfig = HardwareProfilerConfig()) -> HardwareProfile:
