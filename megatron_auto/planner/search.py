@@ -274,7 +274,8 @@ def _vocab_options(task: Task, spec: ModelSpec, space: _Space,
     elif options.vocab_tp is not None:
         tps = [options.vocab_tp]
     else:
-        tps = vocab_tps(spec.vocab_size, task.n, task.b_m, space.rules,
+        # A pinned layer tp does not pin the vocabulary (that is ``vocab_tp``).
+        tps = vocab_tps(spec.vocab_size, task.n, task.b_m, replace(space.rules, tps=None),
                         task.cluster.devices_per_node)
     out = []
     for tp in tps:

@@ -188,7 +188,9 @@ class Task:
         (an LP relaxation of choosing strategies). A stage of ``L_k`` layers within ``cap``
         cells takes at least ``L_k * g(cap / L_k)``; that is convex in ``L_k``, so the stages
         together take at least ``L * g(pp * cap / L)``; the pipeline at least
-        ``(m + pp - 1) / pp`` times that. Transitions, tails and the embedding only add.
+        ``(m + pp - 1) / pp`` times that. With one stage the iteration is exactly
+        ``m C + tail``, so each point's time also carries its exposed sync divided by ``m``.
+        Transitions, the embedding and (with several stages) tails only add.
         """
         total = 0.0
         per_layer_cap = self.pp * (self.cells - min(
@@ -197,10 +199,27 @@ class Task:
             if not group:
                 return INF
             x = np.array([cells_up(g.persistent(1), self.step) for g in group], dtype=float)
-            y = np.array([tc.microbatch for tc in self.time[t]])
+            y = np.array([tc.microbatch + (tc.exposed_sync / self.m if self.pp == 1 else 0.0)
+                          for tc in self.time[t]])
             count = sum(1 for o in self.spec.layer_order if o == t)
             total += count * _envelope(x, y, per_layer_cap)
-        return (self.m + self.pp - 1) / self.pp * total
+        return (self.m + self.pp - 1) / self.pp * (total + self._least_vocab_time())
+
+    def _least_vocab_time(self) -> float:
+        """Least embedding + head time per micro-batch over every vocab layout (a bound)."""
+        best = INF
+        tp = 1
+        while tp <= self.n:
+            if self.spec.vocab_size % tp == 0 and self.b_m % (self.n // tp) == 0:
+                option = VocabOption(tp, "ddp")
+                if self.pp == 1:
+                    t = self.vocab(0, option)[1].microbatch
+                else:
+                    t = (self.vocab(0, option)[1].microbatch
+                         + self.vocab(self.pp - 1, option)[1].microbatch)
+                best = min(best, t)
+            tp *= 2
+        return 0.0 if best == INF else best
 
     def vocab(self, k: int, option: VocabOption) -> tuple[MemoryCost, TimeCost] | None:
         first, last = k == 0, k == self.pp - 1
