@@ -7,8 +7,9 @@ Under a layout with ``dp`` replicas, local index ``j`` holds the contiguous batc
 - if, for EVERY rank of the stage, the ``dst`` chunk lies inside the ``src`` chunk (``dst.dp`` a
   multiple of ``src.dp`` and the chunk indices nested), each rank just slices locally (no comm);
   identical layouts and equal chunk assignments are the zero-copy special case;
-- otherwise every rank all-gathers its chunk over the stage group, rebuilds the micro-batch from
-  one holder per chunk, and keeps its ``dst`` chunk.
+- otherwise every rank all-gathers over its ``src`` DP group (one replica of each ``src`` chunk,
+  in chunk order), which rebuilds the whole micro-batch, and keeps its ``dst`` chunk. (Any
+  stage-wide gather would also do; the DP group moves ``n/tp_src`` times less data.)
 
 The decision depends only on the two layouts, so all ranks of the stage take the same branch.
 Backward is the reverse relayout of the gradient: each ``dst`` holder has the complete gradient of
@@ -44,59 +45,63 @@ def relayout_is_local(src: Layout, dst: Layout, stage_size: int) -> bool:
     return True
 
 
-def _relayout_data(x: torch.Tensor, src: Layout, dst: Layout, local_index: int,
-                   stage_size: int, stage_group: Any) -> torch.Tensor:
-    src_chunks, dst_chunks = _chunks(src, stage_size), _chunks(dst, stage_size)
-    d_src, n_src = src_chunks[local_index]
-    d_dst, n_dst = dst_chunks[local_index]
+def _relayout_data(x: torch.Tensor, src: Any, dst: Any, local_index: int,
+                   stage_size: int) -> torch.Tensor:
+    """Forward data movement; ``src``/``dst`` are LayerGroups of this rank's stage."""
+    src_chunks = _chunks(src.layout, stage_size)
+    dst_chunks = _chunks(dst.layout, stage_size)
     if src_chunks == dst_chunks:
         return x
-    if relayout_is_local(src, dst, stage_size):
+    d_dst, n_dst = dst_chunks[local_index]
+    n_src = src.dp_size
+    if relayout_is_local(src.layout, dst.layout, stage_size):
         per = x.shape[0] // (n_dst // n_src)
         start = (d_dst % (n_dst // n_src)) * per
         return x[start:start + per]
+    # The src DP group holds one replica of every src chunk, ordered by dp_rank: gathering over
+    # it rebuilds the whole micro-batch with n_src chunks of traffic (a stage-wide gather would
+    # move stage_size chunks, duplicates included).
     x = x.contiguous()
-    gathered = torch.empty((stage_size,) + tuple(x.shape), dtype=x.dtype, device=x.device)
-    all_gather_into_tensor(gathered.view(-1, *x.shape[1:]), x, group=stage_group)
-    holder = {}
-    for j, (d, _) in enumerate(src_chunks):
-        holder.setdefault(d, j)
-    full = gathered[[holder[d] for d in range(n_src)]].flatten(0, 1)  # (b, ...)
+    full = torch.empty((n_src * x.shape[0],) + tuple(x.shape[1:]), dtype=x.dtype,
+                       device=x.device)
+    all_gather_into_tensor(full, x, group=src.dp_group)
     per = full.shape[0] // n_dst
     return full[d_dst * per:(d_dst + 1) * per]
 
 
 class _Relayout(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, src: Layout, dst: Layout, local_index: int,
-                stage_size: int, stage_group: Any) -> torch.Tensor:
-        ctx.args = (src, dst, local_index, stage_size, stage_group)
-        out = _relayout_data(x, src, dst, local_index, stage_size, stage_group)
-        return out.clone() if out is x else out
+    def forward(ctx: Any, x: torch.Tensor, src: Any, dst: Any, local_index: int,
+                stage_size: int) -> torch.Tensor:
+        ctx.args = (src, dst, local_index, stage_size)
+        return _relayout_data(x, src, dst, local_index, stage_size)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        src, dst, local_index, stage_size, stage_group = ctx.args
-        return (_relayout_data(grad, dst, src, local_index, stage_size, stage_group),
-                None, None, None, None, None)
+        src, dst, local_index, stage_size = ctx.args
+        return _relayout_data(grad, dst, src, local_index, stage_size), None, None, None, None
 
 
 def relayout(x: torch.Tensor, src: Any, dst: Any, ctx: Any) -> torch.Tensor:
     """Move ``x`` (batch dim 0, this rank's ``src`` chunk) to its ``dst`` chunk (autograd).
 
-    ``src``/``dst`` are :class:`LayerGroups` (or bare :class:`Layout`) of this rank's stage;
-    ``ctx`` a :class:`ParallelContext`. Returns ``x`` itself when both layouts assign every rank
-    the same chunk.
+    ``src``/``dst`` are :class:`LayerGroups` (or bare :class:`Layout`, looked up in ``ctx``) of
+    this rank's stage; ``ctx`` a :class:`ParallelContext`. Returns ``x`` itself when both layouts
+    assign every rank the same chunk.
     """
-    src_layout = getattr(src, "layout", src)
-    dst_layout = getattr(dst, "layout", dst)
-    if src_layout.stage != dst_layout.stage:
-        raise ValueError(f"relayout between different stages ({src_layout} -> {dst_layout}); "
+    if src is dst:
+        return x
+    if isinstance(src, Layout):
+        src = ctx.layout_groups(src)
+    if isinstance(dst, Layout):
+        dst = ctx.layout_groups(dst)
+    if src.layout.stage != dst.layout.stage:
+        raise ValueError(f"relayout between different stages ({src.layout} -> {dst.layout}); "
                          f"move the layout to the receiving stage first")
     n = ctx.stage_size
-    if _chunks(src_layout, n) == _chunks(dst_layout, n):
+    if _chunks(src.layout, n) == _chunks(dst.layout, n):
         return x
-    return _Relayout.apply(x, src_layout, dst_layout, ctx.local_index, n, ctx.stage_group)
+    return _Relayout.apply(x, src, dst, ctx.local_index, n)
 
 
 def batch_chunk(x: torch.Tensor, groups: Any) -> torch.Tensor:
