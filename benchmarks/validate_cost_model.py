@@ -1,0 +1,164 @@
+"""Predicted against measured peak memory and iteration time, for plans of every kind.
+
+Runs on CPU with gloo (or GPUs with NCCL when present): it measures the hardware and the model
+once (the same profilers ``--auto-parallel`` uses), prices each plan with the planner's cost
+model, trains it for a few iterations with ``pretrain_gpt.py --plan``, and prints the predicted
+and measured peak memory (max over ranks) and iteration time (median of the measured
+iterations after the first), with the relative errors::
+
+    python benchmarks/validate_cost_model.py                 # 4 ranks, 9 plans
+    python benchmarks/validate_cost_model.py --nproc 8 --iters 6
+
+Targets on CPU (issue 5): memory error <= 10% for every plan and never an under-estimate by more
+than 5%; iteration-time error <= 25%. The script prints what it measured; it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from megatron_auto.config import ModelConfig  # noqa: E402
+from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy  # noqa: E402
+from megatron_auto.planner.hardware import ClusterSpec  # noqa: E402
+from megatron_auto.planner.model_spec import ModelSpec, TrainingSpec  # noqa: E402
+from megatron_auto.planner.search import evaluate  # noqa: E402
+from megatron_auto.profiler.model_profiler import get_or_create_model_profile  # noqa: E402
+
+MODEL = ModelConfig(num_layers=4, hidden_size=128, num_attention_heads=4, seq_length=64,
+                    max_position_embeddings=64, vocab_size=2048, hidden_dropout=0.0,
+                    attention_dropout=0.0)
+GLOBAL_BATCH = 16
+
+
+def _layer(tp: int = 1, dp: str = "ddp", consec: bool = True, rc: bool = False) -> LayerStrategy:
+    return LayerStrategy(tp=tp, dp_mode=dp, tp_consecutive=consec, recompute=rc)
+
+
+def plans(world: int) -> dict[str, Plan]:
+    """Named plans covering pp, tp, every DP flavour, strided TP, recompute and both schedules."""
+    n = MODEL.num_layers
+
+    def make(layers, pp=1, lps=None, m=2, schedule="1f1b", vocab=VocabStrategy()):
+        return Plan(world_size=world, global_batch_size=GLOBAL_BATCH, num_microbatches=m,
+                    pipeline=PipelineSpec(size=pp, schedule=schedule,
+                                          layers_per_stage=tuple(lps or (n // pp,) * pp)),
+                    vocab=vocab, layers=tuple(layers))
+
+    out = {
+        "dp-ddp": make([_layer()] * n),
+        "dp-zero3": make([_layer(dp="zero3")] * n, vocab=VocabStrategy(dp_mode="zero3")),
+        "zero2-recompute": make([_layer(dp="zero2", rc=True)] * n),
+        "tp2-ddp": make([_layer(tp=2)] * n, vocab=VocabStrategy(tp=2)),
+        f"tp{world}": make([_layer(tp=world)] * n, vocab=VocabStrategy(tp=world)),
+        "pp2-1f1b": make([_layer()] * n, pp=2, m=4),
+        "pp2-uneven-gpipe-tp2": make([_layer(tp=2)] * n, pp=2, lps=(3, 1), m=4, schedule="gpipe",
+                                     vocab=VocabStrategy(tp=2)),
+        "pp4-1f1b": make([_layer()] * n, pp=4, m=4) if world >= 4 else None,
+        "mixed-per-layer": make([_layer(tp=2), _layer(dp="zero3"), _layer(tp=world),
+                                 _layer(tp=2, consec=False, dp="zero2", rc=True)],
+                                vocab=VocabStrategy(tp=2)),
+    }
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def torchrun(nproc: int, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={nproc}", *args]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+
+
+def model_flags() -> list[str]:
+    m = MODEL
+    return ["--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden_size),
+            "--num-attention-heads", str(m.num_attention_heads), "--seq-length",
+            str(m.seq_length), "--max-position-embeddings", str(m.max_position_embeddings),
+            "--vocab-size", str(m.vocab_size), "--hidden-dropout", "0", "--attention-dropout",
+            "0"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nproc", type=int, default=4)
+    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--only", nargs="*", default=None, help="plan names to run")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="validate_cost_model_"))
+    env = dict(os.environ, MEGATRON_AUTO_CACHE=str(work / "cache"), OMP_NUM_THREADS="1")
+    print(f"# work dir {work}; {args.nproc} ranks; model {MODEL.num_parameters() / 1e6:.2f} M "
+          f"params; global batch {GLOBAL_BATCH}; fp32", flush=True)
+
+    cluster_file = work / "cluster.json"
+    proc = torchrun(args.nproc, ["-m", "megatron_auto.profiler.hardware_profiler", "--out",
+                                 str(cluster_file)], env)
+    if proc.returncode:
+        print(proc.stdout[-3000:], proc.stderr[-3000:])
+        return 1
+    cluster = ClusterSpec.load(cluster_file)
+    import torch  # noqa: PLC0415 - after the subprocess, to keep its start light
+
+    torch.set_num_threads(1)  # each training rank runs single-threaded, like the profile
+    profile = get_or_create_model_profile(MODEL, "fp32", torch.device("cpu"),
+                                          cache_dir=work / "cache")
+    spec = ModelSpec.from_model_config(MODEL)
+    training = TrainingSpec(global_batch_size=GLOBAL_BATCH, precision="fp32")
+
+    rows = []
+    for name, plan in plans(args.nproc).items():
+        if args.only and name not in args.only:
+            continue
+        est = evaluate(plan, spec, training, cluster, profile)
+        plan = Plan.from_dict({**plan.to_dict(), "estimate": est.to_dict(),
+                               "model": MODEL.to_dict()})
+        plan_file = work / f"{name}.json"
+        metrics_file = work / f"{name}.jsonl"
+        plan.save(plan_file)
+        proc = torchrun(args.nproc, ["pretrain_gpt.py", "--mock-data", *model_flags(),
+                                     "--plan", str(plan_file), "--train-iters",
+                                     str(args.iters), "--log-interval", "1", "--lr", "1e-4",
+                                     "--metrics-file", str(metrics_file)], env)
+        if proc.returncode:
+            print(f"{name}: FAILED\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}", flush=True)
+            continue
+        records = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+        later = records[1:] or records
+        measured_time = statistics.median(r["iteration_time_s"] for r in later)
+        measured_mem = max((r.get("peak_memory_bytes") or 0) for r in records)
+        pred_time = est.iteration_time_s
+        pred_mem = max(s.peak_memory_bytes for s in est.stages)
+        rows.append((name, pred_mem, measured_mem, pred_time, measured_time))
+        print(f"{name:22s} memory predicted {pred_mem / 2**20:8.1f} MiB measured "
+              f"{measured_mem / 2**20:8.1f} MiB ({_err(pred_mem, measured_mem)}) | time "
+              f"predicted {pred_time * 1e3:8.1f} ms measured {measured_time * 1e3:8.1f} ms "
+              f"({_err(pred_time, measured_time)})", flush=True)
+
+    if rows:
+        mem_err = [abs(p / m - 1) for _, p, m, _, _ in rows if m]
+        under = [1 - p / m for _, p, m, _, _ in rows if m and p < m]
+        time_err = [abs(p / m - 1) for _, _, _, p, m in rows if m]
+        print(f"\nmemory: max |error| {max(mem_err, default=0) * 100:.1f}% (target 10%), worst "
+              f"under-estimate {max(under, default=0) * 100:.1f}% (target 5%)")
+        print(f"time:   max |error| {max(time_err, default=0) * 100:.1f}%, median "
+              f"{statistics.median(time_err) * 100:.1f}% (target 25%)")
+    return 0
+
+
+def _err(pred: float, measured: float) -> str:
+    if not measured:
+        return "not measured"
+    return f"{(pred / measured - 1) * 100:+.1f}%"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
