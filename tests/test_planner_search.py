@@ -143,3 +143,28 @@ def test_search_is_deterministic():
     assert a.plan.layers == b.plan.layers
     assert a.plan.pipeline == b.plan.pipeline
     assert np.isclose(a.estimate.iteration_time_s, b.estimate.iteration_time_s)
+
+
+def test_gpipe_schedule_and_batch_search():
+    gp = run(60000, schedule="gpipe").plan
+    assert gp.pipeline.schedule == "gpipe"
+    one = run(60000)
+    # Same time model, never less memory: GPipe can never beat 1F1B.
+    assert one.estimate.samples_per_s >= run(60000, schedule="gpipe").estimate.samples_per_s * (
+        1 - 1e-9)
+    bsz = run(60000, search_batch_size=True)
+    assert bsz.plan.global_batch_size in {1, 2, 4, 8, 16, 32, 64}
+    assert bsz.estimate.samples_per_s >= one.estimate.samples_per_s * (1 - 1e-9)
+
+
+def test_time_limit_still_returns_a_plan():
+    result = run(60000, time_limit_s=1e-6)
+    assert result.estimate.feasible
+    assert "time_limited" in result.plan.search
+
+
+def test_no_plan_at_all_is_explained():
+    odd = ModelSpec.uniform(2, 48, 3, 16, 64, name="gpt")  # 3 heads: no tp > 1 divides them
+    with pytest.raises(InfeasibleError, match="space 'tp'"):
+        search(odd, TrainingSpec(8), CLUSTER, round_profile(), 10 ** 6,
+               SearchOptions(show_progress=False, include_baselines=False, space="tp"))

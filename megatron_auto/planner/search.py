@@ -223,7 +223,8 @@ def _run_space(space: _Space, spec: ModelSpec, training: TrainingSpec, cluster: 
         if math.isfinite(best) and task.lower_bound / task.global_batch >= best:
             stats["pruned"] = stats.get("pruned", 0) + len(tasks) - i
             break
-        if deadline is not None and time.monotonic() > deadline:
+        if deadline is not None and time.monotonic() > deadline and found:
+            # Past the limit with a plan in hand (the search never stops empty-handed).
             stats["time_limited"] = True
             break
         for option in _vocab_options(task, spec, space, options):
