@@ -20,6 +20,11 @@ from ..config import ModelConfig
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adam",)
 ACTIVATIONS = ("gelu", "swiglu")
+PLAN_MODEL_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
+                   "seq_length", "max_position_embeddings", "vocab_size",
+                   "make_vocab_size_divisible_by", "position_embedding_type", "activation",
+                   "normalization", "untie_embeddings_and_output_weights", "model_type",
+                   "num_tokentypes")
 
 
 class SpecError(ValueError):
@@ -150,7 +155,9 @@ class ModelSpec:
     def plan_model_record(self) -> dict[str, Any]:
         """The ``model`` record of a plan (DESIGN §5.2): the ModelConfig fields when known."""
         if self.config is not None:
-            return dict(self.config)
+            # Only what decides the costs: the runtime checks every key present against its own
+            # flags, and a different dropout or init must not invalidate a plan.
+            return {k: v for k, v in self.config.items() if k in PLAN_MODEL_KEYS}
         lt = self.layer_types[0]
         record: dict[str, Any] = {"name": self.name, "num_layers": self.num_layers}
         if len(self.layer_types) == 1:
