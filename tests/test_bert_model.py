@@ -131,8 +131,8 @@ def test_bert_binary_head_needs_is_random() -> None:
         plan = plan_of(1, [(1, True, False)] * CONFIG.num_layers, vocab_tp=1)
         stage = BertStage(CONFIG, ParallelContext(plan))
         b = make_bert_batch(CONFIG)
-        try:
-            stage(b["text"], labels=b["labels"], loss_mask=b["loss_mask"],
+        try:  # the dataset's field names work as keywords too (text=...)
+            stage(text=b["text"], labels=b["labels"], loss_mask=b["loss_mask"],
                   padding_mask=b["padding_mask"])
         except ValueError as err:
             return str(err)

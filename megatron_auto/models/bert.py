@@ -76,17 +76,24 @@ class BertStage(TransformerStage):
         self.last_losses: dict[str, torch.Tensor] = {}
         self._finish_init()
 
-    def forward(self, x: torch.Tensor, *, labels: torch.Tensor | None = None,
+    def forward(self, x: torch.Tensor | None = None, *, labels: torch.Tensor | None = None,
                 loss_mask: torch.Tensor | None = None, types: torch.Tensor | None = None,
                 padding_mask: torch.Tensor | None = None, is_random: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, sop_weight: Any = None
+                position_ids: torch.Tensor | None = None, sop_weight: Any = None,
+                text: torch.Tensor | None = None
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """First stage: ``x`` = token ids (b_m, s) of the whole micro-batch (the dataset's
         ``text``); else the hidden chunk in ``input_layout``. ``types``, ``padding_mask``,
         ``labels`` (-1 where nothing is predicted), ``loss_mask`` and ``is_random`` cover the
         whole micro-batch. Returns the hidden chunk, or ``(loss_sum, num_tokens)`` on the last
-        stage (composition in the module docstring).
+        stage (composition in the module docstring). The token ids may also come as the
+        dataset's field name ``text=`` (then ``x`` is None).
         """
+        if x is None:
+            x = text
+        if x is None:
+            raise ValueError("BertStage.forward needs the input: token ids (x or text=) on the "
+                             "first stage, the received hidden chunk elsewhere")
         if self.is_first_stage:
             vocab = self.vocab_groups
             tokens = batch_chunk(x, vocab)
