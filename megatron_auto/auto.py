@@ -173,6 +173,15 @@ def resolve_cluster(args: argparse.Namespace, world_size: int, cache_dir: Path) 
     return spec
 
 
+def describes_this_machine(cluster: ClusterSpec) -> bool:
+    """Whether ``cluster`` is of this machine's device kind, so that measuring the model here
+    informs the plan (a preset of other GPUs gets the analytic model profile instead)."""
+    device = _device()
+    if device.type == "cuda":
+        return cluster.device_name == torch.cuda.get_device_name(device)
+    return cluster.device_name.lower().startswith("cpu")
+
+
 def resolve_model_profile(model_config: ModelConfig, spec: ModelSpec, precision: str,
                           cluster: ClusterSpec, cache_dir: Path | None, measure: bool):
     """A measured model profile (cached by the model profiler) or, when ``measure`` is false
@@ -217,7 +226,7 @@ def plan_for_run(args: argparse.Namespace, model_config: ModelConfig, world_size
     if _rank() == 0:
         try:
             profile = resolve_model_profile(model_config, spec, precision, cluster, cache_dir,
-                                            measure=not args.cluster)
+                                            measure=describes_this_machine(cluster))
             training = TrainingSpec(global_batch_size=global_batch, precision=precision)
             result = search(spec, training, cluster, profile, budget, options,
                             world_size=world_size)

@@ -359,6 +359,8 @@ def pretrain(model_provider: ModelProvider, datasets_provider: DatasetsProvider,
     """
     try:
         args = arguments.parse_args(argv, parser)
+        # What the user typed, so that --auto-parallel can tell pinned flags from defaults.
+        args.argv_ = list(sys.argv[1:] if argv is None else argv)
         run_training(args, model_provider, datasets_provider, batch_fn)
         code = 0
     except _user_errors() as err:
