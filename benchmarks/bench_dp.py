@@ -40,14 +40,17 @@ from megatron_auto.plan import Plan  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--world-size", type=int, default=2, help="ranks to fork when not under torchrun")
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--world-size", type=int, default=2,
+                   help="ranks to fork when not under torchrun")
     p.add_argument("--num-layers", type=int, default=4)
     p.add_argument("--hidden-size", type=int, default=256)
     p.add_argument("--num-attention-heads", type=int, default=4)
     p.add_argument("--seq-length", type=int, default=128)
     p.add_argument("--vocab-size", type=int, default=4096)
-    p.add_argument("--micro-batch-size", type=int, default=4, help="samples per rank per micro-batch")
+    p.add_argument("--micro-batch-size", type=int, default=4,
+                   help="samples per rank per micro-batch")
     p.add_argument("--num-microbatches", type=int, default=2)
     p.add_argument("--iters", type=int, default=6, help="measured rounds per variant")
     p.add_argument("--warmup", type=int, default=2)

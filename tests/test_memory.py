@@ -38,12 +38,14 @@ def test_small_tensors_round_to_the_gpu_allocator_block():
         layer(x)  # output: 4 bytes -> 512
     assert meter.breakdown["parameters"] == 512
     assert meter.peak_bytes == 1024
-    assert storage_bytes([torch.ones(3)]) == 512 and storage_bytes([torch.ones(3)], rounded=False) == 12
+    assert storage_bytes([torch.ones(3)]) == 512
+    assert storage_bytes([torch.ones(3)], rounded=False) == 12
 
 
 def test_training_iterations_break_down_and_do_not_grow():
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(256, 256, bias=False), nn.Tanh(), nn.Linear(256, 256, bias=False))
+    model = nn.Sequential(nn.Linear(256, 256, bias=False), nn.Tanh(),
+                          nn.Linear(256, 256, bias=False))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     meter = PeakMemoryMeter("cpu", model, opt)
     params = 2 * 256 * 256 * 4  # 512 KiB

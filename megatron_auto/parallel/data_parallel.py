@@ -128,7 +128,8 @@ class DataParallel:
         for u in sorted(self._units, key=self._forward_position):
             if u.dp_mode == "ddp" and u.groups.dp_size > 1:
                 key = tuple(u.groups.dp_ranks)
-                ddp_groups.setdefault(key, (u.groups.dp_group, []))[1].extend(p for _, p in u.params)
+                _, plist = ddp_groups.setdefault(key, (u.groups.dp_group, []))
+                plist.extend(p for _, p in u.params)
         self._buckets = GradBuckets(list(ddp_groups.values()), bucket_size_bytes=bucket_size_bytes,
                                     overlap=overlap)
 
@@ -243,7 +244,7 @@ class DataParallel:
             dist.all_reduce(local_tensor(param.grad), group=self.ctx.embedding_group)
 
     def clip_grad_norm_(self, max_norm: float) -> float:
-        """Global L2 gradient norm over all ranks (each model element once); clip if ``max_norm > 0``.
+        """Global L2 gradient norm, each model element counted once; clips if ``max_norm > 0``.
 
         Collective over the world. Returns the norm before clipping; inf/nan propagate.
         """
