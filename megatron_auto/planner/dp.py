@@ -67,8 +67,8 @@ class StageTables:
 
     ``best[l, v]``: least objective for the first ``l+1`` layers within ``v`` cells (inf when
     infeasible); ``best_aux[l, v]``: the aux sums along that optimum; ``best_s[l, v]``: the last
-    layer's strategy; ``pred[l]``: for ``l >= 1``, the best predecessor strategy per (cells left,
-    class), used by :meth:`choices`.
+    layer's strategy; ``pred[l]``: for ``l >= 1``, the best predecessor strategy per (class,
+    cells left), used by :meth:`choices`.
     """
 
     layers: Sequence[LayerOptions]
@@ -99,7 +99,7 @@ class StageTables:
         for layer in range(num_layers - 1, 0, -1):
             opts = self.layers[layer]
             u = v - int(opts.mem[s])
-            s = int(self.pred[layer][u, opts.cls[s]])
+            s = int(self.pred[layer][opts.cls[s], u])
             v = u
             out.append(s)
         return out[::-1]
@@ -134,6 +134,7 @@ def solve_stage(layers: Sequence[LayerOptions], transition: np.ndarray,
             f[s, m:] = first.cost[s]
             aux[s, m:] = first.aux[s]
     _record(0, f, aux, v, best, best_aux, best_s)
+    sub_transition: dict[tuple[int, int], np.ndarray] = {}
     for layer in range(1, n_layers):
         # Best strategy of the previous layer within each of its classes, at every cap.
         groups = layers[layer - 1].groups
@@ -150,7 +151,10 @@ def solve_stage(layers: Sequence[LayerOptions], transition: np.ndarray,
             arg_class[row] = idx[a]
         # Best predecessor into every class the current layer uses (only those).
         targets = layers[layer].class_list
-        into = by_class[:, None, :] + transition[np.ix_(prev_classes, targets)][:, :, None]
+        pair = (id(layers[layer - 1]), id(layers[layer]))
+        if pair not in sub_transition:  # same options layer after layer: compute once
+            sub_transition[pair] = transition[np.ix_(prev_classes, targets)][:, :, None]
+        into = by_class[:, None, :] + sub_transition[pair]
         best_prev = into.argmin(axis=0)                              # (c, v) row of by_class
         h = np.full((num_classes, width), INF, dtype=DTYPE)
         pred = np.zeros((num_classes, width), dtype=np.int64)
@@ -167,7 +171,7 @@ def solve_stage(layers: Sequence[LayerOptions], transition: np.ndarray,
             if k:
                 aux_new[s, m:] = aux[pred[c, :width - m], v[:width - m]] + opts.aux[s]
         f, aux = f_new, aux_new
-        preds.append(pred.T.copy())                                  # (v, c)
+        preds.append(pred)                                           # (c, v)
         _record(layer, f, aux, v, best, best_aux, best_s)
     return StageTables(layers=list(layers), best=best, best_aux=best_aux, best_s=best_s,
                        pred=preds)
