@@ -191,3 +191,23 @@ def test_bad_arguments_raise_clear_errors(kwargs, message):
     with pytest.raises(ValueError, match="microbatches is empty"):
         forward_backward(ToyStage(range(1), 1, True, True), None, ctx, [], schedule="1f1b",
                          total_tokens=1.0)
+
+
+def test_loss_parts_are_collected_per_microbatch():
+    class WithParts(ToyStage):
+        def forward(self, x, *, sop_weight, **kwargs):
+            loss_sum, tokens = super().forward(x, **kwargs)
+            self.last_losses = {"part": loss_sum.detach() * 2, "extra": sop_weight}
+            return loss_sum, tokens
+
+    ctx = SimpleNamespace(stage=0, num_stages=1, is_first_stage=True, is_last_stage=True,
+                          prev_rank=None, next_rank=None, device=torch.device("cpu"),
+                          plan=SimpleNamespace(microbatch_size=2))
+    batch = make_batch(4, 11)
+    micro = [dict(m, sop_weight=torch.tensor(0.5)) for m in split(batch, 2)]
+    stage = WithParts(range(1), 1, True, True)
+    parts: list[dict] = []
+    losses = forward_backward(stage, None, ctx, micro, schedule="1f1b",
+                              total_tokens=float(batch["loss_mask"].sum()), loss_parts=parts)
+    assert [p["part"] for p in parts] == pytest.approx([2 * l for l, _ in losses])
+    assert [p["extra"] for p in parts] == [0.5, 0.5]  # 0-d values reach the stage unchanged

@@ -190,3 +190,10 @@ def test_console_line_has_megatron_fields():
                   "number of skipped iterations:   0", "tokens/s: 100.0", "TFLOP/s/device: 0.010"):
         assert field in line
     assert "loss scale" not in line
+
+
+def test_split_microbatches_passes_scalars_to_every_microbatch():
+    batch = {"tokens": torch.arange(8).view(4, 2), "sop_weight": torch.tensor(3.0)}
+    micro = split_microbatches(batch, 2, torch.device("cpu"))
+    assert [m["tokens"].tolist() for m in micro] == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+    assert all(float(m["sop_weight"]) == 3.0 for m in micro)

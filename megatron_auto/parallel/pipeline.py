@@ -21,6 +21,11 @@ Contracts (DESIGN §4, agreed runtime interfaces):
   iteration (``k = M - 1`` is the last one), ``data_parallel.finish_grad_sync()`` after all.
 - Mixed precision: forwards run under ``torch.autocast(device, autocast_dtype)``; activations
   and their gradients travel between stages in ``autocast_dtype`` (fp32 without autocast).
+- Loss parts (addition to the agreed interface, backward compatible): when ``loss_parts`` is a
+  list and the last stage exposes a ``last_losses`` dict after its forward (BERT's MLM and SOP
+  sums), a copy per micro-batch is appended to it, for logging.
+- Micro-batch values that are not tensors with the batch dimension (e.g. BERT's ``sop_weight``,
+  a 0-d tensor) are passed to the stage unchanged like any other keyword.
 
 Memory: a non-last stage keeps, per in-flight micro-batch, its received input (its gradient is
 needed) and only the autograd edge of its output. The output tensor itself is dropped right
@@ -58,7 +63,8 @@ class _Stage:
 
     def __init__(self, stage: torch.nn.Module, data_parallel: GradSync | None, ctx: Any,
                  microbatches: Sequence[dict], total_tokens: float, loss_scale: float,
-                 forward_only: bool, autocast_dtype: torch.dtype | None) -> None:
+                 forward_only: bool, autocast_dtype: torch.dtype | None,
+                 loss_parts: list[dict] | None = None) -> None:
         self.stage = stage
         self.data_parallel = data_parallel
         self.ctx = ctx
@@ -75,6 +81,7 @@ class _Stage:
         self.input_shape = None if self.is_first else tuple(stage.input_shape(b))
         self.output_shape = None if self.is_last else tuple(stage.output_shape(b))
         self.losses: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.loss_parts = loss_parts
         self.num_backwards = 0
 
     # ------------------------------------------------------------------ p2p
@@ -132,6 +139,9 @@ class _Stage:
         loss_sum = loss_sum.float()
         num_tokens = torch.as_tensor(num_tokens, dtype=torch.float32)
         self.losses.append((loss_sum.detach(), num_tokens.detach()))
+        parts = getattr(self.stage, "last_losses", None)
+        if self.loss_parts is not None and parts:
+            self.loss_parts.append({k: float(v) for k, v in parts.items()})
         return loss_sum * (self.loss_scale / self.total_tokens)
 
     def backward(self, received: torch.Tensor | None, output: torch.Tensor | GradientEdge,
@@ -163,7 +173,8 @@ class _Stage:
 def forward_backward(stage: torch.nn.Module, data_parallel: GradSync | None, ctx: Any,
                      microbatches: Sequence[dict], *, schedule: str, total_tokens: float,
                      loss_scale: float = 1.0, forward_only: bool = False,
-                     autocast_dtype: torch.dtype | None = None) -> list[tuple[float, float]]:
+                     autocast_dtype: torch.dtype | None = None,
+                     loss_parts: list[dict] | None = None) -> list[tuple[float, float]]:
     """Run one iteration of ``schedule`` over ``microbatches``; see the module docstring.
 
     ``microbatches`` has one dict per micro-batch on every rank (its length is the micro-batch
@@ -181,7 +192,7 @@ def forward_backward(stage: torch.nn.Module, data_parallel: GradSync | None, ctx
         raise ValueError(f"total_tokens={total_tokens}: the global batch has no token with a "
                          f"non-zero loss mask; check the dataset's loss_mask")
     run = _Stage(stage, data_parallel, ctx, microbatches, total_tokens, loss_scale,
-                 forward_only, autocast_dtype)
+                 forward_only, autocast_dtype, loss_parts)
     if forward_only:
         with torch.no_grad():
             _forward_only(run)

@@ -56,19 +56,21 @@ class DataError(ValueError):
 
 
 def prepare_data_source(config: DataConfig, *, build_first: Callable[[Callable[[], Any]], Any]
-                        = lambda fn: fn()) -> DataSource:
+                        = lambda fn: fn(), sentence_level: bool = False) -> DataSource:
     """Resolve the tokenizer and data prefixes of ``config``.
 
     ``build_first(fn)`` runs a step that writes shared files (the embedded corpus cache); the
     training loop passes a function that runs it on rank 0 first and then on the others, so
-    that the one-time preprocessing is not repeated by every rank.
+    that the one-time preprocessing is not repeated by every rank. ``sentence_level`` asks for
+    the sentence-split embedded corpus (BERT's sentence pairs).
     """
     from .. import data as data_lib  # noqa: PLC0415 - keeps `import megatron_auto.training` light
 
     if config.source == "mock":
         return DataSource(kind="mock", vocab_size=config.vocab_size)
     if config.source == "embedded":
-        prefix, model = build_first(lambda: data_lib.embedded_dataset(config.cache_dir))
+        prefix, model = build_first(lambda: data_lib.embedded_dataset(
+            config.cache_dir, split_sentences=sentence_level))
         tokenizer = data_lib.build_tokenizer(data_lib.EMBEDDED_TOKENIZER_TYPE, tokenizer_model=model)
         return DataSource(kind="embedded", tokenizer=tokenizer, vocab_size=tokenizer.vocab_size,
                           data_prefix=[prefix])
@@ -105,11 +107,19 @@ def load_global_batch(dataset: Any, consumed_samples: int, global_batch_size: in
 
 def split_microbatches(batch: Mapping[str, torch.Tensor], num_microbatches: int,
                        device: torch.device) -> list[dict[str, torch.Tensor]]:
-    """Cut a global batch into ``num_microbatches`` consecutive micro-batches on ``device``."""
-    size = next(iter(batch.values())).shape[0]
+    """Cut a global batch into ``num_microbatches`` consecutive micro-batches on ``device``.
+
+    Tensors with a batch dimension are sliced; anything else (a 0-d tensor such as BERT's
+    ``sop_weight``, a number) is given unchanged to every micro-batch.
+    """
+    batched = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor) and v.dim() > 0}
+    size = next(iter(batched.values())).shape[0]
     if size % num_microbatches:
         raise DataError(f"global batch of {size} samples does not split into "
                         f"num_microbatches={num_microbatches}; fix the plan's batch sizes")
     step = size // num_microbatches
-    return [{k: v[i * step:(i + 1) * step].to(device, non_blocking=True) for k, v in batch.items()}
+    shared = {k: (v.to(device) if isinstance(v, torch.Tensor) else v)
+              for k, v in batch.items() if k not in batched}
+    return [{**{k: v[i * step:(i + 1) * step].to(device, non_blocking=True)
+                for k, v in batched.items()}, **shared}
             for i in range(num_microbatches)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Mapping
 
 LOGGER_NAME = "megatron_auto"
 
@@ -54,7 +54,8 @@ def format_iteration_line(*, iteration: int, train_iters: int, consumed_samples:
                           elapsed_ms: float, lr: float, global_batch_size: int,
                           lm_loss: float | None, loss_scale: float | None, grad_norm: float | None,
                           skipped_iterations: int, tokens_per_s: float,
-                          tflops_per_device: float) -> str:
+                          tflops_per_device: float,
+                          extra_losses: Mapping[str, float] | None = None) -> str:
     """One Megatron-style training line: ``iteration N/ M | consumed samples: ... | ...``."""
     parts = [
         f" iteration {iteration:8d}/{train_iters:8d}",
@@ -65,6 +66,8 @@ def format_iteration_line(*, iteration: int, train_iters: int, consumed_samples:
     ]
     if lm_loss is not None:
         parts.append(f"lm loss: {lm_loss:.6E}")
+    for name, value in (extra_losses or {}).items():  # e.g. BERT's "mlm loss", "sop loss"
+        parts.append(f"{name.replace('_', ' ')}: {value:.6E}")
     if loss_scale is not None:
         parts.append(f"loss scale: {loss_scale:.1f}")
     if grad_norm is not None:

@@ -19,12 +19,13 @@ code the command line runs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -46,6 +47,28 @@ from .precision import LossScaler, PrecisionConfig, unscale_
 ModelProvider = Callable[[ModelConfig, ParallelContext, int], nn.Module]
 DatasetsProvider = Callable[..., tuple[Any, Any, Any]]
 BatchFn = Callable[[Sequence[dict]], dict[str, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What differs between model families beyond the three providers (GPT: the defaults).
+
+    ``model_overrides`` replace ``ModelConfig`` fields after flag parsing (BERT: model_type,
+    token types); ``sentence_level_data`` asks for sentence-split embedded data;
+    ``every_stage_reads_batch`` gives the batch to middle stages too (BERT's padding mask is
+    needed by every layer); ``loss_part_keys`` are the entries of the last stage's
+    ``last_losses`` that are summed over micro-batches and ranks, and ``named_losses`` turns
+    those sums into the extra losses to log (BERT: ``mlm_loss``, ``sop_loss``).
+    """
+
+    model_overrides: Mapping[str, Any] = field(default_factory=dict)
+    sentence_level_data: bool = False
+    every_stage_reads_batch: bool = False
+    loss_part_keys: tuple[str, ...] = ()
+    named_losses: Callable[[dict[str, float]], dict[str, float]] | None = None
+
+
+GPT_TASK = TaskSpec()
 
 
 @dataclass(frozen=True)
@@ -74,11 +97,13 @@ class Trainer:
     consumed_samples: int = 0
     skipped_iterations: int = 0
     history: list[dict] = field(default_factory=list)
+    task: TaskSpec = GPT_TASK
 
     @property
     def reads_data(self) -> bool:
-        """First- and last-stage ranks read the global batch; middle stages do not."""
-        return self.ctx.is_first_stage or self.ctx.is_last_stage
+        """First- and last-stage ranks read the global batch; middle stages only if the task says."""
+        return (self.ctx.is_first_stage or self.ctx.is_last_stage
+                or self.task.every_stage_reads_batch)
 
 
 @dataclass
@@ -89,13 +114,14 @@ class StepResult:
     skipped: bool
     lr: float
     loss_scale: float
+    extra_losses: dict[str, float] = field(default_factory=dict)
 
 
 def build_trainer(model_config: ModelConfig, plan: Plan, model_provider: ModelProvider, *,
                   optimizer_config: OptimizerConfig = OptimizerConfig(),
                   lr_config: LRConfig = LRConfig(),
                   precision: PrecisionConfig = PrecisionConfig(), seed: int = 1234,
-                  device: torch.device | None = None) -> Trainer:
+                  device: torch.device | None = None, task: TaskSpec = GPT_TASK) -> Trainer:
     """Collective: build context, stage, data parallelism and optimizer for ``plan``."""
     plan.validate(model_config)
     ctx = ParallelContext(plan, device=device)
@@ -107,7 +133,7 @@ def build_trainer(model_config: ModelConfig, plan: Plan, model_provider: ModelPr
     return Trainer(ctx=ctx, plan=plan, model_config=model_config, stage=stage,
                    data_parallel=data_parallel, optimizer=optimizer,
                    optimizer_config=optimizer_config, lr_config=lr_config, precision=precision,
-                   scaler=LossScaler(precision))
+                   scaler=LossScaler(precision), task=task)
 
 
 def _microbatches(trainer: Trainer, batch: dict[str, torch.Tensor] | None) -> tuple[list[dict], float]:
@@ -141,9 +167,11 @@ def train_step(trainer: Trainer, batch: dict[str, torch.Tensor] | None) -> StepR
     trainer.data_parallel.zero_grad()
     microbatches, total_tokens = _microbatches(trainer, batch)
     scale = trainer.scaler.scale
+    parts: list[dict] = []
     losses = forward_backward(trainer.stage, trainer.data_parallel, trainer.ctx, microbatches,
                               schedule=trainer.plan.pipeline.schedule, total_tokens=total_tokens,
-                              loss_scale=scale, autocast_dtype=trainer.precision.autocast_dtype)
+                              loss_scale=scale, autocast_dtype=trainer.precision.autocast_dtype,
+                              loss_parts=parts)
     params = list(trainer.data_parallel.parameters())
     unscale_(params, scale)
     grad_norm = float(trainer.data_parallel.clip_grad_norm_(trainer.optimizer_config.clip_grad))
@@ -161,7 +189,18 @@ def train_step(trainer: Trainer, batch: dict[str, torch.Tensor] | None) -> StepR
     trainer.iteration = iteration
     trainer.consumed_samples += trainer.plan.global_batch_size
     return StepResult(lm_loss=lm_loss, num_tokens=tokens, grad_norm=grad_norm, skipped=skipped,
-                      lr=lr, loss_scale=scale)
+                      lr=lr, loss_scale=scale, extra_losses=_named_losses(trainer, parts))
+
+
+def _named_losses(trainer: Trainer, parts: list[dict]) -> dict[str, float]:
+    """Sum the task's loss parts over micro-batches and ranks, then name them (BERT: mlm/sop)."""
+    keys = trainer.task.loss_part_keys
+    if not keys or trainer.task.named_losses is None:
+        return {}
+    totals = torch.tensor([sum(p.get(k, 0.0) for p in parts) for k in keys],
+                          dtype=torch.float64, device=trainer.ctx.device)
+    dist.all_reduce(totals)
+    return trainer.task.named_losses(dict(zip(keys, totals.tolist())))
 
 
 def evaluate(trainer: Trainer, batches: Sequence[dict[str, torch.Tensor] | None]) -> float:
@@ -232,7 +271,8 @@ def _peak_memory_meter(trainer: Trainer) -> Any:
 
 
 def run_training(args: argparse.Namespace, model_provider: ModelProvider,
-                 datasets_provider: DatasetsProvider, batch_fn: BatchFn) -> Trainer:
+                 datasets_provider: DatasetsProvider, batch_fn: BatchFn,
+                 task: TaskSpec = GPT_TASK) -> Trainer:
     """Everything after argument parsing: data, plan, model, loop, logging, metrics."""
     log = get_logger()
     device = _init_distributed()
@@ -240,8 +280,11 @@ def run_training(args: argparse.Namespace, model_provider: ModelProvider,
     setup_logging(rank)
     data_config = arguments.data_config_from_args(args)
     train_config = arguments.training_config_from_args(args)
-    source = prepare_data_source(data_config, build_first=_rank0_first)
+    source = prepare_data_source(data_config, build_first=_rank0_first,
+                                 sentence_level=task.sentence_level_data)
     model_config = arguments.model_config_from_args(args, vocab_size=source.vocab_size)
+    if task.model_overrides:
+        model_config = dataclasses.replace(model_config, **task.model_overrides)
     plan = arguments.resolve_plan(args, model_config, world_size)
     if args.plan_out and rank == 0:
         plan.save(args.plan_out)
@@ -253,7 +296,7 @@ def run_training(args: argparse.Namespace, model_provider: ModelProvider,
                             optimizer_config=arguments.optimizer_config_from_args(args),
                             lr_config=arguments.lr_config_from_args(args),
                             precision=arguments.precision_config_from_args(args),
-                            seed=train_config.seed, device=device)
+                            seed=train_config.seed, device=device, task=task)
     gbs = plan.global_batch_size
     num_evals = train_config.train_iters // train_config.eval_interval
     train_ds, valid_ds, _ = datasets_provider(
@@ -274,6 +317,7 @@ def _train_loop(trainer: Trainer, args: argparse.Namespace, train_config: Traini
     peak = device_peak_tflops(ctx.device, trainer.precision.autocast_dtype is not None)
     estimate = plan.estimate or {}
     window: list[tuple[float, float]] = []  # (loss, seconds) since the last log line
+    window_extras: list[dict[str, float]] = []  # named extra losses (BERT) since then
     valid_consumed = 0
     for _ in range(train_config.train_iters):
         batch = (load_global_batch(train_ds, trainer.consumed_samples, plan.global_batch_size,
@@ -290,6 +334,7 @@ def _train_loop(trainer: Trainer, args: argparse.Namespace, train_config: Traini
         seconds = time.perf_counter() - start
         if not result.skipped:
             window.append((result.lm_loss, seconds))
+            window_extras.append(result.extra_losses)
         it = trainer.iteration
         record = {"iteration": it, "lm_loss": result.lm_loss, "grad_norm": result.grad_norm,
                   "lr": result.lr, "iteration_time_s": seconds}
@@ -297,12 +342,14 @@ def _train_loop(trainer: Trainer, args: argparse.Namespace, train_config: Traini
         if it % args.log_interval == 0 or it == train_config.train_iters:
             mean_loss = sum(l for l, _ in window) / len(window) if window else float("nan")
             mean_s = sum(s for _, s in window) / len(window) if window else seconds
+            extras = {k: sum(e[k] for e in window_extras) / len(window_extras)
+                      for k in (window_extras[0] if window_extras else {})}
             tflops = flops_per_iter / mean_s / ctx.world_size / 1e12
             log.info(format_iteration_line(
                 iteration=it, train_iters=train_config.train_iters,
                 consumed_samples=trainer.consumed_samples, elapsed_ms=mean_s * 1e3, lr=result.lr,
                 global_batch_size=plan.global_batch_size,
-                lm_loss=mean_loss if window else None,
+                lm_loss=mean_loss if window else None, extra_losses=extras,
                 loss_scale=result.loss_scale if trainer.precision.fp16 else None,
                 grad_norm=result.grad_norm, skipped_iterations=trainer.skipped_iterations,
                 tokens_per_s=tokens_per_iter / mean_s, tflops_per_device=tflops))
@@ -313,6 +360,7 @@ def _train_loop(trainer: Trainer, args: argparse.Namespace, train_config: Traini
                        "consumed_samples": trainer.consumed_samples,
                        "skipped_iterations": trainer.skipped_iterations,
                        "loss_scale": result.loss_scale}
+            metrics.update(extras)
             if peak:
                 metrics["mfu"] = tflops / peak
             if peak_bytes is not None:
@@ -324,6 +372,7 @@ def _train_loop(trainer: Trainer, args: argparse.Namespace, train_config: Traini
                 metrics["predicted_peak_memory_bytes"] = max(s["peak_memory_bytes"] for s in stages)
             writer.write(metrics)
             window.clear()
+            window_extras.clear()
         if valid_ds is not None and train_config.eval_iters > 0 and it % train_config.eval_interval == 0:
             batches = []
             for _ in range(train_config.eval_iters):
@@ -351,7 +400,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 def pretrain(model_provider: ModelProvider, datasets_provider: DatasetsProvider,
              batch_fn: BatchFn, *, argv: Sequence[str] | None = None,
-             parser: argparse.ArgumentParser | None = None) -> int:
+             parser: argparse.ArgumentParser | None = None, task: TaskSpec = GPT_TASK) -> int:
     """Entry point of the pretrain scripts: parse ``argv``, train, return the exit code.
 
     Configuration mistakes (bad flags, bad ``--plan`` files, bad data flags) print one
@@ -361,7 +410,7 @@ def pretrain(model_provider: ModelProvider, datasets_provider: DatasetsProvider,
         args = arguments.parse_args(argv, parser)
         # What the user typed, so that --auto-parallel can tell pinned flags from defaults.
         args.argv_ = list(sys.argv[1:] if argv is None else argv)
-        run_training(args, model_provider, datasets_provider, batch_fn)
+        run_training(args, model_provider, datasets_provider, batch_fn, task)
         code = 0
     except _user_errors() as err:
         if not dist.is_initialized() or dist.get_rank() == 0:
