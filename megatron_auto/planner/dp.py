@@ -140,7 +140,7 @@ def solve_stage(layers: Sequence[LayerOptions], transition: np.ndarray,
         groups = layers[layer - 1].groups
         prev_classes = np.array([c for c, _ in groups])
         by_class = np.empty((len(groups), width), dtype=DTYPE)       # (c', v)
-        arg_class = np.empty((len(groups), width), dtype=np.int64)
+        arg_class = np.empty((len(groups), width), dtype=np.int32)
         for row, (_, idx) in enumerate(groups):
             if len(idx) == 1:
                 by_class[row] = f[idx[0]]
@@ -157,7 +157,7 @@ def solve_stage(layers: Sequence[LayerOptions], transition: np.ndarray,
         into = by_class[:, None, :] + sub_transition[pair]
         best_prev = into.argmin(axis=0)                              # (c, v) row of by_class
         h = np.full((num_classes, width), INF, dtype=DTYPE)
-        pred = np.zeros((num_classes, width), dtype=np.int64)
+        pred = np.zeros((num_classes, width), dtype=np.int32)
         h[targets] = into.min(axis=0)
         pred[targets] = arg_class[best_prev, v[None, :]]             # strategy of layer - 1
         opts = layers[layer]

@@ -246,8 +246,11 @@ def _run_space(space: _Space, spec: ModelSpec, training: TrainingSpec, cluster: 
             if math.isfinite(score):
                 found.append(_Candidate(score, task, option, parts, space.name))
                 best = min(best, score)
-    found.sort(key=lambda c: c.score)
-    return found[:3]
+        found.sort(key=lambda c: c.score)
+        del found[3:]
+        if all(c.task is not task for c in found):
+            task.release()  # DP tables are large; a finalist rebuilds its own on demand
+    return found
 
 
 def _least_memory(task: Task, mem_row) -> tuple[tuple[int, ...] | None, float | None]:

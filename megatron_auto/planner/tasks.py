@@ -162,6 +162,10 @@ class Task:
                     out.add(int(trans[i]))
         return sorted(out)
 
+    def release(self) -> None:
+        """Drop the cached DP tables (they are rebuilt on demand)."""
+        self._tables.clear()
+
     # ------------------------------------------------------------------ helpers
     def in_flight(self, k: int) -> int:
         """Micro-batches stage ``k`` is costed for. With more than ``EXACT_IN_FLIGHT`` stages the
