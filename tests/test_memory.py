@@ -30,6 +30,22 @@ def test_forward_peak_is_weights_plus_output():
     del y
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_peak_counts_what_the_iteration_allocates():
+    device = torch.device("cuda")
+    layer = nn.Linear(256, 128, bias=False, device=device)
+    x = torch.randn(64, 256, device=device)
+    with torch.no_grad():
+        layer(x)  # warm-up: cuBLAS allocates its workspace on first use
+    start = torch.cuda.memory_allocated(device)
+    meter = PeakMemoryMeter(device, layer)
+    with torch.no_grad(), meter:
+        y = layer(x)  # (64, 128) fp32 output: 32 KiB on top of what was allocated
+    assert start + 32 * KIB <= meter.peak_bytes < start + 1024 * KIB
+    assert meter.breakdown["parameters"] == 128 * KIB
+    del y
+
+
 def test_small_tensors_round_to_the_gpu_allocator_block():
     layer = nn.Linear(3, 1, bias=False)  # 12 bytes of weight, one 512-byte block on a GPU
     x = torch.ones(1, 3)  # made before the meter: not counted
