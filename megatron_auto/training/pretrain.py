@@ -255,16 +255,7 @@ def _rank0_first(fn: Callable[[], Any]) -> Any:
 
 
 def _peak_memory_meter(trainer: Trainer) -> Any:
-    """The per-iteration memory meter, or None where it cannot measure this run.
-
-    On CPU the meter follows tensors with PyTorch's MemTracker, which refuses a module that runs
-    forward more than once per tracked iteration (several micro-batches); such runs then record
-    no ``peak_memory_bytes`` rather than fail.
-    """
-    if trainer.ctx.device.type == "cpu" and trainer.plan.num_microbatches > 1:
-        get_logger().info("> peak memory is not measured on CPU with several micro-batches "
-                          "(MemTracker tracks one forward per module and iteration)")
-        return None
+    """The per-iteration memory meter (CUDA allocator statistics, or tensor lifetimes on CPU)."""
     from .memory import PeakMemoryMeter  # noqa: PLC0415 - heavy optional machinery
 
     return PeakMemoryMeter(trainer.ctx.device, trainer.stage, trainer.optimizer)
