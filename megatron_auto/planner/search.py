@@ -65,7 +65,7 @@ class SearchOptions:
     max_tp: int | None = None
     partition: str = "bmw"
     include_baselines: bool = True
-    max_transient_levels: int = 6
+    max_transient_levels: int = 4
 
     def validate(self) -> None:
         def need(cond: bool, name: str, value: Any, fix: str) -> None:
