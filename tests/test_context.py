@@ -99,6 +99,8 @@ def _context_worker(rank: int, world_size: int) -> dict:
                  pctx.embedding_group is not None, pctx.is_first_stage, pctx.is_last_stage)
     with pytest.raises(ValueError, match="lives on stage"):
         pctx.layer_groups(0 if pctx.stage == 1 else 1)
+    with pytest.raises(KeyError, match="is not used on stage"):
+        ctx.layout_groups(Layout(1, 2, True))  # ctx has one stage only
     return out
 
 

@@ -45,6 +45,8 @@ def _worker(rank: int, world_size: int) -> list[str]:
         (y * batch_chunk(upstream, dst)).sum().backward()
         torch.testing.assert_close(x.grad, batch_chunk(upstream, src), rtol=0, atol=0)
         checked.append(f"{LAYOUTS[a]}->{LAYOUTS[b]}")
+    with pytest.raises(ValueError, match="relayout between different stages"):
+        relayout(full, ctx.layer_groups(0), Layout(1, 1, True), ctx)
     return checked
 
 

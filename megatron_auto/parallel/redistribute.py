@@ -91,13 +91,15 @@ def relayout(x: torch.Tensor, src: Any, dst: Any, ctx: Any) -> torch.Tensor:
     """
     if src is dst:
         return x
+    src_layout = src if isinstance(src, Layout) else src.layout
+    dst_layout = dst if isinstance(dst, Layout) else dst.layout
+    if src_layout.stage != dst_layout.stage:
+        raise ValueError(f"relayout between different stages ({src_layout} -> {dst_layout}); "
+                         f"move the layout to the receiving stage first")
     if isinstance(src, Layout):
         src = ctx.layout_groups(src)
     if isinstance(dst, Layout):
         dst = ctx.layout_groups(dst)
-    if src.layout.stage != dst.layout.stage:
-        raise ValueError(f"relayout between different stages ({src.layout} -> {dst.layout}); "
-                         f"move the layout to the receiving stage first")
     n = ctx.stage_size
     if _chunks(src.layout, n) == _chunks(dst.layout, n):
         return x
