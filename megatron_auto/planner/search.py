@@ -47,8 +47,9 @@ class InfeasibleError(ValueError):
 
 @dataclass(frozen=True)
 class SearchOptions:
-    """Pins and knobs. ``None`` means "search it". ``memory_step_bytes=None`` picks the budget
-    over ``AUTO_MEMORY_CELLS`` rounded up to a MiB (at least 1 MiB)."""
+    """Pins and knobs. ``None`` means "search it". ``memory_step_bytes=None`` picks the device
+    memory (or the budget, if larger) over ``AUTO_MEMORY_CELLS`` rounded up to a MiB (at least
+    1 MiB)."""
 
     pp: int | None = None
     tp: int | None = None
@@ -359,8 +360,11 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: Any, profile: Model
         raise ValueError(f"world_size={world}: must be between 1 and the cluster's "
                          f"{cluster.world_size} devices")
     t0 = time.monotonic()
+    # The automatic step follows the device (not the budget), so that every budget on one
+    # cluster is discretised alike and more memory can never give a slower plan.
+    scale = max(memory_budget_bytes, getattr(cluster, "device_memory_bytes", 0))
     step = options.memory_step_bytes or max(
-        2 ** 20, math.ceil(memory_budget_bytes / AUTO_MEMORY_CELLS / 2 ** 20) * 2 ** 20)
+        2 ** 20, math.ceil(scale / AUTO_MEMORY_CELLS / 2 ** 20) * 2 ** 20)
     deadline = t0 + options.time_limit_s if options.time_limit_s else None
     progress = _Progress(options.show_progress)
     stats: dict[str, Any] = {}
