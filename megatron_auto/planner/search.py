@@ -33,7 +33,7 @@ from .strategies import BASELINE_SPACES, SPACES, SpaceRules, powers_of_two_upto,
 from .tasks import Task, VocabOption
 
 GB = 1e9
-AUTO_MEMORY_CELLS = 1024  # default resolution: device memory in about this many cells  # default resolution: the budget in about this many cells
+AUTO_MEMORY_CELLS = 1024  # default resolution: the device memory in about this many cells
 PARTITIONS = ("bmw", "even", "memory")
 
 
