@@ -225,6 +225,10 @@ def check_args(args: argparse.Namespace) -> None:
         flag, value = ("--save", args.save) if args.save else ("--load", args.load)
         _fail(flag, value, "checkpoint saving and loading are not part of this release yet; "
                            "drop the flag (training runs without checkpoints)")
+    for flag in ("memory_budget_gb", "cluster"):
+        if getattr(args, flag) is not None and not args.auto_parallel:
+            warnings.warn(f"--{flag.replace('_', '-')}={getattr(args, flag)} only guides "
+                          f"--auto-parallel and is ignored without it", stacklevel=2)
     if args.tokenizer_type is not None and not (args.data_path or args.mock_data):
         _fail("--tokenizer-type", args.tokenizer_type,
               "needs --data-path (the embedded default brings its own tokenizer)")

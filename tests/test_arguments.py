@@ -191,3 +191,8 @@ def test_config_converters_carry_the_flags():
     assert data.source == "mock" and data.vocab_size == 512
     assert arguments.logging_config_from_args(args).metrics_file == "m.jsonl"
     assert arguments.training_config_from_args(args).train_iters == 200
+
+
+def test_planner_only_flags_warn_without_auto_parallel():
+    with pytest.warns(UserWarning, match="--memory-budget-gb=40.0 only guides --auto-parallel"):
+        arguments.parse_args(["--memory-budget-gb", "40"])
