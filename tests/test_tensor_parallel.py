@@ -193,3 +193,25 @@ def test_checkpoint_replays_dropout_masks() -> None:
         grads.append((out.detach(), x.grad))
     torch.testing.assert_close(grads[0][0], grads[1][0], rtol=0, atol=0)
     torch.testing.assert_close(grads[0][1], grads[1][1], rtol=0, atol=0)
+
+
+def _comm_worker(rank: int, world_size: int) -> None:
+    import warnings
+
+    from megatron_auto.parallel import comm
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the torch 2.13 deprecation warnings must not appear
+        out = torch.empty(2 * world_size, 3)
+        comm.all_gather_into_tensor(out, torch.full((2, 3), float(rank)))
+        assert out[:, 0].tolist() == [float(r) for r in range(world_size) for _ in range(2)]
+        mine = torch.empty(1, 3)
+        comm.reduce_scatter_tensor(mine, torch.arange(world_size * 3.0).view(world_size, 3))
+        want = world_size * torch.arange(rank * 3.0, rank * 3.0 + 3).view(1, 3)
+        torch.testing.assert_close(mine, want)
+        cat = comm.all_gather_dim(torch.full((2, 1), float(rank)), None, dim=-1)
+        assert cat.shape == (2, world_size) and cat[0].tolist() == list(map(float, range(world_size)))
+
+
+def test_comm_shim_gathers_and_scatters_without_warnings() -> None:
+    run_distributed(_comm_worker, 2)
