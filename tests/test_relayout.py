@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dist_utils import run_distributed
-from megatron_auto.parallel.context import Layout, ParallelContext
+from megatron_auto.parallel.context import Layout, ParallelContext, tp_dp_rank
 from megatron_auto.parallel.redistribute import batch_chunk, relayout, relayout_is_local
 from megatron_auto.plan import LayerStrategy, Plan, PipelineSpec, VocabStrategy
 
@@ -26,6 +26,23 @@ def test_local_relayout_decision_hand_cases() -> None:
     # fewer replicas never local
     assert not relayout_is_local(Layout(0, 1, True), Layout(0, 2, True), n)
     assert not relayout_is_local(Layout(0, 2, True), Layout(0, 2, False), n)
+
+
+def test_local_decision_matches_interval_containment_brute_force() -> None:
+    n, b = 16, 64
+    layouts = [Layout(0, tp, c) for tp in (1, 2, 4, 8, 16) for c in (True, False)
+               if c or tp not in (1, n)]
+
+    def interval(layout: Layout, j: int) -> tuple[int, int]:
+        dp = n // layout.tp
+        d = tp_dp_rank(j, n, layout.tp, layout.consecutive)[1]
+        return d * b // dp, (d + 1) * b // dp
+
+    for src in layouts:
+        for dst in layouts:
+            want = all(interval(src, j)[0] <= interval(dst, j)[0]
+                       and interval(dst, j)[1] <= interval(src, j)[1] for j in range(n))
+            assert relayout_is_local(src, dst, n) == want, (src, dst)
 
 
 def _worker(rank: int, world_size: int) -> list[str]:
