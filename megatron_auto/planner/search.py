@@ -35,6 +35,7 @@ from .tasks import Task, VocabOption
 GB = 1e9
 AUTO_MEMORY_CELLS = 1024  # default resolution: the device memory in about this many cells
 PARTITIONS = ("bmw", "even", "memory")
+REFINE_FACTOR = 4  # the winning task is searched again with a step this many times finer
 
 
 class InfeasibleError(ValueError):
@@ -345,6 +346,27 @@ def _finish(cands: list[_Candidate], spec: ModelSpec, training: TrainingSpec, cl
     return best
 
 
+def _refine(cand: _Candidate, spec: ModelSpec, training: TrainingSpec, cluster: Any,
+            profile: ModelProfile, budget: float, step: int):
+    """The winning task again with a finer memory step. Every plan feasible at the coarse step
+    stays feasible at a step that divides it, so this can only find more room (the answer is
+    the better of the two)."""
+    old = cand.task
+    task = Task(spec, profile, cluster, old.world_size, old.global_batch, old.pp, old.m,
+                old.schedule, old.rules, budget, step, old.max_levels, old.max_len)
+    option = cand.option
+    mem_row = lambda k, a: task.memory_row(k, a, option)  # noqa: E731
+    mem_part, least = _least_memory(task, mem_row)
+    if least is None or least > budget:
+        return None
+    parts = choose_partition(
+        spec.num_layers, task.pp, lambda k, a: task.row(k, a, option).value / task.m, mem_row,
+        lambda part: task.score(part, option), task.max_len, tuple(cand.partitions),
+        polish=False, memory_seed=mem_part, row_depends_on_start=len(spec.layer_types) > 1)
+    fine = _Candidate(cand.score, task, option, parts, cand.space)
+    return _finish([fine], spec, training, cluster, profile, budget, polish=True)
+
+
 def search(spec: ModelSpec, training: TrainingSpec, cluster: Any, profile: ModelProfile,
            memory_budget_bytes: int, options: SearchOptions = SearchOptions(),
            world_size: int | None = None) -> SearchResult:
@@ -369,16 +391,28 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: Any, profile: Model
     progress = _Progress(options.show_progress)
     stats: dict[str, Any] = {}
 
-    def run(name: str, deadline_: float | None, progress_: _Progress | None):
+    def run(name: str, deadline_: float | None, progress_: _Progress | None,
+            refine: bool = False):
         cands: list[_Candidate] = []
         for sub in _spaces(name, options, world):
             cands.extend(_run_space(sub, spec, training, cluster, profile, memory_budget_bytes,
                                     options, world, step, deadline_, progress_, stats))
         cands.sort(key=lambda c: c.score)
-        return _finish(cands[:3], spec, training, cluster, profile, memory_budget_bytes,
-                       polish=True)
+        found = _finish(cands[:3], spec, training, cluster, profile, memory_budget_bytes,
+                        polish=True)
+        # Refine: the winner's task again, at most REFINE_FACTOR times finer and never finer
+        # than the budget in 2 * AUTO_MEMORY_CELLS cells (bounds the extra DP work).
+        fine_step = max(2 ** 20, step // REFINE_FACTOR, math.ceil(
+            memory_budget_bytes / (2 * AUTO_MEMORY_CELLS) / 2 ** 20) * 2 ** 20)
+        if (refine and found is not None and options.memory_step_bytes is None
+                and step % fine_step == 0 and fine_step < step):
+            finer = _refine(found[3], spec, training, cluster, profile, memory_budget_bytes,
+                            fine_step)
+            if finer is not None and finer[1].samples_per_s > found[1].samples_per_s:
+                found = finer
+        return found
 
-    best = run(options.space, deadline, progress)
+    best = run(options.space, deadline, progress, refine=True)
     if best is None:
         least = stats.get("min_memory")
         if least is None or not math.isfinite(least):

@@ -79,6 +79,8 @@ class Task:
                  global_batch: int, pp: int, m: int, schedule: str, rules: SpaceRules,
                  budget_bytes: float, step: int, max_levels: int, max_len: int) -> None:
         self.spec, self.profile, self.cluster = spec, profile, cluster
+        self.rules, self.budget_bytes, self.max_levels = rules, budget_bytes, max_levels
+        self.world_size = world_size
         self.pp, self.m, self.schedule, self.global_batch = pp, m, schedule, global_batch
         self.n = world_size // pp
         self.b_m = global_batch // m
