@@ -103,7 +103,7 @@ def test_bert_entry_logs_mlm_and_sop_losses(tmp_path):
     # The BERT script shares the loop; pp=2 also checks that middle/last stages get the batch.
     metrics = tmp_path / "bert.jsonl"
     argv = ["--mock-data", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
-            "--seq-length", "16", "--vocab-size", "128", "--micro-batch-size", "2",
+            "--seq-length", "16", "--vocab-size", "128", "--micro-batch-size", "4",
             "--global-batch-size", "4", "--train-iters", "2", "--log-interval", "1",
             "--pipeline-model-parallel-size", "2", "--metrics-file", str(metrics)]
     assert run_distributed(_bert_worker, 2, argv) == [0, 0]
@@ -113,3 +113,5 @@ def test_bert_entry_logs_mlm_and_sop_losses(tmp_path):
         # Megatron's BERT objective: the optimised loss is the MLM mean plus the SOP mean.
         assert r["lm_loss"] == pytest.approx(r["mlm_loss"] + r["sop_loss"], rel=1e-6)
         assert 0 < r["sop_loss"] < 2 and r["mlm_loss"] > 3
+        # One micro-batch per iteration: the CPU memory meter can measure (max over ranks).
+        assert r["peak_memory_bytes"] > 0
