@@ -85,7 +85,11 @@ def main() -> None:
     parser.add_argument("--global-batch-size", type=int, default=8)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads (default: torch's choice); 1 is steadier on busy machines")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     from megatron_auto.models.gpt import GPTStage
     from megatron_auto.training.pretrain import build_trainer, train_step
