@@ -392,7 +392,7 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: Any, profile: Model
     stats: dict[str, Any] = {}
 
     def run(name: str, deadline_: float | None, progress_: _Progress | None,
-            refine: bool = False):
+            refine: bool = False, step: int = step):
         cands: list[_Candidate] = []
         for sub in _spaces(name, options, world):
             cands.extend(_run_space(sub, spec, training, cluster, profile, memory_budget_bytes,
@@ -400,16 +400,17 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: Any, profile: Model
         cands.sort(key=lambda c: c.score)
         found = _finish(cands[:3], spec, training, cluster, profile, memory_budget_bytes,
                         polish=True)
-        # Refine: the winner's task again, at most REFINE_FACTOR times finer and never finer
+        # Refine: the finalists' tasks again, at most REFINE_FACTOR times finer and never finer
         # than the budget in 2 * AUTO_MEMORY_CELLS cells (bounds the extra DP work).
         fine_step = max(2 ** 20, step // REFINE_FACTOR, math.ceil(
             memory_budget_bytes / (2 * AUTO_MEMORY_CELLS) / 2 ** 20) * 2 ** 20)
         if (refine and found is not None and options.memory_step_bytes is None
                 and step % fine_step == 0 and fine_step < step):
-            finer = _refine(found[3], spec, training, cluster, profile, memory_budget_bytes,
-                            fine_step)
-            if finer is not None and finer[1].samples_per_s > found[1].samples_per_s:
-                found = finer
+            for cand in cands[:3]:
+                finer = _refine(cand, spec, training, cluster, profile, memory_budget_bytes,
+                                fine_step)
+                if finer is not None and finer[1].samples_per_s > found[1].samples_per_s:
+                    found = finer
         return found
 
     best = run(options.space, deadline, progress, refine=True)
@@ -427,12 +428,22 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: Any, profile: Model
     plan, est, partition_info, cand = best
     main_stats = dict(stats)
     baselines: dict[str, Estimate | None] = {}
+    adopted = None
     if options.include_baselines:
+        # Baselines are small spaces: search them at a step relative to the budget (fine even
+        # for small budgets on big devices), so the comparison is fair to them.
+        fine = options.memory_step_bytes or max(
+            2 ** 20, math.ceil(memory_budget_bytes / AUTO_MEMORY_CELLS / 2 ** 20) * 2 ** 20)
         for name in BASELINE_SPACES:
             if name == options.space:
                 continue
-            found = run(name, None, None)
+            found = run(name, None, None, refine=True, step=min(step, fine))
             baselines[name] = found[1] if found else None
+            if (options.space == "full" and found is not None
+                    and found[1].samples_per_s > est.samples_per_s * (1 + 1e-12)):
+                # A restricted space is part of the full one: its plan is ours when better
+                # (it can be, found at a finer memory step).
+                plan, est, partition_info, adopted = found[0], found[1], found[2], name
     info = {
         "space": options.space, "partition": partition_info,
         "search_time_s": time.monotonic() - t0, "tasks": main_stats.get("tasks", 0),
@@ -443,6 +454,7 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: Any, profile: Model
         "schedules": [options.schedule] if options.schedule else
         ["1f1b (gpipe has the same time and never less memory, so it is not searched)"],
         "baselines": {k: (v.samples_per_s if v else None) for k, v in baselines.items()},
+        "adopted_from_baseline": adopted,
     }
     plan = replace(plan, estimate=est.to_dict(), search=info)
     return SearchResult(plan=plan, estimate=est, baselines=baselines)
