@@ -400,12 +400,14 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: Any, profile: Model
         cands.sort(key=lambda c: c.score)
         found = _finish(cands[:3], spec, training, cluster, profile, memory_budget_bytes,
                         polish=True)
-        # Refine: the finalists' tasks again, at most REFINE_FACTOR times finer and never finer
-        # than the budget in 2 * AUTO_MEMORY_CELLS cells (bounds the extra DP work).
-        fine_step = max(2 ** 20, step // REFINE_FACTOR, math.ceil(
-            memory_budget_bytes / (2 * AUTO_MEMORY_CELLS) / 2 ** 20) * 2 ** 20)
+        # Refine: when the budget is well below the device memory the device-based step is
+        # coarse for it; the finalists' tasks run again at most REFINE_FACTOR times finer and
+        # never finer than the budget in AUTO_MEMORY_CELLS cells (bounds the extra DP work).
+        target = max(2 ** 20, memory_budget_bytes / AUTO_MEMORY_CELLS)
+        factor = max([1] + [q for q in (2, REFINE_FACTOR) if step / q >= target and step % q == 0])
+        fine_step = step // factor  # divides the coarse step: coarse-feasible stays feasible
         if (refine and found is not None and options.memory_step_bytes is None
-                and step % fine_step == 0 and fine_step < step):
+                and fine_step < step):
             for cand in cands[:3]:
                 finer = _refine(cand, spec, training, cluster, profile, memory_budget_bytes,
                                 fine_step)
