@@ -41,6 +41,9 @@ def model_states(num_params: float, dp_mode: str, dp: int) -> tuple[float, float
     """``(parameters, gradients, optimizer_states, transient)`` bytes for ``num_params`` local
     parameters replicated or sharded over ``dp`` ranks.
 
+    ``zero2`` (FSDP2 without resharding between forward and the last backward) keeps the
+    gathered full parameters next to its fp32 master shard for the whole step: ``4P(1 + 1/d)``,
+    counted at 4 B even when the gather is in 16-bit (conservative).
     Transient: ``zero2`` and ``zero3`` produce each micro-batch's gradient unsharded before the
     reduce-scatter; ``zero3`` also gathers the full fp32 parameters for the layer in use.
     """
@@ -49,7 +52,7 @@ def model_states(num_params: float, dp_mode: str, dp: int) -> tuple[float, float
     shard = num_params / dp
     unsharded = (1 - 1 / dp) * num_params
     if dp_mode == "zero2":
-        return (MASTER_BYTES * num_params, GRAD_BYTES * shard, ADAM_BYTES * shard,
+        return (MASTER_BYTES * (num_params + shard), GRAD_BYTES * shard, ADAM_BYTES * shard,
                 GRAD_BYTES * unsharded)
     if dp_mode == "zero3":
         return (MASTER_BYTES * shard, GRAD_BYTES * shard, ADAM_BYTES * shard,
