@@ -1,8 +1,7 @@
 """The ``megatron-auto`` console script: plan, evaluate, explain, import-galvatron.
 
 Every subcommand takes the pretrain scripts' model flags (Megatron-LM names, from
-``megatron_auto.arguments.add_model_args`` when that module imports, else the equivalent set in
-:func:`add_model_flags`) plus ``--cluster NAME|FILE`` and ``--memory-budget-gb``. Bad input prints
+``megatron_auto.arguments.add_model_args``) plus ``--cluster NAME|FILE`` and ``--memory-budget-gb``. Bad input prints
 one line naming the flag or field, the value and the fix, and exits with status 2 (no traceback).
 
 ``main(argv)`` returns the exit status, so tests call it in-process.
@@ -17,6 +16,7 @@ import math
 import sys
 from typing import Any, Sequence
 
+from .arguments import add_model_args, model_config_from_args
 from .config import ModelConfig
 from .plan import Plan
 from .planner.hardware import GB, ClusterSpec
@@ -35,25 +35,8 @@ class CliError(ValueError):
 
 # ------------------------------------------------------------------------------ model flags
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
-    """Model shape flags (Megatron-LM names): the shared ``arguments.add_model_args`` when it
-    imports, else this module's copy of the same flags. Adds ``--model-type gpt|bert``."""
-    try:
-        from .arguments import add_model_args  # noqa: PLC0415 - optional shared module
-        add_model_args(parser)
-    except ImportError:
-        g = parser.add_argument_group("model")
-        g.add_argument("--num-layers", type=int, default=4)
-        g.add_argument("--hidden-size", type=int, default=256)
-        g.add_argument("--num-attention-heads", type=int, default=4)
-        g.add_argument("--ffn-hidden-size", type=int, default=None, help="default: 4 x hidden")
-        g.add_argument("--seq-length", type=int, default=128)
-        g.add_argument("--max-position-embeddings", type=int, default=None)
-        g.add_argument("--vocab-size", type=int, default=None, help="default: 8192")
-        g.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
-        g.add_argument("--position-embedding-type", default="learned", choices=["learned", "rope"])
-        g.add_argument("--swiglu", action="store_true")
-        g.add_argument("--normalization", default="LayerNorm")
-        g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
+    """The pretrain scripts' model shape flags (Megatron-LM names) plus ``--model-type``."""
+    add_model_args(parser)
     parser.add_argument("--model-type", default="gpt", choices=["gpt", "bert"],
                         help="gpt (causal decoder, default) or bert (encoder)")
 
@@ -66,21 +49,8 @@ def _model_dests(parser: argparse.ArgumentParser) -> tuple[str, ...]:
 
 
 def model_config_from_flags(args: argparse.Namespace) -> ModelConfig:
-    """``ModelConfig`` from the model flags (shared converter when available)."""
-    try:
-        from .arguments import model_config_from_args  # noqa: PLC0415 - optional shared module
-        cfg = model_config_from_args(args)
-    except ImportError:
-        cfg = ModelConfig(
-            num_layers=args.num_layers, hidden_size=args.hidden_size,
-            num_attention_heads=args.num_attention_heads, ffn_hidden_size=args.ffn_hidden_size,
-            seq_length=args.seq_length, max_position_embeddings=args.max_position_embeddings,
-            vocab_size=args.vocab_size or 8192,
-            make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
-            position_embedding_type=args.position_embedding_type,
-            activation="swiglu" if args.swiglu else "gelu",
-            normalization=args.normalization.lower(),
-            untie_embeddings_and_output_weights=args.untie_embeddings_and_output_weights)
+    """``ModelConfig`` from the model flags, through the pretrain scripts' converter."""
+    cfg = model_config_from_args(args)
     if args.model_type == "bert":
         cfg = dataclasses.replace(cfg, model_type="bert", num_tokentypes=2)
     return cfg
