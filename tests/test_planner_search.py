@@ -168,3 +168,22 @@ def test_no_plan_at_all_is_explained():
     with pytest.raises(InfeasibleError, match="space 'tp'"):
         search(odd, TrainingSpec(8), CLUSTER, round_profile(), 10 ** 6,
                SearchOptions(show_progress=False, include_baselines=False, space="tp"))
+
+
+def test_pinned_choices_hold_even_when_a_baseline_would_be_faster():
+    # A tiny model on 8 GPUs: pure DP (a baseline, pp=1) is fastest, but the user pinned pp=2.
+    from megatron_auto.config import ModelConfig
+    from megatron_auto.planner import ModelSpec, TrainingSpec, analytic_profile
+    from megatron_auto.planner.presets import get_cluster
+
+    cfg = ModelConfig(num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32,
+                      vocab_size=512)
+    spec, training = ModelSpec.from_model_config(cfg), TrainingSpec(16, "fp32")
+    cluster = get_cluster("a100-40g-1x8")
+    profile = analytic_profile(spec, training, cluster)
+    free = search(spec, training, cluster, profile, 40 * 10**9, SearchOptions(show_progress=False))
+    pinned = search(spec, training, cluster, profile, 40 * 10**9,
+                    SearchOptions(pp=2, dp_modes=("zero2",), show_progress=False))
+    assert free.plan.pp_size == 1
+    assert pinned.plan.pp_size == 2
+    assert all(layer.dp_mode == "zero2" for layer in pinned.plan.layers)

@@ -367,6 +367,22 @@ def _refine(cand: _Candidate, spec: ModelSpec, training: TrainingSpec, cluster: 
     return _finish([fine], spec, training, cluster, profile, budget, polish=True)
 
 
+def _respects(plan: Plan, options: SearchOptions) -> bool:
+    """Whether ``plan`` keeps every choice the user pinned (a baseline may not, e.g. pure DP
+    when pp is pinned to 2; such a plan is reported but never adopted)."""
+    layers = plan.layers
+    return ((options.pp is None or plan.pp_size == options.pp)
+            and (options.tp is None or all(layer.tp == options.tp for layer in layers))
+            and (options.num_microbatches is None
+                 or plan.num_microbatches == options.num_microbatches)
+            and (options.schedule is None or plan.pipeline.schedule == options.schedule)
+            and (options.vocab_tp is None or plan.vocab.tp == options.vocab_tp)
+            and (options.max_tp is None or all(layer.tp <= options.max_tp for layer in layers))
+            and all(layer.dp_mode in options.dp_modes or plan.dp_size(i) == 1
+                    for i, layer in enumerate(layers))
+            and (options.allow_recompute or not any(layer.recompute for layer in layers)))
+
+
 def search(spec: ModelSpec, training: TrainingSpec, cluster: Any, profile: ModelProfile,
            memory_budget_bytes: int, options: SearchOptions = SearchOptions(),
            world_size: int | None = None) -> SearchResult:
@@ -441,7 +457,7 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: Any, profile: Model
                 continue
             found = run(name, None, None, refine=True, step=min(step, fine))
             baselines[name] = found[1] if found else None
-            if (options.space == "full" and found is not None
+            if (options.space == "full" and found is not None and _respects(found[0], options)
                     and found[1].samples_per_s > est.samples_per_s * (1 + 1e-12)):
                 # A restricted space is part of the full one: its plan is ours when better
                 # (it can be, found at a finer memory step).
