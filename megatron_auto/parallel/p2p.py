@@ -5,8 +5,8 @@ Rank ``j`` (local index inside its stage) of stage ``k`` talks only to rank ``j`
 gradients flow backward. Whatever layout the sending stage's last layer has, rank ``j`` sends
 exactly what it holds; the receiving stage re-lays it out itself (``GPTStage.input_layout``).
 
-Every transfer that a schedule step needs is posted at once as non-blocking ``isend``/``irecv``
-operations and then waited on. Posting a send and the matching opposite-direction receive
+Every transfer that a schedule step needs is posted at once (``batch_isend_irecv`` of
+``isend``/``irecv`` operations) and then waited on. Posting a send and the matching opposite-direction receive
 together is what keeps 1F1B free of deadlocks: two neighbours that both "send then receive"
 with blocking calls would wait on each other forever (gloo's send completes only once the
 peer receives).
@@ -42,21 +42,27 @@ def communicate(ctx: PipelineNeighbours, *, send_next: torch.Tensor | None = Non
     need ``ctx.prev_rank``. Received tensors are fresh, contiguous, of ``dtype`` on
     ``ctx.device``; a sent tensor must already have that dtype.
     """
-    ops: list[dist.Work] = []
+    ops: list[tuple[object, torch.Tensor, int]] = []
     from_prev = from_next = None
     # Receives are posted before sends so that a peer's send always finds a posted buffer.
     if recv_prev_shape is not None:
         from_prev = torch.empty(tuple(recv_prev_shape), dtype=dtype, device=ctx.device)
-        ops.append(dist.irecv(from_prev, src=_peer(ctx.prev_rank, "previous")))
+        ops.append((dist.irecv, from_prev, _peer(ctx.prev_rank, "previous")))
     if recv_next_shape is not None:
         from_next = torch.empty(tuple(recv_next_shape), dtype=dtype, device=ctx.device)
-        ops.append(dist.irecv(from_next, src=_peer(ctx.next_rank, "next")))
+        ops.append((dist.irecv, from_next, _peer(ctx.next_rank, "next")))
     if send_next is not None:
-        ops.append(dist.isend(_checked(send_next, dtype), dst=_peer(ctx.next_rank, "next")))
+        ops.append((dist.isend, _checked(send_next, dtype), _peer(ctx.next_rank, "next")))
     if send_prev is not None:
-        ops.append(dist.isend(_checked(send_prev, dtype), dst=_peer(ctx.prev_rank, "previous")))
-    for op in ops:
-        op.wait()
+        ops.append((dist.isend, _checked(send_prev, dtype), _peer(ctx.prev_rank, "previous")))
+    if not ops:
+        return from_prev, from_next
+    # batch_isend_irecv groups the step's transfers (ncclGroupStart/End on NCCL, where a send
+    # and a receive between the same two GPUs could otherwise wait on each other; plain
+    # isend/irecv on gloo), so one code path serves both backends.
+    works = dist.batch_isend_irecv([dist.P2POp(fn, t, peer) for fn, t, peer in ops])
+    for work in works:
+        work.wait()
     return from_prev, from_next
 
 
