@@ -335,10 +335,16 @@ def _plan_from_file(args: argparse.Namespace, model_config: ModelConfig, world_s
                       f"layer's micro-batch follows from the plan (global_batch_size "
                       f"{plan.global_batch_size} / num_microbatches {plan.num_microbatches} / dp)",
                       stacklevel=2)
-    for flag in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
-        if getattr(args, flag) != 1:
+    layout_flags = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
+                    "use_distributed_optimizer": False, "recompute_granularity": None,
+                    "recompute_method": None, "recompute_num_layers": None,
+                    "decoder_first_pipeline_num_layers": None,
+                    "decoder_last_pipeline_num_layers": None}
+    for flag, default in layout_flags.items():
+        if getattr(args, flag) != default:
             _fail("--" + flag.replace("_", "-"), getattr(args, flag),
-                  f"conflicts with --plan {args.plan}, which sets the layout; drop the flag")
+                  f"conflicts with --plan {args.plan}, which sets the layout (tp, pp, dp mode, "
+                  f"recompute per layer); drop the flag or edit the plan")
     return plan
 
 

@@ -158,6 +158,9 @@ def test_plan_file_errors_name_the_problem(tmp_path):
     with pytest.raises(arguments.ArgumentError,
                        match="--tensor-model-parallel-size=2: conflicts with --plan"):
         resolve(["--plan", path, "--tensor-model-parallel-size", "2"], 2)
+    for flags in (["--use-distributed-optimizer"], ["--recompute-granularity", "full"]):
+        with pytest.raises(arguments.ArgumentError, match=f"{flags[0]}=.*: conflicts with --plan"):
+            resolve(["--plan", path, *flags], 2)
     bad = write_plan(tmp_path, name="bad.json", num_microbatches=3)
     with pytest.raises(PlanError, match="num_microbatches=3"):
         resolve(["--plan", bad], 2)
