@@ -13,6 +13,13 @@ from dataclasses import dataclass
 
 from .profiles import EmbeddingProfile, LayerTypeProfile
 
+# (s, h) activation slices of the running micro-batch alive beside a layer's own backward
+# scratch: the incoming gradient and its accumulation into the input gradient, autograd's
+# intermediates between sub-layers, and the pipeline's send/receive buffers of activations and
+# gradients. Measured on CPU against the runtime (benchmarks/validate_cost_model.py: without
+# it 4-stage plans were under-estimated by 10-15%); a small share of any large model.
+BOUNDARY_BUFFERS = 8
+
 MASTER_BYTES = 4
 GRAD_BYTES = 4
 ADAM_BYTES = 8
@@ -73,7 +80,8 @@ def layer_memory(profile: LayerTypeProfile, tp: int, dp: int, dp_mode: str, reco
     params, grads, optim, states_transient = model_states(local, dp_mode, dp)
     copies = profile.weight_copy_bytes_per_parameter * local
     full = profile.activation_bytes(tp) * samples + copies
-    scratch = profile.scratch_bytes(tp) * samples
+    scratch = (profile.scratch_bytes(tp) + BOUNDARY_BUFFERS * profile.hidden_bytes_per_sample) \
+        * samples
     if recompute:
         kept = profile.recompute_bytes_per_sample * samples
         transient = scratch + full + states_transient
@@ -103,6 +111,7 @@ def embedding_memory(profile: EmbeddingProfile, vocab_tp: int, dp: int, dp_mode:
             num_params += profile.embedding_parameters / vocab_tp
         kept += (profile.head_activation_replicated_bytes
                  + profile.head_activation_split_bytes / vocab_tp) * samples
-        transient += profile.head_transient_split_bytes / vocab_tp * samples
+        transient += (profile.head_transient_split_bytes / vocab_tp
+                      + BOUNDARY_BUFFERS * profile.hidden_bytes_per_sample) * samples
     params, grads, optim, states_transient = model_states(num_params, dp_mode, dp)
     return MemoryCost(params, grads, optim, kept, transient + states_transient)

@@ -35,6 +35,16 @@ from .tasks import Task, VocabOption
 GB = 1e9
 AUTO_MEMORY_CELLS = 1024  # default resolution: the device memory in about this many cells
 PARTITIONS = ("bmw", "even", "memory")
+MIN_AUTO_STEP = 2 ** 16  # the automatic memory step is a multiple of 64 KiB
+MIN_STEP = 2 ** 12  # ... and, halved for small budgets, never below 4 KiB
+BUDGET_SCALE_CAP = 8  # halved while the cells still cover more than this many budgets
+
+
+def _auto_step(scale: float) -> int:
+    """``scale`` in about ``AUTO_MEMORY_CELLS`` cells, rounded up to a multiple of 64 KiB."""
+    return max(MIN_AUTO_STEP, math.ceil(scale / AUTO_MEMORY_CELLS / MIN_AUTO_STEP) * MIN_AUTO_STEP)
+
+
 REFINE_FACTOR = 4  # the winning task is searched again with a step this many times finer
 
 
@@ -49,8 +59,8 @@ class InfeasibleError(ValueError):
 @dataclass(frozen=True)
 class SearchOptions:
     """Pins and knobs. ``None`` means "search it". ``memory_step_bytes=None`` picks the device
-    memory (or the budget, if larger) over ``AUTO_MEMORY_CELLS`` rounded up to a MiB (at least
-    1 MiB)."""
+    memory (or the budget, if larger) over ``AUTO_MEMORY_CELLS``, rounded up to a multiple of
+    64 KiB, then halved while the cells cover more than 8 budgets (small budgets)."""
 
     pp: int | None = None
     tp: int | None = None
@@ -398,11 +408,18 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: Any, profile: Model
         raise ValueError(f"world_size={world}: must be between 1 and the cluster's "
                          f"{cluster.world_size} devices")
     t0 = time.monotonic()
-    # The automatic step follows the device (not the budget), so that every budget on one
-    # cluster is discretised alike and more memory can never give a slower plan.
-    scale = max(memory_budget_bytes, getattr(cluster, "device_memory_bytes", 0))
-    step = options.memory_step_bytes or max(
-        2 ** 20, math.ceil(scale / AUTO_MEMORY_CELLS / 2 ** 20) * 2 ** 20)
+    # The automatic step follows the device (not the budget), so that budgets on one cluster
+    # are discretised alike and more memory does not give a slower plan; but a budget far
+    # below the device (a small model, or a CPU "device" holding the machine's RAM) would get
+    # a step coarser than its layers, so the scale is capped at BUDGET_SCALE_CAP budgets.
+    # Halving keeps every coarser step a multiple of the finer one, so a plan (or a reported
+    # minimum) feasible at one budget's step stays feasible at a smaller budget's finer step.
+    step = options.memory_step_bytes or _auto_step(
+        max(memory_budget_bytes, getattr(cluster, "device_memory_bytes", 0)))
+    if options.memory_step_bytes is None:
+        while step % 2 == 0 and step // 2 >= max(
+                MIN_STEP, BUDGET_SCALE_CAP * memory_budget_bytes / AUTO_MEMORY_CELLS):
+            step //= 2
     deadline = t0 + options.time_limit_s if options.time_limit_s else None
     progress = _Progress(options.show_progress)
     stats: dict[str, Any] = {}
@@ -419,7 +436,7 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: Any, profile: Model
         # Refine: when the budget is well below the device memory the device-based step is
         # coarse for it; the finalists' tasks run again at most REFINE_FACTOR times finer and
         # never finer than the budget in AUTO_MEMORY_CELLS cells (bounds the extra DP work).
-        target = max(2 ** 20, memory_budget_bytes / AUTO_MEMORY_CELLS)
+        target = max(MIN_STEP, memory_budget_bytes / AUTO_MEMORY_CELLS)
         factor = max([1] + [q for q in (2, REFINE_FACTOR) if step / q >= target and step % q == 0])
         fine_step = step // factor  # divides the coarse step: coarse-feasible stays feasible
         if (refine and found is not None and options.memory_step_bytes is None
@@ -450,8 +467,7 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: Any, profile: Model
     if options.include_baselines:
         # Baselines are small spaces: search them at a step relative to the budget (fine even
         # for small budgets on big devices), so the comparison is fair to them.
-        fine = options.memory_step_bytes or max(
-            2 ** 20, math.ceil(memory_budget_bytes / AUTO_MEMORY_CELLS / 2 ** 20) * 2 ** 20)
+        fine = options.memory_step_bytes or _auto_step(memory_budget_bytes)
         for name in BASELINE_SPACES:
             if name == options.space:
                 continue
