@@ -197,3 +197,19 @@ def test_split_microbatches_passes_scalars_to_every_microbatch():
     micro = split_microbatches(batch, 2, torch.device("cpu"))
     assert [m["tokens"].tolist() for m in micro] == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
     assert all(float(m["sop_weight"]) == 3.0 for m in micro)
+
+
+def test_prediction_line_states_both_numbers_and_the_gap():
+    from megatron_auto.training.metrics import format_prediction_line, predicted_metrics
+
+    estimate = {"iteration_time_s": 0.12, "stages": [{"peak_memory_bytes": 3 * 2**20},
+                                                     {"peak_memory_bytes": 4 * 2**20}]}
+    pred = predicted_metrics(estimate)
+    assert pred == {"predicted_iteration_time_s": 0.12,
+                    "predicted_peak_memory_bytes": 4 * 2**20}
+    line = format_prediction_line({**pred, "iteration_time_s": 0.1,
+                                   "peak_memory_bytes": 5 * 2**20})
+    # 120 ms vs 100 ms is +20%; 4 MiB vs 5 MiB is -20%.
+    assert "120.0 predicted vs 100.0 measured (+20.0%) ms" in line
+    assert "4.0 predicted vs 5.0 measured (-20.0%) MiB" in line
+    assert "not measured" in format_prediction_line(pred)

@@ -56,3 +56,32 @@ class MetricsWriter:
             return
         with open(self.path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(dict(record), allow_nan=True) + "\n")
+
+
+def predicted_metrics(estimate: Mapping[str, Any]) -> dict[str, float]:
+    """The planner's prediction for a metrics record: iteration time and the largest stage peak."""
+    out: dict[str, float] = {}
+    if "iteration_time_s" in estimate:
+        out["predicted_iteration_time_s"] = float(estimate["iteration_time_s"])
+    stages = estimate.get("stages") or []
+    if stages and all("peak_memory_bytes" in s for s in stages):
+        out["predicted_peak_memory_bytes"] = float(max(s["peak_memory_bytes"] for s in stages))
+    return out
+
+
+def _versus(predicted: float, measured: float | None, unit: float, label: str) -> str:
+    if not measured:
+        return f"{predicted / unit:.1f} predicted, not measured"
+    return (f"{predicted / unit:.1f} predicted vs {measured / unit:.1f} measured "
+            f"({(predicted / measured - 1) * 100:+.1f}%) {label}")
+
+
+def format_prediction_line(record: Mapping[str, Any]) -> str:
+    """How far the plan's estimate is from what this run measures (printed once, rank 0)."""
+    parts = ["> planner estimate vs this run: iteration time "
+             + _versus(record["predicted_iteration_time_s"], record.get("iteration_time_s"),
+                       1e-3, "ms")]
+    if "predicted_peak_memory_bytes" in record:
+        parts.append("peak memory " + _versus(record["predicted_peak_memory_bytes"],
+                                              record.get("peak_memory_bytes"), 2**20, "MiB"))
+    return " | ".join(parts)

@@ -40,7 +40,8 @@ from ..parallel.pipeline import forward_backward
 from .data import DataConfig, DataError, load_global_batch, prepare_data_source, split_microbatches
 from .logging import format_eval_line, format_iteration_line, get_logger, setup_logging
 from .lr_scheduler import LRConfig, lr_at, set_lr
-from .metrics import MetricsWriter, device_peak_tflops, model_flops_per_token
+from .metrics import (MetricsWriter, device_peak_tflops, format_prediction_line,
+                      model_flops_per_token, predicted_metrics)
 from .optimizer import OptimizerConfig, build_optimizer
 from .precision import LossScaler, PrecisionConfig, unscale_
 
@@ -305,12 +306,18 @@ def _train_loop(trainer: Trainer, args: argparse.Namespace, train_config: Traini
     log = get_logger()
     ctx, plan, cfg = trainer.ctx, trainer.plan, trainer.model_config
     writer = MetricsWriter(args.metrics_file, enabled=ctx.rank == 0)
-    meter = _peak_memory_meter(trainer) if args.metrics_file else None
+    estimate = plan.estimate or {}
+    # Peak memory is measured when it is reported: in the metrics file, or next to a plan's
+    # prediction. On CPU the tensor tracker slows an iteration several times over, so there it
+    # runs on the first two iterations only (the second holds the optimizer state Adam creates in
+    # the first step; later iterations repeat it) and their times stay out of the averages.
+    meter = _peak_memory_meter(trainer) if (args.metrics_file or estimate) else None
+    measured_peak: int | None = None
+    compared = False
     tokens_per_iter = plan.global_batch_size * cfg.seq_length
     flops_per_iter = model_flops_per_token(cfg) * tokens_per_iter
     peak = device_peak_tflops(ctx.device, trainer.precision.autocast_dtype is not None)
-    estimate = plan.estimate or {}
-    window: list[tuple[float, float]] = []  # (loss, seconds) since the last log line
+    window: list[tuple[float, float, bool]] = []  # (loss, seconds, metered) since the last log
     window_extras: list[dict[str, float]] = []  # named extra losses (BERT) since then
     valid_consumed = 0
     for _ in range(train_config.train_iters):
@@ -318,24 +325,29 @@ def _train_loop(trainer: Trainer, args: argparse.Namespace, train_config: Traini
                                    batch_fn) if trainer.reads_data else None)
         if ctx.device.type == "cuda":
             torch.cuda.synchronize()
+        metered = meter is not None and (ctx.device.type == "cuda" or trainer.iteration < 2)
         start = time.perf_counter()
-        if meter is not None:
+        if metered:
             meter.start()
         result = train_step(trainer, batch)
-        peak_bytes = meter.stop() if meter is not None else None
+        if metered:
+            peak_bytes = _max_over_ranks(int(meter.stop()), ctx.device)
+            measured_peak = peak_bytes if ctx.device.type == "cuda" else \
+                max(peak_bytes, measured_peak or 0)
         if ctx.device.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
         if not result.skipped:
-            window.append((result.lm_loss, seconds))
+            window.append((result.lm_loss, seconds, metered and ctx.device.type != "cuda"))
             window_extras.append(result.extra_losses)
         it = trainer.iteration
         record = {"iteration": it, "lm_loss": result.lm_loss, "grad_norm": result.grad_norm,
                   "lr": result.lr, "iteration_time_s": seconds}
         trainer.history.append(record)
         if it % args.log_interval == 0 or it == train_config.train_iters:
-            mean_loss = sum(l for l, _ in window) / len(window) if window else float("nan")
-            mean_s = sum(s for _, s in window) / len(window) if window else seconds
+            mean_loss = sum(l for l, _, _ in window) / len(window) if window else float("nan")
+            timed = [s for _, s, slowed in window if not slowed] or [s for _, s, _ in window]
+            mean_s = sum(timed) / len(timed) if timed else seconds
             extras = {k: sum(e[k] for e in window_extras) / len(window_extras)
                       for k in (window_extras[0] if window_extras else {})}
             tflops = flops_per_iter / mean_s / ctx.world_size / 1e12
@@ -357,13 +369,13 @@ def _train_loop(trainer: Trainer, args: argparse.Namespace, train_config: Traini
             metrics.update(extras)
             if peak:
                 metrics["mfu"] = tflops / peak
-            if peak_bytes is not None:
-                metrics["peak_memory_bytes"] = _max_over_ranks(int(peak_bytes), ctx.device)
-            if "iteration_time_s" in estimate:
-                metrics["predicted_iteration_time_s"] = estimate["iteration_time_s"]
-            stages = estimate.get("stages") or []
-            if stages and all("peak_memory_bytes" in s for s in stages):
-                metrics["predicted_peak_memory_bytes"] = max(s["peak_memory_bytes"] for s in stages)
+            if measured_peak is not None:
+                metrics["peak_memory_bytes"] = measured_peak
+            metrics.update(predicted_metrics(estimate))
+            if not compared and "predicted_iteration_time_s" in metrics and \
+                    any(not slowed for _, _, slowed in window):
+                log.info(format_prediction_line(metrics))
+                compared = True
             writer.write(metrics)
             window.clear()
             window_extras.clear()
