@@ -182,6 +182,24 @@ def describes_this_machine(cluster: ClusterSpec) -> bool:
     return cluster.device_name.lower().startswith("cpu")
 
 
+def contend_while_profiling(model_config: ModelConfig, precision: str, cache_dir: Path) -> None:
+    """When rank 0 is about to measure the model (no cached profile), every rank measures it
+    at the same time, so that compute is timed under the same sharing of the machine as the
+    training that follows (CPU ranks share cores; on GPUs each rank has its own device and this
+    only costs the few seconds of the measurement). Only rank 0's profile is kept (cached by
+    :func:`resolve_model_profile`); the others' are discarded. Collective."""
+    from .profiler import cache as profile_cache  # noqa: PLC0415
+    from .profiler.model_profiler import profile_cache_key, profile_model  # noqa: PLC0415
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    key = profile_cache_key(model_config, precision, _device())
+    cached = _broadcast(profile_cache.load_cached(key, cache_dir) is not None
+                        if _rank() == 0 else None)
+    if not cached and _rank() != 0:
+        profile_model(model_config, precision, _device())
+
+
 def resolve_model_profile(model_config: ModelConfig, spec: ModelSpec, precision: str,
                           cluster: ClusterSpec, cache_dir: Path | None, measure: bool):
     """A measured model profile (cached by the model profiler) or, when ``measure`` is false
@@ -222,11 +240,14 @@ def plan_for_run(args: argparse.Namespace, model_config: ModelConfig, world_size
     spec = ModelSpec.from_model_config(model_config)
     options = search_options_for(args, explicit, world_size, global_batch)
 
+    measure = describes_this_machine(cluster)
+    if measure:
+        contend_while_profiling(model_config, precision, cache_dir)
     outcome: dict[str, Any] | None = None
     if _rank() == 0:
         try:
             profile = resolve_model_profile(model_config, spec, precision, cluster, cache_dir,
-                                            measure=describes_this_machine(cluster))
+                                            measure=measure)
             training = TrainingSpec(global_batch_size=global_batch, precision=precision)
             result = search(spec, training, cluster, profile, budget, options,
                             world_size=world_size)

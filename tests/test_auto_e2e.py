@@ -64,9 +64,11 @@ def test_auto_parallel_trains_like_one_process(tmp_path, cache_dir):
 
 
 def _memory_saving(plan) -> int:
-    """How many memory-saving choices a plan makes: recomputing or ZeRO-3 layers, extra stages."""
+    """How many memory-saving choices a plan makes: recomputing layers, sharded (ZeRO) layers,
+    extra pipeline stages, and halvings of the micro-batch (activations per micro-batch)."""
     return (sum(layer.recompute for layer in plan.layers)
-            + sum(layer.dp_mode == "zero3" for layer in plan.layers) + plan.pp_size - 1)
+            + sum(layer.dp_mode != "ddp" for layer in plan.layers) + plan.pp_size - 1
+            + plan.num_microbatches.bit_length() - 1)
 
 
 def test_lower_budget_saves_memory_and_stays_under_it(tmp_path, cache_dir):
