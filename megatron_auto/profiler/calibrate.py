@@ -70,11 +70,12 @@ class RunMeasurement:
     predicted_peak_memory_bytes: float | None = None
 
 
-def read_metrics(path: str | os.PathLike, skip_iterations: int = 1) -> dict[str, Any]:
+def read_metrics(path: str | os.PathLike, skip_iterations: int = 2) -> dict[str, Any]:
     """Measured costs of one metrics file: median iteration time and maximum peak memory.
 
     The first ``skip_iterations`` records are dropped (warm-up: allocator growth, lazy
-    communicator setup) unless nothing would be left.
+    communicator setup; on CPU the memory tracker also slows iterations 1-2, see
+    training/pretrain.py) unless nothing would be left.
     """
     records: list[dict[str, Any]] = []
     try:
@@ -117,7 +118,7 @@ def read_metrics(path: str | os.PathLike, skip_iterations: int = 1) -> dict[str,
 
 
 def load_run(metrics_path: str | os.PathLike, plan_path: str | os.PathLike,
-             skip_iterations: int = 1) -> RunMeasurement:
+             skip_iterations: int = 2) -> RunMeasurement:
     try:
         plan = Plan.load(plan_path)
     except PlanError as err:
@@ -376,7 +377,7 @@ def apply_calibration(cal: Calibration, cluster: ClusterSpec,
 def calibrate_files(runs: Sequence[tuple[str, str]], cluster: str,
                     model_profile: str | None = None, *, cluster_out: str | None = None,
                     model_profile_out: str | None = None, precision: str | None = None,
-                    skip_iterations: int = 1) -> Calibration:
+                    skip_iterations: int = 2) -> Calibration:
     """Calibrate from files and write the results (the ``megatron-auto calibrate`` command).
 
     ``runs`` are ``(metrics_file, plan_file)`` pairs; ``cluster`` a preset name or cluster JSON.

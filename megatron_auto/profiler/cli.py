@@ -178,8 +178,8 @@ def add_calibrate_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="default: overwrite --model-profile")
     p.add_argument("--bf16", action="store_true", help="the runs trained in bf16")
     p.add_argument("--fp16", action="store_true", help="the runs trained in fp16")
-    p.add_argument("--skip-iterations", type=int, default=1, metavar="N",
-                   help="warm-up records to drop from each metrics file (default 1)")
+    p.add_argument("--skip-iterations", type=int, default=2, metavar="N",
+                   help="warm-up records to drop from each metrics file (default 2)")
     p.add_argument("--json", action="store_true", help="print the fitted terms as JSON")
     p.set_defaults(func=cmd_calibrate)
     return p
