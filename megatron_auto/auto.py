@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from .config import ModelConfig
 from .plan import Plan, PlanError
-from .planner.hardware import GB, ClusterSpec
+from .planner.hardware import ClusterSpec
 from .planner.megatron_flags import to_megatron_flags
 from .planner.model_spec import ModelSpec, TrainingSpec
 from .planner import report
@@ -229,14 +229,10 @@ def plan_for_run(args: argparse.Namespace, model_config: ModelConfig, world_size
     precision = precision_of(args)
     cache_dir = Path(default_cache_dir())
     cluster = resolve_cluster(args, world_size, cache_dir)
-    budget = cluster.device_memory_bytes
-    if args.memory_budget_gb is not None:
-        budget = int(args.memory_budget_gb * GB)
-        if budget <= cluster.memory_reserve_bytes:
-            raise AutoParallelError(
-                f"--memory-budget-gb={args.memory_budget_gb}: not above the framework reserve of "
-                f"{cluster.memory_reserve_bytes / GB:.2f} GB per device of cluster "
-                f"{cluster.name!r}; raise the budget")
+    try:
+        budget = cluster.budget_bytes(args.memory_budget_gb)
+    except ValueError as err:
+        raise AutoParallelError(str(err)) from None
     spec = ModelSpec.from_model_config(model_config)
     options = search_options_for(args, explicit, world_size, global_batch)
 

@@ -141,18 +141,11 @@ def _setup(args: argparse.Namespace, global_batch_size: int | None = None,
     training = TrainingSpec(global_batch_size=batch,
                             precision=_precision(args, _recorded(args).get("precision")))
     cluster = _cluster(args)
-    if args.memory_budget_gb is None:
-        budget = cluster.device_memory_bytes
-    else:
-        if args.memory_budget_gb <= 0:
-            raise CliError(f"--memory-budget-gb={args.memory_budget_gb}: must be positive "
-                           f"(GB per device)")
-        budget = int(args.memory_budget_gb * GB)
-        if budget <= cluster.memory_reserve_bytes:
-            raise CliError(
-                f"--memory-budget-gb={args.memory_budget_gb}: not above the framework reserve of "
-                f"{cluster.memory_reserve_bytes / GB:.2f} GB per device (CUDA context and "
-                f"allocator, cluster {cluster.name!r}); raise the budget")
+    try:
+        budget = cluster.budget_bytes(args.memory_budget_gb)
+    except ValueError as err:
+        raise CliError(str(err)) from None
+    if args.memory_budget_gb is not None:
         if budget > cluster.device_memory_bytes:
             print(f"warning: --memory-budget-gb={args.memory_budget_gb} exceeds the "
                   f"{cluster.device_memory_bytes / GB:.1f} GB of a {cluster.device_name}",

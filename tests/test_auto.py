@@ -64,7 +64,7 @@ def test_budget_below_the_reserve_is_rejected():
     args = _args(["--cluster", "a100-40g-1x8", "--memory-budget-gb", "0.5"])
     config = ModelConfig(num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32,
                          max_position_embeddings=32, vocab_size=512)
-    with pytest.raises(AutoParallelError, match="--memory-budget-gb=0.5: not above the framework"):
+    with pytest.raises(AutoParallelError, match="--memory-budget-gb=0.5: not above the framework reserve"):
         plan_for_run(args, config, world_size=8)
 
 

@@ -144,6 +144,25 @@ class ClusterSpec:
         """Device memory minus the framework reserve: the default planning budget."""
         return self.device_memory_bytes - self.memory_reserve_bytes
 
+    def budget_bytes(self, memory_budget_gb: float | None) -> int:
+        """The per-device planning budget for ``--memory-budget-gb`` (None: the device memory).
+
+        Raises ``ClusterError`` naming the flag when the budget is not positive or does not
+        exceed the framework reserve (nothing would be left for the model).
+        """
+        if memory_budget_gb is None:
+            return self.device_memory_bytes
+        if not memory_budget_gb > 0:
+            raise ClusterError(f"--memory-budget-gb={memory_budget_gb}: must be positive "
+                               f"(GB per device)")
+        budget = int(memory_budget_gb * GB)
+        if budget <= self.memory_reserve_bytes:
+            raise ClusterError(
+                f"--memory-budget-gb={memory_budget_gb}: not above the framework reserve of "
+                f"{self.memory_reserve_bytes / GB:.2f} GB per device (CUDA context and "
+                f"allocator, cluster {self.name!r}); raise the budget")
+        return budget
+
     def flops(self, precision: str) -> float:
         """Sustained FLOP/s per device for ``precision`` (peak times ``compute_efficiency``)."""
         if precision not in self.peak_flops:
