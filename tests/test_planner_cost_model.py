@@ -136,3 +136,16 @@ def test_evaluate_rejects_mismatched_plans():
     with pytest.raises(ValueError, match="precision"):
         evaluate(Plan.uniform(2, 2, global_batch_size=4), SPEC2, TrainingSpec(4, "fp32"),
                  FakeCluster(), round_profile())
+
+
+def test_recomputing_zero_layer_keeps_its_pending_reduce_scatter():
+    # 1000 params over dp 2 with recompute: the input (10 B x 3 samples = 30) plus the unsharded
+    # gradient and the reduce-scatter input copy held to the end of backward:
+    # 2 x 4 B x 1000 x (1 - 1/2) = 4000  ->  4030 bytes kept per micro-batch.
+    prof = round_profile().layer_types["gpt"]
+    assert layer_memory(prof, 1, 2, "zero2", True, 3).activations_per_microbatch == \
+        pytest.approx(4030)
+    assert layer_memory(prof, 1, 2, "zero3", True, 3).activations_per_microbatch == \
+        pytest.approx(4030)
+    assert layer_memory(prof, 1, 2, "ddp", True, 3).activations_per_microbatch == \
+        pytest.approx(30)

@@ -85,6 +85,11 @@ def layer_memory(profile: LayerTypeProfile, tp: int, dp: int, dp_mode: str, reco
     if recompute:
         kept = profile.recompute_bytes_per_sample * samples
         transient = scratch + full + states_transient
+        if dp_mode != "ddp" and dp > 1:
+            # FSDP2 defers the reduce-scatter of a checkpointed layer to the end of backward
+            # (measured: all of them pending at once), so its unsharded gradient and the
+            # reduce-scatter's input copy stay until then: kept, not transient.
+            kept += 2 * GRAD_BYTES * local * (1 - 1 / dp)
     else:
         kept = full
         transient = scratch + states_transient
