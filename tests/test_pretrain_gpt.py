@@ -115,3 +115,21 @@ def test_bert_entry_logs_mlm_and_sop_losses(tmp_path):
         assert 0 < r["sop_loss"] < 2 and r["mlm_loss"] > 3
         # One micro-batch per iteration: the CPU memory meter can measure (max over ranks).
         assert r["peak_memory_bytes"] > 0
+
+
+def test_bert_on_the_embedded_corpus_learns(tmp_path, monkeypatch):
+    # No data flags: the shipped corpus, split into sentences for sentence pairs, and its
+    # SentencePiece vocabulary. A small BERT must lower its masked-LM loss within 30 steps.
+    monkeypatch.setenv("MEGATRON_AUTO_CACHE", str(tmp_path / "cache"))
+    metrics = tmp_path / "bert.jsonl"
+    argv = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+            "--seq-length", "64", "--max-position-embeddings", "64", "--global-batch-size", "16",
+            "--micro-batch-size", "16", "--train-iters", "30", "--lr", "2e-3",
+            "--lr-warmup-iters", "3", "--log-interval", "1", "--hidden-dropout", "0",
+            "--attention-dropout", "0", "--metrics-file", str(metrics)]
+    assert run_distributed(_bert_worker, 1, argv) == [0]
+    records = [json.loads(line) for line in metrics.read_text().splitlines()
+               if "split" not in json.loads(line)]
+    first = sum(r["mlm_loss"] for r in records[:3]) / 3
+    last = sum(r["mlm_loss"] for r in records[-3:]) / 3
+    assert last < first - 1.0, (first, last)
