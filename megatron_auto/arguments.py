@@ -23,7 +23,6 @@ Where the parallel plan comes from (:func:`resolve_plan`):
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import warnings
 from typing import Sequence
 
@@ -309,12 +308,7 @@ def resolve_plan(args: argparse.Namespace, model_config: ModelConfig, world_size
 
 
 def _auto_plan(args: argparse.Namespace, model_config: ModelConfig, world_size: int) -> Plan:
-    # The planner front-end lives in megatron_auto/auto.py; use it when it is installed.
-    if importlib.util.find_spec("megatron_auto.auto") is None:
-        _fail("--auto-parallel", True, "the automatic planner is not available in this build "
-                                       "yet; pass --plan FILE (see `megatron-auto plan --help`) "
-                                       "or classic --tensor/--pipeline-model-parallel-size flags")
-    from . import auto  # noqa: PLC0415 - optional component
+    from . import auto  # noqa: PLC0415 - profiler and planner are heavy; only this path needs them
 
     return auto.plan_for_run(args, model_config, world_size)
 

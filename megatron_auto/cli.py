@@ -224,10 +224,8 @@ def _given_plan(args: argparse.Namespace, world_size: int, config: ModelConfig) 
 
 
 def _evaluate(setup: _Setup, plan: Plan) -> Any:
-    try:
-        from .planner.search import evaluate  # noqa: PLC0415 - planner core
-    except ImportError:  # older planner core: the cost model's entry point, same contract
-        from .planner.cost_model import evaluate_plan as evaluate  # noqa: PLC0415
+    from .planner.search import evaluate  # noqa: PLC0415 - planner core, imported on use
+
     return evaluate(plan, setup.spec, setup.training, setup.cluster, setup.profile,
                     memory_budget_bytes=setup.budget)
 
@@ -448,11 +446,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_profiler_subcommands(sub: Any) -> None:
     """profile-model, profile-hardware and calibrate live with the profiler (it owns them)."""
-    try:
-        from .profiler.cli import (add_calibrate_parser,  # noqa: PLC0415 - optional component
-                                   add_profile_hardware_parser, add_profile_model_parser)
-    except ImportError:
-        return
+    from .profiler.cli import (add_calibrate_parser,  # noqa: PLC0415 - torch-heavy
+                               add_profile_hardware_parser, add_profile_model_parser)
+
     for add in (add_profile_model_parser, add_profile_hardware_parser, add_calibrate_parser):
         add(sub)
 

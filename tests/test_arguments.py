@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import warnings
 
@@ -168,13 +167,6 @@ def test_plan_file_errors_name_the_problem(tmp_path):
         resolve(["--plan", path, "--num-layers", "2"], 2)
     with pytest.raises(PlanError, match="cannot read the file"):
         resolve(["--plan", str(tmp_path / "missing.json")], 2)
-
-
-@pytest.mark.skipif(importlib.util.find_spec("megatron_auto.auto") is not None,
-                    reason="the planner front-end is installed")
-def test_auto_parallel_without_planner_says_so():
-    with pytest.raises(arguments.ArgumentError, match="--auto-parallel=True: the automatic planner"):
-        resolve(["--auto-parallel"], 2)
 
 
 def test_config_converters_carry_the_flags():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from megatron_auto.plan import LayerStrategy, Plan
+from megatron_auto.plan import Plan
 from megatron_auto.planner import ModelSpec, TrainingSpec, evaluate
 from megatron_auto.planner.cost_memory import layer_memory, model_states
 from megatron_auto.planner.cost_model import in_flight

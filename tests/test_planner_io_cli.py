@@ -25,14 +25,6 @@ def run(capsys, *argv):
     return code, out, err
 
 
-def has_search():
-    try:
-        import megatron_auto.planner.search  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def test_evaluate_json_prints_the_estimate_fields(capsys, tmp_path):
     code, out, err = run(capsys, "evaluate", *SMALL, "--tensor-model-parallel-size", "2",
                          "--pipeline-model-parallel-size", "2", "--micro-batch-size", "2",
@@ -85,7 +77,6 @@ def test_explain_a_non_megatron_plan_lists_reasons(capsys, tmp_path):
     assert "per-layer tensor-parallel degrees differ ([2, 4])" in out
 
 
-@pytest.mark.skipif(not has_search(), reason="planner core search.py not available yet")
 def test_plan_searches_writes_and_explains(capsys, tmp_path):
     out_path = tmp_path / "plan.json"
     code, out, err = run(capsys, "plan", *SMALL, "--global-batch-size", "16", "--bf16",
@@ -106,7 +97,6 @@ def test_plan_searches_writes_and_explains(capsys, tmp_path):
     assert code == 2 and "plan world_size=8 but the cluster has 16 devices" in err
 
 
-@pytest.mark.skipif(not has_search(), reason="planner core search.py not available yet")
 def test_plan_with_an_impossible_budget_states_the_minimum(capsys, tmp_path):
     model = ["--num-layers", "4", "--hidden-size", "1024", "--num-attention-heads", "16",
              "--seq-length", "512", "--vocab-size", "50000", "--global-batch-size", "64"]

@@ -35,7 +35,7 @@ from ..plan import Plan, PlanError
 from ..planner.cost_model import evaluate_plan
 from ..planner.hardware import GiB, ClusterSpec
 from ..planner.model_spec import ModelSpec, TrainingSpec
-from ..planner.profiles import EmbeddingProfile, LayerTypeProfile, ModelProfile, analytic_profile
+from ..planner.profiles import ModelProfile, analytic_profile
 
 MEASURED_FIELDS = ("iteration_time_s", "peak_memory_bytes")
 # Relative gap between a run's logged prediction and our re-pricing that earns a warning note.

@@ -37,7 +37,7 @@ from ..plan import Plan, PlanError
 from ..parallel.context import ParallelContext
 from ..parallel.data_parallel import DataParallel
 from ..parallel.pipeline import forward_backward
-from .data import DataConfig, DataError, load_global_batch, prepare_data_source, split_microbatches
+from .data import DataError, load_global_batch, prepare_data_source, split_microbatches
 from .logging import format_eval_line, format_iteration_line, get_logger, setup_logging
 from .lr_scheduler import LRConfig, lr_at, set_lr
 from .metrics import (MetricsWriter, device_peak_tflops, format_prediction_line,
