@@ -44,6 +44,10 @@ def run(label: str, spec: ModelSpec, training: TrainingSpec, cluster, budgets_gb
         for name, est in full.baselines.items():
             if est is not None and (best is None or est.samples_per_s > best.samples_per_s):
                 best_name, best = name, est
+        core = result.estimate.samples_per_s
+        # What `megatron-auto plan` returns: the full space, with a baseline plan adopted when
+        # the finer memory step it is searched at found a faster one.
+        result = full
         plan = result.plan
         tps = sorted({layer.tp for layer in plan.layers})
         modes = sorted({layer.dp_mode for layer in plan.layers})
@@ -56,7 +60,10 @@ def run(label: str, spec: ModelSpec, training: TrainingSpec, cluster, budgets_gb
               f"{baseline_s:6.2f} s) | {result.estimate.samples_per_s:9.2f} samples/s | "
               f"pp={plan.pp_size} m={plan.num_microbatches} stages={list(plan.pipeline.layers_per_stage)} "
               f"tp={tps} dp={modes} recompute={rc}/{plan.num_layers} vocab={plan.vocab.tp}/"
-              f"{plan.vocab.dp_mode} partition={plan.search['partition']['winner']} | {base_txt}")
+              f"{plan.vocab.dp_mode} partition={plan.search['partition']['winner']} | {base_txt}"
+              f" | full space alone {core:9.2f} samples/s"
+              + (f", adopted {plan.search['adopted_from_baseline']}"
+                 if plan.search.get("adopted_from_baseline") else ""))
 
 
 def main() -> None:
