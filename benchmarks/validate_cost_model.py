@@ -53,6 +53,9 @@ def plans(world: int) -> dict[str, Plan]:
     n = MODEL.num_layers
 
     def make(layers, pp=1, lps=None, m=2, schedule="1f1b", vocab=VocabStrategy()):
+        if pp > world or any(layer.tp > world // pp for layer in layers) or \
+                vocab.tp > world // pp:
+            return None  # this plan needs more ranks than the run has
         return Plan(world_size=world, global_batch_size=GLOBAL_BATCH, num_microbatches=m,
                     pipeline=PipelineSpec(size=pp, schedule=schedule,
                                           layers_per_stage=tuple(lps or (n // pp,) * pp)),
@@ -67,9 +70,9 @@ def plans(world: int) -> dict[str, Plan]:
         "pp2-1f1b": make([_layer()] * n, pp=2, m=4),
         "pp2-uneven-gpipe-tp2": make([_layer(tp=2)] * n, pp=2, lps=(3, 1), m=4, schedule="gpipe",
                                      vocab=VocabStrategy(tp=2)),
-        "pp4-1f1b": make([_layer()] * n, pp=4, m=4) if world >= 4 else None,
+        "pp4-1f1b": make([_layer()] * n, pp=4, m=4),
         "mixed-per-layer": make([_layer(tp=2), _layer(dp="zero3"), _layer(tp=world),
-                                 _layer(tp=2, consec=False, dp="zero2", rc=True)],
+                                 _layer(tp=2, consec=world <= 2, dp="zero2", rc=True)],
                                 vocab=VocabStrategy(tp=2)),
     }
     return {k: v for k, v in out.items() if v is not None}
