@@ -39,6 +39,10 @@ from .training.precision import PrecisionConfig
 DEFAULT_MOCK_VOCAB_SIZE = 8192
 
 
+# The global batch when --global-batch-size is not given (training, --auto-parallel, the CLI).
+DEFAULT_GLOBAL_BATCH_SIZE = 8
+
+
 class ArgumentError(ConfigError):
     """An invalid flag combination; the message names the flag, its value and the fix."""
 
@@ -304,7 +308,7 @@ def resolve_plan(args: argparse.Namespace, model_config: ModelConfig, world_size
         return _auto_plan(args, model_config, world_size)
     if args.plan:
         return _plan_from_file(args, model_config, world_size)
-    return _plan_from_classic_flags(args, model_config, world_size)
+    return plan_from_classic_flags(args, model_config, world_size)
 
 
 def _auto_plan(args: argparse.Namespace, model_config: ModelConfig, world_size: int) -> Plan:
@@ -342,16 +346,19 @@ def _plan_from_file(args: argparse.Namespace, model_config: ModelConfig, world_s
     return plan
 
 
-def _plan_from_classic_flags(args: argparse.Namespace, model_config: ModelConfig,
-                             world_size: int) -> Plan:
-    tp = args.tensor_model_parallel_size
+def plan_from_classic_flags(args: argparse.Namespace, model_config: ModelConfig,
+                            world_size: int) -> Plan:
+    """The uniform plan of Megatron's layout flags (unset sizes count as 1); shared by the
+    pretrain scripts and ``megatron-auto evaluate``."""
+    tp = args.tensor_model_parallel_size or 1
     model_config.check_tensor_parallel(tp)
     model_config.check_vocab_parallel(tp, what="--tensor-model-parallel-size")
-    pp = args.pipeline_model_parallel_size
+    pp = args.pipeline_model_parallel_size or 1
     if pp > model_config.num_layers:
         _fail("--pipeline-model-parallel-size", pp,
               f"exceeds --num-layers={model_config.num_layers}; every stage needs a layer")
-    global_batch = args.global_batch_size if args.global_batch_size is not None else 8
+    global_batch = args.global_batch_size if args.global_batch_size is not None \
+        else DEFAULT_GLOBAL_BATCH_SIZE
     micro_batch = args.micro_batch_size
     if micro_batch is None:
         # Default: the largest of 4, 2, 1 that splits each replica's share of the batch.

@@ -43,7 +43,6 @@ logger = logging.getLogger("megatron_auto")
 PINNABLE_FLAGS = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                   "micro_batch_size", "use_distributed_optimizer", "recompute_granularity",
                   "global_batch_size")
-DEFAULT_GLOBAL_BATCH = 16
 
 
 class AutoParallelError(ValueError):
@@ -217,7 +216,7 @@ def resolve_model_profile(model_config: ModelConfig, spec: ModelSpec, precision:
 # --------------------------------------------------------------------------- entry point
 def plan_for_run(args: argparse.Namespace, model_config: ModelConfig, world_size: int) -> Plan:
     """Profile, search and broadcast: the plan every rank of this run trains with."""
-    from .arguments import build_parser  # noqa: PLC0415 - arguments imports this lazily
+    from .arguments import DEFAULT_GLOBAL_BATCH_SIZE, build_parser  # noqa: PLC0415 - lazy cycle
     from .planner.search import InfeasibleError, search  # noqa: PLC0415
     from .profiler.cache import default_cache_dir  # noqa: PLC0415
 
@@ -225,7 +224,7 @@ def plan_for_run(args: argparse.Namespace, model_config: ModelConfig, world_size
         raise AutoParallelError("--auto-parallel and --plan given together: --plan trains "
                                 "with a fixed plan; drop one of them")
     explicit = explicit_flags(_argv_of(args), build_parser())
-    global_batch = args.global_batch_size or DEFAULT_GLOBAL_BATCH
+    global_batch = args.global_batch_size or DEFAULT_GLOBAL_BATCH_SIZE
     precision = precision_of(args)
     cache_dir = Path(default_cache_dir())
     cluster = resolve_cluster(args, world_size, cache_dir)

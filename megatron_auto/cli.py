@@ -16,17 +16,18 @@ import math
 import sys
 from typing import Any, Sequence
 
-from .arguments import add_model_args, model_config_from_args
+from .arguments import (DEFAULT_GLOBAL_BATCH_SIZE, add_model_args, model_config_from_args,
+                        plan_from_classic_flags)
 from .config import ModelConfig
 from .plan import Plan
 from .planner.hardware import GB, ClusterSpec
-from .planner.megatron_flags import plan_from_megatron_flags, to_megatron_flags
+from .planner.megatron_flags import to_megatron_flags
 from .planner.model_spec import ModelSpec, TrainingSpec
 from .planner.presets import PRESET_NAMES, get_cluster
 from .planner import report
 
 DEFAULT_CLUSTER = "a100-40g-1x8"
-DEFAULT_GLOBAL_BATCH = 16
+DEFAULT_GLOBAL_BATCH = DEFAULT_GLOBAL_BATCH_SIZE  # the pretrain scripts' default
 
 
 class CliError(ValueError):
@@ -198,21 +199,7 @@ def _given_plan(args: argparse.Namespace, world_size: int, config: ModelConfig) 
         from .planner.galvatron import plan_from_galvatron_config  # noqa: PLC0415
         plan = plan_from_galvatron_config(args.galvatron_config, world_size=world_size)
     else:
-        tp = args.tensor_model_parallel_size or 1
-        config.check_tensor_parallel(tp)  # errors name the Megatron flag, not a plan field
-        config.check_vocab_parallel(tp, what="--tensor-model-parallel-size")
-        plan = plan_from_megatron_flags(
-            world_size=world_size, num_layers=config.num_layers,
-            global_batch_size=args.global_batch_size or DEFAULT_GLOBAL_BATCH,
-            micro_batch_size=args.micro_batch_size or 1,
-            tensor_model_parallel_size=args.tensor_model_parallel_size or 1,
-            pipeline_model_parallel_size=args.pipeline_model_parallel_size or 1,
-            use_distributed_optimizer=args.use_distributed_optimizer,
-            recompute_granularity=args.recompute_granularity,
-            recompute_method=args.recompute_method,
-            recompute_num_layers=args.recompute_num_layers,
-            decoder_first_pipeline_num_layers=args.decoder_first_pipeline_num_layers,
-            decoder_last_pipeline_num_layers=args.decoder_last_pipeline_num_layers)
+        plan = plan_from_classic_flags(args, config, world_size)
     if plan.world_size != world_size:
         raise CliError(f"plan world_size={plan.world_size} but the cluster has {world_size} "
                        f"devices; choose the matching --cluster")
