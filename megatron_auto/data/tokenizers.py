@@ -43,6 +43,19 @@ class Tokenizer(Protocol):
     def detokenize(self, ids: list[int]) -> str: ...
 
 
+class _SpecialTokens:
+    """``eod pad cls sep mask`` ids looked up by the subclass's ``_special(name)``."""
+
+    def _special(self, key: str) -> int:  # pragma: no cover - every subclass overrides it
+        raise AttributeError(f"{type(self).__name__} has no {key} token")
+
+    eod = property(lambda self: self._special("eod"))
+    pad = property(lambda self: self._special("pad"))
+    cls = property(lambda self: self._special("cls"))
+    sep = property(lambda self: self._special("sep"))
+    mask = property(lambda self: self._special("mask"))
+
+
 class NullTokenizer:
     """Text is space-separated integer ids (for tests and pre-tokenised data).
 
@@ -78,7 +91,7 @@ class NullTokenizer:
         return " ".join(str(int(i)) for i in ids)
 
 
-class SentencePieceTokenizer:
+class SentencePieceTokenizer(_SpecialTokens):
     """A SentencePiece model, with the special tokens the model lacks appended after its vocab.
 
     ``eod`` is the model's ``</s>`` (eos) piece when it has one; ``pad`` its pad piece.
@@ -134,11 +147,6 @@ class SentencePieceTokenizer:
             )
         return self._specials[key]
 
-    eod = property(lambda self: self._special("eod"))
-    pad = property(lambda self: self._special("pad"))
-    cls = property(lambda self: self._special("cls"))
-    sep = property(lambda self: self._special("sep"))
-    mask = property(lambda self: self._special("mask"))
 
     def tokenize(self, text: str) -> list[int]:
         return list(self.sp.encode(text))
@@ -160,7 +168,7 @@ class SentencePieceTokenizer:
         return "".join(out)
 
 
-class HuggingFaceTokenizer:
+class HuggingFaceTokenizer(_SpecialTokens):
     """A HuggingFace tokenizer: a ``tokenizer.json`` file (needs ``tokenizers``) or a model name
     or directory (needs ``transformers``' AutoTokenizer)."""
 
@@ -222,11 +230,6 @@ class HuggingFaceTokenizer:
             raise AttributeError(f"this HuggingFace tokenizer has no {key} token ({self._NAMES[key]})")
         return self._specials[key]
 
-    eod = property(lambda self: self._special("eod"))
-    pad = property(lambda self: self._special("pad"))
-    cls = property(lambda self: self._special("cls"))
-    sep = property(lambda self: self._special("sep"))
-    mask = property(lambda self: self._special("mask"))
 
     def tokenize(self, text: str) -> list[int]:
         if self.fast is not None:

@@ -211,16 +211,20 @@ def _forward_only(run: _Stage) -> None:
         run.send_forward(out)
 
 
+def _forward_and_keep(run: _Stage, i: int, inputs: Any, outputs: Any) -> None:
+    """Receive, run and send micro-batch ``i``'s forward; keep only what its backward needs."""
+    x = run.recv_forward()
+    out = run.forward(i, x)
+    run.send_forward(out)
+    inputs.append(x)
+    outputs.append(run.keep(out))
+
+
 def _gpipe(run: _Stage) -> None:
     """All forwards, then all backwards (in the same micro-batch order on every stage)."""
     inputs, outputs = [], []
     for i in range(run.num_microbatches):
-        x = run.recv_forward()
-        out = run.forward(i, x)
-        run.send_forward(out)
-        inputs.append(x)
-        outputs.append(run.keep(out))
-        del out
+        _forward_and_keep(run, i, inputs, outputs)
     for i in range(run.num_microbatches):
         grad_out = run.recv_backward()
         grad_in = run.backward(inputs[i], outputs[i], grad_out)
@@ -244,12 +248,7 @@ def _one_f_one_b(run: _Stage) -> None:
 
     # Warm-up: forwards only.
     for i in range(num_warmup):
-        x = run.recv_forward()
-        out = run.forward(i, x)
-        run.send_forward(out)
-        inputs.append(x)
-        outputs.append(run.keep(out))
-        del out
+        _forward_and_keep(run, i, inputs, outputs)
 
     # Steady state: forward of micro-batch num_warmup + i, backward of micro-batch i.
     x = run.recv_forward() if num_steady > 0 else None
