@@ -23,6 +23,8 @@ class FakeCluster:
     name: str = "fake"
     peak_flops: dict = field(default_factory=lambda: {"bf16": 1e12, "fp32": 1e12})
     compute_efficiency: float = 1.0
+    optimizer_time_per_parameter_s: float = 0.0
+    step_overhead_s: float = 0.0
 
     @property
     def world_size(self) -> int:
@@ -42,6 +44,12 @@ class FakeCluster:
         return (group_size - 1) / group_size * nbytes_total / self.bandwidth
 
     def reduce_scatter_time(self, nbytes_total, group_size, consecutive=True, span=None):
+        return self.allgather_time(nbytes_total, group_size, consecutive, span)
+
+    def zero_gather_time(self, nbytes_total, group_size, consecutive=True, span=None):
+        return self.allgather_time(nbytes_total, group_size, consecutive, span)
+
+    def zero_scatter_time(self, nbytes_total, group_size, consecutive=True, span=None):
         return self.allgather_time(nbytes_total, group_size, consecutive, span)
 
     def p2p_time(self, nbytes, pp_size):

@@ -23,7 +23,8 @@ def test_evaluate_uniform_two_layer_plan_matches_hand_calculation():
     # Embedding+head (pp 1): forward 0.005, backward 0.010; all-reduce of 4 x 520 B: 0.208 s,
     #   exposed 0.198 s.
     # C = 2*(0.01+0.02) + 0.005 + 0.010 = 0.075 s; T_pipe = C + (m-1) C = 0.15 s.
-    # Tail = 2*0.38 + 0.198 = 0.958 s  ->  iteration 1.108 s, 4/1.108 samples/s.
+    # Tail = 2*0.38 + 0.198 = 0.958 s  ->  1.108 s, plus the step's two scalar all-reduces
+    #   (overflow flag, loss) of 8 B over 2 ranks: 2 x 8/1e4 = 0.0016 s -> 1.1096 s.
     # Memory per rank: layers 2 x 16 B x 1000 = 32000; activations 2 x 100 (1 in flight);
     #   embedding states 16 x 520 = 8320 plus activations 10 + 40 = 50; transient: the loss's
     #   80 plus 8 boundary buffers of 50 B x 1 sample = 480 (a layer's: 0 + 400); reserve 1000
@@ -31,8 +32,8 @@ def test_evaluate_uniform_two_layer_plan_matches_hand_calculation():
     plan = Plan.uniform(2, 2, global_batch_size=4, num_microbatches=2)
     est = evaluate(plan, SPEC2, TrainingSpec(4), FakeCluster(), round_profile(),
                    memory_budget_bytes=42050)
-    assert est.iteration_time_s == pytest.approx(1.108)
-    assert est.samples_per_s == pytest.approx(4 / 1.108)
+    assert est.iteration_time_s == pytest.approx(1.1096)
+    assert est.samples_per_s == pytest.approx(4 / 1.1096)
     stage = est.stages[0]
     assert stage.peak_memory_bytes == pytest.approx(42050)
     assert stage.memory_breakdown["parameters"] == pytest.approx(8000)
@@ -58,13 +59,35 @@ def test_recompute_and_pipeline_hand_calculation():
     # C0 = 0.08; C1 = 0.08 + 0.03 + 0.02 = 0.13. T_pipe = 0.21 + 1 x 0.13 = 0.34 s.
     # No DP (dp = 1). Tied embedding all-reduce between the stages: 2*(1/2)*4*500/1e4 = 0.2 s
     #   on both; stage 1 finishes 0.34 - B0 + 0.2 where B0 = 0.06, stage 0 at 0.34 + 0.2.
-    # Iteration = 0.54 s.
+    # Iteration = 0.54 s, plus the scalar all-reduces of the step (0.0016 s, see above).
     plan = Plan.uniform(2, 2, global_batch_size=4, num_microbatches=2, pp=2, recompute=True)
     est = evaluate(plan, SPEC2, TrainingSpec(4), FakeCluster(), round_profile())
-    assert est.iteration_time_s == pytest.approx(0.54)
+    assert est.iteration_time_s == pytest.approx(0.5416)
     # Stage 0 (1F1B) holds min(2 - 0, 2) = 2 micro-batches of the 10 B/sample input x 2 samples.
     assert est.stages[0].memory_breakdown["activations"] == pytest.approx(40)
     assert est.stages[1].memory_breakdown["activations"] == pytest.approx(20)
+
+
+def test_optimizer_step_follows_the_slowest_stage_and_zero_shards_it():
+    # The step after backward: 1e-4 s per local parameter plus 0.05 s fixed.
+    # Uniform ddp plan of the first test (world 2, pp 1): 2 x 1000 layer + 520 embedding/head
+    #   parameters per rank -> 0.252 s + 0.05 s on top of its 1.1096 s.
+    # zero3 on every layer and the vocab: each rank updates its half, 1260 params -> 0.126 s.
+    cluster = FakeCluster(optimizer_time_per_parameter_s=1e-4, step_overhead_s=0.05)
+    plan = Plan.uniform(2, 2, global_batch_size=4, num_microbatches=2)
+    est = evaluate(plan, SPEC2, TrainingSpec(4), cluster, round_profile())
+    assert est.iteration_time_s == pytest.approx(1.1096 + 0.252 + 0.05)
+    base = evaluate(Plan.uniform(2, 2, global_batch_size=4, num_microbatches=2, dp_mode="zero3"),
+                    SPEC2, TrainingSpec(4), FakeCluster(), round_profile())
+    zero3 = evaluate(Plan.uniform(2, 2, global_batch_size=4, num_microbatches=2, dp_mode="zero3"),
+                     SPEC2, TrainingSpec(4), cluster, round_profile())
+    assert zero3.iteration_time_s - base.iteration_time_s == pytest.approx(0.126 + 0.05)
+    # pp 2 (world 2): stage 0 holds layer 0 + embedding (1500), stage 1 layer 1 + head with its
+    #   own tied copy (1520): the step waits for the larger one, 0.152 s, once.
+    pp_plan = Plan.uniform(2, 2, global_batch_size=4, num_microbatches=2, pp=2)
+    with_step = evaluate(pp_plan, SPEC2, TrainingSpec(4), cluster, round_profile())
+    without = evaluate(pp_plan, SPEC2, TrainingSpec(4), FakeCluster(), round_profile())
+    assert with_step.iteration_time_s - without.iteration_time_s == pytest.approx(0.152 + 0.05)
 
 
 def test_gpipe_holds_every_microbatch():

@@ -31,6 +31,32 @@ def test_ring_formulas_inside_a_node():
     assert c.allreduce_time(0, 4) == 0.0
 
 
+def test_zero_collectives_use_the_measured_runtime_cost_but_never_beat_the_raw_one():
+    c = small_cluster()
+    # Not measured: the raw all-gather / reduce-scatter.
+    assert c.zero_gather_time(1e9, 4) == c.allgather_time(1e9, 4)
+    assert c.zero_scatter_time(1e9, 4) == c.reduce_scatter_time(1e9, 4)
+    # Measured at 1 ms + (3/4) S / 10 GB/s: 1e-3 + 0.075 s for 1 GB over 4 in a node.
+    m = small_cluster(zero_gather_latency_s=1e-3, zero_gather_busbw=10 * GB,
+                      zero_scatter_latency_s=2e-3, zero_scatter_busbw=20 * GB)
+    assert m.zero_gather_time(1e9, 4) == pytest.approx(1e-3 + 0.075)
+    assert m.zero_scatter_time(1e9, 4) == pytest.approx(2e-3 + 0.0375)
+    # Across nodes the topology (4 GPUs x 10 GB/s per node... 8 consecutive: 40 GB/s) caps it,
+    # and a measurement faster than the raw collective never lowers the raw time.
+    fast = small_cluster(zero_gather_latency_s=0.0, zero_gather_busbw=1000 * GB)
+    assert fast.zero_gather_time(1e9, 8) == pytest.approx(fast.allgather_time(1e9, 8))
+    assert m.zero_gather_time(0, 4) == 0.0 and m.zero_gather_time(1e9, 1) == 0.0
+
+
+def test_optimizer_step_time_is_linear_in_local_parameters():
+    c = small_cluster(optimizer_time_per_parameter_s=2e-9, step_overhead_s=1e-3)
+    assert c.optimizer_step_time(1e6) == pytest.approx(1e-3 + 2e-3)
+    assert small_cluster().optimizer_step_time(1e6) == 0.0  # not modelled unless given
+    # Presets: 40 B per parameter at 90% of the spec-sheet HBM bandwidth.
+    assert get_cluster("h100-80g-1x8").optimizer_time_per_parameter_s == pytest.approx(
+        40 / (0.9 * 3.35e12))
+
+
 def test_groups_crossing_nodes_are_limited_by_the_nics_of_their_members():
     c = small_cluster()
     # 8 consecutive = 2 nodes with 4 members each: busbw = min(100, 4*10) = 40 GB/s.
@@ -95,6 +121,9 @@ def test_json_round_trip(tmp_path):
     (lambda d: d.update(num_nodes="2"), "num_nodes='2': must be a positive integer"),
     (lambda d: d.update(p2p_bw_table={"2": "x"}), "p2p_bw_table"),
     (lambda d: d.update(allreduce_busbw_table={"8_consecutive": "x"}), "8_consecutive='x'"),
+    (lambda d: d.update(zero_gather_busbw=-1.0), "zero_gather_busbw=-1.0: must be >= 0"),
+    (lambda d: d.update(optimizer_time_per_parameter_s=-1e-9),
+     "optimizer_time_per_parameter_s=-1e-09: must be >= 0"),
 ])
 def test_bad_cluster_files_name_the_field(tmp_path, mutate, message):
     data = small_cluster().to_dict()

@@ -129,9 +129,30 @@ def test_profile_on_gloo_ranks_writes_a_loadable_cluster(tmp_path, world_size):
     assert all(v > 0 for v in spec.p2p_bw_table.values())
     assert spec.peak_flops["fp32"] > 0 and spec.overlap_slowdown >= 1.0
     assert spec.intra_node_busbw > 0 and spec.collective_latency_s >= 0
+    # The runtime's own ZeRO collectives and optimizer step were measured and fitted.
+    assert spec.zero_gather_busbw > 0 and spec.zero_scatter_busbw > 0
+    assert spec.optimizer_time_per_parameter_s > 0
     # Every rank computed the same (max-reduced) numbers.
     assert all(r["table"] == results[0]["table"] for r in results)
     assert json.loads(out.read_text())["format"] == "megatron_auto.cluster"
+
+
+def test_zero_and_optimizer_rows_are_fitted_into_the_cluster():
+    # Rows made from known lines: gather 1 ms + (1/2) S / 1 GB/s, scatter 2 ms + (1/2) S / 0.5
+    # GB/s over 2 ranks; the step 0.5 ms + 10 ns per parameter.
+    profile = hp.HardwareProfile(world_size=2, devices_per_node=2, device_name="cpu-test",
+                                 device_memory_bytes=2**34, backend="gloo",
+                                 matmul_flops={"fp32": 1e10})
+    sizes = [2**16, 2**20, 2**22]
+    profile.zero = [(s, 1e-3 + 0.5 * s / 1e9, 2e-3 + 0.5 * s / 0.5e9) for s in sizes]
+    profile.optimizer = [(n, 0.5e-3 + 1e-8 * n) for n in (2**17, 2**20)]
+    spec = profile.to_cluster_spec()
+    assert spec.zero_gather_latency_s == pytest.approx(1e-3)
+    assert spec.zero_gather_busbw == pytest.approx(1e9)
+    assert spec.zero_scatter_latency_s == pytest.approx(2e-3)
+    assert spec.zero_scatter_busbw == pytest.approx(0.5e9)
+    assert spec.step_overhead_s == pytest.approx(0.5e-3)
+    assert spec.optimizer_time_per_parameter_s == pytest.approx(1e-8)
 
 
 def test_node_boundaries_mark_groups_that_cross_nodes(tmp_path):

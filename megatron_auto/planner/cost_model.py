@@ -94,6 +94,12 @@ class Estimate:
         return out
 
 
+def step_overhead(cluster: Any, world_size: int) -> float:
+    """Fixed seconds per iteration outside the layers: the optimizer step's own overhead plus
+    the two scalar all-reduces over the world of every training step (overflow flag, loss)."""
+    return cluster.step_overhead_s + 2 * cluster.allreduce_time(8, world_size, True)
+
+
 def _binding(peak: float, budget: float | None, shares: Mapping[str, float]) -> str:
     if budget is not None and peak > budget:
         return f"memory (over budget by {(peak - budget) / GIB:.2f} GiB)"
@@ -117,7 +123,7 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
     b_m = plan.microbatch_size
     schedule = plan.pipeline.schedule
     emb = profile.embedding
-    micro, backward, tails, stage_parts = [], [], [], []
+    micro, backward, tails, steps, stage_parts = [], [], [], [], []
     per_layer: list[dict[str, float]] = []
     prev_last = None  # (layout, hidden bytes per sample) of the previous stage's last layer
     for k in range(pp):
@@ -125,7 +131,7 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
         first, last = k == 0, k == pp - 1
         states = {"parameters": 0.0, "gradients": 0.0, "optimizer_states": 0.0}
         act, transient = 0.0, 0.0
-        fwd = bwd = tail = compute = tp_comm = dp_comm = relayout = p2p = 0.0
+        fwd = bwd = tail = compute = tp_comm = dp_comm = relayout = p2p = optim = 0.0
         layout_prev = None
         for i in plan.stage_layer_range(k):
             s = plan.layers[i]
@@ -143,6 +149,7 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
             fwd += t.forward
             bwd += t.backward
             tail += t.exposed_sync
+            optim += t.optimizer
             compute += t.compute
             tp_comm += t.tp_comm
             dp_comm += t.dp_comm
@@ -173,6 +180,7 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
             fwd += et.forward
             bwd += et.backward
             tail += et.exposed_sync
+            optim += et.optimizer
             compute += et.compute
             tp_comm += et.tp_comm
             dp_comm += et.dp_comm
@@ -186,17 +194,18 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
         micro.append(c_k)
         backward.append(bwd + relayout / 2 + p2p / 2)
         tails.append(tail)
+        steps.append(optim)
         stage_parts.append((fwd, bwd, tail, peak, breakdown, k_in, c_k, compute, tp_comm,
                             dp_comm, relayout + p2p))
-    pt = pipeline_time(micro, backward, tails, m)
+    pt = pipeline_time(micro, backward, tails, m, steps, step_overhead(cluster, plan.world_size))
     stages = []
     for k, (fwd, bwd, tail, peak, breakdown, k_in, c_k, compute, tp_comm, dp_comm, moves) in \
             enumerate(stage_parts):
         shares = {"compute": m * compute, "tp_communication": m * tp_comm,
                   "dp_communication": m * dp_comm + tail, "relayout_and_p2p": m * moves,
-                  "pipeline_bubble": pt.pipeline - m * c_k}
+                  "pipeline_bubble": pt.pipeline - m * c_k, "optimizer_step": steps[k]}
         stages.append(StageEstimate(
-            time_s=m * c_k + tail, microbatch_time_s=c_k, forward_time_s=fwd,
+            time_s=m * c_k + tail + steps[k], microbatch_time_s=c_k, forward_time_s=fwd,
             backward_time_s=bwd, sync_tail_s=tail, peak_memory_bytes=peak,
             memory_breakdown=breakdown, in_flight_microbatches=k_in,
             num_layers=plan.pipeline.layers_per_stage[k],

@@ -1,7 +1,7 @@
 """Time cost of one layer (or the embedding/head) per micro-batch, relayouts, and the pipeline.
 
 All results are seconds. Communication times come from the cluster (``allreduce_time``,
-``allgather_time``, ``reduce_scatter_time``, ``p2p_time``); groups inside a stage pass
+``allgather_time``, ``zero_gather_time``, ``zero_scatter_time``, ``p2p_time``); groups inside a stage pass
 ``span=stage_size`` so that strided groups are placed inside the stage's ranks. Overlap of a
 communication of duration ``c`` with compute ``x`` takes ``ov(c, x) = max(c, x) + (g-1)*min(c, x)``
 (``g`` = ``overlap_slowdown``): both streams run slowed while they overlap. Formulas with symbols:
@@ -36,6 +36,7 @@ class TimeCost:
     compute: float  # forward + backward compute alone (for the binding report)
     tp_comm: float
     dp_comm: float  # ZeRO gathers and reduce-scatters per micro-batch
+    optimizer: float = 0.0  # once per iteration, after every stage's backward and sync
 
     @property
     def microbatch(self) -> float:
@@ -48,9 +49,9 @@ def _dp_times(cluster: Any, num_params: float, dp: int, dp_mode: str, consecutiv
     if dp <= 1:
         return 0.0, 0.0, 0.0
     kw = {"span": stage_size}
-    gather = (cluster.allgather_time(MASTER_BYTES * num_params, dp, consecutive, **kw)
+    gather = (cluster.zero_gather_time(MASTER_BYTES * num_params, dp, consecutive, **kw)
               if dp_mode == "zero3" else 0.0)
-    scatter = (cluster.reduce_scatter_time(GRAD_BYTES * num_params, dp, consecutive, **kw)
+    scatter = (cluster.zero_scatter_time(GRAD_BYTES * num_params, dp, consecutive, **kw)
                if dp_mode in ("zero2", "zero3") else 0.0)
     allreduce = (cluster.allreduce_time(GRAD_BYTES * num_params, dp, consecutive, **kw)
                  if dp_mode == "ddp" else 0.0)
@@ -86,7 +87,14 @@ def layer_time(profile: LayerTypeProfile, cluster: Any, layout: Layout, dp_mode:
                                stage_size)
     exposed += overlap(regather, fwd, g) - fwd if regather > 0 else 0.0
     return TimeCost(forward, backward, allreduce + regather, exposed, fwd + bwd,
-                    (2 + n_bwd_ar) * tp_ar, 2 * gather + scatter)
+                    (2 + n_bwd_ar) * tp_ar, 2 * gather + scatter,
+                    _optimizer_time(cluster, local, dp, dp_mode))
+
+
+def _optimizer_time(cluster: Any, num_params: float, dp: int, dp_mode: str) -> float:
+    """The optimizer step's share of ``num_params`` local parameters: ZeRO updates its shard."""
+    owned = num_params / dp if dp_mode in ("zero2", "zero3") and dp > 1 else num_params
+    return cluster.optimizer_time_per_parameter_s * owned
 
 
 def _zero2_regather(cluster: Any, num_params: float, dp: int, dp_mode: str, consecutive: bool,
@@ -95,7 +103,7 @@ def _zero2_regather(cluster: Any, num_params: float, dp: int, dp_mode: str, cons
     once per iteration, before the first forward (overlapped with that forward)."""
     if dp_mode != "zero2" or dp <= 1:
         return 0.0
-    return cluster.allgather_time(MASTER_BYTES * num_params, dp, consecutive, span=stage_size)
+    return cluster.zero_gather_time(MASTER_BYTES * num_params, dp, consecutive, span=stage_size)
 
 
 def embedding_time(profile: EmbeddingProfile, cluster: Any, vocab_tp: int, dp_mode: str,
@@ -140,7 +148,7 @@ def embedding_time(profile: EmbeddingProfile, cluster: Any, vocab_tp: int, dp_mo
     regather = _zero2_regather(cluster, num_params, dp, dp_mode, True, stage_size)
     exposed += overlap(regather, fwd, g) - fwd if regather > 0 else 0.0
     return TimeCost(forward, backward, allreduce + tied + regather, exposed, fwd + bwd, tp_comm,
-                    2 * gather + scatter)
+                    2 * gather + scatter, _optimizer_time(cluster, num_params, dp, dp_mode))
 
 
 def relayout_time(cluster: Any, old: Layout, new: Layout, microbatch_size: int,
@@ -166,7 +174,8 @@ class PipelineTime:
 
 
 def pipeline_time(microbatch: Sequence[float], backward: Sequence[float],
-                  tails: Sequence[float], num_microbatches: int) -> PipelineTime:
+                  tails: Sequence[float], num_microbatches: int,
+                  step: Sequence[float] = (), step_overhead: float = 0.0) -> PipelineTime:
     """Iteration time of a non-interleaved pipeline (1F1B or GPipe: same time, not same memory).
 
     ``microbatch[k]`` is stage k's time for one micro-batch (forward + backward, p2p included),
@@ -175,6 +184,8 @@ def pipeline_time(microbatch: Sequence[float], backward: Sequence[float],
     ``T_pipe = sum_k C_k + (m - 1) * max_k C_k``. Stage ``k`` finishes its last backward
     ``sum_{j<k} B_j`` before stage 0 does (the last gradient still has to travel down), which its
     sync tail may use: ``T = max(T_pipe, max_k(T_pipe - sum_{j<k} B_j + tail_k))``.
+    The optimizer step follows the global gradient norm, which waits for every stage, so the
+    slowest stage's ``step[k]`` and the fixed ``step_overhead`` are added after that.
     """
     m = num_microbatches
     total = sum(microbatch)
@@ -185,7 +196,7 @@ def pipeline_time(microbatch: Sequence[float], backward: Sequence[float],
     for k, tail in enumerate(tails):
         finish.append(t_pipe - ahead + tail)
         ahead += backward[k]
-    iteration = max([t_pipe] + finish)
+    iteration = max([t_pipe] + finish) + max(step, default=0.0) + step_overhead
     busy = m * total / len(microbatch) if microbatch else 0.0
     bubble = 1.0 - busy / t_pipe if t_pipe > 0 else 0.0
     return PipelineTime(iteration, t_pipe, bubble, tuple(finish))

@@ -82,6 +82,18 @@ class ClusterSpec:
     p2p_latency_s: float = 10e-6
     allreduce_busbw_table: Mapping[tuple[int, bool], float] = field(default_factory=dict, hash=False)
     p2p_bw_table: Mapping[int, float] = field(default_factory=dict, hash=False)
+    # The step after the last backward (DESIGN §4): global gradient norm, clipping and the AdamW
+    # update are memory-bound, ``optimizer_time_per_parameter_s`` per local parameter, plus a
+    # fixed ``step_overhead_s`` (launches and the norm's scalar all-reduce). 0 = not modelled.
+    optimizer_time_per_parameter_s: float = 0.0
+    step_overhead_s: float = 0.0
+    # ZeRO collectives as the runtime issues them (FSDP2: copy-in/out and bookkeeping around the
+    # all-gather / reduce-scatter), measured by the hardware profiler. 0 = not measured: the raw
+    # collective's latency and bandwidth apply.
+    zero_gather_latency_s: float = 0.0
+    zero_gather_busbw: float = 0.0
+    zero_scatter_latency_s: float = 0.0
+    zero_scatter_busbw: float = 0.0
 
     def __post_init__(self) -> None:
         # Types first, so that a string in a JSON file is reported by field, not as a TypeError.
@@ -125,8 +137,13 @@ class ClusterSpec:
               "must be >= 1 (1 = compute and communication overlap without slowing each other)")
         for name in ("intra_node_busbw", "inter_node_bw_per_device", "p2p_intra_bw", "p2p_inter_bw"):
             _need(getattr(self, name) > 0, name, getattr(self, name), "must be positive (bytes/s)")
-        for name in ("collective_latency_s", "inter_node_latency_s", "p2p_latency_s"):
+        for name in ("collective_latency_s", "inter_node_latency_s", "p2p_latency_s",
+                     "optimizer_time_per_parameter_s", "step_overhead_s",
+                     "zero_gather_latency_s", "zero_scatter_latency_s"):
             _need(getattr(self, name) >= 0, name, getattr(self, name), "must be >= 0 (seconds)")
+        for name in ("zero_gather_busbw", "zero_scatter_busbw"):
+            _need(getattr(self, name) >= 0, name, getattr(self, name),
+                  "must be >= 0 (bytes/s; 0 = not measured, the raw collective applies)")
         for (g, c), v in self.allreduce_busbw_table.items():
             _need(g >= 2 and v > 0, f"allreduce_busbw[{g}, {'consecutive' if c else 'strided'}]", v,
                   "group size must be >= 2 and bandwidth positive (bytes/s)")
@@ -251,6 +268,36 @@ class ClusterSpec:
                             span: int | None = None) -> float:
         """Seconds to reduce-scatter an input of ``nbytes_total`` (per rank, unsharded)."""
         return self.allgather_time(nbytes_total, group_size, consecutive, span)
+
+    def _zero_time(self, raw: float, nbytes_total: float, group_size: int, consecutive: bool,
+                   span: int | None, latency: float, busbw: float) -> float:
+        if busbw <= 0 or raw <= 0:
+            return raw
+        g = group_size
+        bw = min(busbw, self.allreduce_busbw(g, consecutive, span))  # topology still caps it
+        return max(raw, latency + (g - 1) / g * nbytes_total / bw)
+
+    def zero_gather_time(self, nbytes_total: float, group_size: int, consecutive: bool = True,
+                         span: int | None = None) -> float:
+        """Seconds for a ZeRO parameter all-gather as the runtime issues it (measured FSDP2
+        latency and bandwidth when the profile has them, never below the raw all-gather)."""
+        raw = self.allgather_time(nbytes_total, group_size, consecutive, span)
+        return self._zero_time(raw, nbytes_total, group_size, consecutive, span,
+                               self.zero_gather_latency_s, self.zero_gather_busbw)
+
+    def zero_scatter_time(self, nbytes_total: float, group_size: int, consecutive: bool = True,
+                          span: int | None = None) -> float:
+        """Seconds for a ZeRO gradient reduce-scatter as the runtime issues it (see above)."""
+        raw = self.reduce_scatter_time(nbytes_total, group_size, consecutive, span)
+        return self._zero_time(raw, nbytes_total, group_size, consecutive, span,
+                               self.zero_scatter_latency_s, self.zero_scatter_busbw)
+
+    def optimizer_step_time(self, local_parameters: float) -> float:
+        """Seconds of the step after backward on a rank holding ``local_parameters`` (norm,
+        clipping, AdamW), without the scalar all-reduces of the loss and overflow flag."""
+        if local_parameters <= 0 and self.step_overhead_s <= 0:
+            return 0.0
+        return self.step_overhead_s + self.optimizer_time_per_parameter_s * local_parameters
 
     def p2p_bandwidth(self, pp_size: int) -> float:
         """Bytes/s of one rank's send to its counterpart in the next pipeline stage."""

@@ -27,6 +27,14 @@ MEASURED_MATMUL_EFFICIENCY = 0.78
 GALVATRON_OVERLAP = 1.1256
 # Assumed achievable fraction of InfiniBand line rate (no measurement available).
 IB_EFFICIENCY = 0.8
+# The optimizer step is memory-bound: per fp32 parameter the gradient norm reads the gradient
+# (4 B), clipping rewrites it (8 B), AdamW reads parameter, gradient and both moments (16 B) and
+# writes parameter and moments back (12 B): 40 B of HBM traffic.
+OPTIMIZER_BYTES_PER_PARAMETER = 40
+# A device-to-device copy moved about 4.3 of the 4.8 TB/s on an H200 (hardware.md).
+MEASURED_HBM_EFFICIENCY = 0.9
+# Kernel launches of the step and the gradient norm's scalar all-reduce: assumed, no measurement.
+STEP_OVERHEAD_S = 0.5e-3
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,7 @@ class _Gpu:
     peak_flops: dict
     nvlink_busbw: float  # 8-GPU NVSwitch all-reduce busbw, low end of nccl-tests tables
     nic_bw: float  # one InfiniBand port per GPU, line rate
+    hbm_bw: float  # bytes/s, spec sheet
     flops_source: str
     busbw_source: str
     nic_source: str
@@ -44,27 +53,27 @@ class _Gpu:
 _GPUS: dict[str, _Gpu] = {
     "a100-40g": _Gpu(
         "A100-SXM4-40GB", 40 * 10**9, {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12},
-        230 * GB, 25 * GB,
+        230 * GB, 25 * GB, 1.56e12,
         "peak 312 TFLOP/s bf16/fp16 (spec sheet, dense), 19.5 TFLOP/s fp32 (spec sheet, no TF32)",
         "NVLink all-reduce busbw 230 GB/s (low end of nccl-tests 8xA100 NVSwitch 230-250 GB/s)",
         "InfiniBand HDR 200 Gb/s = 25 GB/s per port, one port per GPU (DGX A100)"),
     "a100-80g": _Gpu(
         "A100-SXM4-80GB", 80 * 10**9, {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12},
-        230 * GB, 25 * GB,
+        230 * GB, 25 * GB, 2.04e12,
         "peak 312 TFLOP/s bf16/fp16 (spec sheet, dense), 19.5 TFLOP/s fp32 (spec sheet, no TF32)",
         "NVLink all-reduce busbw 230 GB/s (low end of nccl-tests 8xA100 NVSwitch 230-250 GB/s)",
         "InfiniBand HDR 200 Gb/s = 25 GB/s per port, one port per GPU (DGX A100)"),
     "h100-80g": _Gpu(
         "H100-SXM5-80GB", 80 * 10**9,
         {"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "fp32": 67e12},
-        460 * GB, 50 * GB,
+        460 * GB, 50 * GB, 3.35e12,
         "peak 989 TFLOP/s bf16/fp16, 1979 fp8 (spec sheet, dense), 67 TFLOP/s fp32 (spec sheet)",
         "NVLink all-reduce busbw 460 GB/s (low end of nccl-tests 8xH100 460-480 GB/s)",
         "InfiniBand NDR 400 Gb/s = 50 GB/s per port, one port per GPU (DGX H100)"),
     "h200-141g": _Gpu(
         "H200-SXM-141GB", 141 * 10**9,
         {"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "fp32": 67e12},
-        460 * GB, 50 * GB,
+        460 * GB, 50 * GB, 4.8e12,
         "peak 989 TFLOP/s bf16/fp16, 1979 fp8 (spec sheet, dense; same die as H100), "
         "67 TFLOP/s fp32 (H100 spec sheet, assumed equal)",
         "NVLink all-reduce busbw 460 GB/s (nccl-tests 8xH100 low end; same NVLink 4/NVSwitch, "
@@ -115,6 +124,9 @@ def make_cluster(gpu: str, num_nodes: int, devices_per_node: int = 8,
         "p2p within a node assumed equal to the all-reduce busbw (Galvatron's A100 1x8: p2p "
         "163.7 vs all-reduce 154.2 GB/s)",
         "latency 20 us in-node / 40 us across nodes per collective (hardware.md: tens of us)",
+        f"optimizer step {OPTIMIZER_BYTES_PER_PARAMETER} B of HBM traffic per parameter at "
+        f"{MEASURED_HBM_EFFICIENCY:.0%} of {g.hbm_bw / 1e12:.2f} TB/s (spec sheet; efficiency of "
+        f"a device copy measured on an H200), {STEP_OVERHEAD_S * 1e3:.1f} ms fixed (assumed)",
     ])
     return ClusterSpec(
         name=name or f"{gpu}-{num_nodes}x{devices_per_node}", num_nodes=num_nodes,
@@ -124,7 +136,10 @@ def make_cluster(gpu: str, num_nodes: int, devices_per_node: int = 8,
         memory_reserve_bytes=RESERVE_BYTES, source=source,
         intra_node_busbw=g.nvlink_busbw, inter_node_bw_per_device=inter,
         p2p_intra_bw=g.nvlink_busbw, p2p_inter_bw=inter,
-        collective_latency_s=20e-6, inter_node_latency_s=40e-6, p2p_latency_s=10e-6)
+        collective_latency_s=20e-6, inter_node_latency_s=40e-6, p2p_latency_s=10e-6,
+        optimizer_time_per_parameter_s=OPTIMIZER_BYTES_PER_PARAMETER / (
+            MEASURED_HBM_EFFICIENCY * g.hbm_bw),
+        step_overhead_s=STEP_OVERHEAD_S)
 
 
 def _galvatron_a100(num_nodes: int) -> ClusterSpec:
@@ -157,7 +172,9 @@ def _galvatron_a100(num_nodes: int) -> ClusterSpec:
         p2p_intra_bw=_GALVATRON_1X8_P2P[2] * GB, p2p_inter_bw=p2p_inter,
         collective_latency_s=base.collective_latency_s,
         inter_node_latency_s=base.inter_node_latency_s, p2p_latency_s=base.p2p_latency_s,
-        allreduce_busbw_table=table, p2p_bw_table=p2p_table)
+        allreduce_busbw_table=table, p2p_bw_table=p2p_table,
+        optimizer_time_per_parameter_s=base.optimizer_time_per_parameter_s,
+        step_overhead_s=base.step_overhead_s)
 
 
 def preset(name: str) -> ClusterSpec:

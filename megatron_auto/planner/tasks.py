@@ -5,9 +5,9 @@ of every strategy), runs the per-stage DP lazily (one run per layer-type window,
 flight and transient level), and answers "what does stage ``k`` cost if it holds ``L`` layers
 from ``start``?" as arrays over ``L`` for the partition code.
 
-Objective of a layer in the DP: ``m * (forward + backward) + exposed_sync`` seconds per iteration;
-of a transition between layout classes: ``m * relayout``. The DP also carries the exposed sync
-and the backward time along its optimum so the partition can be scored with the pipeline model.
+Objective of a layer in the DP: ``m * (forward + backward) + exposed_sync + optimizer`` seconds
+per iteration; of a transition between layout classes: ``m * relayout``. The DP also carries the
+exposed sync, the backward time and the optimizer step along its optimum so the partition can be scored with the pipeline model.
 
 Transient memory (only the running layer's) enters as a *level* ``tau``: the DP for level ``tau``
 allows strategies whose transient is at most ``tau`` and reserves ``max(tau, head transient)``
@@ -25,7 +25,7 @@ import numpy as np
 
 from ..plan import LayerStrategy
 from .cost_memory import MemoryCost, embedding_memory, layer_memory
-from .cost_model import in_flight
+from .cost_model import in_flight, step_overhead
 from .cost_time import TimeCost, embedding_time, layer_time, pipeline_time, relayout_time
 from .dp import LayerOptions, StageTables, solve_stage
 from .model_spec import ModelSpec
@@ -120,10 +120,10 @@ class Task:
             for b in range(c):
                 self.penalty[a, b] = max(0.0, (tr[:, a] - tr[:, b]).max()) + \
                     max(0.0, (tr[a, :] - tr[b, :]).max())
-        self.cost = [np.array([m * t.microbatch + t.exposed_sync for t in group])
+        self.cost = [np.array([m * t.microbatch + t.exposed_sync + t.optimizer for t in group])
                      for group in self.time]
-        self.aux = [np.array([[t.exposed_sync, t.backward] for t in group]).reshape(-1, 2)
-                    for group in self.time]
+        self.aux = [np.array([[t.exposed_sync, t.backward, t.optimizer] for t in group])
+                    .reshape(-1, 3) for group in self.time]
         self.trans_cells = [np.array([cells_up(x.transient, step) for x in group], dtype=np.int64)
                             for group in self.mem]
         levels = self._candidate_levels()
@@ -205,8 +205,8 @@ class Task:
             if not group:
                 return INF
             x = np.array([cells_up(g.persistent(1), self.step) for g in group], dtype=float)
-            y = np.array([tc.microbatch + (tc.exposed_sync / self.m if self.pp == 1 else 0.0)
-                          for tc in self.time[t]])
+            y = np.array([tc.microbatch + ((tc.exposed_sync + tc.optimizer) / self.m
+                                           if self.pp == 1 else 0.0) for tc in self.time[t]])
             count = sum(1 for o in self.spec.layer_order if o == t)
             total += count * _envelope(x, y, per_layer_cap)
         return (self.m + self.pp - 1) / self.pp * (total + self._least_vocab_time())
@@ -343,7 +343,7 @@ class Task:
             value = np.where(better, vals, value)
             level_won = np.where(better, j, level_won)
         if voc:
-            value = value + self.m * voc[1].microbatch + voc[1].exposed_sync
+            value = value + self.m * voc[1].microbatch + voc[1].exposed_sync + voc[1].optimizer
         result = StageRow(value, level_won)
         self._rows[key] = result
         return result
@@ -357,9 +357,10 @@ class Task:
                 cells_up(voc[0].transient, self.step))
 
     def detail(self, k: int, start: int, length: int,
-               option: VocabOption) -> tuple[float, float, float, LayerStrategy,
+               option: VocabOption) -> tuple[float, float, float, float, LayerStrategy,
                                              LayerStrategy] | None:
-        """``(objective, sync tail, backward per micro-batch, first strategy, last strategy)`` of
+        """``(objective, sync tail, backward per micro-batch, optimizer step, first strategy,
+        last strategy)`` of
         a stage's optimum, summed along its back-tracked strategies (the DP carries only the
         objective, for speed)."""
         key = (k, start, length, option)
@@ -371,11 +372,13 @@ class Task:
             window = self._window(start)
             tail = sum(self.aux[window[i]][s, 0] for i, s in enumerate(picks))
             bwd = sum(self.aux[window[i]][s, 1] for i, s in enumerate(picks))
+            opt = sum(self.aux[window[i]][s, 2] for i, s in enumerate(picks))
             voc = self.vocab(k, option)
             if voc:
                 tail += voc[1].exposed_sync
                 bwd += voc[1].backward
-            out = (float(self.row(k, start, option).value[length - 1]), tail, bwd,
+                opt += voc[1].optimizer
+            out = (float(self.row(k, start, option).value[length - 1]), tail, bwd, opt,
                    self.strategies[window[0]][picks[0]],
                    self.strategies[window[len(picks) - 1]][picks[-1]])
         self._details[key] = out
@@ -439,15 +442,15 @@ class Task:
     def score(self, partition: tuple[int, ...], option: VocabOption) -> float:
         """Pipeline iteration time of ``partition`` under the DP optima (inf when infeasible),
         with the stage-boundary hops and relayouts of the back-tracked strategies."""
-        micro, backward, tails = [], [], []
+        micro, backward, tails, steps = [], [], [], []
         start = 0
         previous_last = None
         for k, length in enumerate(partition):
             d = self.detail(k, start, length, option)
             if d is None:
                 return INF
-            f, tail, bwd, first, last = d
-            c_k = (f - tail) / self.m
+            f, tail, bwd, opt, first, last = d
+            c_k = (f - tail - opt) / self.m
             if previous_last is not None:
                 hop = self.boundary_time(previous_last, first)
                 c_k += hop
@@ -455,9 +458,11 @@ class Task:
             micro.append(c_k)
             backward.append(bwd)
             tails.append(tail)
+            steps.append(opt)
             previous_last = last
             start += length
-        return pipeline_time(micro, backward, tails, self.m).iteration
+        return pipeline_time(micro, backward, tails, self.m, steps,
+                             step_overhead(self.cluster, self.n * self.pp)).iteration
 
     def stage_strategies(self, k: int, start: int, length: int,
                          option: VocabOption) -> list[LayerStrategy] | None:

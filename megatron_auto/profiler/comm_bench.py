@@ -239,3 +239,89 @@ def _concurrent_cuda(compute_loop: Callable[[], None], buf: torch.Tensor, comm_i
     compute_end.record(main)
     torch.cuda.synchronize(device)
     return begin.elapsed_time(compute_end) / 1e3, begin.elapsed_time(comm_end) / 1e3
+
+
+# ------------------------------------------------------------------- the runtime's own steps
+def zero_collectives(device: torch.device, sizes: Sequence[int], warmup: int, iters: int,
+                     num_modules: int = 4) -> list[tuple[int, float, float]]:
+    """``(bytes, gather_s, scatter_s)`` per size: ZeRO's all-gather and reduce-scatter of one
+    unit of ``bytes`` fp32 parameters over the world, as the runtime issues them.
+
+    The runtime's ZeRO is FSDP2 (``parallel/data_parallel.py``), whose collectives carry more
+    than the raw all-gather: copy-in/copy-out of the flat buffer, DTensor bookkeeping, the
+    pre/post hooks. So this times ``num_modules`` bias-free ``Linear`` units under
+    ``fully_shard`` (resharding after forward, as ``zero3``) on a single input row, minus the
+    same units unsharded: forward = one gather per unit, backward = a gather and a
+    reduce-scatter per unit. Empty on a world of one.
+    """
+    if not dist.is_initialized() or dist.get_world_size() < 2:
+        return []
+    from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
+    from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
+
+    world = dist.get_world_size()
+    mesh = init_device_mesh(device.type, (world,))
+    out = []
+    for nbytes in sizes:
+        width = max(world, int((nbytes // 4) ** 0.5) // world * world)
+        per_mode = {}
+        for sharded in (False, True):
+            torch.manual_seed(0)
+            units = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False, device=device)
+                                          for _ in range(num_modules)])
+            if sharded:
+                for unit in units:
+                    fully_shard(unit, mesh=mesh, reshard_after_forward=True)
+                    unit.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
+            x = torch.randn(1, width, device=device)
+            fwd, bwd = [], []
+            for i in range(warmup + iters):
+                world_barrier(device)
+                start = time.perf_counter()
+                y = units(x)
+                sync(device)
+                middle = time.perf_counter()
+                y.sum().backward()
+                sync(device)
+                if i >= warmup:
+                    fwd.append(middle - start)
+                    bwd.append(time.perf_counter() - middle)
+            per_mode[sharded] = (float(np.median(fwd)), float(np.median(bwd)))
+            del units
+        (f0, b0), (f1, b1) = per_mode[False], per_mode[True]
+        gather = max(1e-7, (f1 - f0) / num_modules)
+        scatter = max(1e-7, (b1 - b0) / num_modules - gather)
+        out.append((4 * width * width, gather, scatter))
+    times = world_max([t for _, g, s in out for t in (g, s)], device)
+    return [(b, times[2 * i], times[2 * i + 1]) for i, (b, _, _) in enumerate(out)]
+
+
+def optimizer_step_times(device: torch.device, counts: Sequence[int], warmup: int,
+                         iters: int) -> list[tuple[int, float]]:
+    """``(parameters, seconds)`` of the training step after backward on ``parameters`` fp32
+    parameters shaped like transformer weights: the global gradient norm (with its scalar
+    all-reduce), clipping, and the runtime's AdamW (``training/optimizer.py``)."""
+    from ..parallel.grad_norm import NormEntry, clip_grads_, global_grad_norm  # noqa: PLC0415
+    from ..training.optimizer import OptimizerConfig, build_optimizer  # noqa: PLC0415
+
+    out = []
+    for count in counts:
+        width = max(8, int((count / 4) ** 0.5))
+        params = [torch.nn.Parameter(torch.randn(width, width, device=device)) for _ in range(4)]
+        params.append(torch.nn.Parameter(torch.randn(width, device=device)))  # a no-decay group
+        for p in params:
+            p.grad = torch.randn_like(p)
+        optimizer = build_optimizer(params, OptimizerConfig(), lr=1e-4)
+
+        def step() -> None:
+            norm = global_grad_norm([NormEntry(p.grad, True) for p in params], device=device)
+            # Clip every time (the costlier branch) by a hair, so gradients keep their size.
+            clip_grads_([p.grad for p in params], norm * 0.999, norm)
+            optimizer.step()
+
+        world_barrier(device)
+        seconds = time_loop(step, max(1, warmup), iters, device)
+        out.append((sum(p.numel() for p in params), seconds))
+        del optimizer, params
+    times = world_max([t for _, t in out], device)
+    return [(n, times[i]) for i, (n, _) in enumerate(out)]

@@ -17,6 +17,10 @@ What it measures (everything with torch.distributed: gloo on CPU, nccl on GPU):
 - node boundaries from torchrun's ``LOCAL_WORLD_SIZE`` (node ``j`` = ranks ``[jD, (j+1)D)``); a
   group touching several nodes feeds the inter-node numbers;
 - the compute/communication overlap slowdown (``comm_bench.overlap_slowdown``);
+- ZeRO's all-gather and reduce-scatter as the runtime issues them (FSDP2 units over the world,
+  ``comm_bench.zero_collectives``), fitted like the raw collectives;
+- the step after backward (gradient norm, clipping, AdamW) per parameter and fixed
+  (``comm_bench.optimizer_step_times``);
 - matmul FLOP/s: on known GPUs (A100/H100/H200) the spec-sheet peak is kept and the measured
   fraction becomes ``compute_efficiency``; elsewhere (CPU, unknown GPUs) the measured rate *is*
   the peak and the efficiency is 1.
@@ -47,6 +51,9 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_CPU_SIZES = (1 << 16, 1 << 20, 1 << 22)  # bytes; 64 KiB .. 4 MiB keeps 4 CPU ranks < 30 s
 DEFAULT_GPU_SIZES = (1 << 20, 1 << 24, 1 << 27)  # 1 MiB .. 128 MiB: past NCCL's latency regime
+# Parameters per optimizer-step timing: enough for a clear slope, a few ms each on a CPU core.
+CPU_OPTIMIZER_COUNTS = (1 << 17, 1 << 20)
+GPU_OPTIMIZER_COUNTS = (1 << 22, 1 << 26)
 _KNOWN_GPUS = (("H200", "h200-141g"), ("H100", "h100-80g"), ("A100", None))
 
 
@@ -111,6 +118,8 @@ class HardwareProfile:
     matmul_flops: dict[str, float] = field(default_factory=dict)
     overlap: dict[str, float] = field(default_factory=dict)
     memory_reserve_bytes: int = GiB
+    zero: list[tuple[int, float, float]] = field(default_factory=list)  # bytes, gather, scatter
+    optimizer: list[tuple[int, float]] = field(default_factory=list)  # parameters, seconds
 
     @property
     def num_nodes(self) -> int:
@@ -137,6 +146,18 @@ class HardwareProfile:
         lat_in = [r.latency_s for r in in_node]
         lat_across = [r.latency_s for r in across]
         defaults = _ClusterDefaults()
+        zero = {}
+        if len(self.zero) >= 2:
+            factor = cb.bus_factor("allgather", self.world_size)
+            for key, column in (("gather", 1), ("scatter", 2)):
+                zero[f"zero_{key}_latency_s"], zero[f"zero_{key}_busbw"] = \
+                    cb.fit_latency_bandwidth([factor * row[0] for row in self.zero],
+                                             [row[column] for row in self.zero])
+        step = {}
+        if len(self.optimizer) >= 2:
+            overhead, per_second = cb.fit_latency_bandwidth([n for n, _ in self.optimizer],
+                                                            [t for _, t in self.optimizer])
+            step = {"step_overhead_s": overhead, "optimizer_time_per_parameter_s": 1 / per_second}
         peak, efficiency = _peak_and_efficiency(self.device_name, self.matmul_flops)
         source = (f"measured by megatron_auto's hardware profiler on "
                   f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC: "
@@ -167,7 +188,7 @@ class HardwareProfile:
             p2p_latency_s=statistics.median([r.latency_s for r in self.p2p]) if self.p2p
             else defaults.p2p_latency_s,
             allreduce_busbw_table=table,
-            p2p_bw_table={r.group_size: r.busbw for r in self.p2p})
+            p2p_bw_table={r.group_size: r.busbw for r in self.p2p}, **zero, **step)
 
 
 class _ClusterDefaults:
@@ -324,6 +345,10 @@ def profile_hardware(config: HardwareProfilerConfig = HardwareProfilerConfig()) 
     profile.overlap = cb.overlap_slowdown(
         device, min(mm_size, 2048) if device.type == "cuda" else max(64, mm_size // 2),
         config.overlap_comm_bytes or max(sizes), config.overlap_comm_iters, config.overlap_repeats)
+    profile.zero = cb.zero_collectives(device, sizes, config.warmup_iters, config.iters)
+    profile.optimizer = cb.optimizer_step_times(
+        device, GPU_OPTIMIZER_COUNTS if device.type == "cuda" else CPU_OPTIMIZER_COUNTS,
+        config.warmup_iters, config.iters)
     return profile
 
 
