@@ -134,11 +134,13 @@ def _broadcast(obj: Any) -> Any:
 
 def cluster_cache_path(cache_dir: Path, world_size: int, local_world: int,
                        device: torch.device) -> Path:
+    from .profiler.hardware_profiler import PROFILER_REVISION  # noqa: PLC0415
+
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     backend = dist.get_backend() if dist.is_initialized() else "none"
     slug = "".join(c if c.isalnum() else "-" for c in name.lower())
     return cache_dir / (f"cluster-{slug}-{world_size // local_world}x{local_world}-{backend}-"
-                        f"torch{torch.__version__.split('+')[0]}.json")
+                        f"torch{torch.__version__.split('+')[0]}-r{PROFILER_REVISION}.json")
 
 
 def resolve_cluster(args: argparse.Namespace, world_size: int, cache_dir: Path) -> ClusterSpec:

@@ -54,6 +54,10 @@ DEFAULT_GPU_SIZES = (1 << 20, 1 << 24, 1 << 27)  # 1 MiB .. 128 MiB: past NCCL's
 # Parameters per optimizer-step timing: enough for a clear slope, a few ms each on a CPU core.
 CPU_OPTIMIZER_COUNTS = (1 << 17, 1 << 20)
 GPU_OPTIMIZER_COUNTS = (1 << 22, 1 << 26)
+# What a profile measures; part of --auto-parallel's cache key, so that a profile cached by an
+# older profiler (e.g. without the ZeRO and optimizer-step timings of revision 2) is measured
+# again instead of silently lacking them.
+PROFILER_REVISION = 2
 _KNOWN_GPUS = (("H200", "h200-141g"), ("H100", "h100-80g"), ("A100", None))
 
 
