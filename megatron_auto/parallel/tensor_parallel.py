@@ -127,7 +127,13 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     """Cross entropy of logits split along the vocabulary, computed in fp32.
 
     Stable softmax: subtract the global row maximum (a MAX all-reduce), then one SUM all-reduce
-    carries both the target logit (found on exactly one rank) and the sum of exponentials.
+    carries both the target logit (found on exactly one rank) and the sum of exponentials
+    (``group=None``: the whole vocabulary is local, no communication).
+
+    Memory (what the cost model's head profile measures): one logits-sized fp32 buffer is kept
+    (the softmax) and backward turns it into the gradient in place, so the loss adds one
+    transient logits copy in forward (the shifted logits while the input logits are alive) and
+    none in backward -- ``F.cross_entropy`` would add two in backward.
     """
 
     @staticmethod
@@ -135,7 +141,8 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
                 tp_rank: int) -> torch.Tensor:
         x = logits.float()  # (..., V/tp); a copy when logits are already fp32 is made below
         row_max = x.max(dim=-1).values
-        dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=group)
+        if group is not None:
+            dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=group)
         x = x - row_max.unsqueeze(-1)
         local_size = x.shape[-1]
         start = tp_rank * local_size
@@ -145,7 +152,8 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         target_logit = target_logit.masked_fill(outside, 0.0)
         exp = x.exp_()
         sums = torch.stack([target_logit, exp.sum(dim=-1)])
-        dist.all_reduce(sums, group=group)
+        if group is not None:
+            dist.all_reduce(sums, group=group)
         target_logit, sum_exp = sums[0], sums[1]
         loss = torch.log(sum_exp) - target_logit
         exp.div_(sum_exp.unsqueeze(-1))  # softmax, kept for backward
@@ -168,9 +176,9 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor,
     """Per-token cross entropy (fp32, shape of ``target``) of vocab-split ``logits`` (..., V/tp).
 
     ``target`` holds global vocabulary ids; ``groups`` is the vocab layout's groups (None or
-    ``tp_size == 1``: the logits are the full vocabulary and plain ``F.cross_entropy`` is used).
+    ``tp_size == 1``: the logits are the full vocabulary). Every degree, 1 included, runs the same
+    in-place function, so the profile measured at tp=1 is the memory the runtime has at any tp.
     """
     if groups is None or groups.tp_size == 1:
-        flat = logits.float().reshape(-1, logits.shape[-1])
-        return F.cross_entropy(flat, target.reshape(-1), reduction="none").view(target.shape)
+        return _VocabParallelCrossEntropy.apply(logits, target, None, 0)
     return _VocabParallelCrossEntropy.apply(logits, target, groups.tp_group, groups.tp_rank)

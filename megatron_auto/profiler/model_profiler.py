@@ -55,6 +55,9 @@ from .activation_meter import SavedTensorMeter, transformer_classifier, vocab_cl
 logger = logging.getLogger(__name__)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# Part of the cache key: bumped whenever what is measured changes, so that older cached
+# profiles are measured again (2: transient with gradients allocated beforehand; in-place loss).
+MEASUREMENT_VERSION = 2
 # Incremented by every real measurement (not by cache hits): lets tests and users see reuse.
 MEASUREMENT_COUNT = 0
 
@@ -223,16 +226,19 @@ def _measure(modules: nn.Module, run: Callable[[int], tuple[Callable[[], torch.T
             del out, meter
             recompute(False)
 
+        # Gradients exist before the metered step, as in training (DDP buckets, FSDP shards),
+        # and count in the base: subtracting the final gradients from the peak instead would
+        # hide the transient whenever the peak comes before a gradient is made (the head's
+        # loss backward runs before its weight gradient).
         for p in params:
-            p.grad = None
+            p.grad = torch.zeros_like(p)
         _sync(device)
         base = (torch.cuda.memory_allocated(device) if device.type == "cuda"
-                else storage_bytes(params))
+                else storage_bytes(params) + storage_bytes([p.grad for p in params]))
         peak_meter = PeakMemoryMeter(device, modules)
         with peak_meter:
             backward_step()
-        grads = storage_bytes([p.grad for p in params if p.grad is not None])
-        series.transient.append(max(0.0, peak_meter.peak_bytes - base - grads - retained))
+        series.transient.append(max(0.0, peak_meter.peak_bytes - base - retained))
         for p in params:
             p.grad = None
     return series
@@ -393,7 +399,8 @@ def profile_cache_key(model_config: ModelConfig, precision: str, device: str | t
     dev = resolve_device(device)
     shape = {k: v for k, v in model_config.to_dict().items() if k not in ("num_layers",)}
     shape["padded_vocab_size"] = model_config.padded_vocab_size
-    return {"device": device_name(dev), "precision": precision, "torch": torch.__version__,
+    return {"measurement": MEASUREMENT_VERSION,
+            "device": device_name(dev), "precision": precision, "torch": torch.__version__,
             "model": shape, "batch_sizes": list(config.sizes(dev)),
             "iters": config.iters, "warmup_iters": config.warmup_iters}
 
