@@ -23,6 +23,7 @@ Where the parallel plan comes from (:func:`resolve_plan`):
 from __future__ import annotations
 
 import argparse
+import os
 import warnings
 from typing import Sequence
 
@@ -154,9 +155,14 @@ def add_logging_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     g.add_argument("--eval-iters", type=int, default=5)
     g.add_argument("--metrics-file", default=None, metavar="PATH",
                    help="append one JSON object per logged iteration (rank 0 writes)")
-    g.add_argument("--save", default=None)
-    g.add_argument("--load", default=None)
-    g.add_argument("--save-interval", type=int, default=None)
+    g.add_argument("--save", default=None, metavar="DIR",
+                   help="save checkpoints (torch.distributed.checkpoint) to DIR/iter_NNNNNNN "
+                        "every --save-interval iterations and at the end")
+    g.add_argument("--load", default=None, metavar="DIR",
+                   help="resume from DIR's latest checkpoint; it may have been saved under "
+                        "another plan or world size (it is resharded)")
+    g.add_argument("--save-interval", type=int, default=None, metavar="N",
+                   help="iterations between checkpoints (needs --save)")
     return parser
 
 
@@ -224,10 +230,14 @@ def check_args(args: argparse.Namespace) -> None:
         _fail("--loss-scale", args.loss_scale, "must be positive")
     if args.normalization.lower() not in ("layernorm", "rmsnorm"):
         _fail("--normalization", args.normalization, "choose LayerNorm or RMSNorm")
-    if args.save or args.load:
-        flag, value = ("--save", args.save) if args.save else ("--load", args.load)
-        _fail(flag, value, "checkpoint saving and loading are not part of this release yet; "
-                           "drop the flag (training runs without checkpoints)")
+    if args.save_interval is not None:
+        if not args.save:
+            _fail("--save-interval", args.save_interval,
+                  "needs --save DIR (where the checkpoints go); add it or drop --save-interval")
+        if args.save_interval < 1:
+            _fail("--save-interval", args.save_interval, "must be a positive integer")
+    if args.load is not None and not os.path.isdir(args.load):
+        _fail("--load", args.load, "no such directory; give the --save directory of an earlier run")
     for flag in ("memory_budget_gb", "cluster"):
         if getattr(args, flag) is not None and not args.auto_parallel:
             warnings.warn(f"--{flag.replace('_', '-')}={getattr(args, flag)} only guides "

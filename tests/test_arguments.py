@@ -134,7 +134,9 @@ PARSE_ERRORS = [
     (["--loss-scale", "128"], "--loss-scale=128.0: only applies to --fp16"),
     (["--clip-grad", "-1"], "--clip-grad=-1.0: must be >= 0"),
     (["--normalization", "BatchNorm"], "--normalization=BatchNorm: choose LayerNorm or RMSNorm"),
-    (["--save", "ckpt"], "--save=ckpt: checkpoint saving and loading are not part"),
+    (["--save-interval", "2"], "--save-interval=2: needs --save DIR"),
+    (["--save", "ckpt", "--save-interval", "0"], "--save-interval=0: must be a positive integer"),
+    (["--load", "/nonexistent/ckpt"], "--load=/nonexistent/ckpt: no such directory"),
     (["--tokenizer-type", "NullTokenizer"], "--tokenizer-type=NullTokenizer: needs --data-path"),
     (["--eval-iters", "-1"], "--eval-iters=-1: must be >= 0"),
 ]

@@ -78,6 +78,14 @@ class LossScaler:
         return {"scale": self.scale, "clean_steps": self._clean_steps,
                 "hysteresis_left": self._hysteresis_left}
 
+    def load_state_dict(self, state: dict) -> None:
+        """Resume from :meth:`state_dict` (a checkpoint); a static or unit scale stays as set."""
+        if not self.dynamic:
+            return
+        self.scale = float(state["scale"])
+        self._clean_steps = int(state["clean_steps"])
+        self._hysteresis_left = int(state["hysteresis_left"])
+
 
 def unscale_(params: Iterable[torch.nn.Parameter], scale: float) -> None:
     """Divide every gradient by ``scale`` in place (no-op for scale 1)."""

@@ -37,6 +37,7 @@ from ..plan import Plan, PlanError
 from ..parallel.context import ParallelContext
 from ..parallel.data_parallel import DataParallel
 from ..parallel.pipeline import forward_backward
+from . import checkpoint
 from .data import DataError, load_global_batch, prepare_data_source, split_microbatches
 from .logging import format_eval_line, format_iteration_line, get_logger, setup_logging
 from .lr_scheduler import LRConfig, lr_at, set_lr
@@ -280,6 +281,9 @@ def run_training(args: argparse.Namespace, model_provider: ModelProvider,
     model_config = arguments.model_config_from_args(args, vocab_size=source.vocab_size)
     if task.model_overrides:
         model_config = dataclasses.replace(model_config, **task.model_overrides)
+    if args.load:  # fail before building anything when the checkpoint cannot serve this model
+        _, info = checkpoint.read_info(args.load)
+        checkpoint.check_model_matches(info["model"], model_config, args.load)
     plan = arguments.resolve_plan(args, model_config, world_size)
     if args.plan_out and rank == 0:
         plan.save(args.plan_out)
@@ -292,17 +296,25 @@ def run_training(args: argparse.Namespace, model_provider: ModelProvider,
                             lr_config=arguments.lr_config_from_args(args),
                             precision=arguments.precision_config_from_args(args),
                             seed=train_config.seed, device=device, task=task)
+    if args.load:
+        checkpoint.load_checkpoint(trainer, args.load)
+    start_iteration = trainer.iteration
     gbs = plan.global_batch_size
     num_evals = train_config.train_iters // train_config.eval_interval
     train_ds, valid_ds, _ = datasets_provider(
         data_config, source, model_config, train_config.seed,
         train_config.train_iters * gbs, num_evals * train_config.eval_iters * gbs, 0)
-    _train_loop(trainer, args, train_config, train_ds, valid_ds, batch_fn)
+    last_saved = _train_loop(trainer, args, train_config, train_ds, valid_ds, batch_fn)
+    # At the end, unless the last interval saved it or nothing was trained (a resumed run that
+    # had already reached --train-iters must not rewrite the checkpoint it loaded).
+    if args.save and trainer.iteration > start_iteration and last_saved != trainer.iteration:
+        checkpoint.save_checkpoint(trainer, args.save)
     return trainer
 
 
 def _train_loop(trainer: Trainer, args: argparse.Namespace, train_config: TrainingConfig,
-                train_ds: Any, valid_ds: Any, batch_fn: BatchFn) -> None:
+                train_ds: Any, valid_ds: Any, batch_fn: BatchFn) -> int | None:
+    """Iterate up to --train-iters; returns the iteration of the last checkpoint it saved."""
     log = get_logger()
     ctx, plan, cfg = trainer.ctx, trainer.plan, trainer.model_config
     writer = MetricsWriter(args.metrics_file, enabled=ctx.rank == 0)
@@ -320,16 +332,20 @@ def _train_loop(trainer: Trainer, args: argparse.Namespace, train_config: Traini
     window: list[tuple[float, float, bool]] = []  # (loss, seconds, metered) since the last log
     window_extras: list[dict[str, float]] = []  # named extra losses (BERT) since then
     valid_consumed = 0
-    for _ in range(train_config.train_iters):
+    last_saved: int | None = None
+    done = 0  # iterations run by this process (a resumed run starts past 0)
+    # --train-iters counts from the start of training, so a resumed run does the rest only.
+    while trainer.iteration < train_config.train_iters:
         batch = (load_global_batch(train_ds, trainer.consumed_samples, plan.global_batch_size,
                                    batch_fn) if trainer.reads_data else None)
         if ctx.device.type == "cuda":
             torch.cuda.synchronize()
-        metered = meter is not None and (ctx.device.type == "cuda" or trainer.iteration < 2)
+        metered = meter is not None and (ctx.device.type == "cuda" or done < 2)
         start = time.perf_counter()
         if metered:
             meter.start()
         result = train_step(trainer, batch)
+        done += 1
         if metered:
             peak_bytes = _max_over_ranks(int(meter.stop()), ctx.device)
             measured_peak = peak_bytes if ctx.device.type == "cuda" else \
@@ -389,6 +405,10 @@ def _train_loop(trainer: Trainer, args: argparse.Namespace, train_config: Traini
             ppl = math.exp(min(loss, 20.0))
             log.info(format_eval_line(it, loss, ppl))
             writer.write({"iteration": it, "split": "valid", "lm_loss": loss, "ppl": ppl})
+        if args.save and args.save_interval and it % args.save_interval == 0:
+            checkpoint.save_checkpoint(trainer, args.save)
+            last_saved = it
+    return last_saved
 
 
 def _max_over_ranks(value: int, device: torch.device) -> int:
@@ -401,7 +421,8 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from ..auto import AutoParallelError  # noqa: PLC0415 - heavy: profiler and planner
     from ..data import IndexedDatasetError  # noqa: PLC0415 - data is imported lazily
 
-    return (ConfigError, PlanError, DataError, IndexedDatasetError, AutoParallelError)
+    return (ConfigError, PlanError, DataError, IndexedDatasetError, AutoParallelError,
+            checkpoint.CheckpointError)
 
 
 def pretrain(model_provider: ModelProvider, datasets_provider: DatasetsProvider,

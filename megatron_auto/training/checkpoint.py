@@ -1,0 +1,378 @@
+"""Checkpoints with torch.distributed.checkpoint (DCP), resharded on load across plans.
+
+Layout (Megatron's)::
+
+    SAVE_DIR/latest_checkpointed_iteration.txt    # "100": the last COMPLETE checkpoint
+    SAVE_DIR/iter_0000100/.metadata, __*_*.distcp # DCP files (every rank writes its pieces)
+    SAVE_DIR/iter_0000100/checkpoint_info.json    # scalars, plan and model config (rank 0)
+
+What DCP holds, keyed by plan-independent names (DESIGN §4):
+
+- ``model.<fqn>``: every parameter as its GLOBAL tensor. Each rank contributes the rectangular
+  chunk it holds: a TP shard (``stage.shard_specs``: chunk ``tp_rank`` along ``dim``), further cut
+  by FSDP2 along dim 0 for ``zero2``/``zero3`` layers, or the whole tensor. Replicas (``ddp``
+  ranks, the tied word-embedding copy of the last stage) offer the same chunk under the same
+  key and DCP's save planner keeps one of them, so every element is written once.
+- ``optimizer.<fqn>.<state>``: AdamW's ``exp_avg``/``exp_avg_sq`` chunked like the parameter,
+  ``step`` as a replicated scalar.
+- ``rng.rank<r>.<stream>``: this rank's default generator and its dropout streams. They are
+  restored only when the loading run has the same plan (same world, same layout): under another
+  plan the streams belong to other ranks, so a resharded run keeps its fresh seed-derived ones.
+
+``checkpoint_info.json`` holds iteration, consumed samples, skipped iterations, the loss-scaler
+state (the LR schedule is a pure function of the iteration), the plan and the model config.
+
+Resharding: on load every rank describes the chunks it now holds the same way and ``dcp.load``
+fills them from whatever chunks were saved (DCP intersects the saved and requested chunks).
+What is written here by hand, and why: the chunk description (offsets in the global tensor) of
+each local tensor, handed to DCP's default planners (:class:`_ChunkSavePlanner`,
+:class:`_ChunkLoadPlanner`). TP shards are plain tensors, not DTensors, and a TP shard further
+cut by FSDP2 would need a 2-D strided DTensor on a sub-grid mesh per layer; a ``ShardedTensor``
+insists that the shards it knows cover the whole tensor, which needs every rank's chunks (and
+replicas would break its no-overlap rule). Offsets need none of that. The ``state_dict`` helpers
+(``get_state_dict``) are not used: they would only map FQNs for us, and their optimizer-state
+initialisation returns early when gradients exist (our ``ddp`` gradients are permanent views
+into the all-reduce buckets) and resets gradients to ``None`` (detaching them from the buckets).
+
+Atomicity: ``latest_checkpointed_iteration.txt`` is replaced (write + ``os.replace``) only after
+``dcp.save`` returned on every rank, i.e. after DCP wrote its ``.metadata`` file last; a crash
+mid-save leaves ``latest`` on the previous complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import (DefaultLoadPlanner, DefaultSavePlanner,
+                                                         create_default_local_load_plan)
+from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, MetadataIndex,
+                                                   TensorProperties)
+from torch.distributed.checkpoint.planner import (LoadPlan, SavePlan, TensorWriteData, WriteItem,
+                                                  WriteItemType)
+from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+from torch.distributed.tensor import DTensor
+
+from ..config import ModelConfig
+from .logging import get_logger
+
+if TYPE_CHECKING:
+    from .pretrain import Trainer
+
+LATEST_FILE = "latest_checkpointed_iteration.txt"
+INFO_FILE = "checkpoint_info.json"
+FORMAT = "megatron_auto.checkpoint"
+VERSION = 1
+
+#: model-config fields that decide parameter names and shapes (or what they mean), with the flag
+#: that sets each one; a checkpoint loads only into a model that agrees on all of them.
+SHAPE_FIELDS = {
+    "num_layers": "--num-layers", "hidden_size": "--hidden-size",
+    "num_attention_heads": "--num-attention-heads", "ffn_hidden_size": "--ffn-hidden-size",
+    "padded_vocab_size": "--vocab-size / --make-vocab-size-divisible-by",
+    "position_embedding_type": "--position-embedding-type",
+    "max_position_embeddings": "--max-position-embeddings", "activation": "--swiglu",
+    "normalization": "--normalization",
+    "untie_embeddings_and_output_weights": "--untie-embeddings-and-output-weights",
+    "model_type": "the entry script (pretrain_gpt.py / pretrain_bert.py)",
+    "bert_binary_head": "--bert-no-binary-head", "num_tokentypes": "the entry script",
+}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint flag or directory that cannot be used (message names what and the fix)."""
+
+
+def iteration_dir(root: str | os.PathLike, iteration: int) -> str:
+    return os.path.join(os.fspath(root), f"iter_{iteration:07d}")
+
+
+def latest_iteration(root: str | os.PathLike) -> int:
+    """The iteration of the last complete checkpoint under ``root``; CheckpointError if none."""
+    root = os.fspath(root)
+    path = os.path.join(root, LATEST_FILE)
+    if not os.path.isdir(root):
+        raise CheckpointError(f"--load={root}: no such directory; give the --save directory of "
+                              f"an earlier run")
+    if not os.path.isfile(path):
+        raise CheckpointError(f"--load={root}: holds no checkpoint ({LATEST_FILE} is missing); "
+                              f"give the --save directory of an earlier run, or drop --load")
+    text = open(path, encoding="utf-8").read().strip()
+    if not text.isdigit():
+        raise CheckpointError(f"--load={root}: {LATEST_FILE} holds {text!r}, not an iteration "
+                              f"number; rewrite it with the number of a complete iter_* directory")
+    return int(text)
+
+
+# ------------------------------------------------------------------------ chunk description
+def _chunk(value: torch.Tensor, spec: Any) -> tuple[torch.Tensor, list[int], list[int]]:
+    """(local data, offsets in the global tensor, global shape) of a parameter-shaped value.
+
+    ``value`` is a parameter or optimizer state: plain (the whole TP-local tensor) or an FSDP2
+    DTensor (a dim-0 chunk of the TP-local tensor). ``spec`` is the parameter's TP
+    :class:`~megatron_auto.models.init.ShardSpec` (None when not TP-sharded).
+    """
+    if isinstance(value, DTensor):
+        chunk, = value.__create_chunk_list__()  # DCP's own description of the DTensor shard
+        local, offsets = value.to_local(), list(chunk.offsets)
+    else:
+        local, offsets = value, [0] * value.dim()
+    shape = list(value.shape)  # the TP-local global shape
+    if spec is not None and spec.tp_size > 1:
+        offsets[spec.dim] += spec.tp_rank * shape[spec.dim]
+        shape[spec.dim] *= spec.tp_size
+    return local.detach(), offsets, shape
+
+
+class _ChunkSavePlanner(DefaultSavePlanner):
+    """DCP's default save planner, told which global chunk each local tensor is.
+
+    ``chunks``: key -> (offsets, global shape) of the plain local tensor ``state_dict[key]``.
+    Those keys are written as shards of the global tensor; identical chunks offered by replicas
+    share a ``MetadataIndex`` and DCP's deduplication keeps one. Other keys (scalars, RNG
+    states) go the default way.
+    """
+
+    def __init__(self, chunks: dict[str, tuple[list[int], list[int]]]) -> None:
+        super().__init__()
+        self.chunks = chunks
+
+    def create_local_plan(self) -> SavePlan:
+        plan = super().create_local_plan()
+        items = [self._shard_item(i.index.fqn) if i.index.fqn in self.chunks else i
+                 for i in plan.items]
+        self.plan = dataclasses.replace(plan, items=items)
+        return self.plan
+
+    def _shard_item(self, key: str) -> WriteItem:
+        local = self.state_dict[key]
+        offsets, shape = self.chunks[key]
+        return WriteItem(index=MetadataIndex(key, torch.Size(offsets)), type=WriteItemType.SHARD,
+                         tensor_data=TensorWriteData(
+                             chunk=ChunkStorageMetadata(offsets=torch.Size(offsets),
+                                                        sizes=local.size()),
+                             properties=TensorProperties.create_from_tensor(local),
+                             size=torch.Size(shape)))
+
+    def lookup_object(self, index: MetadataIndex) -> Any:
+        if index.fqn in self.chunks:
+            return self.state_dict[index.fqn]
+        return super().lookup_object(index)
+
+
+class _ChunkLoadPlanner(DefaultLoadPlanner):
+    """DCP's default load planner, told which global chunk each local tensor is.
+
+    DCP intersects every requested chunk with the saved ones (``create_read_items_for_chunk_list``)
+    and copies the overlaps straight into the local tensors: the resharding itself is DCP's.
+    """
+
+    def __init__(self, chunks: dict[str, tuple[list[int], list[int]]]) -> None:
+        super().__init__()
+        self.chunks = chunks
+
+    def create_local_plan(self) -> LoadPlan:
+        assert self.metadata is not None
+        saved = self.metadata.state_dict_metadata
+        plain = {k: v for k, v in self.state_dict.items() if k not in self.chunks}
+        requests = list(create_default_local_load_plan(plain, self.metadata, True).items)
+        for key, (offsets, shape) in self.chunks.items():
+            md = saved.get(key)
+            if md is None:
+                raise CheckpointError(f"the checkpoint has no {key!r} (saved by another model "
+                                      f"or optimizer?); load a checkpoint of this model")
+            if list(md.size) != list(shape):
+                raise CheckpointError(f"{key}: the checkpoint's global shape is {list(md.size)} "
+                                      f"but this model's is {shape}; load a matching checkpoint")
+            local = self.state_dict[key]
+            requests += create_read_items_for_chunk_list(
+                key, md, [ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=local.size())])
+        return LoadPlan(requests)
+
+    def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:
+        if index.fqn in self.chunks:
+            return self.state_dict[index.fqn]
+        return super().lookup_tensor(index)
+
+
+def _tensor_state(trainer: "Trainer") -> tuple[dict[str, Any], dict[str, tuple[list[int], list[int]]]]:
+    """Model and optimizer entries of this rank (sharing storage with the live tensors), and
+    the global chunk of each parameter-shaped one."""
+    stage, optimizer = trainer.stage, trainer.optimizer
+    specs = getattr(stage, "shard_specs", None) or {}
+    state: dict[str, Any] = {}
+    chunks: dict[str, tuple[list[int], list[int]]] = {}
+    for fqn, param in stage.named_parameters():
+        spec = specs.get(fqn)
+        local, offsets, shape = _chunk(param, spec)
+        if local.numel() == 0:  # an uneven FSDP2 split left this rank nothing
+            continue
+        state[f"model.{fqn}"], chunks[f"model.{fqn}"] = local, (offsets, shape)
+        for name, value in optimizer.state.get(param, {}).items():
+            if not isinstance(value, torch.Tensor):
+                continue
+            key = f"optimizer.{fqn}.{name}"
+            if value.dim() == 0:  # AdamW's step: a replicated scalar
+                state[key] = value.detach()
+            else:
+                local, offsets, shape = _chunk(value, spec)
+                state[key], chunks[key] = local, (offsets, shape)
+    return state, chunks
+
+
+def _rng_state(trainer: "Trainer") -> dict[str, torch.Tensor]:
+    rank = dist.get_rank()
+    out = {f"rng.rank{rank}.cpu": torch.get_rng_state()}
+    if trainer.ctx.device.type == "cuda":
+        out[f"rng.rank{rank}.cuda"] = torch.cuda.get_rng_state(trainer.ctx.device)
+    tracker = getattr(trainer.stage, "rng", None)
+    if tracker is not None:
+        for name, state in tracker.get_states().items():
+            out[f"rng.rank{rank}.stream.{name}"] = state.clone()
+    return out
+
+
+def _set_rng_state(trainer: "Trainer", state: dict[str, torch.Tensor]) -> None:
+    prefix = f"rng.rank{dist.get_rank()}."
+    torch.set_rng_state(state[prefix + "cpu"])
+    if prefix + "cuda" in state:
+        torch.cuda.set_rng_state(state[prefix + "cuda"], trainer.ctx.device)
+    tracker = getattr(trainer.stage, "rng", None)
+    if tracker is not None:
+        streams = {k[len(prefix + "stream."):]: v for k, v in state.items()
+                   if k.startswith(prefix + "stream.")}
+        tracker.set_states(streams)
+
+
+# ----------------------------------------------------------------------------------- save
+def save_checkpoint(trainer: "Trainer", save_dir: str | os.PathLike) -> str:
+    """Collective: write ``save_dir/iter_<iteration>`` and then point ``latest`` at it.
+
+    Call between iterations (gradients are not saved). Returns the iteration directory.
+    """
+    log = get_logger()
+    start = time.perf_counter()
+    save_dir = os.fspath(save_dir)
+    path = iteration_dir(save_dir, trainer.iteration)
+    if dist.get_rank() == 0:
+        os.makedirs(path, exist_ok=True)
+    dist.barrier()
+    state, chunks = _tensor_state(trainer)
+    state.update(_rng_state(trainer))
+    dcp.save(state, checkpoint_id=path, planner=_ChunkSavePlanner(chunks))
+    if dist.get_rank() == 0:
+        info = {"format": FORMAT, "version": VERSION, "iteration": trainer.iteration,
+                "consumed_samples": trainer.consumed_samples,
+                "skipped_iterations": trainer.skipped_iterations,
+                "loss_scaler": trainer.scaler.state_dict(),
+                "world_size": trainer.ctx.world_size,
+                "plan": trainer.plan.to_dict(), "model": trainer.model_config.to_dict()}
+        _write_atomically(os.path.join(path, INFO_FILE), json.dumps(info, indent=1) + "\n")
+        _write_atomically(os.path.join(save_dir, LATEST_FILE), f"{trainer.iteration}\n")
+    dist.barrier()  # nobody moves on (or loads) before ``latest`` names the new checkpoint
+    log.info(f"> saved checkpoint at iteration {trainer.iteration} to {path} "
+             f"in {time.perf_counter() - start:.2f} s")
+    return path
+
+
+def _write_atomically(path: str, text: str) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------------- load
+def read_info(load_dir: str | os.PathLike) -> tuple[str, dict[str, Any]]:
+    """(iteration directory, its checkpoint_info.json) of the latest checkpoint under ``load_dir``."""
+    path = iteration_dir(load_dir, latest_iteration(load_dir))
+    info_path = os.path.join(path, INFO_FILE)
+    if not (os.path.isfile(info_path) and os.path.isfile(os.path.join(path, ".metadata"))):
+        raise CheckpointError(f"--load={os.fspath(load_dir)}: {path} is incomplete (no {INFO_FILE} "
+                              f"or DCP .metadata); point {LATEST_FILE} at a complete iteration")
+    with open(info_path, encoding="utf-8") as f:
+        info = json.load(f)
+    if info.get("format") != FORMAT or info.get("version") != VERSION:
+        raise CheckpointError(f"--load={os.fspath(load_dir)}: {info_path} has format "
+                              f"{info.get('format')!r} version {info.get('version')!r}; this "
+                              f"release reads {FORMAT!r} version {VERSION}")
+    return path, info
+
+
+def check_model_matches(saved: dict[str, Any], config: ModelConfig, where: str) -> None:
+    """Raise CheckpointError naming the first shape field on which ``saved`` and ``config`` differ."""
+    saved_config = ModelConfig.from_dict(saved)
+    for name, flag in SHAPE_FIELDS.items():
+        old, new = getattr(saved_config, name), getattr(config, name)
+        if old != new:
+            raise CheckpointError(
+                f"--load={where}: the checkpoint's model has {name}={old} but this run has "
+                f"{name}={new}; set {flag} to match the checkpoint, or load a checkpoint of "
+                f"this model")
+
+
+@torch.no_grad()
+def _init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Create the optimizer's state tensors (to be overwritten) with one step at lr 0.
+
+    At lr 0 AdamW changes no parameter (decay factor 1, update 0); the current gradients (the
+    ``ddp`` bucket views) are put back afterwards.
+    """
+    if optimizer.state:
+        return
+    saved_grads, saved_lrs = [], []
+    for group in optimizer.param_groups:
+        saved_lrs.append(group["lr"])
+        group["lr"] = 0.0
+        for p in group["params"]:
+            saved_grads.append(p.grad)
+            p.grad = torch.zeros_like(p)
+    optimizer.step()
+    grads = iter(saved_grads)
+    for group, lr in zip(optimizer.param_groups, saved_lrs):
+        group["lr"] = lr
+        for p in group["params"]:
+            p.grad = next(grads)
+
+
+def load_checkpoint(trainer: "Trainer", load_dir: str | os.PathLike) -> int:
+    """Collective: restore the latest checkpoint under ``load_dir`` into ``trainer``.
+
+    Works under any plan for the same model (see the module docstring). Returns the iteration.
+    """
+    log = get_logger()
+    start = time.perf_counter()
+    where = os.fspath(load_dir)
+    path, info = read_info(load_dir)
+    check_model_matches(info["model"], trainer.model_config, where)
+    _init_optimizer_state(trainer.optimizer)
+    state, chunks = _tensor_state(trainer)
+    same_plan = _layout(info["plan"]) == _layout(trainer.plan.to_dict())
+    rng = _rng_state(trainer) if same_plan else {}
+    state.update(rng)
+    with torch.no_grad():
+        dcp.load(state, checkpoint_id=path, planner=_ChunkLoadPlanner(chunks))
+    if same_plan:
+        _set_rng_state(trainer, {k: state[k] for k in rng})
+    trainer.iteration = int(info["iteration"])
+    trainer.consumed_samples = int(info["consumed_samples"])
+    trainer.skipped_iterations = int(info.get("skipped_iterations", 0))
+    trainer.scaler.load_state_dict(info["loss_scaler"])
+    how = "same plan" if same_plan else (f"resharded from a {info['world_size']}-rank plan; "
+                                         f"dropout streams start afresh")
+    log.info(f"> loaded checkpoint {path} (iteration {trainer.iteration}, consumed samples "
+             f"{trainer.consumed_samples}, {how}) in {time.perf_counter() - start:.2f} s")
+    return trainer.iteration
+
+
+def _layout(plan: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a plan dict that decide which rank holds what (not the estimate)."""
+    return {k: plan.get(k) for k in ("world_size", "pipeline", "vocab", "layers")}
