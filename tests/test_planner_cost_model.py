@@ -6,7 +6,7 @@ import pytest
 
 from megatron_auto.plan import Plan
 from megatron_auto.planner import ModelSpec, TrainingSpec, evaluate
-from megatron_auto.planner.cost_memory import layer_memory, model_states
+from megatron_auto.planner.cost_memory import embedding_memory, layer_memory, model_states
 from megatron_auto.planner.cost_model import in_flight
 from megatron_auto.planner.cost_time import overlap, pipeline_time
 from megatron_auto.planner.strategies import batch_slice, relayout_is_local
@@ -26,24 +26,25 @@ def test_evaluate_uniform_two_layer_plan_matches_hand_calculation():
     # Tail = 2*0.38 + 0.198 = 0.958 s  ->  1.108 s, plus the step's two scalar all-reduces
     #   (overflow flag, loss) of 8 B over 2 ranks: 2 x 8/1e4 = 0.0016 s -> 1.1096 s.
     # Memory per rank: layers 2 x 16 B x 1000 = 32000; activations 2 x 100 (1 in flight);
-    #   embedding states 16 x 520 = 8320 plus activations 10 + 40 = 50; transient: the loss's
-    #   80 plus 8 boundary buffers of 50 B x 1 sample = 480 (a layer's: 0 + 400); reserve 1000
-    #   ->  42050 bytes.
+    #   embedding states 16 x 520 = 8320 plus activations 10 + 40 = 50, of which the loss's 40
+    #   are released before the layers' backward (counted for 1 - 1 = 0 other micro-batches:
+    #   8330); transient: the loss's kept 40 plus its own 80 = 120 (a layer's: 0); reserve 1000
+    #   ->  41650 bytes.
     plan = Plan.uniform(2, 2, global_batch_size=4, num_microbatches=2)
     est = evaluate(plan, SPEC2, TrainingSpec(4), FakeCluster(), round_profile(),
-                   memory_budget_bytes=42050)
+                   memory_budget_bytes=41650)
     assert est.iteration_time_s == pytest.approx(1.1096)
     assert est.samples_per_s == pytest.approx(4 / 1.1096)
     stage = est.stages[0]
-    assert stage.peak_memory_bytes == pytest.approx(42050)
+    assert stage.peak_memory_bytes == pytest.approx(41650)
     assert stage.memory_breakdown["parameters"] == pytest.approx(8000)
     assert stage.memory_breakdown["optimizer_states"] == pytest.approx(16000)
     assert stage.memory_breakdown["activations"] == pytest.approx(200)
-    assert stage.memory_breakdown["embedding"] == pytest.approx(8370)
-    assert stage.memory_breakdown["transient"] == pytest.approx(480)
+    assert stage.memory_breakdown["embedding"] == pytest.approx(8330)
+    assert stage.memory_breakdown["transient"] == pytest.approx(120)
     assert est.feasible
     assert not evaluate(plan, SPEC2, TrainingSpec(4), FakeCluster(), round_profile(),
-                        memory_budget_bytes=42049).feasible
+                        memory_budget_bytes=41649).feasible
     d = est.to_dict()
     assert set(d) >= {"iteration_time_s", "samples_per_s", "stages"}
     assert set(d["stages"][0]["memory_breakdown"]) >= {
@@ -122,9 +123,9 @@ def test_recompute_keeps_only_the_input():
     rc = layer_memory(prof, 1, 2, "ddp", True, 3)
     assert plain.activations_per_microbatch == pytest.approx(300)
     assert rc.activations_per_microbatch == pytest.approx(30)
-    # Rebuilt during its backward (300), beside 8 boundary buffers of 50 B x 3 samples (1200).
-    assert rc.transient == pytest.approx(300 + 1200)
-    assert plain.transient == pytest.approx(1200)
+    # Rebuilt during its backward (300) beside its measured scratch (none in this profile).
+    assert rc.transient == pytest.approx(300)
+    assert plain.transient == pytest.approx(0)
 
 
 def test_layout_slices_and_relayout_rule():
@@ -162,13 +163,52 @@ def test_evaluate_rejects_mismatched_plans():
 
 
 def test_recomputing_zero_layer_keeps_its_pending_reduce_scatter():
-    # 1000 params over dp 2 with recompute: the input (10 B x 3 samples = 30) plus the unsharded
-    # gradient and the reduce-scatter input copy held to the end of backward:
-    # 2 x 4 B x 1000 x (1 - 1/2) = 4000  ->  4030 bytes kept per micro-batch.
+    # 1000 params over dp 2 with recompute: the unsharded gradient and the reduce-scatter input
+    # copy are held to the end of the backward pass, once whatever the micro-batches in flight:
+    # 2 x 4 B x 1000 x (1 - 1/2) = 4000 beside the 4 B x 500 gradient shard -> 6000 gradient
+    # bytes; a micro-batch keeps only the input (10 B x 3 samples = 30).
     prof = round_profile().layer_types["gpt"]
-    assert layer_memory(prof, 1, 2, "zero2", True, 3).activations_per_microbatch == \
-        pytest.approx(4030)
-    assert layer_memory(prof, 1, 2, "zero3", True, 3).activations_per_microbatch == \
-        pytest.approx(4030)
-    assert layer_memory(prof, 1, 2, "ddp", True, 3).activations_per_microbatch == \
+    for mode in ("zero2", "zero3"):
+        cost = layer_memory(prof, 1, 2, mode, True, 3)
+        assert cost.gradients == pytest.approx(6000)
+        assert cost.activations_per_microbatch == pytest.approx(30)
+        assert cost.persistent(4) - cost.persistent(1) == pytest.approx(3 * 30)
+    ddp = layer_memory(prof, 1, 2, "ddp", True, 3)
+    assert ddp.gradients == pytest.approx(4000) and ddp.activations_per_microbatch == \
         pytest.approx(30)
+    assert layer_memory(prof, 1, 2, "zero2", False, 3).gradients == pytest.approx(2000)
+
+
+def test_loss_softmax_is_released_before_the_layers_backward():
+    # Last stage, 1 sample, tied ddp head: the loss keeps 40 B and adds 80 B in forward. With 3
+    # micro-batches in flight (GPipe) 2 still hold theirs while the running one's 40 + 80 are
+    # the transient: persistent = states + 3 x (10 + 40) - 40 (embedding on the same stage).
+    emb = embedding_memory(round_profile().embedding, 1, 1, "ddp", 1, True, True, 1)
+    assert emb.transient == pytest.approx(40 + 80)
+    assert emb.persistent(3) == pytest.approx(16 * 520 + 3 * 50 - 40)
+    # The first stage alone releases nothing early.
+    first = embedding_memory(round_profile().embedding, 1, 1, "ddp", 1, True, False, 2)
+    assert first.persistent(3) == pytest.approx(16 * 500 + 3 * 10) and first.transient == 0
+
+
+def test_gpipe_peak_comes_before_lazy_gradients_exist():
+    # ddp on one rank drops its gradients between iterations; GPipe peaks at the first backward
+    # with every micro-batch in flight, before the layers not yet differentiated have them.
+    # Layer: 1000 params, 100 B x 2 samples = 200 B kept per micro-batch, 4000 B of gradients:
+    # counted as max(0, 4000 - 200) = 3800 beside the activations, plus its own 4000 B made
+    # during its backward (transient). 1F1B (or ddp over 2 ranks: buckets stay) keeps 4000.
+    prof = round_profile().layer_types["gpt"]
+    gpipe = layer_memory(prof, 1, 1, "ddp", False, 2, first_backward_peak=True)
+    assert gpipe.gradients_at_peak == pytest.approx(3800)
+    assert gpipe.persistent(4) == pytest.approx(4000 + 3800 + 8000 + 4 * 200)
+    assert gpipe.transient == pytest.approx(4000)
+    assert layer_memory(prof, 1, 1, "ddp", False, 2).gradients_at_peak == pytest.approx(4000)
+    kept = layer_memory(prof, 1, 2, "ddp", False, 2, first_backward_peak=True)
+    assert kept.gradients_at_peak == pytest.approx(4000) and kept.transient == 0
+    # pp 2 GPipe, world 2, m = 2, B = 4: stage 0 = layer 0 + embedding, 2 samples per
+    # micro-batch. Layer 4000 + 3800 + 8000 + 2 x 200 = 16200; embedding (500 params, 20 B kept
+    # per micro-batch, gradients last): 2000 + (2000 - 20) + 4000 + 2 x 20 = 8020; transient:
+    # the larger new gradient, 4000 (layer) vs 2000 (embedding); reserve 1000 -> 29220.
+    plan = Plan.uniform(2, 2, global_batch_size=4, num_microbatches=2, pp=2, schedule="gpipe")
+    est = evaluate(plan, SPEC2, TrainingSpec(4), FakeCluster(), round_profile())
+    assert est.stages[0].peak_memory_bytes == pytest.approx(29220)

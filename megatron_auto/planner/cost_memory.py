@@ -3,8 +3,8 @@
 Model states follow the runtime (DESIGN §4): fp32 master parameters (4 B), fp32 gradients (4 B)
 and Adam moments (8 B) per parameter whatever the compute precision; ``zero2`` shards gradients
 and optimizer states over the ``dp`` replicas, ``zero3`` parameters too. Activations are kept per
-micro-batch in flight; transient bytes exist only while the layer runs its backward, so a stage
-adds only the largest one. Symbols and derivations: docs/cost_model.md §3.
+micro-batch in flight; transient bytes exist only while the component runs (a layer's backward,
+the loss), so a stage adds only the largest one. Symbols and derivations: docs/cost_model.md §3.
 """
 
 from __future__ import annotations
@@ -12,13 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .profiles import EmbeddingProfile, LayerTypeProfile
-
-# (s, h) activation slices of the running micro-batch alive beside a layer's own backward
-# scratch: the incoming gradient and its accumulation into the input gradient, autograd's
-# intermediates between sub-layers, and the pipeline's send/receive buffers of activations and
-# gradients. Measured on CPU against the runtime (benchmarks/validate_cost_model.py: without
-# it 4-stage plans were under-estimated by 10-15%); a small share of any large model.
-BOUNDARY_BUFFERS = 8
 
 MASTER_BYTES = 4
 GRAD_BYTES = 4
@@ -28,20 +21,53 @@ ADAM_BYTES = 8
 @dataclass(frozen=True)
 class MemoryCost:
     """Bytes per rank. ``activations_per_microbatch`` is multiplied by the micro-batches in
-    flight; ``transient`` is the extra peak while this component runs its backward."""
+    flight; ``transient`` is the extra peak while this component runs (forward or backward).
+
+    ``released_early`` (part of ``activations_per_microbatch``) is what the micro-batch being
+    differentiated frees before any other component's backward runs (the loss's softmax): it is
+    counted for ``in_flight - 1`` micro-batches and, inside ``transient``, for the running one.
+
+    ``lazy_gradients`` (part of ``gradients``, set only when the stage peaks at its first
+    backward, see :func:`lazy_gradients`) do not exist yet at that peak: they count as
+    ``max(0, lazy - activations_per_microbatch)``, and once inside ``transient``.
+    """
 
     parameters: float
     gradients: float
     optimizer_states: float
     activations_per_microbatch: float
     transient: float
+    released_early: float = 0.0
+    lazy_gradients: float = 0.0
 
     @property
     def model_states(self) -> float:
         return self.parameters + self.gradients + self.optimizer_states
 
+    @property
+    def gradients_at_peak(self) -> float:
+        lazy = self.lazy_gradients
+        return self.gradients - lazy + max(0.0, lazy - self.activations_per_microbatch)
+
     def persistent(self, in_flight: int) -> float:
-        return self.model_states + in_flight * self.activations_per_microbatch
+        return (self.parameters + self.gradients_at_peak + self.optimizer_states
+                + in_flight * self.activations_per_microbatch
+                - (self.released_early if in_flight > 0 else 0.0))
+
+
+def lazy_gradients(dp_mode: str, dp: int) -> bool:
+    """True when the runtime drops this component's gradients between iterations (``ddp`` on
+    one rank: no bucket to keep; ``zero2``/``zero3`` shards), so each is made by its first
+    backward of the iteration. ``ddp`` over several ranks keeps its bucket buffers allocated.
+
+    That matters where a stage peaks at its first backward, with every micro-batch in flight
+    (GPipe): the gradients of the layers not yet differentiated do not exist then. Bound used:
+    a stage holds at most ``sum_i [(m - 1) a_i + max(a_i, g_i)]`` plus the running layer's
+    transient and its own new gradient -- at the first backward the layers already
+    differentiated have traded one micro-batch of activations ``a_i`` for gradients ``g_i``,
+    and at every later backward one micro-batch fewer is in flight.
+    """
+    return (dp_mode == "ddp" and dp == 1) or (dp_mode in ("zero2", "zero3") and dp > 1)
 
 
 def model_states(num_params: float, dp_mode: str, dp: int) -> tuple[float, float, float, float]:
@@ -68,45 +94,61 @@ def model_states(num_params: float, dp_mode: str, dp: int) -> tuple[float, float
 
 
 def layer_memory(profile: LayerTypeProfile, tp: int, dp: int, dp_mode: str, recompute: bool,
-                 samples: float) -> MemoryCost:
+                 samples: float, first_backward_peak: bool = False) -> MemoryCost:
     """Memory of one layer at TP ``tp`` with ``samples`` samples per rank per micro-batch.
+    ``first_backward_peak``: the stage peaks at its first backward (GPipe), see
+    :func:`lazy_gradients`.
 
     Without recompute a micro-batch keeps ``activation_bytes(tp)`` per sample plus the autocast
     weight copies autograd saved (``weight_copy_bytes_per_parameter`` per local parameter). With
     recompute it keeps only its input; backward then rebuilds everything once, so the rebuilt
-    activations and copies become transient.
+    activations and copies become transient. The measured backward scratch (incoming gradient,
+    input gradient, autograd intermediates) is transient either way.
     """
     local = profile.parameter_count / tp
     params, grads, optim, states_transient = model_states(local, dp_mode, dp)
     copies = profile.weight_copy_bytes_per_parameter * local
     full = profile.activation_bytes(tp) * samples + copies
-    scratch = (profile.scratch_bytes(tp) + BOUNDARY_BUFFERS * profile.hidden_bytes_per_sample) \
-        * samples
+    scratch = profile.scratch_bytes(tp) * samples
     if recompute:
         kept = profile.recompute_bytes_per_sample * samples
         transient = scratch + full + states_transient
         if dp_mode != "ddp" and dp > 1:
-            # FSDP2 defers the reduce-scatter of a checkpointed layer to the end of backward
-            # (measured: all of them pending at once), so its unsharded gradient and the
-            # reduce-scatter's input copy stay until then: kept, not transient.
-            kept += 2 * GRAD_BYTES * local * (1 - 1 / dp)
+            # FSDP2 defers the reduce-scatter of a checkpointed layer to the end of the backward
+            # pass (measured: all of them pending at once), so its unsharded gradient and the
+            # reduce-scatter's input copy stay until then. Once per backward pass, not per
+            # micro-batch in flight: counted with the gradients.
+            grads += 2 * GRAD_BYTES * local * (1 - 1 / dp)
     else:
         kept = full
         transient = scratch + states_transient
+    if first_backward_peak and lazy_gradients(dp_mode, dp):
+        return MemoryCost(params, grads, optim, kept, transient + grads, lazy_gradients=grads)
     return MemoryCost(params, grads, optim, kept, transient)
 
 
 def embedding_memory(profile: EmbeddingProfile, vocab_tp: int, dp: int, dp_mode: str,
-                     samples: float, first: bool, last: bool, pp: int) -> MemoryCost:
+                     samples: float, first: bool, last: bool, pp: int,
+                     first_backward_peak: bool = False) -> MemoryCost:
     """Memory of the embedding (``first``) and/or LM head (``last``) on one rank.
+
+    ``first_backward_peak`` (GPipe): the embedding alone on the first stage gets its gradients
+    last, so they count as lazy (:func:`lazy_gradients`); the head's come first and always count.
 
     With tied weights and ``pp > 1`` the last stage keeps its own copy of the word embedding (the
     runtime all-reduces their gradients), so it is counted on both stages. Position embeddings
     are counted with the vocabulary-split rows (a small approximation: they are replicated).
+
+    The loss's kept softmax is released early (see :class:`MemoryCost`): the in-place loss
+    backward turns it into the logits gradient, which is gone before the layers' backward. Beside
+    it, the loss's own transient (the shifted logits next to the logits, in forward; ``zero3``
+    has the full parameters gathered then) and the states' transient (unsharded gradient and
+    gathered parameters, in backward) come at different times: the larger counts.
     """
     num_params = 0.0
     kept = 0.0
-    transient = 0.0
+    loss_kept = 0.0
+    loss_transient = 0.0
     if first:
         num_params += profile.embedding_parameters / vocab_tp
         kept += profile.embedding_activation_bytes * samples
@@ -114,9 +156,13 @@ def embedding_memory(profile: EmbeddingProfile, vocab_tp: int, dp: int, dp_mode:
         num_params += profile.head_parameters
         if profile.tied and (pp > 1 or not first):
             num_params += profile.embedding_parameters / vocab_tp
-        kept += (profile.head_activation_replicated_bytes
-                 + profile.head_activation_split_bytes / vocab_tp) * samples
-        transient += (profile.head_transient_split_bytes / vocab_tp
-                      + BOUNDARY_BUFFERS * profile.hidden_bytes_per_sample) * samples
+        loss_kept = profile.head_activation_split_bytes / vocab_tp * samples
+        kept += profile.head_activation_replicated_bytes * samples + loss_kept
+        loss_transient = profile.head_transient_split_bytes / vocab_tp * samples
     params, grads, optim, states_transient = model_states(num_params, dp_mode, dp)
-    return MemoryCost(params, grads, optim, kept, transient + states_transient)
+    gathered = MASTER_BYTES * num_params * (1 - 1 / dp) if dp_mode == "zero3" and dp > 1 else 0.0
+    forward = loss_transient + gathered if last else 0.0
+    transient = loss_kept + max(forward, states_transient)
+    if first_backward_peak and first and not last and lazy_gradients(dp_mode, dp):
+        return MemoryCost(params, grads, optim, kept, transient + grads, lazy_gradients=grads)
+    return MemoryCost(params, grads, optim, kept, transient, released_early=loss_kept)

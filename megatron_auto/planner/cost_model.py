@@ -139,10 +139,11 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
             layout = layout_of(s, n)
             dp = n // s.tp
             samples = b_m / dp
-            mem: MemoryCost = layer_memory(lp, s.tp, dp, s.dp_mode, s.recompute, samples)
+            mem: MemoryCost = layer_memory(lp, s.tp, dp, s.dp_mode, s.recompute, samples,
+                                           first_backward_peak=schedule == "gpipe")
             t: TimeCost = layer_time(lp, cluster, layout, s.dp_mode, s.recompute, samples, n)
             states["parameters"] += mem.parameters
-            states["gradients"] += mem.gradients
+            states["gradients"] += mem.gradients_at_peak
             states["optimizer_states"] += mem.optimizer_states
             act += k_in * mem.activations_per_microbatch
             transient = max(transient, mem.transient)
@@ -174,7 +175,7 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
             vdp = n // plan.vocab.tp
             v_samples = b_m / vdp
             emb_mem = embedding_memory(emb, plan.vocab.tp, vdp, plan.vocab.dp_mode, v_samples,
-                                       first, last, pp)
+                                       first, last, pp, first_backward_peak=schedule == "gpipe")
             et = embedding_time(emb, cluster, plan.vocab.tp, plan.vocab.dp_mode, v_samples, n,
                                 first, last, pp)
             fwd += et.forward

@@ -135,8 +135,10 @@ class EmbeddingProfile:
     """Embedding (first stage) and LM head with loss (last stage), at vocab-TP degree 1.
 
     Split parts scale with 1/vocab_tp (vocab-parallel rows and logits). The last stage's
-    ``head_transient_split_bytes`` (per sample) covers the fp32 logits and their gradient that
-    exist only while the loss and its backward run.
+    ``head_activation_split_bytes`` is the fp32 softmax the loss keeps (its backward turns it
+    into the logits gradient in place); ``head_transient_split_bytes`` (per sample) is what the
+    loss adds beside it while it runs: the logits (and, in mixed precision, their fp32 upcast)
+    next to the shifted copy that becomes the softmax.
     """
 
     embedding_parameters: int
@@ -327,13 +329,14 @@ def analytic_profile(spec: ModelSpec, training: TrainingSpec, cluster: Any) -> M
         tied=spec.tied_embeddings, vocab_size=v, hidden_bytes_per_sample=beta * s * h,
         embedding_forward_time_per_sample_s=0.0,
         head_forward_time_per_sample_s=head_flops / rate,
-        # Embedding output and its dropout mask; head: final-norm input, the logits in the
-        # compute dtype and the fp32 softmax the vocab-parallel loss keeps for backward.
+        # Embedding output and its dropout mask; head: final-norm input and the fp32 softmax
+        # the vocab-parallel loss keeps for backward (the logits are not kept).
         embedding_activation_bytes=(beta + 1) * s * h,
         head_activation_replicated_bytes=beta * s * h,
-        head_activation_split_bytes=(beta + 4) * s * v,
-        # fp32 logits upcast and their gradient while the loss and its backward run.
-        head_transient_split_bytes=8 * s * v,
+        head_activation_split_bytes=4 * s * v,
+        # In the loss's forward, beside the shifted fp32 copy: the logits in the compute dtype
+        # and, when that is not fp32, their fp32 upcast. Its backward works in place.
+        head_transient_split_bytes=(beta + (4 if beta != 4 else 0)) * s * v,
         forward_time_constant_s=ANALYTIC_LAYER_CALL_OVERHEAD_S)
     return ModelProfile(layer_types=layers, embedding=emb, precision=training.precision,
                         source="analytic",

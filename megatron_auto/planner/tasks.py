@@ -97,7 +97,9 @@ class Task:
             strategies = layer_strategies(lt, n, self.b_m, rules, cluster.devices_per_node)
             self.strategies.append(strategies)
             self.mem.append([layer_memory(lp, s.tp, n // s.tp, s.dp_mode, s.recompute,
-                                          self.b_m / (n // s.tp)) for s in strategies])
+                                          self.b_m / (n // s.tp),
+                                          first_backward_peak=schedule == "gpipe")
+                             for s in strategies])
             self.time.append([layer_time(lp, cluster, layout_of(s, n), s.dp_mode, s.recompute,
                                          self.b_m / (n // s.tp), n) for s in strategies])
         self.ok = all(self.strategies)
@@ -237,7 +239,8 @@ class Task:
             samples = self.b_m / dp
             self._vocab[key] = (
                 embedding_memory(self.profile.embedding, option.tp, dp, option.dp_mode, samples,
-                                 first, last, self.pp),
+                                 first, last, self.pp,
+                                 first_backward_peak=self.schedule == "gpipe"),
                 embedding_time(self.profile.embedding, self.cluster, option.tp, option.dp_mode,
                                samples, self.n, first, last, self.pp))
         return self._vocab[key]
