@@ -25,7 +25,9 @@ def run(budget, **kw):
     return search(SPEC, TrainingSpec(8), CLUSTER, round_profile(), budget, SearchOptions(**opts))
 
 
-@pytest.mark.parametrize("budget", [30000, 36000, 45000, 60000, 90000])
+# The least memory of this space is 35048 B (the optimizer step's temporaries, 4 B per local
+# parameter beside the model states, bind for these tiny activations).
+@pytest.mark.parametrize("budget", [36000, 40000, 45000, 60000, 90000])
 def test_plan_never_exceeds_the_budget(budget):
     result = run(budget)
     est = evaluate(result.plan, SPEC, TrainingSpec(8), CLUSTER, round_profile(), budget)
@@ -49,7 +51,7 @@ def test_more_memory_never_gives_a_slower_plan(pp):
     assert math.isfinite(previous)
 
 
-@pytest.mark.parametrize("budget", [30000, 40000, 60000])
+@pytest.mark.parametrize("budget", [36000, 40000, 60000])
 def test_partition_never_loses_to_even_or_memory_balanced(budget):
     result = run(budget)
     scores = result.plan.search["partition"]["samples_per_s"]

@@ -16,6 +16,10 @@ from .profiles import EmbeddingProfile, LayerTypeProfile
 MASTER_BYTES = 4
 GRAD_BYTES = 4
 ADAM_BYTES = 8
+# torch's foreach AdamW allocates sqrt(v) for every local parameter at once during the step
+# (fp32, 4 B each), when activations are gone: a separate, step-time peak (measured on CPU:
+# it binds with small micro-batches, e.g. 1 sample of s=32, h=64 per rank).
+STEP_TEMP_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,7 @@ class MemoryCost:
     transient: float
     released_early: float = 0.0
     lazy_gradients: float = 0.0
+    step_temporary: float = 0.0
 
     @property
     def model_states(self) -> float:
@@ -53,6 +58,17 @@ class MemoryCost:
         return (self.parameters + self.gradients_at_peak + self.optimizer_states
                 + in_flight * self.activations_per_microbatch
                 - (self.released_early if in_flight > 0 else 0.0))
+
+    @property
+    def step_peak(self) -> float:
+        """Bytes during the optimizer step: model states plus the step's temporaries."""
+        return self.model_states + self.step_temporary
+
+    def persistent_bound(self, in_flight: int) -> float:
+        """``persistent`` raised to cover the optimizer step too: summed over a stage's
+        components it bounds ``max(backward peak, step peak)`` from above (the sum of maxima is
+        at least the maximum of sums), which the per-stage search needs, being additive."""
+        return self.persistent(in_flight) + max(0.0, self.step_peak - self.persistent(in_flight))
 
 
 def lazy_gradients(dp_mode: str, dp: int) -> bool:
@@ -122,9 +138,11 @@ def layer_memory(profile: LayerTypeProfile, tp: int, dp: int, dp_mode: str, reco
     else:
         kept = full
         transient = scratch + states_transient
+    step = STEP_TEMP_BYTES * optim / ADAM_BYTES  # one fp32 value per local master parameter
     if first_backward_peak and lazy_gradients(dp_mode, dp):
-        return MemoryCost(params, grads, optim, kept, transient + grads, lazy_gradients=grads)
-    return MemoryCost(params, grads, optim, kept, transient)
+        return MemoryCost(params, grads, optim, kept, transient + min(kept, grads),
+                          lazy_gradients=grads, step_temporary=step)
+    return MemoryCost(params, grads, optim, kept, transient, step_temporary=step)
 
 
 def embedding_memory(profile: EmbeddingProfile, vocab_tp: int, dp: int, dp_mode: str,
@@ -163,6 +181,9 @@ def embedding_memory(profile: EmbeddingProfile, vocab_tp: int, dp: int, dp_mode:
     gathered = MASTER_BYTES * num_params * (1 - 1 / dp) if dp_mode == "zero3" and dp > 1 else 0.0
     forward = loss_transient + gathered if last else 0.0
     transient = loss_kept + max(forward, states_transient)
+    step = STEP_TEMP_BYTES * optim / ADAM_BYTES
     if first_backward_peak and first and not last and lazy_gradients(dp_mode, dp):
-        return MemoryCost(params, grads, optim, kept, transient + grads, lazy_gradients=grads)
-    return MemoryCost(params, grads, optim, kept, transient, released_early=loss_kept)
+        return MemoryCost(params, grads, optim, kept, transient + min(kept, grads),
+                          lazy_gradients=grads, step_temporary=step)
+    return MemoryCost(params, grads, optim, kept, transient, released_early=loss_kept,
+                      step_temporary=step)

@@ -131,6 +131,7 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
         first, last = k == 0, k == pp - 1
         states = {"parameters": 0.0, "gradients": 0.0, "optimizer_states": 0.0}
         act, transient = 0.0, 0.0
+        step_peak = 0.0  # model states + the optimizer step's temporaries (activations gone)
         fwd = bwd = tail = compute = tp_comm = dp_comm = relayout = p2p = optim = 0.0
         layout_prev = None
         for i in plan.stage_layer_range(k):
@@ -147,6 +148,7 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
             states["optimizer_states"] += mem.optimizer_states
             act += k_in * mem.activations_per_microbatch
             transient = max(transient, mem.transient)
+            step_peak += mem.step_peak
             fwd += t.forward
             bwd += t.backward
             tail += t.exposed_sync
@@ -187,9 +189,14 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
             dp_comm += et.dp_comm
             transient = max(transient, emb_mem.transient)
         embedding_bytes = emb_mem.persistent(k_in)
+        step_peak += emb_mem.step_peak
         breakdown = {**states, "activations": act, "transient": transient,
                      "embedding": embedding_bytes,
                      "context_reserve": float(cluster.memory_reserve_bytes)}
+        backward_peak = sum(breakdown.values())
+        # peak = max(backward peak, optimizer-step peak): the step's excess is shown on its own.
+        breakdown["optimizer_step_excess"] = max(
+            0.0, step_peak + float(cluster.memory_reserve_bytes) - backward_peak)
         peak = sum(breakdown.values())
         c_k = fwd + bwd + relayout + p2p
         micro.append(c_k)

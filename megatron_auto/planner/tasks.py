@@ -152,8 +152,8 @@ class Task:
         out: set[int] = set()
         k_max = self.in_flight(0)
         for t, group in enumerate(self.mem):
-            lo = np.array([cells_up(x.persistent(1), self.step) for x in group])
-            hi = np.array([cells_up(x.persistent(k_max), self.step) for x in group])
+            lo = np.array([cells_up(x.persistent_bound(1), self.step) for x in group])
+            hi = np.array([cells_up(x.persistent_bound(k_max), self.step) for x in group])
             trans, cost, cls = self.trans_cells[t], self.cost[t], self.cls[t]
             for i in range(len(group)):
                 dominated = any(
@@ -206,7 +206,7 @@ class Task:
         for t, group in enumerate(self.mem):
             if not group:
                 return INF
-            x = np.array([cells_up(g.persistent(1), self.step) for g in group], dtype=float)
+            x = np.array([cells_up(g.persistent_bound(1), self.step) for g in group], dtype=float)
             y = np.array([tc.microbatch + ((tc.exposed_sync + tc.optimizer) / self.m
                                            if self.pp == 1 else 0.0) for tc in self.time[t]])
             count = sum(1 for o in self.spec.layer_order if o == t)
@@ -256,7 +256,7 @@ class Task:
         key = (t, k_in, level)
         if key in self._opts:
             return self._opts[key]
-        persist = np.array([cells_up(x.persistent(k_in), self.step) for x in self.mem[t]],
+        persist = np.array([cells_up(x.persistent_bound(k_in), self.step) for x in self.mem[t]],
                            dtype=np.int64)
         allowed = np.nonzero(self.trans_cells[t] <= level)[0]
         cost, cls = self.cost[t], self.cls[t]
@@ -356,7 +356,7 @@ class Task:
         voc = self.vocab(k, option)
         if not voc:
             return 0, 0
-        return (cells_up(voc[0].persistent(self.in_flight(k)), self.step),
+        return (cells_up(voc[0].persistent_bound(self.in_flight(k)), self.step),
                 cells_up(voc[0].transient, self.step))
 
     def detail(self, k: int, start: int, length: int,
@@ -437,7 +437,7 @@ class Task:
     def _least_cells(self, t: int, k_in: int, level: int) -> float:
         key = (t, k_in, level)
         if key not in self._least:
-            persist = [cells_up(x.persistent(k_in), self.step)
+            persist = [cells_up(x.persistent_bound(k_in), self.step)
                        for x, tc in zip(self.mem[t], self.trans_cells[t]) if tc <= level]
             self._least[key] = min(persist) if persist else INF
         return self._least[key]
