@@ -8,7 +8,7 @@ from megatron_auto.plan import Plan
 from megatron_auto.planner import ModelSpec, TrainingSpec, evaluate
 from megatron_auto.planner.cost_memory import embedding_memory, layer_memory, model_states
 from megatron_auto.planner.cost_model import in_flight
-from megatron_auto.planner.cost_time import overlap, pipeline_time
+from megatron_auto.planner.cost_time import embedding_time, overlap, pipeline_time
 from megatron_auto.planner.strategies import batch_slice, relayout_is_local
 
 from planner_fakes import FakeCluster, round_profile
@@ -220,3 +220,18 @@ def test_gpipe_peak_comes_before_lazy_gradients_exist():
     assert stage.peak_memory_bytes - stage.memory_breakdown["optimizer_step_excess"] == \
         pytest.approx(25420)
     assert stage.peak_memory_bytes == pytest.approx(31000)
+
+
+def test_vocab_parallel_loss_all_reduces_are_charged_in_forward():
+    # Head on the last stage, vocab TP 2, 2 samples of 4 tokens per rank: the loss all-reduces
+    # 4 B (row max) and 8 B (target logit, sum of exponentials) per token over 2 ranks:
+    # (32 + 64) B / 1e4 B/s = 0.0096 s, next to the head's forward 0.005 x 2 / 2 = 0.005 s.
+    emb = round_profile().embedding
+    t = embedding_time(emb, FakeCluster(), 2, "ddp", 2, 2, first=False, last=True, pp=2,
+                       seq_length=4)
+    assert t.forward == pytest.approx(0.005 + 0.0096)
+    # Backward adds the head's input-gradient all-reduce: 50 B x 2 samples / 1e4 = 0.01 s.
+    assert t.tp_comm == pytest.approx(0.0096 + 0.01)
+    one = embedding_time(emb, FakeCluster(), 1, "ddp", 2, 2, first=False, last=True, pp=2,
+                         seq_length=4)
+    assert one.forward == pytest.approx(0.01) and one.tp_comm == 0.0  # no TP, no all-reduce

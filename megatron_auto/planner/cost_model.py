@@ -179,7 +179,7 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
             emb_mem = embedding_memory(emb, plan.vocab.tp, vdp, plan.vocab.dp_mode, v_samples,
                                        first, last, pp, first_backward_peak=schedule == "gpipe")
             et = embedding_time(emb, cluster, plan.vocab.tp, plan.vocab.dp_mode, v_samples, n,
-                                first, last, pp)
+                                first, last, pp, spec.seq_length)
             fwd += et.forward
             bwd += et.backward
             tail += et.exposed_sync

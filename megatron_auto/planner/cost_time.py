@@ -107,11 +107,13 @@ def _zero2_regather(cluster: Any, num_params: float, dp: int, dp_mode: str, cons
 
 
 def embedding_time(profile: EmbeddingProfile, cluster: Any, vocab_tp: int, dp_mode: str,
-                   samples: float, stage_size: int, first: bool, last: bool, pp: int) -> TimeCost:
+                   samples: float, stage_size: int, first: bool, last: bool, pp: int,
+                   seq_length: int = 1) -> TimeCost:
     """Embedding (first stage) and/or head + loss (last stage) for one micro-batch.
 
     Vocab-parallel embedding all-reduces its ``(b, s, h)`` output in forward; the parallel head
-    all-reduces the gradient of its input in backward. With tied weights and ``pp > 1`` both
+    all-reduces the gradient of its input in backward, and its cross entropy two per-token fp32
+    vectors (row maxima; target logit and sum of exponentials) in forward. With tied weights and ``pp > 1`` both
     stages all-reduce the word-embedding gradient between them once per iteration (added to
     ``sync``, fully exposed: it waits for both ends of the pipeline).
     """
@@ -124,6 +126,13 @@ def embedding_time(profile: EmbeddingProfile, cluster: Any, vocab_tp: int, dp_mo
         tp_ar = cluster.allreduce_time(profile.hidden_bytes_per_sample * samples, vocab_tp,
                                        True, span=stage_size)
     tp_comm = 0.0
+    loss_comm = 0.0
+    if last and vocab_tp > 1:
+        # Vocab-parallel cross entropy: a MAX all-reduce of the row maxima and a SUM all-reduce of
+        # (target logit, sum of exponentials), fp32 per token; latency-bound.
+        tokens = samples * max(1, seq_length)
+        loss_comm = (cluster.allreduce_time(4 * tokens, vocab_tp, True, span=stage_size)
+                     + cluster.allreduce_time(8 * tokens, vocab_tp, True, span=stage_size))
     if first:
         fwd += profile.embedding_forward_time_per_sample_s * samples / vocab_tp
         fwd += profile.forward_time_constant_s
@@ -135,14 +144,14 @@ def embedding_time(profile: EmbeddingProfile, cluster: Any, vocab_tp: int, dp_mo
         num_params += profile.head_parameters
         if profile.tied and (pp > 1 or not first):
             num_params += profile.embedding_parameters / vocab_tp
-        tp_comm += tp_ar
+        tp_comm += tp_ar + loss_comm
     bwd = profile.backward_forward_ratio * fwd
     gather, scatter, allreduce = _dp_times(cluster, num_params, dp, dp_mode, True, stage_size)
     tied = 0.0
     if profile.tied and pp > 1:
         tied = cluster.allreduce_time(GRAD_BYTES * profile.embedding_parameters / vocab_tp, 2,
                                       False)
-    forward = overlap(gather, fwd, g) + (tp_ar if first else 0.0)
+    forward = overlap(gather, fwd, g) + (tp_ar if first else 0.0) + loss_comm
     backward = overlap(gather + scatter, bwd, g) + (tp_ar if last else 0.0)
     exposed = (overlap(allreduce, bwd, g) - bwd if allreduce > 0 else 0.0) + tied
     regather = _zero2_regather(cluster, num_params, dp, dp_mode, True, stage_size)

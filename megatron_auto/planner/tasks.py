@@ -242,7 +242,7 @@ class Task:
                                  first, last, self.pp,
                                  first_backward_peak=self.schedule == "gpipe"),
                 embedding_time(self.profile.embedding, self.cluster, option.tp, option.dp_mode,
-                               samples, self.n, first, last, self.pp))
+                               samples, self.n, first, last, self.pp, self.spec.seq_length))
         return self._vocab[key]
 
     def _window(self, start: int) -> tuple[int, ...]:

@@ -92,22 +92,49 @@ def world_barrier(device: torch.device) -> None:
     sync(device)
 
 
-def time_loop(step: Callable[[], Any], warmup: int, iters: int, device: torch.device) -> float:
+def time_loop(step: Callable[[], Any], warmup: int, iters: int, device: torch.device,
+              before: Callable[[], Any] | None = None) -> float:
     """Seconds per call of ``step`` on this rank: the median of ``iters`` timed calls.
 
     The median (not the mean) because a shared machine's scheduler hiccups land on single calls;
-    each call is synchronised so that it is timed alone.
+    each call is synchronised so that it is timed alone. ``before`` (untimed) runs ahead of
+    every call: see :func:`compute_gap`.
     """
     for _ in range(warmup):
+        if before is not None:
+            before()
         step()
     sync(device)
     samples = []
     for _ in range(iters):
+        if before is not None:
+            before()
+            sync(device)
         start = time.perf_counter()
         step()
         sync(device)
         samples.append(time.perf_counter() - start)
     return float(np.median(samples))
+
+
+def compute_gap(device: torch.device) -> Callable[[], None]:
+    """About a millisecond of matmuls to run (untimed) before each timed communication call.
+
+    Training issues its collectives and p2p hops between pieces of compute, never back to back.
+    Timed in a tight loop the ranks stay in lockstep and the transport's threads stay awake, so
+    a call looks cheaper than it is in a step: on 2 CPU ranks a 256 KiB gloo all-reduce took
+    1.7 ms back to back, 2.5 ms after a millisecond of matmuls, and 2.8 ms inside a TP=2
+    training step. Timing each call after such a gap measures what a step pays (the ranks'
+    drift included). On a GPU the gap costs microseconds and changes little.
+    """
+    size = 2048 if device.type == "cuda" else 256
+    a = torch.randn(size, size, device=device)
+    b = torch.randn(size, size, device=device)
+
+    def gap() -> None:
+        for _ in range(2):
+            torch.mm(a, b)
+    return gap
 
 
 def collective_step(op: str, nbytes: int, group: Any, group_size: int, device: torch.device,
@@ -249,10 +276,11 @@ def zero_collectives(device: torch.device, sizes: Sequence[int], warmup: int, it
 
     The runtime's ZeRO is FSDP2 (``parallel/data_parallel.py``), whose collectives carry more
     than the raw all-gather: copy-in/copy-out of the flat buffer, DTensor bookkeeping, the
-    pre/post hooks. So this times ``num_modules`` bias-free ``Linear`` units under
+    pre/post hooks. So this times ``num_modules`` layer-like units (:func:`_layer_like`) under
     ``fully_shard`` (resharding after forward, as ``zero3``) on a single input row, minus the
     same units unsharded: forward = one gather per unit, backward = a gather and a
-    reduce-scatter per unit. Empty on a world of one.
+    reduce-scatter per unit. Both variants run a :func:`compute_gap` between the units in
+    forward and in backward, as a model's layers do. Empty on a world of one.
     """
     if not dist.is_initialized() or dist.get_world_size() < 2:
         return []
@@ -261,14 +289,14 @@ def zero_collectives(device: torch.device, sizes: Sequence[int], warmup: int, it
 
     world = dist.get_world_size()
     mesh = init_device_mesh(device.type, (world,))
+    gap = compute_gap(device)
     out = []
     for nbytes in sizes:
-        width = max(world, int((nbytes // 4) ** 0.5) // world * world)
+        width = max(world, int((nbytes // 16) ** 0.5) // world * world)  # 4 w^2 fp32 weights
         per_mode = {}
         for sharded in (False, True):
             torch.manual_seed(0)
-            units = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False, device=device)
-                                          for _ in range(num_modules)])
+            units = torch.nn.ModuleList([_layer_like(width, device) for _ in range(num_modules)])
             if sharded:
                 for unit in units:
                     fully_shard(unit, mesh=mesh, reshard_after_forward=True)
@@ -278,7 +306,9 @@ def zero_collectives(device: torch.device, sizes: Sequence[int], warmup: int, it
             for i in range(warmup + iters):
                 world_barrier(device)
                 start = time.perf_counter()
-                y = units(x)
+                y = x
+                for unit in units:  # compute between the units, as between a model's layers
+                    y = unit(_ComputeGap.apply(y, gap))
                 sync(device)
                 middle = time.perf_counter()
                 y.sum().backward()
@@ -291,9 +321,34 @@ def zero_collectives(device: torch.device, sizes: Sequence[int], warmup: int, it
         (f0, b0), (f1, b1) = per_mode[False], per_mode[True]
         gather = max(1e-7, (f1 - f0) / num_modules)
         scatter = max(1e-7, (b1 - b0) / num_modules - gather)
-        out.append((4 * width * width, gather, scatter))
+        out.append((4 * (4 * width * width + 8 * width), gather, scatter))
     times = world_max([t for _, g, s in out for t in (g, s)], device)
     return [(b, times[2 * i], times[2 * i + 1]) for i, (b, _, _) in enumerate(out)]
+
+
+def _layer_like(width: int, device: torch.device) -> torch.nn.Module:
+    """A unit with a transformer layer's twelve parameter tensors (four weight matrices, their
+    biases, two norms): FSDP2's per-tensor work (views, copies, DTensor wrapping) is part of
+    what the runtime pays, so the unit has as many tensors as a layer, not one."""
+    return torch.nn.Sequential(
+        torch.nn.LayerNorm(width, device=device), torch.nn.Linear(width, width, device=device),
+        torch.nn.Linear(width, width, device=device), torch.nn.LayerNorm(width, device=device),
+        torch.nn.Linear(width, width, device=device), torch.nn.Linear(width, width, device=device))
+
+
+class _ComputeGap(torch.autograd.Function):
+    """Identity that runs ``gap()`` in forward and again in backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, gap: Callable[[], None]) -> torch.Tensor:
+        ctx.gap = gap
+        gap()
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        ctx.gap()
+        return grad, None
 
 
 def optimizer_step_times(device: torch.device, counts: Sequence[int], warmup: int,

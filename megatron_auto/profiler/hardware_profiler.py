@@ -55,9 +55,9 @@ DEFAULT_GPU_SIZES = (1 << 20, 1 << 24, 1 << 27)  # 1 MiB .. 128 MiB: past NCCL's
 CPU_OPTIMIZER_COUNTS = (1 << 17, 1 << 20)
 GPU_OPTIMIZER_COUNTS = (1 << 22, 1 << 26)
 # What a profile measures; part of --auto-parallel's cache key, so that a profile cached by an
-# older profiler (e.g. without the ZeRO and optimizer-step timings of revision 2) is measured
-# again instead of silently lacking them.
-PROFILER_REVISION = 2
+# older profiler is measured again instead of silently lacking its changes (revision 2: ZeRO and
+# optimizer-step timings; 3: communication timed after compute, as a step issues it).
+PROFILER_REVISION = 3
 _KNOWN_GPUS = (("H200", "h200-141g"), ("H100", "h100-80g"), ("A100", None))
 
 
@@ -67,7 +67,7 @@ class HardwareProfilerConfig:
 
     message_sizes: tuple[int, ...] = ()  # bytes; () = DEFAULT_CPU_SIZES / DEFAULT_GPU_SIZES
     warmup_iters: int = 1
-    iters: int = 5
+    iters: int = 10  # medians of 5 moved the fitted CPU latency by 2x between runs
     ops: tuple[str, ...] = cb.OPS
     devices_per_node: int | None = None  # None = LOCAL_WORLD_SIZE (torchrun), else the world
     matmul_size: int = 0  # 0 = 512 on CPU, 8192 on GPU
@@ -295,6 +295,7 @@ def profile_hardware(config: HardwareProfilerConfig = HardwareProfilerConfig()) 
                               device_memory_bytes=memory, backend=backend,
                               memory_reserve_bytes=reserve)
 
+    gap = cb.compute_gap(device)  # calls are timed after compute, as a training step issues them
     for g, consecutive in group_shapes(world):
         groups = partition_groups(world, g, consecutive)
         handles = [dist.new_group(ranks) for ranks in groups]  # collective: every rank, same order
@@ -305,7 +306,8 @@ def profile_hardware(config: HardwareProfilerConfig = HardwareProfilerConfig()) 
             for nbytes in sizes:
                 step = cb.collective_step(op, nbytes, handles[mine], g, device)
                 cb.world_barrier(device)
-                times.append(cb.time_loop(step, config.warmup_iters, config.iters, device))
+                times.append(cb.time_loop(step, config.warmup_iters, config.iters, device,
+                                          before=gap))
             times = cb.world_max(times, device)
             result = CommResult(op, g, consecutive, spanned, list(sizes), times)
             result.latency_s, result.busbw = cb.fit_latency_bandwidth(
@@ -329,7 +331,8 @@ def profile_hardware(config: HardwareProfilerConfig = HardwareProfilerConfig()) 
         for nbytes in sizes:
             step = cb.p2p_step(nbytes, peer, sender, device)
             cb.world_barrier(device)
-            times.append(cb.time_loop(step, config.warmup_iters, config.iters, device))
+            times.append(cb.time_loop(step, config.warmup_iters, config.iters, device,
+                                      before=gap))
         times = cb.world_max(times, device)
         result = CommResult("p2p", pp, True, spanned, list(sizes), times)
         result.latency_s, result.busbw = cb.fit_latency_bandwidth(list(sizes), times)
@@ -374,7 +377,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--message-sizes", type=int, nargs="+", default=None, metavar="BYTES",
                         help="message sizes to fit bandwidth and latency from "
                              "(default 64K/1M/4M on CPU, 1M/16M/128M on GPU)")
-    parser.add_argument("--iters", type=int, default=5, help="timed calls per size (default 5)")
+    parser.add_argument("--iters", type=int, default=10, help="timed calls per size (default 10)")
     parser.add_argument("--warmup-iters", type=int, default=1)
     parser.add_argument("--devices-per-node", type=int, default=None,
                         help="ranks per node (default: torchrun's LOCAL_WORLD_SIZE)")

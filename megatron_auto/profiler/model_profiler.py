@@ -56,8 +56,9 @@ logger = logging.getLogger(__name__)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Part of the cache key: bumped whenever what is measured changes, so that older cached
-# profiles are measured again (2: transient with gradients allocated beforehand; in-place loss).
-MEASUREMENT_VERSION = 2
+# profiles are measured again (2: transient with gradients allocated beforehand; in-place loss;
+# 3: backward/forward ratio of totals, CPU micro-batch sizes 2, 4, 8).
+MEASUREMENT_VERSION = 3
 # Incremented by every real measurement (not by cache hits): lets tests and users see reuse.
 MEASUREMENT_COUNT = 0
 
@@ -66,7 +67,7 @@ MEASUREMENT_COUNT = 0
 class ModelProfilerConfig:
     """Micro-batch sizes and repetitions; part of the cache key."""
 
-    # () = (2, 3, 4) on CPU, (2, 4, 6, 8) on GPU. Not 1: at b = 1 some reshapes are views
+    # () = (2, 4, 8) on CPU, (2, 4, 6, 8) on GPU. Not 1: at b = 1 some reshapes are views
     # that are copies for b > 1, which would bend the activation line.
     batch_sizes: tuple[int, ...] = ()
     warmup_iters: int = 1
@@ -84,7 +85,7 @@ class ModelProfilerConfig:
                              f"iters >= 1 and warmup >= 0")
 
     def sizes(self, device: torch.device) -> tuple[int, ...]:
-        return self.batch_sizes or ((2, 4, 6, 8) if device.type == "cuda" else (2, 3, 4))
+        return self.batch_sizes or ((2, 4, 6, 8) if device.type == "cuda" else (2, 4, 8))
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -244,12 +245,18 @@ def _measure(modules: nn.Module, run: Callable[[int], tuple[Callable[[], torch.T
     return series
 
 
-def _ratio(series: _Series, sizes: Sequence[int]) -> float:
-    fa, _ = fit_line(sizes, series.forward_s)
-    ba, _ = fit_line(sizes, series.backward_s)
-    if fa > 0 and ba > 0:
-        return ba / fa
-    return max(1e-3, series.backward_s[-1] / max(series.forward_s[-1], 1e-12))
+def _ratio(*series: _Series) -> float:
+    """Backward over forward time, as the ratio of their totals over the measured sizes.
+
+    The cost model prices backward as ``ratio * forward(b)``, constant term included, so the
+    ratio must be one of totals: a ratio of the fitted slopes is wrong whenever the constant
+    matters (small CPU layers: 3.1-3.5 ms forward at b = 2..4 is mostly constant), and noisy
+    (one such profile had slopes 0.24 and 1.4 ms/sample, a ratio of 5.9 for a layer whose
+    backward took 1.9x its forward at every size).
+    """
+    fwd = sum(sum(x.forward_s) for x in series)
+    bwd = sum(sum(x.backward_s) for x in series)
+    return max(1e-3, bwd / fwd) if fwd > 0 else 2.0
 
 
 # ------------------------------------------------------------------------------ profiler
@@ -311,7 +318,7 @@ def _profile_model(model_config: ModelConfig, precision: str = "fp32",
     layer_profile = LayerTypeProfile(
         name=cfg.model_type, parameter_count=num_params,
         forward_time_per_sample_s=fwd_a, forward_time_constant_s=fwd_b,
-        backward_forward_ratio=_ratio(lay, sizes),
+        backward_forward_ratio=_ratio(lay),
         activation_replicated_bytes=rep_a, activation_split_bytes=split_a,
         recompute_bytes_per_sample=rec_a, hidden_bytes_per_sample=float(beta_bytes * s * h),
         backward_scratch_replicated_bytes=float(min(scratch_a, grad_io)),
@@ -362,8 +369,6 @@ def _profile_model(model_config: ModelConfig, precision: str = "fp32",
                            False)
     e_fwd_a, e_fwd_b = fit_line(sizes, emb_series.forward_s)
     h_fwd_a, h_fwd_b = fit_line(sizes, head_series.forward_s)
-    e_bwd_a, _ = fit_line(sizes, emb_series.backward_s)
-    h_bwd_a, _ = fit_line(sizes, head_series.backward_s)
     emb_params = sum(p.numel() for p in emb.parameters())
     head_params = sum(p.numel() for p in norm.parameters()) + (
         0 if tied else sum(p.numel() for p in head_parts[1].parameters()))
@@ -377,8 +382,7 @@ def _profile_model(model_config: ModelConfig, precision: str = "fp32",
         head_activation_split_bytes=fit_line(sizes, head_series.split)[0],
         head_transient_split_bytes=fit_line(sizes, head_series.transient)[0],
         forward_time_constant_s=(e_fwd_b + h_fwd_b) / 2,
-        backward_forward_ratio=((e_bwd_a + h_bwd_a) / (e_fwd_a + h_fwd_a)
-                                if e_fwd_a + h_fwd_a > 0 and e_bwd_a + h_bwd_a > 0 else 2.0))
+        backward_forward_ratio=_ratio(emb_series, head_series))
     MEASUREMENT_COUNT += 1
     elapsed = time.perf_counter() - started
     metadata = {
