@@ -19,7 +19,8 @@ from typing import Any, Mapping
 
 from ..plan import Plan
 from .cost_memory import MemoryCost, embedding_memory, layer_memory
-from .cost_time import TimeCost, embedding_time, layer_time, pipeline_time, relayout_time
+from .cost_time import (NO_TIME, TimeCost, embedding_time, layer_time, pipeline_time,
+                        relayout_time)
 from .model_spec import ModelSpec, TrainingSpec
 from .profiles import ModelProfile
 from .strategies import layout_of
@@ -132,7 +133,8 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
         states = {"parameters": 0.0, "gradients": 0.0, "optimizer_states": 0.0}
         act, transient = 0.0, 0.0
         step_peak = 0.0  # model states + the optimizer step's temporaries (activations gone)
-        fwd = bwd = tail = compute = tp_comm = dp_comm = relayout = p2p = optim = 0.0
+        total = NO_TIME  # layers, then embedding/head, one after the other
+        relayout = p2p = 0.0
         layout_prev = None
         for i in plan.stage_layer_range(k):
             s = plan.layers[i]
@@ -149,13 +151,7 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
             act += k_in * mem.activations_per_microbatch
             transient = max(transient, mem.transient)
             step_peak += mem.step_peak
-            fwd += t.forward
-            bwd += t.backward
-            tail += t.exposed_sync
-            optim += t.optimizer
-            compute += t.compute
-            tp_comm += t.tp_comm
-            dp_comm += t.dp_comm
+            total = total + t
             if layout_prev is not None and layout_prev != layout:
                 relayout += relayout_time(cluster, layout_prev, layout, b_m,
                                           lp.hidden_bytes_per_sample, n)
@@ -180,13 +176,7 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
                                        first, last, pp, first_backward_peak=schedule == "gpipe")
             et = embedding_time(emb, cluster, plan.vocab.tp, plan.vocab.dp_mode, v_samples, n,
                                 first, last, pp, spec.seq_length)
-            fwd += et.forward
-            bwd += et.backward
-            tail += et.exposed_sync
-            optim += et.optimizer
-            compute += et.compute
-            tp_comm += et.tp_comm
-            dp_comm += et.dp_comm
+            total = total + et
             transient = max(transient, emb_mem.transient)
         embedding_bytes = emb_mem.persistent(k_in)
         step_peak += emb_mem.step_peak
@@ -198,13 +188,14 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
         breakdown["optimizer_step_excess"] = max(
             0.0, step_peak + float(cluster.memory_reserve_bytes) - backward_peak)
         peak = sum(breakdown.values())
+        fwd, bwd, tail = total.forward, total.backward, total.exposed_sync
         c_k = fwd + bwd + relayout + p2p
         micro.append(c_k)
         backward.append(bwd + relayout / 2 + p2p / 2)
         tails.append(tail)
-        steps.append(optim)
-        stage_parts.append((fwd, bwd, tail, peak, breakdown, k_in, c_k, compute, tp_comm,
-                            dp_comm, relayout + p2p))
+        steps.append(total.optimizer)
+        stage_parts.append((fwd, bwd, tail, peak, breakdown, k_in, c_k, total.compute,
+                            total.tp_comm, total.dp_comm, relayout + p2p))
     pt = pipeline_time(micro, backward, tails, m, steps, step_overhead(cluster, plan.world_size))
     stages = []
     for k, (fwd, bwd, tail, peak, breakdown, k_in, c_k, compute, tp_comm, dp_comm, moves) in \

@@ -10,7 +10,7 @@ docs/cost_model.md §4-5.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Sequence
 
 from .cost_memory import GRAD_BYTES, MASTER_BYTES
@@ -41,6 +41,14 @@ class TimeCost:
     @property
     def microbatch(self) -> float:
         return self.forward + self.backward
+
+    def __add__(self, other: "TimeCost") -> "TimeCost":
+        """Field-wise sum: the time of components that run one after the other."""
+        return TimeCost(*(getattr(self, f.name) + getattr(other, f.name)
+                          for f in fields(TimeCost)))
+
+
+NO_TIME = TimeCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 
 
 def _dp_times(cluster: Any, num_params: float, dp: int, dp_mode: str, consecutive: bool,
