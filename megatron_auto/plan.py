@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Sequence
 
 from .config import ModelConfig
+from .jsonfile import read_json, write_json
 
 PLAN_FORMAT = "megatron_auto.plan"
 PLAN_VERSION = 1
@@ -340,23 +341,12 @@ class Plan:
         return json.dumps(self.to_dict(), indent=2)
 
     def save(self, path: str | os.PathLike) -> None:
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(self.to_json() + "\n")
+        write_json(path, self.to_dict())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Plan":
-        try:
-            with open(path, encoding="utf-8") as fh:
-                text = fh.read()
-        except OSError as err:
-            raise PlanError(f"--plan {path}: cannot read the file ({err.strerror}); "
-                            f"check the path") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise PlanError(f"--plan {path}: not valid JSON (line {err.lineno}, column "
-                            f"{err.colno}: {err.msg}); fix the file or write it again with "
-                            f"`megatron-auto plan`") from None
+        data = read_json(path, "--plan", PlanError, syntax_fix="fix the file or write it again "
+                         "with `megatron-auto plan`")
         try:
             return cls.from_dict(data)
         except PlanError as err:

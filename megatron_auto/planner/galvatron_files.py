@@ -11,11 +11,12 @@ Units as in the files: compute times in ms per sample per layer (forward only), 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
+
+from ..jsonfile import read_json as _read_json
 
 
 class GalvatronFormatError(ValueError):
@@ -24,15 +25,8 @@ class GalvatronFormatError(ValueError):
 
 def read_json(path: str | os.PathLike, what: str) -> dict[str, Any]:
     """Load a JSON object from ``path``; errors say which Galvatron file was expected."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except OSError as err:
-        raise GalvatronFormatError(f"{what} {path}: cannot read the file ({err.strerror}); "
-                                   f"check the path") from None
-    except json.JSONDecodeError as err:
-        raise GalvatronFormatError(f"{what} {path}: not valid JSON (line {err.lineno}, column "
-                                   f"{err.colno}: {err.msg}); re-run Galvatron's profiler") from None
+    data = _read_json(path, what, GalvatronFormatError,
+                      syntax_fix="re-run Galvatron's profiler")
     if not isinstance(data, dict):
         raise GalvatronFormatError(f"{what} {path}: must hold a JSON object, got "
                                    f"{type(data).__name__}")

@@ -31,11 +31,12 @@ writes and ``--cluster FILE`` reads; see docs/hardware.md.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
+
+from ..jsonfile import read_json, write_json
 
 CLUSTER_FORMAT = "megatron_auto.cluster"
 CLUSTER_VERSION = 1
@@ -376,21 +377,13 @@ class ClusterSpec:
             raise ClusterError(f"{where}: {err}") from None
 
     def save(self, path: str | os.PathLike) -> None:
-        with open(path, "w", encoding="utf-8") as fh:
-            json.dump(self.to_dict(), fh, indent=2)
-            fh.write("\n")
+        write_json(path, self.to_dict())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "ClusterSpec":
-        try:
-            with open(path, encoding="utf-8") as fh:
-                data = json.load(fh)
-        except OSError as err:
-            raise ClusterError(f"--cluster {path}: cannot read the file ({err.strerror}); "
-                               f"check the path or give a preset name") from None
-        except json.JSONDecodeError as err:
-            raise ClusterError(f"--cluster {path}: not valid JSON (line {err.lineno}, column "
-                               f"{err.colno}: {err.msg}); fix the file or write it again") from None
+        data = read_json(path, "--cluster", ClusterError,
+                         read_fix="check the path or give a preset name",
+                         syntax_fix="fix the file or write it again")
         return cls.from_dict(data, where=f"--cluster {path}")
 
 

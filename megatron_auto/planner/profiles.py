@@ -13,12 +13,12 @@ Formulas are in docs/cost_model.md §2.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
+from ..jsonfile import read_json, write_json
 from .model_spec import ModelSpec, TrainingSpec
 
 PROFILE_FORMAT = "megatron_auto.model_profile"
@@ -229,21 +229,12 @@ class ModelProfile:
                    source=data.get("source"), metadata=metadata)
 
     def save(self, path: str | os.PathLike) -> None:
-        with open(path, "w", encoding="utf-8") as fh:
-            json.dump(self.to_dict(), fh, indent=2)
-            fh.write("\n")
+        write_json(path, self.to_dict())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "ModelProfile":
-        try:
-            with open(path, encoding="utf-8") as fh:
-                data = json.load(fh)
-        except OSError as err:
-            raise ProfileError(f"--model-profile {path}: cannot read the file ({err.strerror}); "
-                               f"check the path") from None
-        except json.JSONDecodeError as err:
-            raise ProfileError(f"--model-profile {path}: not valid JSON (line {err.lineno}: "
-                               f"{err.msg}); profile again or fix the file") from None
+        data = read_json(path, "--model-profile", ProfileError,
+                         syntax_fix="profile again or fix the file")
         try:
             return cls.from_dict(data)
         except ProfileError as err:

@@ -1,0 +1,34 @@
+"""Reading and writing the project's JSON files (plans, cluster and model profiles, imports).
+
+One place for the error wording every file type shares: which flag named the file, the path,
+what went wrong (unreadable, or the line and column of the syntax error) and the fix, raised as
+the caller's own error type so that each layer keeps its exception.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+
+def read_json(path: str | os.PathLike, label: str, error: type[Exception], *,
+              read_fix: str = "check the path", syntax_fix: str = "fix the file") -> Any:
+    """The JSON value in ``path``; ``label`` (e.g. ``--cluster``) starts every message."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as err:
+        raise error(f"{label} {path}: cannot read the file ({err.strerror}); {read_fix}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise error(f"{label} {path}: not valid JSON (line {err.lineno}, column {err.colno}: "
+                    f"{err.msg}); {syntax_fix}") from None
+
+
+def write_json(path: str | os.PathLike, data: Any) -> None:
+    """``data`` as indented JSON with a final newline."""
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2)
+        fh.write("\n")
