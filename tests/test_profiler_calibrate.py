@@ -1,7 +1,7 @@
 """Calibration recovers known correction terms from synthetic runs; bad inputs fail clearly.
 
 Synthetic "measurements" are the cost model's own prices under TRUE terms (time scale 1.25,
-overlap slowdown 1.3, reserve 3 GiB, activation scale 1.15) that differ from the starting
+overlap slowdown 1.3, communication latencies x2, reserve 3 GiB, activation scale 1.15) that differ from the starting
 cluster/profile; the fit starts from the latter and must land on the former.
 """
 
@@ -27,7 +27,8 @@ SPEC = ModelSpec.from_model_config(CFG)
 TRAINING = TrainingSpec(global_batch_size=32, precision="bf16")
 CLUSTER = make_cluster("a100-40g", 1, 8)  # overlap 1.1256, reserve 1.5 GiB
 PROFILE = analytic_profile(SPEC, TRAINING, CLUSTER)
-TRUE = {"time_scale": 1.25, "overlap": 1.3, "reserve": 3 * GiB, "activation_scale": 1.15}
+TRUE = {"time_scale": 1.25, "overlap": 1.3, "reserve": 3 * GiB, "activation_scale": 1.15,
+        "latency_scale": 2.0}
 # (tp, dp_mode, recompute, num_microbatches, pp): DP traffic that overlaps, and different
 # activation shares so that every term is identifiable.
 SHAPES = [(1, "ddp", False, 4, 1), (2, "zero3", True, 8, 1), (4, "zero2", False, 2, 2),
@@ -46,7 +47,8 @@ def _measure(plan: Plan, cluster: ClusterSpec, profile: ModelProfile) -> tuple[f
 
 
 def _true_cluster() -> ClusterSpec:
-    return dataclasses.replace(CLUSTER, overlap_slowdown=TRUE["overlap"],
+    return dataclasses.replace(cal.scale_latencies(CLUSTER, TRUE["latency_scale"]),
+                               overlap_slowdown=TRUE["overlap"],
                                memory_reserve_bytes=TRUE["reserve"])
 
 
@@ -69,6 +71,7 @@ def test_fit_recovers_true_terms_with_a_measured_profile():
     result = cal.fit_calibration(_runs("measured"), CLUSTER, PROFILE)
     assert result.time_scale == pytest.approx(TRUE["time_scale"], rel=1e-4)
     assert result.overlap_slowdown == pytest.approx(TRUE["overlap"], rel=1e-4)
+    assert result.latency_scale == pytest.approx(TRUE["latency_scale"], rel=1e-4)
     assert result.memory_reserve_bytes == pytest.approx(TRUE["reserve"], rel=1e-4)
     assert result.activation_scale == pytest.approx(TRUE["activation_scale"], rel=1e-4)
     assert result.time_rms_error_before > 0.05 and result.time_rms_error_after < 1e-5

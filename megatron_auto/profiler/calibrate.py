@@ -6,9 +6,11 @@ again with the planner's own cost model (:func:`planner.cost_model.evaluate_plan
 terms vary; least squares on relative errors picks them (math: docs/profiling.md §4):
 
 - time: ``time_scale`` ``s`` multiplies every compute time of the model profile (equivalently
-  divides the cluster's sustained FLOP/s: ``compute_efficiency / s``), and ``overlap_slowdown``
-  ``g`` is the cluster's compute/communication interference;
-  ``min_{s,g} sum_i (T_i(s, g) / T_i^meas - 1)^2``;
+  divides the cluster's sustained FLOP/s: ``compute_efficiency / s``), ``latency_scale`` ``l``
+  multiplies every per-call communication latency of the cluster (collectives, p2p, ZeRO's: a
+  call inside a training step also pays the ranks' drift, which a profiler timing calls alone
+  sees only in part), and ``overlap_slowdown`` ``g`` is the cluster's compute/communication
+  interference; ``min_{s,l,g} sum_i (T_i(s, l, g) / T_i^meas - 1)^2``;
 - memory: ``memory_reserve_bytes`` ``R`` (CUDA context, allocator caching and fragmentation)
   and ``activation_scale`` ``a`` multiplying every activation byte of the profile;
   ``min_{R,a} sum_i ((R + M_i(a)) / M_i^meas - 1)^2``, ``M_i`` the predicted peak without reserve.
@@ -160,6 +162,16 @@ def scale_profile(profile: ModelProfile, time_scale: float = 1.0,
                                embedding=dataclasses.replace(emb, **emb_changes))
 
 
+LATENCY_FIELDS = ("collective_latency_s", "inter_node_latency_s", "p2p_latency_s",
+                  "zero_gather_latency_s", "zero_scatter_latency_s")
+
+
+def scale_latencies(cluster: ClusterSpec, latency_scale: float) -> ClusterSpec:
+    """``cluster`` with every per-call communication latency times ``latency_scale``."""
+    return dataclasses.replace(cluster, **{f: getattr(cluster, f) * latency_scale
+                                           for f in LATENCY_FIELDS})
+
+
 def scale_cluster_flops(cluster: ClusterSpec, time_scale: float) -> ClusterSpec:
     """``cluster`` whose sustained FLOP/s are divided by ``time_scale``: the efficiency moves
     first; past 1.0 the peaks grow instead (a CPU profile measures its peak, efficiency 1)."""
@@ -240,6 +252,7 @@ class Calibration:
     memory_rms_error_after: float
     num_runs: int
     notes: tuple[str, ...] = field(default=())
+    latency_scale: float = 1.0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -247,6 +260,7 @@ class Calibration:
     def summary(self) -> str:
         lines = [f"calibrated on {self.num_runs} run(s):",
                  f"  compute time scale {self.time_scale:.4f} (measured / profiled compute)",
+                 f"  latency scale      {self.latency_scale:.4f} (communication per call)",
                  f"  overlap slowdown   {self.overlap_slowdown:.4f}",
                  f"  memory reserve     {self.memory_reserve_bytes / GiB:.3f} GiB",
                  f"  activation scale   {self.activation_scale:.4f}",
@@ -283,9 +297,10 @@ def fit_calibration(runs: Sequence[RunMeasurement], cluster: ClusterSpec,
         cases.append((run, spec, training))
 
     def priced(time_scale: float, overlap: float, activation_scale: float,
-               reserve: float) -> list[tuple[float, float]]:
+               reserve: float, latency_scale: float = 1.0) -> list[tuple[float, float]]:
         out = []
-        c = dataclasses.replace(cluster, overlap_slowdown=max(1.0, overlap),
+        c = dataclasses.replace(scale_latencies(cluster, latency_scale),
+                                overlap_slowdown=max(1.0, overlap),
                                 memory_reserve_bytes=int(reserve))
         for run, spec, training in cases:
             if profile is None:
@@ -301,8 +316,8 @@ def fit_calibration(runs: Sequence[RunMeasurement], cluster: ClusterSpec,
     m_meas = np.array([r.peak_memory_bytes for r in runs])
     g0 = cluster.overlap_slowdown
 
-    def time_residuals(x: np.ndarray) -> np.ndarray:
-        return np.array([t for t, _ in priced(x[0], x[1], 1.0, 0)]) / t_meas - 1.0
+    def time_residuals(x: np.ndarray) -> np.ndarray:  # x = (time scale, overlap, latency scale)
+        return np.array([t for t, _ in priced(x[0], x[1], 1.0, 0, x[2])]) / t_meas - 1.0
 
     # Memory: price once per activation scale with reserve 0, then add R (in GiB for scaling).
     def memory_residuals(x: np.ndarray) -> np.ndarray:
@@ -310,7 +325,7 @@ def fit_calibration(runs: Sequence[RunMeasurement], cluster: ClusterSpec,
         return (peaks + x[0] * GiB) / m_meas - 1.0
 
     notes: list[str] = []
-    t_before = time_residuals(np.array([1.0, g0]))
+    t_before = time_residuals(np.array([1.0, g0, 1.0]))
     # The runs' own logged predictions should equal what these profiles say about their plans;
     # if not, the plans were priced with another cluster or model profile than the one given.
     repriced = priced(1.0, g0, 1.0, cluster.memory_reserve_bytes)
@@ -320,7 +335,11 @@ def fit_calibration(runs: Sequence[RunMeasurement], cluster: ClusterSpec,
             notes.append(f"{run.metrics_path}: its plan prices at {t_now:.4g} s with this "
                          f"cluster/profile but the run logged a prediction of {logged:.4g} s; "
                          f"pass the --cluster and --model-profile the plan was made with")
-    (s, g), t_free = least_squares(time_residuals, [1.0, g0], [1e-6, 1.0], priority=[0, 1])
+    (s, g, lat), t_free = least_squares(time_residuals, [1.0, g0, 1.0], [1e-6, 1.0, 0.0],
+                                        priority=[0, 2, 1])
+    if not t_free[2]:
+        notes.append("latency_scale kept at 1: not identifiable from these runs (it needs runs "
+                     "whose numbers of communication calls differ, e.g. TP or ZeRO against DDP)")
     if not t_free[1]:
         notes.append(f"overlap_slowdown kept at {g0:.4f}: not identifiable from these runs (it "
                      f"needs a second run, and runs whose communication overlaps compute)")
@@ -332,13 +351,13 @@ def fit_calibration(runs: Sequence[RunMeasurement], cluster: ClusterSpec,
     if not m_free[1]:
         notes.append("activation_scale kept at 1: it needs two or more runs whose predicted "
                      "activation memory differs (vary micro-batch size or recompute)")
-    t_after = time_residuals(np.array([s, g]))
+    t_after = time_residuals(np.array([s, g, lat]))
     m_after = memory_residuals(np.array([r_gib, a]))
 
     def rms(v: np.ndarray) -> float:
         return float(np.sqrt(np.mean(v ** 2)))
 
-    return Calibration(time_scale=float(s), overlap_slowdown=float(g),
+    return Calibration(time_scale=float(s), overlap_slowdown=float(g), latency_scale=float(lat),
                        memory_reserve_bytes=float(r_gib * GiB), activation_scale=float(a),
                        time_rms_error_before=rms(t_before), time_rms_error_after=rms(t_after),
                        memory_rms_error_before=rms(m_before), memory_rms_error_after=rms(m_after),
@@ -356,10 +375,12 @@ def apply_calibration(cal: Calibration, cluster: ClusterSpec,
             f"{cluster.device_memory_bytes}: the measured peaks exceed what the device holds; "
             f"check that peak_memory_bytes in the metrics is per device, in bytes")
     new_cluster = dataclasses.replace(
-        cluster if profile is not None else scale_cluster_flops(cluster, cal.time_scale),
+        scale_latencies(cluster if profile is not None
+                        else scale_cluster_flops(cluster, cal.time_scale), cal.latency_scale),
         overlap_slowdown=max(1.0, cal.overlap_slowdown), memory_reserve_bytes=reserve,
         source=(cluster.source + "; " if cluster.source else "")
-        + f"calibrated on {cal.num_runs} run(s): overlap {cal.overlap_slowdown:.4f}, reserve "
+        + f"calibrated on {cal.num_runs} run(s): overlap {cal.overlap_slowdown:.4f}, latency "
+          f"x{cal.latency_scale:.4f}, reserve "
           f"{reserve / GiB:.3f} GiB" + ("" if profile is not None else
                                          f", compute time scale {cal.time_scale:.4f}"))
     new_profile = None

@@ -83,9 +83,9 @@ def add_profile_model_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="default: $MEGATRON_AUTO_CACHE or ~/.cache/megatron_auto/profiles")
     g.add_argument("--force", action="store_true", help="measure even if a cached profile exists")
     g.add_argument("--batch-sizes", type=int, nargs="+", default=None, metavar="B",
-                   help="micro-batch sizes of the linear fits (default 2 3 4 on CPU, 2 4 6 8 on GPU)")
-    g.add_argument("--iters", type=int, default=3, help="timed steps per size (default 3)")
-    g.add_argument("--warmup-iters", type=int, default=1)
+                   help="micro-batch sizes of the linear fits (default 2 4 8 on CPU, 2 4 6 8 on GPU)")
+    g.add_argument("--iters", type=int, default=5, help="timed steps per size (default 5)")
+    g.add_argument("--warmup-iters", type=int, default=2)
     g.add_argument("--json", action="store_true", help="print the profile JSON")
     p.set_defaults(func=cmd_profile_model)
     return p
@@ -186,7 +186,7 @@ def add_calibrate_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    """Fit time scale, overlap slowdown, memory reserve and activation scale; write profiles."""
+    """Fit time scale, latency scale, overlap slowdown, memory reserve and activation scale."""
     from .calibrate import calibrate_files
 
     if args.skip_iterations < 0:
