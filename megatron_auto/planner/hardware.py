@@ -293,13 +293,6 @@ class ClusterSpec:
         return self._zero_time(raw, nbytes_total, group_size, consecutive, span,
                                self.zero_scatter_latency_s, self.zero_scatter_busbw)
 
-    def optimizer_step_time(self, local_parameters: float) -> float:
-        """Seconds of the step after backward on a rank holding ``local_parameters`` (norm,
-        clipping, AdamW), without the scalar all-reduces of the loss and overflow flag."""
-        if local_parameters <= 0 and self.step_overhead_s <= 0:
-            return 0.0
-        return self.step_overhead_s + self.optimizer_time_per_parameter_s * local_parameters
-
     def p2p_bandwidth(self, pp_size: int) -> float:
         """Bytes/s of one rank's send to its counterpart in the next pipeline stage."""
         topo = self.p2p_inter_bw if self.num_nodes > 1 else self.p2p_intra_bw
