@@ -21,7 +21,7 @@ setup(
     include_package_data=True,
     install_requires=["torch>=2.4", "numpy", "sentencepiece"],
     extras_require={
-        "test": ["pytest"],
+        "test": ["pytest>=9.0,<10"],
         # apex / transformer-engine: build from source (see README); nothing installable here.
         "gpu": [],
     },
