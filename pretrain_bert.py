@@ -45,7 +45,7 @@ def datasets_provider(data_config: DataConfig, source: DataSource, model_config:
     return data.build_train_valid_test_datasets(
         source.data_prefix, data_config.split, model_config.seq_length, seed, train_samples,
         valid_samples, test_samples, cache_dir=data_config.cache_dir, model="bert",
-        tokenizer=source.tokenizer)
+        tokenizer=source.tokenizer, vocab_size=model_config.vocab_size)
 
 
 def batch_fn(items: Sequence[dict]) -> dict[str, torch.Tensor]:

@@ -41,7 +41,8 @@ def datasets_provider(data_config: DataConfig, source: DataSource, model_config:
     return data.build_train_valid_test_datasets(
         source.data_prefix, data_config.split, model_config.seq_length, seed, train_samples,
         valid_samples, test_samples, cache_dir=data_config.cache_dir, model="gpt",
-        tokenizer=source.tokenizer, eod_mask_loss=data_config.eod_mask_loss)
+        tokenizer=source.tokenizer, eod_mask_loss=data_config.eod_mask_loss,
+        vocab_size=model_config.vocab_size)
 
 
 def batch_fn(items: Sequence[dict]) -> dict[str, torch.Tensor]:

@@ -18,6 +18,7 @@ from megatron_auto.data.blended_dataset import BlendedDataset
 from megatron_auto.data.builder import build_train_valid_test_datasets, parse_data_path, parse_split
 from megatron_auto.data.embedded import TOKENIZER_TYPE as EMBEDDED_TOKENIZER_TYPE
 from megatron_auto.data.embedded import embedded_dataset
+from megatron_auto.data.errors import DataInputError
 from megatron_auto.data.gpt_dataset import GPTDataset, MockGPTDataset
 from megatron_auto.data.indexed_dataset import IndexedDataset, IndexedDatasetBuilder, IndexedDatasetError
 from megatron_auto.data.tokenizers import TOKENIZER_TYPES, build_tokenizer
@@ -25,6 +26,7 @@ from megatron_auto.data.tokenizers import TOKENIZER_TYPES, build_tokenizer
 __all__ = [
     "BertDataset",
     "BlendedDataset",
+    "DataInputError",
     "EMBEDDED_TOKENIZER_TYPE",
     "GPTDataset",
     "IndexedDataset",

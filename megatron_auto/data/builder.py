@@ -16,6 +16,7 @@ import numpy as np
 
 from megatron_auto.data.bert_dataset import BertDataset
 from megatron_auto.data.blended_dataset import BlendedDataset, samples_per_dataset
+from megatron_auto.data.errors import DataInputError
 from megatron_auto.data.gpt_dataset import GPTDataset
 from megatron_auto.data.indexed_dataset import IndexedDataset
 
@@ -40,18 +41,19 @@ def parse_data_path(data_path: Sequence[str]) -> tuple[list[str], list[float] | 
     """
     tokens = [t for item in data_path for t in str(item).split()]
     if not tokens:
-        raise ValueError("--data-path is empty; give PREFIX [PREFIX ...] or WEIGHT PREFIX [WEIGHT PREFIX ...]")
+        raise DataInputError("--data-path is empty; give PREFIX [PREFIX ...] or WEIGHT PREFIX [WEIGHT PREFIX ...]")
     numeric = [_is_number(t) for t in tokens]
     if not any(numeric):
         return tokens, None
     if len(tokens) % 2 or not all(numeric[0::2]) or any(numeric[1::2]):
-        raise ValueError(
+        raise DataInputError(
             f"--data-path {' '.join(tokens)}: mixes weights and prefixes; use either "
             f"'PREFIX PREFIX ...' or 'WEIGHT PREFIX WEIGHT PREFIX ...' (e.g. 0.3 A 0.7 B)"
         )
     weights = [float(t) for t in tokens[0::2]]
-    if any(w < 0 for w in weights) or sum(weights) <= 0:
-        raise ValueError(f"--data-path weights {weights}: must be non-negative with a positive sum")
+    if not all(np.isfinite(weights)) or any(w < 0 for w in weights) or sum(weights) <= 0:
+        raise DataInputError(f"--data-path weights {weights}: must be finite and non-negative with "
+                             f"a positive sum, e.g. --data-path 0.3 A 0.7 B")
     return tokens[1::2], weights
 
 
@@ -61,14 +63,31 @@ def parse_split(split: str) -> list[float]:
     try:
         values = [float(p) for p in parts]
     except ValueError:
-        raise ValueError(f"--split {split!r}: expected up to three numbers like 969,30,1") from None
-    if not 1 <= len(values) <= 3 or any(v < 0 for v in values) or sum(values) <= 0:
-        raise ValueError(
+        raise DataInputError(f"--split {split!r}: expected up to three numbers like 969,30,1") from None
+    if (not 1 <= len(values) <= 3 or not all(np.isfinite(values)) or any(v < 0 for v in values)
+            or sum(values) <= 0):
+        raise DataInputError(
             f"--split {split!r}: expected up to three non-negative numbers with a positive sum, like 969,30,1"
         )
     values += [0.0] * (3 - len(values))
     total = sum(values)
     return [v / total for v in values]
+
+
+def check_dataset(ds: IndexedDataset, vocab_size: int | None) -> None:
+    """Refuse a dataset that holds no tokens, or ids the model's vocabulary cannot embed."""
+    if ds.num_tokens == 0:
+        raise DataInputError(
+            f"--data-path {ds.prefix}: the dataset holds no tokens ({ds.num_documents} documents); "
+            f"preprocess a non-empty input with tools/preprocess_data.py")
+    if vocab_size is None:
+        return
+    low, high = ds.token_id_range()
+    if low < 0 or high >= vocab_size:
+        raise DataInputError(
+            f"--data-path {ds.prefix}: token ids span [{low}, {high}] but the vocabulary has "
+            f"{vocab_size} ids; use the tokenizer the data was preprocessed with (or a "
+            f"--vocab-size above {high})")
 
 
 def split_document_ranges(num_documents: int, fractions: Sequence[float]) -> list[tuple[int, int]]:
@@ -96,11 +115,14 @@ def build_train_valid_test_datasets(
     masked_lm_prob: float = 0.15,
     short_seq_prob: float = 0.1,
     binary_head: bool = True,
+    vocab_size: int | None = None,
 ) -> tuple[Any, Any, Any]:
     """(train, valid, test) datasets; ``None`` for a split with no documents or no samples asked.
 
     ``model="gpt"`` gives ``GPTDataset`` items, ``model="bert"`` ``BertDataset`` items (needs
     ``tokenizer`` with cls/sep/mask/pad). Several prefixes give ``BlendedDataset``s.
+    Raises ``DataInputError`` for an empty dataset, a training split without documents, or
+    (given ``vocab_size``, the model's vocabulary) token ids outside ``[0, vocab_size)``.
     """
     if model not in ("gpt", "bert"):
         raise ValueError(f"model={model!r}: expected 'gpt' or 'bert'")
@@ -108,6 +130,8 @@ def build_train_valid_test_datasets(
         raise ValueError("model='bert' needs tokenizer= (for [CLS]/[SEP]/[MASK]/pad ids and random tokens)")
     prefixes, weights = parse_data_path(data_prefix)
     indexed = [IndexedDataset(p) for p in prefixes]
+    for ds in indexed:
+        check_dataset(ds, vocab_size)
     if weights is None:
         weights = [float(max(ds.num_tokens, 1)) for ds in indexed]
     fractions = parse_split(split)
@@ -128,6 +152,10 @@ def build_train_valid_test_datasets(
             for d in range(len(indexed))
             if ranges[d][split_i][1] > ranges[d][split_i][0] and weights[d] > 0
         ]
+        if not usable and num and name == "train":
+            raise DataInputError(
+                f"--split {split}: the training split gets no documents of {' '.join(prefixes)}; "
+                f"give the first part a positive share, e.g. --split 969,30,1")
         if not usable or not num:
             if num:
                 logger.warning("%s: %d samples requested but --split %s leaves it no documents", name, num, split)

@@ -28,6 +28,8 @@ from typing import Sequence
 
 import numpy as np
 
+from megatron_auto.data.errors import DataInputError
+
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
 # Header: magic, <Q version, <B dtype code, <Q sequence count, <Q document count.
@@ -46,7 +48,7 @@ DTYPE_CODES: dict[int, type[np.generic]] = {
 _CODE_OF_DTYPE = {np.dtype(v): k for k, v in DTYPE_CODES.items()}
 
 
-class IndexedDatasetError(ValueError):
+class IndexedDatasetError(DataInputError):
     """A missing, damaged or incompatible ``.bin/.idx`` pair; the message names file and fix."""
 
 
@@ -116,6 +118,11 @@ class IndexedDatasetBuilder:
                 )
         self._bin.write(arr.astype(self.dtype, copy=False).tobytes(order="C"))
         self._lengths.append(int(arr.size))
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens added so far."""
+        return sum(self._lengths)
 
     def end_document(self) -> None:
         """Close the current document (the sequences added since the previous call)."""
@@ -319,6 +326,25 @@ class IndexedDataset:
             )
         start = int(self.sequence_pointers[idx]) + offset * self.dtype.itemsize
         return np.frombuffer(self._bin, dtype=self.dtype, count=length, offset=start)
+
+    def token_id_range(self, chunk_tokens: int = 1 << 24) -> tuple[int, int]:
+        """(least, largest) token id in the data file, ``(0, -1)`` when it holds none.
+
+        One pass over the memory-mapped ``.bin`` in chunks (about 0.3 s per GB), so a model
+        whose vocabulary is too small for the data is refused when the data is opened rather
+        than by an index error (a device-side assert on GPUs) in some later batch.
+        """
+        count = self.num_tokens
+        if count == 0:
+            return 0, -1
+        tokens = np.frombuffer(self._bin, dtype=self.dtype, count=count)
+        low, high = None, None
+        for start in range(0, count, chunk_tokens):
+            part = tokens[start : start + chunk_tokens]
+            lo, hi = int(part.min()), int(part.max())
+            low = lo if low is None else min(low, lo)
+            high = hi if high is None else max(high, hi)
+        return int(low), int(high)
 
     def document_sequences(self, doc: int) -> range:
         """Sequence indices of document ``doc``."""

@@ -22,6 +22,7 @@ from typing import IO, Any, Iterator
 
 import numpy as np
 
+from megatron_auto.data.errors import DataInputError
 from megatron_auto.data.indexed_dataset import IndexedDatasetBuilder, optimal_dtype
 from megatron_auto.data.tokenizers import build_tokenizer
 
@@ -185,10 +186,12 @@ def preprocess_jsonl(
     prefixes = {k: output_prefix_for(output_prefix, k, split_sentences) for k in keys}
     encoder = _Encoder(tok_args, keys, split_sentences, append_eod, input_path)
     stats = PreprocessStats(outputs=[p + ext for p in prefixes.values() for ext in (".bin", ".idx")])
-    builders = {k: IndexedDatasetBuilder(prefixes[k], dtype) for k in keys}
     start = time.perf_counter()
     pool = None
+    # Open the input before the builders create their temporary files, so that a missing
+    # input leaves nothing behind.
     with _open_text(input_path) as f:
+        builders = {k: IndexedDatasetBuilder(prefixes[k], dtype) for k in keys}
         if workers > 1:
             pool = multiprocessing.Pool(workers, initializer=encoder.initializer)
             results = pool.imap(encoder.encode, _numbered_lines(f), chunksize=32)
@@ -212,6 +215,14 @@ def preprocess_jsonl(
             if pool is not None:
                 pool.terminate()
                 pool.join()
+    empty = [k for k in keys if builders[k].num_tokens == 0]
+    if empty:
+        for b in builders.values():
+            b.abort()
+        what = "no non-blank lines" if stats.documents == 0 else \
+            f"{stats.documents} documents but no tokens under --json-keys {' '.join(empty)}"
+        raise DataInputError(f"--input {input_path}: {what}; nothing to train on. Give a JSON-lines "
+                             f'file with one {{"{keys[0]}": "..."}} object per line')
     for b in builders.values():
         b.finalize()
     stats.seconds = time.perf_counter() - start

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from typing import Protocol, runtime_checkable
 
+from megatron_auto.data.errors import DataInputError
 from megatron_auto.data.gpt2_bpe import GPT2BPETokenizer
 from megatron_auto.data.wordpiece import BertWordPieceTokenizer
 
@@ -109,7 +110,12 @@ class SentencePieceTokenizer(_SpecialTokens):
         import sentencepiece as spm
 
         self.model_file = model_file
-        self.sp = spm.SentencePieceProcessor(model_file=model_file)
+        try:
+            self.sp = spm.SentencePieceProcessor(model_file=model_file)
+        except (RuntimeError, OSError) as err:  # sentencepiece: "could not parse ModelProto"
+            raise DataInputError(
+                f"--tokenizer-model={model_file!r}: not a SentencePiece model ({err}); pass the "
+                f".model file written by spm_train or tools/train_tokenizer.py") from None
         self._num_pieces = self.sp.get_piece_size()
         self._extra: dict[int, str] = {}
         self._specials: dict[str, int] = {}

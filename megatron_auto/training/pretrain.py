@@ -419,9 +419,9 @@ def _max_over_ranks(value: int, device: torch.device) -> int:
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     from ..auto import AutoParallelError  # noqa: PLC0415 - heavy: profiler and planner
-    from ..data import IndexedDatasetError  # noqa: PLC0415 - data is imported lazily
+    from ..data import DataInputError  # noqa: PLC0415 - data is imported lazily
 
-    return (ConfigError, PlanError, DataError, IndexedDatasetError, AutoParallelError,
+    return (ConfigError, PlanError, DataError, DataInputError, AutoParallelError,
             checkpoint.CheckpointError)
 
 
