@@ -25,7 +25,7 @@ from torch import nn
 from megatron_auto.config import ModelConfig
 from megatron_auto.plan import Plan
 from megatron_auto.training.lr_scheduler import LRConfig
-from megatron_auto.training.optimizer import OptimizerConfig, build_optimizer
+from megatron_auto.parallel.optimizer import OptimizerConfig, build_optimizer
 from megatron_auto.training.precision import PrecisionConfig
 
 

@@ -34,7 +34,7 @@ from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy 
 from megatron_auto.planner.hardware import ClusterSpec  # noqa: E402
 from megatron_auto.planner.model_spec import ModelSpec, TrainingSpec  # noqa: E402
 from megatron_auto.planner.search import evaluate  # noqa: E402
-from megatron_auto.profiler.calibrate import (apply_calibration, fit_calibration,  # noqa: E402
+from megatron_auto.planner.calibrate import (apply_calibration, fit_calibration,  # noqa: E402
                                               load_run)
 from megatron_auto.profiler.model_profiler import get_or_create_model_profile  # noqa: E402
 
@@ -124,7 +124,7 @@ def main() -> int:
           f"params; global batch {GLOBAL_BATCH}; fp32", flush=True)
 
     cluster_file = work / "cluster.json"
-    proc = torchrun(args.nproc, ["-m", "megatron_auto.profiler.hardware_profiler", "--out",
+    proc = torchrun(args.nproc, ["-m", "megatron_auto.cli", "profile-hardware", "--out",
                                  str(cluster_file)], env)
     if proc.returncode:
         print(proc.stdout[-3000:], proc.stderr[-3000:])

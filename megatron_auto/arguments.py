@@ -28,12 +28,12 @@ import warnings
 from typing import Sequence
 
 from .config import ConfigError, ModelConfig
+from .parallel.optimizer import OptimizerConfig
 from .plan import Plan, PlanError
 from .planner.megatron_flags import MegatronFlagError, plan_from_megatron_flags
 from .training.data import DataConfig
 from .training.logging import LoggingConfig
 from .training.lr_scheduler import LRConfig
-from .training.optimizer import OptimizerConfig
 from .training.precision import PrecisionConfig
 
 # Model vocabulary when neither a tokenizer nor --vocab-size says otherwise (mock data).

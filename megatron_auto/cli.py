@@ -25,6 +25,8 @@ from .planner.megatron_flags import to_megatron_flags
 from .planner.model_spec import ModelSpec, TrainingSpec
 from .planner.presets import PRESET_NAMES, get_cluster
 from .planner import report
+from .profiler.cli import (add_calibrate_parser, add_profile_hardware_parser,
+                           add_profile_model_parser)
 
 DEFAULT_CLUSTER = "a100-40g-1x8"
 DEFAULT_GLOBAL_BATCH = DEFAULT_GLOBAL_BATCH_SIZE  # the pretrain scripts' default
@@ -433,11 +435,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_profiler_subcommands(sub: Any) -> None:
     """profile-model, profile-hardware and calibrate live with the profiler (it owns them)."""
-    from .profiler.cli import (add_calibrate_parser,  # noqa: PLC0415 - torch-heavy
-                               add_profile_hardware_parser, add_profile_model_parser)
-
-    for add in (add_profile_model_parser, add_profile_hardware_parser, add_calibrate_parser):
-        add(sub)
+    add_profile_model_parser(sub, add_model_flags, model_config_from_flags)
+    add_profile_hardware_parser(sub)
+    add_calibrate_parser(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,7 +18,7 @@ from test_equivalence import CONFIG, layer, make_batch, plan_of
 from megatron_auto.config import ModelConfig
 from megatron_auto.plan import Plan
 from megatron_auto.training.lr_scheduler import LRConfig
-from megatron_auto.training.optimizer import OptimizerConfig
+from megatron_auto.parallel.optimizer import OptimizerConfig
 
 RTOL = 1e-5
 STEPS = 4

@@ -19,7 +19,7 @@ from dist_utils import run_distributed
 from megatron_auto.config import ModelConfig
 from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy
 from megatron_auto.training.lr_scheduler import LRConfig
-from megatron_auto.training.optimizer import OptimizerConfig
+from megatron_auto.parallel.optimizer import OptimizerConfig
 from megatron_auto.training.precision import PrecisionConfig
 
 CONFIG = ModelConfig(num_layers=4, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64,

@@ -11,7 +11,7 @@ from megatron_auto.parallel.context import ParallelContext
 from megatron_auto.parallel.data_parallel import DataParallel
 from megatron_auto.plan import Plan
 from megatron_auto.planner.cost_memory import model_states
-from megatron_auto.training.memory import PeakMemoryMeter, resident_parameter_bytes, storage_bytes
+from megatron_auto.parallel.memory import PeakMemoryMeter, resident_parameter_bytes, storage_bytes
 
 KIB = 1024
 

@@ -19,7 +19,7 @@ from megatron_auto.planner.hardware import GiB, ClusterSpec
 from megatron_auto.planner.model_spec import ModelSpec, TrainingSpec
 from megatron_auto.planner.presets import make_cluster
 from megatron_auto.planner.profiles import ModelProfile, analytic_profile
-from megatron_auto.profiler import calibrate as cal
+from megatron_auto.planner import calibrate as cal
 
 CFG = ModelConfig(num_layers=4, hidden_size=1024, num_attention_heads=16, seq_length=1024,
                   vocab_size=32000)

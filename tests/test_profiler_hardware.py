@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
 import torch
 
 from megatron_auto.planner.hardware import ClusterSpec
+from megatron_auto.profiler import cli as pcli
 from megatron_auto.profiler import comm_bench as cb
 from megatron_auto.profiler import hardware_profiler as hp
 from tests.dist_utils import run_distributed
@@ -186,9 +188,10 @@ def test_single_process_profile_without_distributed(tmp_path):
 
 
 def _cli_rank(rank: int, world_size: int, out: str, raw: str):
-    args = hp.build_parser().parse_args(["--out", out, "--raw-out", raw, "--message-sizes",
-                                         "4096", "16384", "--iters", "1", "--name", "bench"])
-    return hp.run_from_args(args).name
+    args = pcli.add_hardware_flags(argparse.ArgumentParser()).parse_args(
+        ["--out", out, "--raw-out", raw, "--message-sizes", "4096", "16384", "--iters", "1",
+         "--name", "bench"])
+    return pcli.profile_hardware_from_args(args).name
 
 
 def test_torchrun_entry_writes_cluster_and_raw_timings(tmp_path):

@@ -107,23 +107,23 @@ def test_tp_split_derivation_matches_a_real_tp2_layer(dropout):
 
 # ------------------------------------------------------------------------------------ cache
 def test_cache_reuses_the_profile_without_measuring(tmp_path):
-    before = mp.MEASUREMENT_COUNT
-    first = mp.get_or_create_model_profile(TINY, "fp32", "cpu", str(tmp_path), config=QUICK)
-    assert mp.MEASUREMENT_COUNT == before + 1
+    first = mp.lookup_or_measure(TINY, "fp32", "cpu", str(tmp_path), config=QUICK)
+    assert first.measured
     files = list(tmp_path.glob("*.json"))
     assert len(files) == 1 and files[0].name.startswith("cpu-")
-    second = mp.get_or_create_model_profile(TINY, "fp32", "cpu", str(tmp_path), config=QUICK)
-    assert mp.MEASUREMENT_COUNT == before + 1  # served from the cache
-    assert second == first
+    second = mp.lookup_or_measure(TINY, "fp32", "cpu", str(tmp_path), config=QUICK)
+    assert not second.measured  # served from the cache
+    assert second.profile == first.profile
+    assert mp.get_or_create_model_profile(TINY, "fp32", "cpu", str(tmp_path),
+                                          config=QUICK) == first.profile
     # The layer count is not part of the key; the sequence length is.
     deeper = ModelConfig.from_dict({**TINY.to_dict(), "num_layers": 8})
-    mp.get_or_create_model_profile(deeper, "fp32", "cpu", str(tmp_path), config=QUICK)
-    assert mp.MEASUREMENT_COUNT == before + 1
+    assert not mp.lookup_or_measure(deeper, "fp32", "cpu", str(tmp_path), config=QUICK).measured
     longer = ModelConfig.from_dict({**TINY.to_dict(), "seq_length": 16})
-    mp.get_or_create_model_profile(longer, "fp32", "cpu", str(tmp_path), config=QUICK)
-    assert mp.MEASUREMENT_COUNT == before + 2
-    mp.get_or_create_model_profile(TINY, "fp32", "cpu", str(tmp_path), config=QUICK, force=True)
-    assert mp.MEASUREMENT_COUNT == before + 3
+    assert mp.lookup_or_measure(longer, "fp32", "cpu", str(tmp_path), config=QUICK).measured
+    assert mp.lookup_or_measure(TINY, "fp32", "cpu", str(tmp_path), config=QUICK,
+                                force=True).measured
+    assert len(list(tmp_path.glob("*.json"))) == 2
 
 
 def test_damaged_or_foreign_cache_files_are_misses(tmp_path):

@@ -16,7 +16,7 @@ from megatron_auto.training.data import (DataConfig, DataError, load_global_batc
 from megatron_auto.training.logging import format_iteration_line
 from megatron_auto.training.lr_scheduler import LRConfig, lr_at, set_lr
 from megatron_auto.training.metrics import MetricsWriter, model_flops_per_token
-from megatron_auto.training.optimizer import OptimizerConfig, build_optimizer, param_groups
+from megatron_auto.parallel.optimizer import OptimizerConfig, build_optimizer, param_groups
 from megatron_auto.training.precision import LossScaler, PrecisionConfig, unscale_
 
 

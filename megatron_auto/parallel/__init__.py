@@ -1,7 +1,9 @@
 """megatron_auto.parallel: process groups, tensor-parallel layers, relayout, pipeline, data parallel.
 
 The commonly used runtime-model names are re-exported here; the other modules (``pipeline``,
-``p2p``, ``data_parallel``) are imported by path.
+``p2p``, ``data_parallel``, ``grad_norm``, ``optimizer`` (AdamW over the data-parallel
+parameters) and ``memory`` (per-iteration peak memory, used by the trainer and the profiler))
+are imported by path.
 """
 
 from .context import (LayerGroups, Layout, ParallelContext, dp_group_ranks, make_layout,

@@ -2,7 +2,7 @@
 
 :class:`SavedTensorMeter` wraps a forward pass in ``torch.autograd.graph.saved_tensors_hooks``
 and adds up the distinct storages that autograd saves (rounded to the CUDA allocator's 512-byte
-block, like ``training.memory``), leaving out storages that existed before (parameters, the
+block, like ``parallel.memory``), leaving out storages that existed before (parameters, the
 layer's input). Counting saved storages instead of watching an allocator makes the number the
 same on CPU and GPU and independent of other tensors alive at the time.
 
@@ -31,7 +31,7 @@ from torch import nn
 
 from ..models.transformer import MLP, SelfAttention
 from ..parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
-from ..training.memory import ALLOCATOR_BLOCK_BYTES
+from ..parallel.memory import ALLOCATOR_BLOCK_BYTES
 
 Classifier = Callable[[torch.Tensor, "nn.Module | None"], bool]  # True = TP-split
 

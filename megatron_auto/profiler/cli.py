@@ -1,22 +1,35 @@
 """``megatron-auto profile-model``, ``profile-hardware`` and ``calibrate`` subcommands.
 
-``megatron_auto/cli.py`` registers them::
+``megatron_auto/cli.py`` registers them, handing over its shared model flags (this module never
+imports the top-level CLI)::
 
-    from .profiler.cli import (add_calibrate_parser, add_profile_hardware_parser,
-                               add_profile_model_parser)
-    add_profile_model_parser(sub); add_profile_hardware_parser(sub); add_calibrate_parser(sub)
+    add_profile_model_parser(sub, add_model_flags, model_config_from_flags)
+    add_profile_hardware_parser(sub)
+    add_calibrate_parser(sub)
 
 Each ``add_*`` function adds one subparser and sets ``func`` to its handler; a handler takes the
 parsed namespace and returns the exit status. Errors are ``ValueError`` subclasses whose message
 names the flag, the value and the fix (``cli.main`` prints them as one line, status 2).
+
+Importing this module loads no torch: the measuring modules (``model_profiler``,
+``hardware_profiler``) are imported by the handlers that run them, so ``megatron-auto --help``
+and the planning subcommands stay torch-free. Calibration is pure fitting
+(:mod:`megatron_auto.planner.calibrate`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
-from typing import Any
+from typing import Any, Callable
+
+from ..config import ModelConfig
+from ..planner.calibrate import calibrate_files
+from ..planner.hardware import ClusterSpec
+
+logger = logging.getLogger(__name__)
 
 _FMT = argparse.RawDescriptionHelpFormatter
 
@@ -33,11 +46,11 @@ The cache lives in $MEGATRON_AUTO_CACHE or ~/.cache/megatron_auto/profiles (--ca
 
 PROFILE_HARDWARE_EPILOG = """examples:
   # one process per device; rank 0 writes the cluster profile
-  torchrun --nproc-per-node 8 -m megatron_auto.profiler.hardware_profiler --out cluster.json
-  torchrun --nproc-per-node 4 -m megatron_auto.cli profile-hardware --out cluster.json
-  # two nodes (run on both; node boundaries come from torchrun's LOCAL_WORLD_SIZE)
+  torchrun --nproc-per-node 8 -m megatron_auto.cli profile-hardware --out cluster.json
+  # two nodes (run on both; node boundaries come from torchrun's LOCAL_WORLD_SIZE); keep
+  # every timing for the record
   torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint HOST:29500 \\
-      -m megatron_auto.profiler.hardware_profiler --out cluster-2x8.json
+      -m megatron_auto.cli profile-hardware --out cluster-2x8.json --raw-out cluster-2x8.raw.json
   # then
   megatron-auto plan ... --cluster cluster.json
 Without torchrun it profiles this one device (compute only, no communication)."""
@@ -65,10 +78,16 @@ def _precision(args: argparse.Namespace, default: str | None) -> str | None:
 
 
 # --------------------------------------------------------------------------- profile-model
-def add_profile_model_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """``profile-model``: measure the model's layer, embedding and head (cached)."""
-    from ..cli import add_model_flags  # the shared Megatron model flags
+def add_profile_model_parser(
+        subparsers: Any, add_model_flags: Callable[[argparse.ArgumentParser], None],
+        model_config_from_flags: Callable[[argparse.Namespace], ModelConfig]
+) -> argparse.ArgumentParser:
+    """``profile-model``: measure the model's layer, embedding and head (cached).
 
+    ``add_model_flags`` adds the model shape flags every ``megatron-auto`` subcommand shares and
+    ``model_config_from_flags`` turns them into a :class:`ModelConfig` (``megatron_auto.cli``
+    owns both; passing them in keeps the profiler below the top-level CLI).
+    """
     p = subparsers.add_parser("profile-model", help="measure a model's layer/embedding/head costs",
                               description=cmd_profile_model.__doc__, epilog=PROFILE_MODEL_EPILOG,
                               formatter_class=_FMT, allow_abbrev=False)
@@ -87,28 +106,25 @@ def add_profile_model_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--iters", type=int, default=5, help="timed steps per size (default 5)")
     g.add_argument("--warmup-iters", type=int, default=2)
     g.add_argument("--json", action="store_true", help="print the profile JSON")
-    p.set_defaults(func=cmd_profile_model)
+    p.set_defaults(func=cmd_profile_model, model_config_from_flags_=model_config_from_flags)
     return p
 
 
 def cmd_profile_model(args: argparse.Namespace) -> int:
     """Measure (or reuse from the cache) the model profile and print a summary."""
-    import torch  # noqa: PLC0415 - keep `megatron-auto --help` fast
+    import torch  # noqa: PLC0415 - lazy: torch (seconds to import), only when measuring
 
-    from ..cli import model_config_from_flags
-    from . import model_profiler
-    from .model_profiler import ModelProfilerConfig, get_or_create_model_profile
+    from .model_profiler import ModelProfilerConfig, lookup_or_measure  # noqa: PLC0415 - lazy: torch and the models
 
-    config = model_config_from_flags(args)
+    config = args.model_config_from_flags_(args)
     precision = _precision(args, "fp32")
     if args.device is not None and args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {args.device}: CUDA is not available here; use --device cpu")
     settings = ModelProfilerConfig(batch_sizes=tuple(args.batch_sizes or ()),
                                    warmup_iters=args.warmup_iters, iters=args.iters)
-    before = model_profiler.MEASUREMENT_COUNT
-    profile = get_or_create_model_profile(config, precision, args.device, args.cache_dir,
-                                          config=settings, force=args.force)
-    cached = model_profiler.MEASUREMENT_COUNT == before
+    found = lookup_or_measure(config, precision, args.device, args.cache_dir, config=settings,
+                              force=args.force)
+    profile, cached = found.profile, not found.measured
     if args.out:
         profile.save(args.out)
     if args.json:
@@ -134,22 +150,76 @@ def cmd_profile_model(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------ profile-hardware
 def add_profile_hardware_parser(subparsers: Any) -> argparse.ArgumentParser:
     """``profile-hardware``: measure collectives, p2p, overlap and FLOP/s (under torchrun)."""
-    from .hardware_profiler import build_parser
-
     p = subparsers.add_parser("profile-hardware", help="measure this cluster (run under torchrun)",
                               description=cmd_profile_hardware.__doc__,
                               epilog=PROFILE_HARDWARE_EPILOG, formatter_class=_FMT,
                               allow_abbrev=False)
-    build_parser(p)
+    add_hardware_flags(p)
     p.set_defaults(func=cmd_profile_hardware)
     return p
 
 
+def add_hardware_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The hardware profiler's flags (``profile-hardware``)."""
+    parser.add_argument("--out", required=True, help="cluster profile JSON to write (rank 0)")
+    parser.add_argument("--raw-out", default=None, help="also write every timing here (rank 0)")
+    parser.add_argument("--name", default=None, help="cluster name (default measured-<device>-NxD)")
+    parser.add_argument("--message-sizes", type=int, nargs="+", default=None, metavar="BYTES",
+                        help="message sizes to fit bandwidth and latency from "
+                             "(default 64K/1M/4M on CPU, 1M/16M/128M on GPU)")
+    parser.add_argument("--iters", type=int, default=10, help="timed calls per size (default 10)")
+    parser.add_argument("--warmup-iters", type=int, default=1)
+    parser.add_argument("--devices-per-node", type=int, default=None,
+                        help="ranks per node (default: torchrun's LOCAL_WORLD_SIZE)")
+    parser.add_argument("--backend", choices=("nccl", "gloo"), default=None,
+                        help="default: nccl when CUDA is available, else gloo")
+    return parser
+
+
+def profile_hardware_from_args(args: argparse.Namespace) -> ClusterSpec:
+    """Initialise torch.distributed from torchrun's env when needed, profile, write on rank 0.
+
+    Collective over the world: every rank calls it with the same flags; every rank returns the
+    same :class:`ClusterSpec`.
+    """
+    import torch  # noqa: PLC0415 - lazy: torch (seconds to import), only when measuring
+    import torch.distributed as dist  # noqa: PLC0415 - lazy: torch
+
+    from .hardware_profiler import HardwareProfilerConfig, profile_hardware  # noqa: PLC0415 - lazy: torch
+
+    config = HardwareProfilerConfig(message_sizes=tuple(args.message_sizes or ()),
+                                    warmup_iters=args.warmup_iters, iters=args.iters,
+                                    devices_per_node=args.devices_per_node, name=args.name)
+    own_group = False
+    if not dist.is_initialized() and "WORLD_SIZE" in os.environ:
+        backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        else:
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+        dist.init_process_group(backend)
+        own_group = True
+    try:
+        profile = profile_hardware(config)
+        spec = profile.to_cluster_spec(config.name)
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            spec.save(args.out)
+            if args.raw_out:
+                with open(args.raw_out, "w", encoding="utf-8") as fh:
+                    json.dump(profile.to_dict(), fh, indent=2)
+            logger.info("wrote %s (all-reduce busbw %s)", args.out,
+                        {f"{g}{'c' if c else 's'}": f"{v / 1e9:.2f} GB/s"
+                         for (g, c), v in spec.allreduce_busbw_table.items()})
+        return spec
+    finally:
+        if own_group:
+            dist.destroy_process_group()
+
+
 def cmd_profile_hardware(args: argparse.Namespace) -> int:
     """Profile the cluster this process belongs to and write the cluster JSON on rank 0."""
-    from .hardware_profiler import run_from_args
-
-    spec = run_from_args(args)
+    spec = profile_hardware_from_args(args)
     if int(os.environ.get("RANK", "0")) == 0:
         table = ", ".join(f"{g}{'' if c else ' strided'}: {v / 1e9:.2f} GB/s"
                           for (g, c), v in sorted(spec.allreduce_busbw_table.items()))
@@ -187,8 +257,6 @@ def add_calibrate_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """Fit time scale, latency scale, overlap slowdown, memory reserve and activation scale."""
-    from .calibrate import calibrate_files
-
     if args.skip_iterations < 0:
         raise ValueError(f"--skip-iterations {args.skip_iterations}: must be >= 0")
     precision = _precision(args, None if args.model_profile else "fp32")

@@ -355,9 +355,9 @@ def optimizer_step_times(device: torch.device, counts: Sequence[int], warmup: in
                          iters: int) -> list[tuple[int, float]]:
     """``(parameters, seconds)`` of the training step after backward on ``parameters`` fp32
     parameters shaped like transformer weights: the global gradient norm (with its scalar
-    all-reduce), clipping, and the runtime's AdamW (``training/optimizer.py``)."""
+    all-reduce), clipping, and the runtime's AdamW (``parallel/optimizer.py``)."""
     from ..parallel.grad_norm import NormEntry, clip_grads_, global_grad_norm  # noqa: PLC0415
-    from ..training.optimizer import OptimizerConfig, build_optimizer  # noqa: PLC0415
+    from ..parallel.optimizer import OptimizerConfig, build_optimizer  # noqa: PLC0415
 
     out = []
     for count in counts:

@@ -2,8 +2,9 @@
 
 Run it on the machines you will train on, one process per device::
 
-    torchrun --nproc-per-node 4 -m megatron_auto.profiler.hardware_profiler --out cluster.json
-    megatron-auto profile-hardware --out cluster.json          # (the same, via the CLI)
+    torchrun --nproc-per-node 4 -m megatron_auto.cli profile-hardware --out cluster.json
+
+(the flags and the torchrun set-up live in ``profiler/cli.py``; this module measures).
 
 What it measures (everything with torch.distributed: gloo on CPU, nccl on GPU):
 
@@ -30,11 +31,9 @@ Rank 0 writes the ``megatron_auto.cluster`` JSON; ``--raw-out`` adds every timin
 
 from __future__ import annotations
 
-import argparse
 import datetime
-import json
-import logging
 import os
+import platform
 import re
 import statistics
 from dataclasses import asdict, dataclass, field
@@ -46,8 +45,6 @@ import torch.distributed as dist
 from ..planner.hardware import GiB, ClusterSpec
 from ..planner.presets import make_cluster
 from . import comm_bench as cb
-
-logger = logging.getLogger(__name__)
 
 DEFAULT_CPU_SIZES = (1 << 16, 1 << 20, 1 << 22)  # bytes; 64 KiB .. 4 MiB keeps 4 CPU ranks < 30 s
 DEFAULT_GPU_SIZES = (1 << 20, 1 << 24, 1 << 27)  # 1 MiB .. 128 MiB: past NCCL's latency regime
@@ -250,8 +247,8 @@ def nodes_of(ranks: Sequence[int], devices_per_node: int) -> int:
 
 # ----------------------------------------------------------------------------- the profiler
 def _device() -> torch.device:
-    """CUDA (the current device, which the launcher or ``run_from_args`` selected) unless the
-    process group is gloo; then CPU."""
+    """CUDA (the current device, which the launcher or ``cli.profile_hardware_from_args``
+    selected) unless the process group is gloo; then CPU."""
     if torch.cuda.is_available() and (not dist.is_initialized() or dist.get_backend() == "nccl"):
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
@@ -268,9 +265,8 @@ def _device_info(device: torch.device, local_world: int) -> tuple[str, int, int]
         return props.name, int(props.total_memory), int(outside + GiB // 2)
     pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     per_rank = int(pages // max(1, local_world))
-    import platform
     # On CPU there is no device context and the runtime measures peak memory as the bytes of
-    # live tensors (training/memory.py), so the planner's reserve must not add a GPU-style
+    # live tensors (parallel/memory.py), so the planner's reserve must not add a GPU-style
     # allowance on top: plans and measurements then speak about the same quantity.
     return f"cpu-{platform.machine() or 'unknown'}", per_rank, 0
 
@@ -357,76 +353,3 @@ def profile_hardware(config: HardwareProfilerConfig = HardwareProfilerConfig()) 
         device, GPU_OPTIMIZER_COUNTS if device.type == "cuda" else CPU_OPTIMIZER_COUNTS,
         config.warmup_iters, config.iters)
     return profile
-
-
-# ---------------------------------------------------------------------------------- torchrun
-def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    parser = parser or argparse.ArgumentParser(
-        prog="python -m megatron_auto.profiler.hardware_profiler",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="examples:\n"
-               "  torchrun --nproc-per-node 4 -m megatron_auto.profiler.hardware_profiler "
-               "--out cluster.json\n"
-               "  torchrun --nnodes 2 --nproc-per-node 8 ... -m megatron_auto.profiler."
-               "hardware_profiler --out cluster-2x8.json --raw-out cluster-2x8.raw.json\n"
-               "then: megatron-auto plan ... --cluster cluster.json")
-    parser.add_argument("--out", required=True, help="cluster profile JSON to write (rank 0)")
-    parser.add_argument("--raw-out", default=None, help="also write every timing here (rank 0)")
-    parser.add_argument("--name", default=None, help="cluster name (default measured-<device>-NxD)")
-    parser.add_argument("--message-sizes", type=int, nargs="+", default=None, metavar="BYTES",
-                        help="message sizes to fit bandwidth and latency from "
-                             "(default 64K/1M/4M on CPU, 1M/16M/128M on GPU)")
-    parser.add_argument("--iters", type=int, default=10, help="timed calls per size (default 10)")
-    parser.add_argument("--warmup-iters", type=int, default=1)
-    parser.add_argument("--devices-per-node", type=int, default=None,
-                        help="ranks per node (default: torchrun's LOCAL_WORLD_SIZE)")
-    parser.add_argument("--backend", choices=("nccl", "gloo"), default=None,
-                        help="default: nccl when CUDA is available, else gloo")
-    return parser
-
-
-def config_from_args(args: argparse.Namespace) -> HardwareProfilerConfig:
-    return HardwareProfilerConfig(message_sizes=tuple(args.message_sizes or ()),
-                                  warmup_iters=args.warmup_iters, iters=args.iters,
-                                  devices_per_node=args.devices_per_node, name=args.name)
-
-
-def run_from_args(args: argparse.Namespace) -> ClusterSpec:
-    """Initialise torch.distributed from torchrun's env when needed, profile, write on rank 0."""
-    config = config_from_args(args)
-    own_group = False
-    if not dist.is_initialized() and "WORLD_SIZE" in os.environ:
-        backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
-        if backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        else:
-            local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
-        dist.init_process_group(backend)
-        own_group = True
-    try:
-        profile = profile_hardware(config)
-        spec = profile.to_cluster_spec(config.name)
-        if not dist.is_initialized() or dist.get_rank() == 0:
-            spec.save(args.out)
-            if args.raw_out:
-                with open(args.raw_out, "w", encoding="utf-8") as fh:
-                    json.dump(profile.to_dict(), fh, indent=2)
-            logger.info("wrote %s (all-reduce busbw %s)", args.out,
-                        {f"{g}{'c' if c else 's'}": f"{v / 1e9:.2f} GB/s"
-                         for (g, c), v in spec.allreduce_busbw_table.items()})
-        return spec
-    finally:
-        if own_group:
-            dist.destroy_process_group()
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    run_from_args(build_parser().parse_args(argv))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -15,7 +15,7 @@ Per micro-batch size ``b`` in ``batch_sizes`` (forward and backward timed separa
   and without recompute -> ``activation_split_bytes`` / ``activation_replicated_bytes`` /
   ``recompute_bytes_per_sample`` (alpha); under autocast the intercept is the compute-dtype weight
   copies -> ``weight_copy_bytes_per_parameter``;
-- the peak during forward+backward (``training.memory.PeakMemoryMeter``: CUDA allocator stats or
+- the peak during forward+backward (``parallel.memory.PeakMemoryMeter``: CUDA allocator stats or
   MemTracker on CPU) minus parameters, gradients and kept activations -> the backward scratch;
   for the head this is the transient of the logits and the loss.
 
@@ -48,7 +48,7 @@ from ..models.transformer import TransformerLayer, make_norm
 from ..parallel.context import LayerGroups, Layout
 from ..parallel.tensor_parallel import ColumnParallelLinear, vocab_parallel_cross_entropy
 from ..planner.profiles import EmbeddingProfile, LayerTypeProfile, ModelProfile
-from ..training.memory import PeakMemoryMeter, storage_bytes
+from ..parallel.memory import PeakMemoryMeter, storage_bytes
 from . import cache as profile_cache
 from .activation_meter import SavedTensorMeter, transformer_classifier, vocab_classifier
 
@@ -59,8 +59,6 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # profiles are measured again (2: transient with gradients allocated beforehand; in-place loss;
 # 3: backward/forward ratio of totals, CPU micro-batch sizes 2, 4, 8).
 MEASUREMENT_VERSION = 3
-# Incremented by every real measurement (not by cache hits): lets tests and users see reuse.
-MEASUREMENT_COUNT = 0
 
 
 @dataclass(frozen=True)
@@ -281,7 +279,6 @@ def _profile_model(model_config: ModelConfig, precision: str = "fp32",
                   config: ModelProfilerConfig = ModelProfilerConfig(),
                   seed: int = 1234) -> ModelProfile:
     """The measurement behind :func:`profile_model`."""
-    global MEASUREMENT_COUNT
     dev = resolve_device(device)
     torch.manual_seed(seed)
     cfg = model_config
@@ -383,7 +380,6 @@ def _profile_model(model_config: ModelConfig, precision: str = "fp32",
         head_transient_split_bytes=fit_line(sizes, head_series.transient)[0],
         forward_time_constant_s=(e_fwd_b + h_fwd_b) / 2,
         backward_forward_ratio=_ratio(emb_series, head_series))
-    MEASUREMENT_COUNT += 1
     elapsed = time.perf_counter() - started
     metadata = {
         "model": cfg.model_type, "device": device_name(dev), "torch": torch.__version__,
@@ -409,11 +405,19 @@ def profile_cache_key(model_config: ModelConfig, precision: str, device: str | t
             "iters": config.iters, "warmup_iters": config.warmup_iters}
 
 
-def get_or_create_model_profile(model_config: ModelConfig, precision: str = "fp32",
-                                device: str | torch.device | None = None,
-                                cache_dir: str | None = None, *,
-                                config: ModelProfilerConfig = ModelProfilerConfig(),
-                                force: bool = False) -> ModelProfile:
+@dataclass(frozen=True)
+class ProfileLookup:
+    """What :func:`lookup_or_measure` found: the profile, and whether it was measured now
+    (False: served from the cache)."""
+
+    profile: ModelProfile
+    measured: bool
+
+
+def lookup_or_measure(model_config: ModelConfig, precision: str = "fp32",
+                      device: str | torch.device | None = None, cache_dir: str | None = None, *,
+                      config: ModelProfilerConfig = ModelProfilerConfig(),
+                      force: bool = False) -> ProfileLookup:
     """The cached profile for this (device, precision, layer shape, seq length, torch), or a
     fresh measurement stored in the cache. ``force`` re-measures and overwrites.
 
@@ -425,10 +429,20 @@ def get_or_create_model_profile(model_config: ModelConfig, precision: str = "fp3
         cached = profile_cache.load_cached(key, cache_dir)
         if cached is not None:
             logger.info("reusing cached model profile %s", profile_cache.cache_path(key, cache_dir))
-            return cached
+            return ProfileLookup(cached, measured=False)
     profile = profile_model(model_config, precision, device, config=config)
     profile = dataclasses.replace(profile, metadata={**profile.metadata,
                                                      profile_cache.KEY_FIELD: key})
     path = profile_cache.store(profile, key, cache_dir)
     logger.info("stored model profile %s", path)
-    return profile
+    return ProfileLookup(profile, measured=True)
+
+
+def get_or_create_model_profile(model_config: ModelConfig, precision: str = "fp32",
+                                device: str | torch.device | None = None,
+                                cache_dir: str | None = None, *,
+                                config: ModelProfilerConfig = ModelProfilerConfig(),
+                                force: bool = False) -> ModelProfile:
+    """:func:`lookup_or_measure`'s profile (cached, or measured and stored)."""
+    return lookup_or_measure(model_config, precision, device, cache_dir, config=config,
+                             force=force).profile

@@ -36,6 +36,7 @@ from ..config import ConfigError, ModelConfig
 from ..plan import Plan, PlanError
 from ..parallel.context import ParallelContext
 from ..parallel.data_parallel import DataParallel
+from ..parallel.optimizer import OptimizerConfig, build_optimizer
 from ..parallel.pipeline import forward_backward
 from . import checkpoint
 from .data import DataError, load_global_batch, prepare_data_source, split_microbatches
@@ -43,7 +44,6 @@ from .logging import format_eval_line, format_iteration_line, get_logger, setup_
 from .lr_scheduler import LRConfig, lr_at, set_lr
 from .metrics import (MetricsWriter, device_peak_tflops, format_prediction_line,
                       model_flops_per_token, predicted_metrics)
-from .optimizer import OptimizerConfig, build_optimizer
 from .precision import LossScaler, PrecisionConfig, unscale_
 
 ModelProvider = Callable[[ModelConfig, ParallelContext, int], nn.Module]
@@ -261,7 +261,7 @@ def _rank0_first(fn: Callable[[], Any]) -> Any:
 
 def _peak_memory_meter(trainer: Trainer) -> Any:
     """The per-iteration memory meter (CUDA allocator statistics, or tensor lifetimes on CPU)."""
-    from .memory import PeakMemoryMeter  # noqa: PLC0415 - heavy optional machinery
+    from ..parallel.memory import PeakMemoryMeter  # noqa: PLC0415 - heavy optional machinery
 
     return PeakMemoryMeter(trainer.ctx.device, trainer.stage, trainer.optimizer)
 

@@ -1,8 +1,11 @@
 """Calibration: fit the cost model's correction terms to measured runs, write them into profiles.
 
+Pure computation over plan files, metrics files and profiles (numpy, no torch): it sits next to
+the cost model it inverts. The ``megatron-auto calibrate`` command is ``profiler/cli.py``.
+
 Inputs are runs: a metrics file (``--metrics-file`` JSON lines of a training run, DESIGN §5.3)
 and the plan file it trained with (its ``model`` record names the model). The plans are priced
-again with the planner's own cost model (:func:`planner.cost_model.evaluate_plan`) while four
+again with the planner's own cost model (:func:`.cost_model.evaluate_plan`) while four
 terms vary; least squares on relative errors picks them (math: docs/profiling.md §4):
 
 - time: ``time_scale`` ``s`` multiplies every compute time of the model profile (equivalently
@@ -34,10 +37,11 @@ import numpy as np
 
 from ..config import ConfigError, ModelConfig
 from ..plan import Plan, PlanError
-from ..planner.cost_model import evaluate_plan
-from ..planner.hardware import GiB, ClusterSpec
-from ..planner.model_spec import ModelSpec, TrainingSpec
-from ..planner.profiles import ModelProfile, analytic_profile
+from .cost_model import evaluate_plan
+from .hardware import GiB, ClusterSpec
+from .model_spec import ModelSpec, TrainingSpec
+from .presets import get_cluster
+from .profiles import ModelProfile, analytic_profile
 
 MEASURED_FIELDS = ("iteration_time_s", "peak_memory_bytes")
 # Relative gap between a run's logged prediction and our re-pricing that earns a warning note.
@@ -405,8 +409,6 @@ def calibrate_files(runs: Sequence[tuple[str, str]], cluster: str,
     The cluster is written to ``cluster_out`` (default: back into ``cluster`` when it is a
     file); the model profile to ``model_profile_out`` (default: back into ``model_profile``).
     """
-    from ..planner.presets import get_cluster
-
     spec = get_cluster(cluster)
     if cluster_out is None:
         if not os.path.isfile(cluster):
