@@ -21,7 +21,10 @@ setup(
     include_package_data=True,
     install_requires=["torch>=2.4", "numpy", "sentencepiece"],
     extras_require={
-        "test": ["pytest>=9.0,<10"],
+        # The test extra installs the optional packages too, so their tests run in CI instead
+        # of skipping (version ranges we have run).
+        "test": ["pytest>=9.0,<10", "tensorboard>=2.21,<3", "wandb>=0.31,<1"],
+        "logging": ["tensorboard>=2.21,<3", "wandb>=0.31,<1"],
         # apex / transformer-engine: build from source (see README); nothing installable here.
         "gpu": [],
     },
