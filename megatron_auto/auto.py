@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from .config import ModelConfig
+from .parallel.device import resolve_device
 from .plan import Plan, PlanError
 from .planner.hardware import ClusterSpec
 from .planner.megatron_flags import to_megatron_flags
@@ -114,9 +115,7 @@ def precision_of(args: argparse.Namespace) -> str:
 
 # --------------------------------------------------------------------------- profiles
 def _device() -> torch.device:
-    if torch.cuda.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    return resolve_device()
 
 
 def _rank() -> int:
@@ -168,9 +167,7 @@ def resolve_cluster(args: argparse.Namespace, world_size: int, cache_dir: Path) 
     spec = _broadcast(profile_hardware(HardwareProfilerConfig()).to_cluster_spec())
     if _rank() == 0:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        spec.save(tmp)
-        os.replace(tmp, path)
+        spec.save(path)  # atomic: ranks of a later run may read it
     return spec
 
 

@@ -11,6 +11,8 @@ import json
 import os
 from typing import Any
 
+from .atomicfile import atomic_open
+
 
 def read_json(path: str | os.PathLike, label: str, error: type[Exception], *,
               read_fix: str = "check the path", syntax_fix: str = "fix the file") -> Any:
@@ -28,7 +30,8 @@ def read_json(path: str | os.PathLike, label: str, error: type[Exception], *,
 
 
 def write_json(path: str | os.PathLike, data: Any) -> None:
-    """``data`` as indented JSON with a final newline."""
-    with open(path, "w", encoding="utf-8") as fh:
+    """``data`` as indented JSON with a final newline, written atomically (a reader sharing the
+    file, e.g. another rank reading a profile cache, never sees half of it)."""
+    with atomic_open(path) as fh:
         json.dump(data, fh, indent=2)
         fh.write("\n")

@@ -3,7 +3,7 @@
 Sample indices depend only on a few parameters (the data, the document range, the sample
 count, the sequence length, the seed), so they are built once and stored as ``.npy`` files
 named by a hash of those parameters. Several ranks may build the same arrays at the same time:
-each writes a private temporary file and renames it into place (``os.replace`` is atomic), and
+each writes a private temporary file and renames it into place (``atomicfile``), and
 because the build is deterministic every rank ends up reading identical arrays.
 """
 
@@ -13,10 +13,11 @@ import hashlib
 import json
 import logging
 import os
-import socket
 from typing import Any, Callable
 
 import numpy as np
+
+from ..atomicfile import atomic_open, atomic_write
 
 logger = logging.getLogger(__name__)
 
@@ -53,10 +54,8 @@ def array_digest(arr: np.ndarray) -> str:
 
 
 def save_npy_atomic(path: str, arr: np.ndarray) -> None:
-    tmp = f"{path}.tmp.{socket.gethostname()}.{os.getpid()}"
-    with open(tmp, "wb") as f:
+    with atomic_open(path, "wb") as f:
         np.save(f, arr, allow_pickle=False)
-    os.replace(tmp, path)
 
 
 def cached_arrays(
@@ -84,8 +83,7 @@ def cached_arrays(
         for p, a in list(zip(paths, arrays))[::-1]:
             save_npy_atomic(p, a)
         # Record what the hash stands for, to help people clean up caches.
-        with open(os.path.join(directory, f"{key}-description.txt"), "w") as f:
-            f.write(description + "\n")
+        atomic_write(os.path.join(directory, f"{key}-description.txt"), description + "\n")
     except OSError as err:
         logger.warning("could not cache %s indices in %s (%s); using them uncached", description, directory, err)
     return arrays

@@ -22,12 +22,12 @@ instead of returning garbage tokens later.
 from __future__ import annotations
 
 import os
-import socket
 import struct
 from typing import Sequence
 
 import numpy as np
 
+from ..atomicfile import AtomicFile
 from megatron_auto.data.errors import DataInputError
 
 MAGIC = b"MMIDIDX\x00\x00"
@@ -94,11 +94,11 @@ class IndexedDatasetBuilder:
         self.prefix = prefix
         self.dtype = np.dtype(dtype)
         self._code = dtype_code(self.dtype)
-        # Unique per writer, also across nodes sharing a file system (pids repeat across hosts).
-        self._tmp_suffix = f".tmp.{socket.gethostname()}.{os.getpid()}"
-        self._bin_tmp = data_file_path(prefix) + self._tmp_suffix
         os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
-        self._bin = open(self._bin_tmp, "wb")
+        # A private temporary file (unique across hosts sharing a file system), renamed on
+        # finalize.
+        self._bin_file = AtomicFile(data_file_path(prefix), "wb")
+        self._bin = self._bin_file.file
         self._lengths: list[int] = []
         self._doc_indices: list[int] = [0]
         self._finalized = False
@@ -159,16 +159,13 @@ class IndexedDatasetBuilder:
     def abort(self) -> None:
         """Discard what was written (no output files appear)."""
         if not self._finalized:
-            self._bin.close()
-            if os.path.exists(self._bin_tmp):
-                os.remove(self._bin_tmp)
+            self._bin_file.abort()
             self._finalized = True
 
     def finalize(self) -> None:
         """Write the index and move both files into place."""
         if self._finalized:
             return
-        self._bin.close()
         if self._doc_indices[-1] != len(self._lengths):
             # Sequences after the last end_document() form a final document (Megatron would
             # silently drop them from the document list, making them unreachable).
@@ -178,8 +175,9 @@ class IndexedDatasetBuilder:
         if len(lengths) > 1:
             np.cumsum(lengths[:-1].astype(np.int64) * self.dtype.itemsize, out=pointers[1:])
         docs = np.asarray(self._doc_indices, dtype=np.int64)
-        idx_tmp = index_file_path(self.prefix) + self._tmp_suffix
-        with open(idx_tmp, "wb") as f:
+        index = AtomicFile(index_file_path(self.prefix), "wb")
+        try:
+            f = index.file
             f.write(MAGIC)
             f.write(struct.pack("<Q", VERSION))
             f.write(struct.pack("<B", self._code))
@@ -188,8 +186,13 @@ class IndexedDatasetBuilder:
             f.write(lengths.tobytes(order="C"))
             f.write(pointers.tobytes(order="C"))
             f.write(docs.tobytes(order="C"))
-        os.replace(self._bin_tmp, data_file_path(self.prefix))
-        os.replace(idx_tmp, index_file_path(self.prefix))
+            # Data first, then index: a reader that finds the new index also finds its data.
+            self._bin_file.commit()
+            index.commit()
+        except BaseException:
+            index.abort()
+            self._bin_file.abort()
+            raise
         self._finalized = True
 
 

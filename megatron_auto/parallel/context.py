@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from ..plan import Plan
+from .device import resolve_device
 
 
 @dataclass(frozen=True)
@@ -109,9 +110,7 @@ class LayerGroups:
 
 
 def _default_device() -> torch.device:
-    if torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    return resolve_device()
 
 
 class ParallelContext:

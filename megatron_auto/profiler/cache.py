@@ -14,7 +14,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -80,12 +79,5 @@ def store(profile: ModelProfile, key: Mapping[str, Any],
                          "stored under")
     path = cache_path(key, cache_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        profile.save(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    profile.save(path)  # ModelProfile.save writes atomically (jsonfile.write_json)
     return path

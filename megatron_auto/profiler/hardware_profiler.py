@@ -42,6 +42,7 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
+from ..parallel.device import resolve_device
 from ..planner.hardware import GiB, ClusterSpec
 from ..planner.presets import make_cluster
 from . import comm_bench as cb
@@ -249,9 +250,7 @@ def nodes_of(ranks: Sequence[int], devices_per_node: int) -> int:
 def _device() -> torch.device:
     """CUDA (the current device, which the launcher or ``cli.profile_hardware_from_args``
     selected) unless the process group is gloo; then CPU."""
-    if torch.cuda.is_available() and (not dist.is_initialized() or dist.get_backend() == "nccl"):
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    return resolve_device()
 
 
 def _device_info(device: torch.device, local_world: int) -> tuple[str, int, int]:

@@ -46,6 +46,7 @@ from ..config import ModelConfig
 from ..models.gpt import LanguageModelEmbedding
 from ..models.transformer import TransformerLayer, make_norm
 from ..parallel.context import LayerGroups, Layout
+from ..parallel.device import resolve_device
 from ..parallel.tensor_parallel import ColumnParallelLinear, vocab_parallel_cross_entropy
 from ..planner.profiles import EmbeddingProfile, LayerTypeProfile, ModelProfile
 from ..parallel.memory import PeakMemoryMeter, storage_bytes
@@ -87,12 +88,6 @@ class ModelProfilerConfig:
 
 
 # ------------------------------------------------------------------------------ helpers
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)

@@ -34,7 +34,7 @@ replicas would break its no-overlap rule). Offsets need none of that. The ``stat
 initialisation returns early when gradients exist (our ``ddp`` gradients are permanent views
 into the all-reduce buckets) and resets gradients to ``None`` (detaching them from the buckets).
 
-Atomicity: ``latest_checkpointed_iteration.txt`` is replaced (write + ``os.replace``) only after
+Atomicity: ``latest_checkpointed_iteration.txt`` is replaced (``atomicfile.atomic_write``, fsynced) only after
 ``dcp.save`` returned on every rank, i.e. after DCP wrote its ``.metadata`` file last; a crash
 mid-save leaves ``latest`` on the previous complete checkpoint.
 """
@@ -59,6 +59,7 @@ from torch.distributed.checkpoint.planner import (LoadPlan, SavePlan, TensorWrit
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 from torch.distributed.tensor import DTensor
 
+from ..atomicfile import atomic_write
 from ..config import ModelConfig
 from .logging import get_logger
 
@@ -273,21 +274,13 @@ def save_checkpoint(trainer: "Trainer", save_dir: str | os.PathLike) -> str:
                 "loss_scaler": trainer.scaler.state_dict(),
                 "world_size": trainer.ctx.world_size,
                 "plan": trainer.plan.to_dict(), "model": trainer.model_config.to_dict()}
-        _write_atomically(os.path.join(path, INFO_FILE), json.dumps(info, indent=1) + "\n")
-        _write_atomically(os.path.join(save_dir, LATEST_FILE), f"{trainer.iteration}\n")
+        atomic_write(os.path.join(path, INFO_FILE), json.dumps(info, indent=1) + "\n",
+                     durable=True)
+        atomic_write(os.path.join(save_dir, LATEST_FILE), f"{trainer.iteration}\n", durable=True)
     dist.barrier()  # nobody moves on (or loads) before ``latest`` names the new checkpoint
     log.info(f"> saved checkpoint at iteration {trainer.iteration} to {path} "
              f"in {time.perf_counter() - start:.2f} s")
     return path
-
-
-def _write_atomically(path: str, text: str) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 # ----------------------------------------------------------------------------------- load

@@ -36,6 +36,7 @@ from ..config import ConfigError, ModelConfig
 from ..plan import Plan, PlanError
 from ..parallel.context import ParallelContext
 from ..parallel.data_parallel import DataParallel
+from ..parallel.device import resolve_device, select_local_cuda_device
 from ..parallel.optimizer import OptimizerConfig, build_optimizer
 from ..parallel.pipeline import forward_backward
 from . import checkpoint
@@ -234,11 +235,8 @@ def _init_distributed() -> torch.device:
             os.environ.setdefault("MASTER_PORT", str(_free_port()))
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend)
-    if torch.cuda.is_available():
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local)
-        return torch.device("cuda", local)
-    return torch.device("cpu")
+    select_local_cuda_device()
+    return resolve_device()
 
 
 def _free_port() -> int:
