@@ -246,9 +246,15 @@ class Plan:
         if model.num_layers != len(self.layers):
             raise PlanError(f"plan field layers has {len(self.layers)} entries but the model has "
                             f"--num-layers={model.num_layers}; give one entry per layer")
+        # Models whose layers differ in shape (Swin stages) check each layer on its own.
+        per_layer = getattr(model, "check_layer_tensor_parallel", None)
         for i, layer in enumerate(self.layers):
+            what = f"plan field layers[{i}].tp"
             try:
-                model.check_tensor_parallel(layer.tp, what=f"plan field layers[{i}].tp")
+                if per_layer is not None:
+                    per_layer(i, layer.tp, what)
+                else:
+                    model.check_tensor_parallel(layer.tp, what=what)
             except ValueError as err:
                 raise PlanError(str(err)) from None
         try:
