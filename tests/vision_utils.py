@@ -47,7 +47,7 @@ def _train_worker(rank, world_size, config_dict, plan_dicts, steps):
     from megatron_auto.models.init import gather_full_state
     from megatron_auto.models.vit import build_vision_stage
     from megatron_auto.training.lr_scheduler import LRConfig
-    from megatron_auto.training.optimizer import OptimizerConfig
+    from megatron_auto.parallel.optimizer import OptimizerConfig
     from megatron_auto.training.pretrain import build_trainer, train_step
 
     config = VisionConfig.from_dict(config_dict)
