@@ -109,6 +109,13 @@ class StandIn(nn.Module):
         self.embedding = Embedding(ctx.vocab_groups() if ctx else None)
         self.ctx = ctx
 
+    def parallel_units(self) -> list:
+        """The mapping DataParallel reads: the embedding first where its ``embed`` runs (the
+        first stage: its gradient is complete only at the end), else after the layers."""
+        layers = [(f"layers.{key}", block, int(key)) for key, block in self.layers.items()]
+        embedding = [("embedding", self.embedding, None)]
+        return embedding + layers if "embed" in self.uses else layers + embedding
+
     def _chunk(self, t: torch.Tensor, groups) -> torch.Tensor:
         return t if groups is None else t.chunk(groups.dp_size)[groups.dp_rank]
 
@@ -278,11 +285,16 @@ def _bad_input(rank, world_size):
     model = StandIn(plan, ctx)
     loose = nn.Module()
     loose.scale = nn.Parameter(torch.ones(2))  # no layer or embedding to give it a group
+    loose.parallel_units = lambda: []
+    misnamed = StandIn(plan, ctx)
+    misnamed.parallel_units = lambda: [("layer.0", misnamed.layers["0"], 0)]
     errors = []
     for call in (lambda: DataParallel(model, ctx, precision="fp8"),
                  lambda: DataParallel(model, ctx).set_microbatch(2, 2),
                  lambda: GradBuckets([], bucket_size_bytes=0),
-                 lambda: DataParallel(loose, ctx)):
+                 lambda: DataParallel(loose, ctx),
+                 lambda: DataParallel(nn.Linear(2, 2), ctx),
+                 lambda: DataParallel(misnamed, ctx)):
         try:
             call()
         except ValueError as err:
@@ -306,9 +318,11 @@ def test_bad_input_names_the_field():
     assert "precision='fp8'" in errors[0] and "bf16" in errors[0]
     assert "set_microbatch(index=2, num_microbatches=2)" in errors[1]
     assert "bucket_size_bytes=0" in errors[2]
-    assert "parameters ['scale'] sit directly on the stage module" in errors[3]
-    assert "received a gradient after its bucket's all-reduce was launched" in errors[4]
-    assert errors[5] == [4.0, 4.0, 4.0]
+    assert "parameters ['scale'] belong to no unit of Module.parallel_units()" in errors[3]
+    assert "Linear has no parallel_units()" in errors[4]
+    assert "names 'layer.0', which is not that module's FQN in the stage" in errors[5]
+    assert "received a gradient after its bucket's all-reduce was launched" in errors[6]
+    assert errors[7] == [4.0, 4.0, 4.0]
 
 
 # ------------------------------------------------------------------ with the real GPTStage

@@ -87,6 +87,9 @@ class Stack(nn.Module):
         torch.manual_seed(0)
         self.layers = nn.ModuleDict({str(i): nn.Linear(256, 256, bias=False) for i in range(4)})
 
+    def parallel_units(self) -> list:  # the mapping DataParallel reads
+        return [(f"layers.{key}", layer, int(key)) for key, layer in self.layers.items()]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers.values():
             x = torch.tanh(layer(x))

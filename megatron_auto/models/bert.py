@@ -60,6 +60,7 @@ class BertStage(TransformerStage):
     """One pipeline stage of a BERT encoder (see module docstring)."""
 
     causal = False
+    head_modules = ("final_norm", "lm_head", "pooler", "binary_head")
 
     def __init__(self, config: ModelConfig, ctx: ParallelContext, *, seed: int = 1234) -> None:
         super().__init__(config, ctx, seed=seed)

@@ -173,14 +173,38 @@ class TransformerStage(nn.Module):
             hidden = self.layers[str(i)](hidden, mask, rotary)
         return hidden, current
 
+    # Vocab-layout modules after the layers, in the order the last stage runs them.
+    head_modules: tuple[str, ...] = ("final_norm", "output_layer")
+
+    def parallel_units(self) -> list[tuple[str, nn.Module, int | None]]:
+        """This stage's modules by layout, in forward order: the mapping the data-parallel
+        runtime reads (``parallel.data_parallel``).
+
+        ``("layers.<i>", layer, i)`` for each transformer layer (layer ``i``'s layout and plan
+        entry); ``(name, module, None)`` for each vocab-layout module: the embedding first on
+        the first stage, then after the layers the heads (:attr:`head_modules`) and, on a last
+        stage that is not the first, the tied embedding copy used as LM head. Every parameter
+        of the stage is in exactly one entry; the names are the modules' FQNs, the same under
+        every plan.
+        """
+        has_embedding = hasattr(self, "embedding")
+        units: list[tuple[str, nn.Module, int | None]] = []
+        if has_embedding and self.is_first_stage:
+            units.append(("embedding", self.embedding, None))
+        units += [(f"layers.{i}", self.layers[str(i)], i) for i in self.layer_ids]
+        units += [(name, getattr(self, name), None) for name in self.head_modules
+                  if getattr(self, name, None) is not None]
+        if has_embedding and not self.is_first_stage:
+            units.append(("embedding", self.embedding, None))
+        return units
+
     def groups_for_parameter(self, fqn: str) -> LayerGroups:
-        """Groups a parameter lives on: its layer's layout for ``layers.<i>.*``, else the vocab
-        layout (embeddings, final norm, head). Its gradient is summed over that ``dp_group``."""
-        if fqn.startswith("layers."):
-            return self._layer_groups[int(fqn.split(".")[1])]
-        if self.vocab_groups is None:
-            raise KeyError(f"{fqn}: not a parameter of stage {self.ctx.stage}")
-        return self.vocab_groups
+        """Groups a parameter lives on (from :meth:`parallel_units`): its layer's layout for a
+        layer's parameter, else the vocab layout. Its gradient is summed over that ``dp_group``."""
+        for name, _, layer in self.parallel_units():
+            if fqn.startswith(name + "."):
+                return self._layer_groups[layer] if layer is not None else self.vocab_groups
+        raise KeyError(f"{fqn}: not a parameter of stage {self.ctx.stage}")
 
     def input_groups(self) -> LayerGroups:
         assert self.input_layout is not None

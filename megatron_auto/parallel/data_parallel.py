@@ -1,9 +1,14 @@
 """Per-layer data parallelism: ``ddp``, ``zero2`` and ``zero3`` side by side in one stage.
 
-Every transformer layer (``stage.layers[str(i)]``) synchronises its gradients over its own
-data-parallel group (``ctx.layer_groups(i)``) in the flavour its plan entry names; every other
-child of the stage (embedding, final norm, untied output layer) follows the plan's vocab entry
-on ``ctx.vocab_groups()``.
+The stage says which of its modules follow which plan entry: ``stage.parallel_units()`` returns
+``(name, module, layer)`` triples (:data:`ParallelUnit`), in the order forward first uses their
+parameters. ``layer = i`` is transformer layer ``i``: its gradients are synchronised over
+``ctx.layer_groups(i)``'s data-parallel group in the flavour ``plan.layers[i]`` names; ``layer =
+None`` is a module on the vocab layout (embedding, final norm, heads), following ``plan.vocab``
+on ``ctx.vocab_groups()``. ``name`` is the module's FQN in the stage (the prefix of its
+parameters' FQNs); every parameter of the stage belongs to exactly one unit (one shared by two
+units, like a tied weight, to the first). The models implement it
+(``models.gpt.TransformerStage.parallel_units``); nothing here reads module names.
 
 - ``ddp``: parameters, gradients and optimizer state replicated. Gradients accumulate locally
   over the micro-batches and are summed once per iteration by bucketed all-reduces launched
@@ -52,6 +57,9 @@ PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 TIED_EMBEDDING_FQN = "embedding.word_embeddings.weight"
 # Methods of the embedding module that run outside ``forward`` and need gathered parameters.
 EMBEDDING_FORWARD_METHODS = ("embed", "logits")
+# One entry of ``stage.parallel_units()``: (FQN of the module in the stage, the module, the
+# global index of the transformer layer it is, or None for a module on the vocab layout).
+ParallelUnit = tuple[str, nn.Module, int | None]
 
 
 def tensor_parallel_fqns(stage: nn.Module) -> set[str]:
@@ -84,6 +92,7 @@ class _Unit:
     groups: Any  # LayerGroups
     dp_mode: str  # effective: "ddp" whenever dp_size == 1
     params: list[tuple[str, nn.Parameter]]
+    position: int  # index in the stage's forward order (gradients finish in reverse)
 
 
 class DataParallel:
@@ -125,7 +134,7 @@ class DataParallel:
         # Units on the same DP group share buckets (fewer, larger all-reduces), laid out in
         # forward order (GradBuckets reverses it into the order backward finishes gradients).
         ddp_groups: dict[tuple[int, ...], tuple[Any, list[nn.Parameter]]] = {}
-        for u in sorted(self._units, key=self._forward_position):
+        for u in sorted(self._units, key=lambda unit: unit.position):
             if u.dp_mode == "ddp" and u.groups.dp_size > 1:
                 key = tuple(u.groups.dp_ranks)
                 _, plist = ddp_groups.setdefault(key, (u.groups.dp_group, []))
@@ -136,11 +145,26 @@ class DataParallel:
     # ----------------------------------------------------------------- setup
     @staticmethod
     def _find_units(stage: nn.Module, ctx: Any) -> list[_Unit]:
+        """The stage's units from its own mapping (``stage.parallel_units()``)."""
         plan = ctx.plan
+        if not callable(getattr(stage, "parallel_units", None)):
+            raise ValueError(f"DataParallel: {type(stage).__name__} has no parallel_units(); a "
+                             f"stage lists its modules by layout there (see "
+                             f"models.gpt.TransformerStage.parallel_units)")
         owner: dict[int, str] = {}
         units: list[_Unit] = []
-
-        def add(name: str, module: nn.Module, groups: Any, dp_mode: str) -> None:
+        for position, (name, module, layer) in enumerate(stage.parallel_units()):
+            try:
+                named = stage.get_submodule(name)
+            except AttributeError:
+                named = None
+            if named is not module:  # the FQNs below must be the stage's own
+                raise ValueError(f"DataParallel: {type(stage).__name__}.parallel_units() names "
+                                 f"{name!r}, which is not that module's FQN in the stage")
+            if layer is None:
+                groups, dp_mode = ctx.vocab_groups(), plan.vocab.dp_mode
+            else:
+                groups, dp_mode = ctx.layer_groups(layer), plan.layers[layer].dp_mode
             params = []
             for sub, p in module.named_parameters():
                 if id(p) in owner:  # shared with an earlier unit: that one owns it
@@ -149,38 +173,18 @@ class DataParallel:
                 params.append((f"{name}.{sub}", p))
             if params:
                 mode = dp_mode if groups.dp_size > 1 else "ddp"
-                units.append(_Unit(name, module, groups, mode, params))
-
-        for name, child in stage.named_children():
-            if name == "layers":
-                for key, layer in child.named_children():
-                    index = int(key)
-                    add(f"layers.{key}", layer, ctx.layer_groups(index), plan.layers[index].dp_mode)
-            elif any(True for _ in child.parameters()):
-                add(name, child, ctx.vocab_groups(), plan.vocab.dp_mode)
-        direct = [n for n, _ in stage.named_parameters(recurse=False)]
-        if direct:
-            raise ValueError(f"DataParallel: parameters {direct} sit directly on the stage module; "
-                             f"put them in a child module (a layer or the embedding/head) so that "
-                             f"they get a data-parallel group")
+                units.append(_Unit(name, module, groups, mode, params, position))
+        loose = [n for n, p in stage.named_parameters() if id(p) not in owner]
+        if loose:
+            raise ValueError(f"DataParallel: parameters {loose} belong to no unit of "
+                             f"{type(stage).__name__}.parallel_units(); list the module that "
+                             f"holds them (a layer or a vocab-layout module) so that they get a "
+                             f"data-parallel group")
         for unit in units:
             if unit.dp_mode not in DP_MODES:
                 raise ValueError(f"DataParallel: dp_mode={unit.dp_mode!r} for {unit.name}: "
                                  f"choose one of {', '.join(DP_MODES)}")
         return units
-
-    def _forward_position(self, unit: _Unit) -> int:
-        """Where a unit's parameters are first used in forward (their gradients finish last).
-
-        The first stage's embedding comes first (also when, with one stage, it is the tied head
-        too: its gradient is complete only after the whole backward), layers by index, then the
-        final norm and the head.
-        """
-        if unit.name.startswith("layers."):
-            return 1 + int(unit.name.split(".")[1])
-        if unit.name == "embedding" and self.ctx.is_first_stage:
-            return 0
-        return 1 + len(self.ctx.plan.layers)
 
     @staticmethod
     def _has_tied_copy(stage: nn.Module, ctx: Any) -> bool:
