@@ -45,11 +45,11 @@ def _regex_split(text: str) -> list[str]:
 def _punkt() -> Any:
     """NLTK's punkt splitter when nltk and its data are installed (never downloads)."""
     try:
-        import nltk
+        import nltk  # noqa: F401, PLC0415 - optional package, only for sentence splitting
     except ImportError:
         return None
     try:  # nltk >= 3.9 reads the "punkt_tab" data
-        from nltk.tokenize import PunktTokenizer
+        from nltk.tokenize import PunktTokenizer  # noqa: PLC0415 - optional package
 
         return PunktTokenizer()
     except Exception:  # older nltk, or the data is not installed (LookupError)

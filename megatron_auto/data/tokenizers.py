@@ -107,7 +107,7 @@ class SentencePieceTokenizer(_SpecialTokens):
                 f"--tokenizer-model={model_file!r}: SentencePiece model file not found; "
                 f"pass a .model file (tools/train_tokenizer.py trains one)"
             )
-        import sentencepiece as spm
+        import sentencepiece as spm  # noqa: PLC0415 - optional package, only this tokenizer
 
         self.model_file = model_file
         try:
@@ -191,7 +191,7 @@ class HuggingFaceTokenizer(_SpecialTokens):
         self._specials: dict[str, int] = {}
         if model_name_or_path.endswith(".json") and os.path.isfile(model_name_or_path):
             try:
-                from tokenizers import Tokenizer as _HFTokenizer
+                from tokenizers import Tokenizer as _HFTokenizer  # noqa: PLC0415 - optional package
             except ImportError as err:
                 raise ImportError(
                     f"--tokenizer-model {model_name_or_path}: a tokenizer.json needs the `tokenizers` "
@@ -203,7 +203,7 @@ class HuggingFaceTokenizer(_SpecialTokens):
             lookup = self.fast.token_to_id
         else:
             try:
-                from transformers import AutoTokenizer
+                from transformers import AutoTokenizer  # noqa: PLC0415 - optional, heavy package
             except ImportError as err:
                 raise ImportError(
                     "--tokenizer-type HuggingFaceTokenizer needs the `transformers` package "

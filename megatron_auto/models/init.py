@@ -102,7 +102,8 @@ def init_parameters(root: nn.Module, config: ModelConfig, seed: int,
 
 
 def _local_value(t: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
+    # lazy: torch.distributed.tensor takes ~1 s to import; only ZeRO (FSDP2) runs have DTensors
+    from torch.distributed.tensor import DTensor  # noqa: PLC0415
 
     if isinstance(t, DTensor):  # FSDP2 shards over the DP mesh: reassemble the TP-local tensor
         t = t.full_tensor()

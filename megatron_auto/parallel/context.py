@@ -32,6 +32,7 @@ from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 
 from ..plan import Plan
 from .device import resolve_device
@@ -103,8 +104,6 @@ class LayerGroups:
     def dp_mesh(self) -> Any:
         """A 1-D DeviceMesh over the DP group (for FSDP2), built on first use and cached."""
         if self._dp_mesh is None:
-            from torch.distributed.device_mesh import DeviceMesh
-
             self._dp_mesh = DeviceMesh.from_group(self.dp_group, self.device_type)
         return self._dp_mesh
 

@@ -19,10 +19,12 @@ state created during an iteration is picked up on its own.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Iterable
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 # MemTracker's categories -> our names (the planner's memory_breakdown keys).
 _MEMTRACKER_KINDS = {
@@ -75,7 +77,8 @@ def _make_tracker() -> Any:
     per-module statistics of that root are dropped and restarted instead; the global peak, which
     is all we report, is unaffected.
     """
-    from torch.distributed._tools.mem_tracker import MemTracker
+    # lazy: torch.distributed._tools.mem_tracker takes ~1 s to import and only CPU runs need it
+    from torch.distributed._tools.mem_tracker import MemTracker  # noqa: PLC0415
 
     class _MicrobatchMemTracker(MemTracker):
         def _pre_fw_hook(self, module: nn.Module, inputs: Any) -> None:
@@ -102,8 +105,6 @@ def _pop_modules_after_backward(mod_tracker: Any) -> None:
     tracker closes each module's backward when the backward pass ends: only the per-module
     statistics, which are not reported, change; the peak and its split by kind do not.
     """
-    from torch.utils._pytree import tree_flatten, tree_unflatten
-
     hook = mod_tracker._fw_pre_hook
 
     def fw_pre_hook(module: nn.Module, inputs: Any) -> None:
@@ -114,30 +115,37 @@ def _pop_modules_after_backward(mod_tracker: Any) -> None:
     mod_tracker._fw_pre_hook = fw_pre_hook  # read by ModTracker.__enter__
 
 
-_saved_winfo: Any = None
+@functools.lru_cache(maxsize=None)
+def _rounded_record_class(base: type) -> type:
+    """MemTracker's storage record ``base`` rounding every storage to the allocator block (one
+    class per base, so records made in different iterations share it)."""
+
+    class _RoundedWeakRefInfo(base):  # type: ignore[misc, valid-type]
+        rounds_like_cuda = True
+
+        def _calculate_mem_consumed(self) -> int:
+            mem = self.size * self.element_size
+            return -(-mem // ALLOCATOR_BLOCK_BYTES) * ALLOCATOR_BLOCK_BYTES
+
+    return _RoundedWeakRefInfo
 
 
 def _round_like_cuda(enable: bool) -> None:
     """Make MemTracker round CPU storages to the CUDA allocator block while a meter runs.
 
     MemTracker rounds only CUDA storages; a CPU run must report what the GPU would allocate.
-    Storages seen while enabled keep the rounding rule (it lives on their record objects).
+    Storages seen while enabled keep the rounding rule (it lives on their record objects). The
+    swapped class itself says whether it is ours, so no state of our own is kept.
     """
-    global _saved_winfo
-    from torch.distributed._tools import mem_tracker
+    # lazy: torch.distributed._tools.mem_tracker takes ~1 s to import and only CPU runs need it
+    from torch.distributed._tools import mem_tracker  # noqa: PLC0415
 
-    if enable and _saved_winfo is None:
-        _saved_winfo = mem_tracker._WeakRefInfo
-
-        class _RoundedWeakRefInfo(_saved_winfo):  # type: ignore[misc, valid-type]
-            def _calculate_mem_consumed(self) -> int:
-                mem = self.size * self.element_size
-                return -(-mem // ALLOCATOR_BLOCK_BYTES) * ALLOCATOR_BLOCK_BYTES
-
-        mem_tracker._WeakRefInfo = _RoundedWeakRefInfo
-    elif not enable and _saved_winfo is not None:
-        mem_tracker._WeakRefInfo = _saved_winfo
-        _saved_winfo = None
+    current = mem_tracker._WeakRefInfo
+    ours = getattr(current, "rounds_like_cuda", False)
+    if enable and not ours:
+        mem_tracker._WeakRefInfo = _rounded_record_class(current)
+    elif not enable and ours:
+        mem_tracker._WeakRefInfo = current.__base__
 
 
 class PeakMemoryMeter:

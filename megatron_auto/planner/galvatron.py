@@ -25,7 +25,7 @@ import re
 from dataclasses import replace
 from typing import Any, Mapping
 
-from ..plan import LayerStrategy, PipelineSpec, Plan, PlanError, VocabStrategy
+from ..plan import LayerStrategy, PipelineSpec, Plan, PlanError, VocabStrategy, even_partition
 from . import galvatron_files as gf
 from .galvatron_files import GalvatronFormatError
 from .hardware import GB, ClusterSpec
@@ -321,7 +321,6 @@ def plan_from_galvatron_config(source: str | os.PathLike | Mapping[str, Any], wo
     pipeline = PipelineSpec(size=pp, schedule=_PIPELINES[pipeline_type],
                             layers_per_stage=tuple(division) if division else ())
     if not division:
-        from ..plan import even_partition
         pipeline = replace(pipeline, layers_per_stage=even_partition(n, pp))
     notes = [f"imported from Galvatron config {os.path.basename(path)}"]
     last_error: PlanError | None = None

@@ -27,7 +27,7 @@ from typing import Any, Mapping
 from ..plan import DP_MODES, SCHEDULES, LayerStrategy, PipelineSpec, Plan, VocabStrategy
 from .cost_model import Estimate, evaluate_plan
 from .model_spec import ModelSpec, TrainingSpec
-from .partition import choose_partition
+from .partition import choose_partition, improve, memory_balanced
 from .profiles import ModelProfile
 from .strategies import BASELINE_SPACES, SPACES, SpaceRules, powers_of_two_upto, vocab_tps
 from .tasks import Task, VocabOption
@@ -268,7 +268,6 @@ def _run_space(space: _Space, spec: ModelSpec, training: TrainingSpec, cluster: 
 def _least_memory(task: Task, mem_row) -> tuple[tuple[int, ...] | None, float | None]:
     """The memory-balanced partition and the least peak memory (bytes) any plan of the task can
     have with this vocab layout (None when no partition exists)."""
-    from .partition import memory_balanced
     part = memory_balanced(task.spec.num_layers, task.pp, mem_row, task.max_len,
                            len(task.spec.layer_types) > 1)
     if part is None:
@@ -326,7 +325,6 @@ def _finish(cands: list[_Candidate], spec: ModelSpec, training: TrainingSpec, cl
     best = None
     for cand in cands:
         if polish and "bmw" in cand.partitions:
-            from .partition import improve
             part, _ = cand.partitions["bmw"]
             if part is not None:
                 part, score = improve(part, lambda p: cand.task.score(p, cand.option))

@@ -24,8 +24,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 
 from ..parallel.comm import all_gather_into_tensor, reduce_scatter_tensor
+from ..parallel.grad_norm import NormEntry, clip_grads_, global_grad_norm
+from ..parallel.optimizer import OptimizerConfig, build_optimizer
 
 OPS = ("allreduce", "allgather", "reduce_scatter")
 
@@ -284,7 +287,7 @@ def zero_collectives(device: torch.device, sizes: Sequence[int], warmup: int, it
     """
     if not dist.is_initialized() or dist.get_world_size() < 2:
         return []
-    from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
+    # lazy: torch.distributed.fsdp pulls in torch.distributed.tensor (~1 s); only worlds > 1
     from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
 
     world = dist.get_world_size()
@@ -356,9 +359,6 @@ def optimizer_step_times(device: torch.device, counts: Sequence[int], warmup: in
     """``(parameters, seconds)`` of the training step after backward on ``parameters`` fp32
     parameters shaped like transformer weights: the global gradient norm (with its scalar
     all-reduce), clipping, and the runtime's AdamW (``parallel/optimizer.py``)."""
-    from ..parallel.grad_norm import NormEntry, clip_grads_, global_grad_norm  # noqa: PLC0415
-    from ..parallel.optimizer import OptimizerConfig, build_optimizer  # noqa: PLC0415
-
     out = []
     for count in counts:
         width = max(8, int((count / 4) ** 0.5))
