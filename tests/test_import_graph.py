@@ -4,15 +4,18 @@ The graph is read from every module's AST, so imports inside functions count as 
 the top (a function-level import that closes a cycle is still a cycle; it only hides it until
 run time). Layers, bottom to top (docs/architecture.md):
 
-    base      plan, layout, config, jsonfile, plots   pure: no torch, import only each other
-    planner   planner.*                               pure (numpy): base only
-    parallel  parallel.*                              torch runtime: base only
-    data      data.*                                  datasets and tokenizers: base only
-    models    models.*                                on parallel
-    profiler  profiler.*                              on models, parallel and the planner
-    auto      auto                                    joins the profiler and the planner
-    training  training.*                              the loop, on everything below
-    entry     arguments, cli, the package itself      argparse and console scripts, on top
+    base         plan, layout, config, run_config,  pure: no torch, import only each other
+                 jsonfile, atomicfile, plots
+    planner      planner.*                          pure (numpy): base only
+    parallel     parallel.*                         torch runtime: base only
+    data         data.*                             datasets and tokenizers: base only
+    plan_inputs  planning, plan_source              pure: the planner's inputs and the plan
+                                                    from flags or file, on the planner
+    models       models.*                           on parallel
+    profiler     profiler.*                         on models, parallel and the planner
+    auto         auto                               joins the profiler and the planner
+    training     training.*                         the loop, on everything below
+    entry        arguments, cli, the package        argparse and console scripts, on top
 
 planner and parallel sit side by side and never import each other; nothing imports upward.
 A lazy (function-level) import of a package module must load something the module's own
@@ -37,7 +40,9 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 
 # Top-level modules by layer; a module of a subpackage takes its package's layer.
 TOP_LEVEL_LAYERS = {
-    "plan": "base", "layout": "base", "config": "base", "jsonfile": "base", "plots": "base",
+    "plan": "base", "layout": "base", "config": "base", "run_config": "base",
+    "jsonfile": "base", "atomicfile": "base", "plots": "base",
+    "planning": "plan_inputs", "plan_source": "plan_inputs",
     "auto": "auto", "arguments": "entry", "cli": "entry", "": "entry",
 }
 PACKAGE_LAYERS = {"planner": "planner", "parallel": "parallel", "data": "data",
@@ -47,13 +52,16 @@ BELOW = {  # layer -> the layers it may import (besides its own)
     "planner": {"base"},
     "parallel": {"base"},
     "data": {"base"},
+    "plan_inputs": {"base", "planner"},
     "models": {"base", "parallel"},
     "profiler": {"base", "parallel", "models", "planner"},
-    "auto": {"base", "parallel", "models", "planner", "profiler"},
-    "training": {"base", "parallel", "data", "models", "planner", "profiler", "auto"},
-    "entry": {"base", "parallel", "data", "models", "planner", "profiler", "auto", "training"},
+    "auto": {"base", "parallel", "models", "planner", "plan_inputs", "profiler"},
+    "training": {"base", "parallel", "data", "models", "planner", "plan_inputs", "profiler",
+                 "auto"},
+    "entry": {"base", "parallel", "data", "models", "planner", "plan_inputs", "profiler", "auto",
+              "training"},
 }
-TORCH_FREE_LAYERS = ("base", "planner")
+TORCH_FREE_LAYERS = ("base", "planner", "plan_inputs")
 # Not a layer of their own but promised torch-free at import: the profiler's subcommands are
 # registered by `megatron-auto`, whose planning commands must not pay for torch.
 TORCH_FREE_EXTRA = ("profiler.cli",)
