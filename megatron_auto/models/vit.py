@@ -173,6 +173,18 @@ class VisionStage(nn.Module, abc.ABC):
             return ()
         return self._chunk_shape(microbatch_size, self.output_layout, self.layer_ids[-1])
 
+    def parallel_units(self) -> list[tuple[str, nn.Module, int | None]]:
+        """Modules by layout in forward order (read by ``parallel.data_parallel``): the patch
+        embedding (vocab entry), ``("layers.<i>", block, i)`` per layer (a Swin block with its
+        patch merging), then the classification head (vocab entry)."""
+        units: list[tuple[str, nn.Module, int | None]] = []
+        if self.is_first_stage:
+            units.append(("embedding", self.embedding, None))
+        units += [(f"layers.{i}", self.layers[str(i)], i) for i in self.layer_ids]
+        if self.is_last_stage:
+            units.append(("head", self.head, None))
+        return units
+
     def groups_for_parameter(self, fqn: str) -> LayerGroups:
         """Its layer's layout for ``layers.<i>.*``, else the vocab layout (embedding, head)."""
         if fqn.startswith("layers."):
