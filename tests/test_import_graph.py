@@ -5,7 +5,8 @@ the top (a function-level import that closes a cycle is still a cycle; it only h
 run time). Layers, bottom to top (docs/architecture.md):
 
     base         plan, layout, config, run_config,  pure: no torch, import only each other
-                 jsonfile, atomicfile, plots
+                 vision_config, jsonfile,
+                 atomicfile, plots
     planner      planner.*                          pure (numpy): base only
     parallel     parallel.*                         torch runtime: base only
     data         data.*                             datasets and tokenizers: base only
@@ -41,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 # Top-level modules by layer; a module of a subpackage takes its package's layer.
 TOP_LEVEL_LAYERS = {
     "plan": "base", "layout": "base", "config": "base", "run_config": "base",
-    "jsonfile": "base", "atomicfile": "base", "plots": "base",
+    "jsonfile": "base", "atomicfile": "base", "plots": "base", "vision_config": "base",
     "planning": "plan_inputs", "plan_source": "plan_inputs",
     "auto": "auto", "arguments": "entry", "cli": "entry", "": "entry",
 }

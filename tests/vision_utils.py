@@ -45,7 +45,7 @@ def plan_of(world_size, layers, *, layers_per_stage=None, num_microbatches=2, sc
 
 def _train_worker(rank, world_size, config_dict, plan_dicts, steps):
     from megatron_auto.models.init import gather_full_state
-    from megatron_auto.models.vit import build_vision_stage
+    from megatron_auto.models.vision import build_vision_stage
     from megatron_auto.training.lr_scheduler import LRConfig
     from megatron_auto.parallel.optimizer import OptimizerConfig
     from megatron_auto.training.pretrain import build_trainer, train_step
@@ -105,7 +105,7 @@ def _plain_worker(rank, world_size, config_dict):
 
     import torch.nn.functional as F
 
-    from megatron_auto.models.vit import build_vision_stage
+    from megatron_auto.models.vision import build_vision_stage
     from megatron_auto.parallel.context import ParallelContext
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))

@@ -186,12 +186,12 @@ class VisionStage(nn.Module, abc.ABC):
         return units
 
     def groups_for_parameter(self, fqn: str) -> LayerGroups:
-        """Its layer's layout for ``layers.<i>.*``, else the vocab layout (embedding, head)."""
-        if fqn.startswith("layers."):
-            return self._layer_groups[int(fqn.split(".")[1])]
-        if self.vocab_groups is None:
-            raise KeyError(f"{fqn}: not a parameter of stage {self.ctx.stage}")
-        return self.vocab_groups
+        """Groups a parameter lives on (from :meth:`parallel_units`): its layer's layout, else
+        the vocab layout (embedding, head)."""
+        for name, _, layer in self.parallel_units():
+            if fqn.startswith(name + "."):
+                return self._layer_groups[layer] if layer is not None else self.vocab_groups
+        raise KeyError(f"{fqn}: not a parameter of stage {self.ctx.stage}")
 
     # ---------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor, *, labels: torch.Tensor | None = None,
@@ -242,12 +242,3 @@ class ViTStage(VisionStage):
     def build_layer(self, index: int, groups: LayerGroups, recompute: bool) -> nn.Module:
         return TransformerLayer(self._layer_config, groups, rng=self.rng, causal=False,
                                 recompute=recompute)
-
-
-def build_vision_stage(config: VisionConfig, ctx: ParallelContext, seed: int = 1234) -> VisionStage:
-    """This rank's stage of the backbone ``config.model_type`` names (ViT or Swin)."""
-    if config.model_type == "swin":
-        from .swin import SwinStage  # noqa: PLC0415 - keep the two backbones independent
-
-        return SwinStage(config, ctx, seed=seed)
-    return ViTStage(config, ctx, seed=seed)
