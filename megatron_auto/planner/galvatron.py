@@ -3,15 +3,17 @@
 Reading and checking the files is ``galvatron_files.py``; this module converts units and
 meanings:
 
-- Compute: ``layertype_i`` ms per sample per layer (forward, tp 1) -> seconds per sample; no
-  per-call constant (Galvatron's static mode has none); backward/forward ratio 2 (its
+- Compute: ``layertype_i`` ms per sample per layer (forward, tp 1) -> seconds per sample; with
+  several profiled batch sizes a least-squares line gives a per-call constant too (Galvatron's
+  batch mode fits the same line); backward/forward ratio 2 (its
   ``bct_fct_coe``). ``layertype_other`` (embedding + head) is split 50/50 between embedding and
   head, as Galvatron does between the first and last stage.
 - Memory: ``parameter_size`` is model states / 4 in MB (16 B/param with Adam) -> parameter count
   ``MB * 2**20 / 4``; ``tp_activation_per_bsz_dict[t]`` MB per sample -> bytes per sample at tp t;
   ``checkpoint`` -> bytes kept per sample when recomputing. Records profiled with Megatron
   sequence parallelism (``*_sp``) split *all* activations by tp, which our runtime does not; for
-  those only the tp=1 value is used and the tp split follows the analytic replicated/split ratio.
+  files that have only those, the tp=1 value is used and the tp split follows the analytic
+  replicated/split ratio; the SP records themselves are kept in ``metadata["megatron_sp"]``.
   Embedding/head model states (``other_memory_*``) are 16 B/param too.
 - What Galvatron does not measure (backward scratch, the fp32 logits transient, autocast weight
   copies) comes from the analytic profile, so the imported profile is never less conservative.
@@ -38,8 +40,9 @@ MODEL_STATE_BYTES_PER_PARAM = 16  # fp32 master + grad + Adam m, v (mixed precis
 
 
 def _check_name_matches(path: str, spec: ModelSpec, precision: str) -> None:
-    """Galvatron names files ``<kind>_<precision>_hidden{h}_head{a}[_seqlen{s}]``; refuse a file
-    of another model, precision or (older layout, one length per file) sequence length."""
+    """Galvatron names files ``<kind>_<precision>_hidden{h}_head{a}[_seqlen{s}]`` (or by model,
+    ``..._t5-3B``); refuse a file of another model, precision or (older layout, one length per
+    file) sequence length."""
     name = os.path.basename(path)
     lt = spec.layer_types[0]
     checks = [("hidden", r"_hidden(\d+)", lt.hidden_size, "--hidden-size"),
@@ -58,26 +61,80 @@ def _check_name_matches(path: str, spec: ModelSpec, precision: str) -> None:
             f"it); give a {precision} profile or train in {m[1]}")
 
 
+def _check_layer_types(comp: gf.GalvatronComputation, mem: gf.GalvatronMemory,
+                       spec: ModelSpec) -> None:
+    """Galvatron's ``layertype_i`` is ``spec.layer_types[i]``: the counts must agree."""
+    names = [lt.name for lt in spec.layer_types]
+    for path, found in ((comp.path, sorted(comp.layers)), (mem.path, sorted(mem.primary.layers))):
+        if found != list(range(len(names))):
+            raise GalvatronFormatError(
+                f"{path}: holds layer types {found} but the model has {len(names)} ({names}); "
+                f"give the profile of this model (Galvatron's layertype_i is the model's i-th "
+                f"layer type: T5 0 = encoder, 1 = decoder; Swin 0..3 = its stages)")
+
+
+def _split_fit(acts: Mapping[int, float], rep: float, split: float) -> tuple[float, float]:
+    """Replicated and tp-split bytes per sample from measured ``acts`` (bytes by tp, tp 1
+    present): the line ``a + b/t`` through tp 1 and the largest degree; with only tp 1 the
+    analytic ``rep:split`` ratio, scaled to the measurement."""
+    if len(acts) >= 2:
+        t_max = max(acts)
+        s = max(0.0, (acts[1] - acts[t_max]) / (1 - 1 / t_max))
+        return max(0.0, acts[1] - s), s
+    scale = acts[1] / max(rep + split, 1.0)
+    return rep * scale, split * scale
+
+
+def _sp_metadata(sp: gf.GalvatronMemoryRecords, spec: ModelSpec) -> dict[str, Any]:
+    """The Megatron sequence-parallel records (``*_sp``) in our units (bytes, parameters), kept
+    in the profile's metadata for when our runtime splits activations by tp the same way."""
+    def table(values: Mapping[int, float]) -> dict[str, float]:
+        return {str(t): v * MB for t, v in sorted(values.items())}
+
+    layers = {}
+    for k, lt in enumerate(spec.layer_types):
+        if k not in sp.layers:
+            continue
+        rec, seq = sp.layer(k, lt.seq_length)
+        layers[lt.name] = {"seq_length": seq if seq is not None else lt.seq_length,
+                           "parameter_count": round(rec.parameter_mb * MB / 4),
+                           "activation_bytes_per_sample_by_tp": table(rec.activation_mb_per_sample),
+                           "recompute_bytes_per_sample": rec.checkpoint_mb_per_sample * MB}
+    seqs = tuple(lt.seq_length for lt in spec.layer_types)
+    other = {}
+    for pos in gf._OTHER_POSITIONS:
+        rec = sp.other_record(pos, seqs)
+        other[pos] = {"model_state_bytes_by_vocab_tp": table(rec.model_states_mb),
+                      "activation_bytes_per_sample_by_vocab_tp": table(rec.activation_mb_per_sample)}
+    return {"what": "Galvatron's *_sp records: measured with Megatron sequence parallelism "
+                    "(every activation split by tp); not used by the cost model yet",
+            "layer_types": layers, "embedding_head": other}
+
+
 def model_profile_from_galvatron(computation_path: str | os.PathLike,
                                  memory_path: str | os.PathLike, spec: ModelSpec,
                                  training: TrainingSpec, cluster: ClusterSpec) -> ModelProfile:
     """A ``ModelProfile`` (source "galvatron") from Galvatron's computation and memory files.
 
-    Galvatron's ``layertype_i`` is ``spec.layer_types[i]``. Sequence lengths are matched exactly
-    when profiled, else the next longer profiled one is used (conservative); notes on every
-    choice go into ``metadata["notes"]``.
+    Galvatron's ``layertype_i`` is ``spec.layer_types[i]`` (several for T5 and Swin). Sequence
+    lengths are matched exactly when profiled, else the next longer profiled one is used
+    (conservative); several profiled batch sizes give a per-sample time and a per-call constant
+    (a least-squares line). The plain records are priced; Megatron-SP (``*_sp``) records are
+    priced only when they are all the file has (tp=1 value, analytic tp split) and are kept in
+    ``metadata["megatron_sp"]``. Notes on every choice go into ``metadata["notes"]``.
     """
     comp = gf.read_computation(computation_path)
     mem = gf.read_memory(memory_path)
     for path in (comp.path, mem.path):
         _check_name_matches(path, spec, training.precision)
+    _check_layer_types(comp, mem, spec)
     base = analytic_profile(spec, training, cluster)
     beta = training.compute_bytes
     notes: list[str] = []
     layers = {}
     for k, lt in enumerate(spec.layer_types):
-        ms, note = comp.layer_ms(k, lt.seq_length)
-        notes.append(note)
+        time = comp.layer_time(k, lt.seq_length)
+        notes.append(time.note)
         rec, seq = mem.layer(k, lt.seq_length)
         notes.append(f"memory profile layertype_{k}" + (f": seq{seq}" if seq is not None else ""))
         analytic = base.layer_types[lt.name]
@@ -88,61 +145,52 @@ def model_profile_from_galvatron(computation_path: str | os.PathLike,
                 f"means {params} parameters per layer, but the model's layer has "
                 f"{analytic.parameter_count}; the profile is of another model: profile this one")
         acts = {t: v * MB for t, v in rec.activation_mb_per_sample.items()}
-        rep, split = analytic.activation_replicated_bytes, analytic.activation_split_bytes
-        if mem.sequence_parallel or len(acts) == 1:
-            a1 = acts.get(1, max(acts.values()))
-            scale = a1 / (rep + split)
-            rep, split = rep * scale, split * scale
-            by_tp = {1: a1}
-            if mem.sequence_parallel:
-                notes.append(f"layertype_{k}: sequence-parallel record; tp split of activations "
-                             f"from the analytic ratio, scaled to the measured tp=1 value")
+        if mem.sequence_parallel:
+            rep, split = _split_fit({1: acts[1]}, analytic.activation_replicated_bytes,
+                                    analytic.activation_split_bytes)
+            notes.append(f"layertype_{k}: only sequence-parallel records; tp split of "
+                         f"activations from the analytic ratio, scaled to the measured tp=1 value")
         else:
-            by_tp = acts
-            if 1 in acts and len(acts) >= 2:
-                t_max = max(acts)
-                split = (acts[1] - acts[t_max]) / (1 - 1 / t_max)
-                rep = max(0.0, acts[1] - split)
-                split = max(0.0, split)
+            rep, split = _split_fit(acts, analytic.activation_replicated_bytes,
+                                    analytic.activation_split_bytes)
         layers[lt.name] = replace(
-            analytic, parameter_count=params, forward_time_per_sample_s=ms / 1000.0,
-            forward_time_constant_s=0.0, backward_forward_ratio=2.0,
+            analytic, parameter_count=params,
+            forward_time_per_sample_s=time.per_sample_ms / 1000.0,
+            forward_time_constant_s=time.per_call_ms / 1000.0, backward_forward_ratio=2.0,
             activation_replicated_bytes=rep, activation_split_bytes=split,
-            activation_bytes_by_tp=by_tp if not mem.sequence_parallel else {},
+            activation_bytes_by_tp=acts if not mem.sequence_parallel and len(acts) > 1 else {},
             recompute_bytes_per_sample=rec.checkpoint_mb_per_sample * MB,
             forward_time_by_tp={})
-    other_ms, note = comp.other_ms(spec.seq_length)
-    notes.append(note)
-    first = mem.other_record("pp_on_first", spec.seq_length)
-    last = mem.other_record("pp_on_last", spec.seq_length)
-    emb_params = round(first.model_states_mb[min(first.model_states_mb)] * MB
-                       / MODEL_STATE_BYTES_PER_PARAM)
-    last_params = round(last.model_states_mb[min(last.model_states_mb)] * MB
-                        / MODEL_STATE_BYTES_PER_PARAM)
+    seqs = tuple(lt.seq_length for lt in spec.layer_types)
+    other = comp.other_time(seqs)
+    notes.append(other.note)
+    first = mem.other_record("pp_on_first", seqs)
+    last = mem.other_record("pp_on_last", seqs)
+    emb_params = round(first.model_states_mb[1] * MB / MODEL_STATE_BYTES_PER_PARAM)
+    last_params = round(last.model_states_mb[1] * MB / MODEL_STATE_BYTES_PER_PARAM)
     head_params = max(0, last_params - (emb_params if spec.tied_embeddings else 0))
     head_acts = {t: v * MB for t, v in last.activation_mb_per_sample.items()}
     a_emb = base.embedding
-    h_rep, h_split = a_emb.head_activation_replicated_bytes, a_emb.head_activation_split_bytes
-    if 1 in head_acts and len(head_acts) >= 2 and not mem.sequence_parallel:
-        t_max = max(head_acts)
-        h_split = max(0.0, (head_acts[1] - head_acts[t_max]) / (1 - 1 / t_max))
-        h_rep = max(0.0, head_acts[1] - h_split)
-    elif head_acts:
-        a1 = head_acts.get(1, max(head_acts.values()))
-        scale = a1 / max(h_rep + h_split, 1.0)
-        h_rep, h_split = h_rep * scale, h_split * scale
-    first_act = first.activation_mb_per_sample
+    h_rep, h_split = _split_fit(head_acts if not mem.sequence_parallel else {1: head_acts[1]},
+                                a_emb.head_activation_replicated_bytes,
+                                a_emb.head_activation_split_bytes)
     embedding = replace(
         a_emb, embedding_parameters=emb_params, head_parameters=head_params,
-        embedding_forward_time_per_sample_s=other_ms / 2000.0,
-        head_forward_time_per_sample_s=other_ms / 2000.0, forward_time_constant_s=0.0,
-        embedding_activation_bytes=first_act.get(1, max(first_act.values())) * MB,
+        embedding_forward_time_per_sample_s=other.per_sample_ms / 2000.0,
+        head_forward_time_per_sample_s=other.per_sample_ms / 2000.0,
+        forward_time_constant_s=other.per_call_ms / 2000.0,
+        embedding_activation_bytes=first.activation_mb_per_sample[1] * MB,
         head_activation_replicated_bytes=h_rep, head_activation_split_bytes=h_split,
         hidden_bytes_per_sample=float(beta * spec.seq_length * spec.embedding_hidden_size))
+    metadata: dict[str, Any] = {"model": spec.name, "computation_file": os.path.basename(comp.path),
+                                "memory_file": os.path.basename(mem.path), "notes": notes}
+    if mem.megatron_sp is not None:
+        try:
+            metadata["megatron_sp"] = _sp_metadata(mem.megatron_sp, spec)
+        except GalvatronFormatError as err:  # the SP records are extra: never block the import
+            notes.append(f"Megatron-SP records not kept: {err}")
     return ModelProfile(layer_types=layers, embedding=embedding, precision=training.precision,
-                        source="galvatron",
-                        metadata={"model": spec.name, "computation_file": os.path.basename(comp.path),
-                                  "memory_file": os.path.basename(mem.path), "notes": notes})
+                        source="galvatron", metadata=metadata)
 
 
 def cluster_from_galvatron(allreduce_path: str | os.PathLike,
@@ -289,7 +337,9 @@ def plan_from_galvatron_config(source: str | os.PathLike | Mapping[str, Any], wo
     n = len(tps)
     consec = _int_list(path, data, "tp_consecutive_flags", n)
     dp_types = _int_list(path, data, "dp_types_enc", n)
-    ckpt = _int_list(path, data, "checkpoint", n)
+    # Galvatron's runtime falls back to --global_checkpoint (default 0) without the key, as its
+    # shipped "3D" example plans are written.
+    ckpt = _int_list(path, data, "checkpoint", n) if "checkpoint" in data else [0] * n
     if "use_sp" in data and any(_int_list(path, data, "use_sp", n)):
         raise GalvatronFormatError(f"galvatron config {path}: key 'use_sp' enables Ulysses sequence "
                                    f"parallelism, which megatron_auto does not run; search again "

@@ -1,9 +1,12 @@
 """Readers for Galvatron 2.4 profile files, in Galvatron's own units (ms, MB, GB/s).
 
-Galvatron (PKU-DAIR/Hetu-Galvatron) writes one JSON file per measurement (see
-shared/reference/galvatron.md §4). This module only *reads and checks* them; ``galvatron.py``
-converts the result into our ModelProfile, ClusterSpec and Plan. Both the 2.4 layout (records
-nested under the sequence length, keys carrying ``_seq{s}``) and the older flat layout are read.
+Galvatron (PKU-DAIR/Hetu-Galvatron) writes one JSON file per measurement. This module only
+*reads and checks* them; ``galvatron.py`` converts the result into our ModelProfile, ClusterSpec
+and Plan. Every layout the 2.4 release ships is read: time profiles in static, batch and
+sequence modes (with or without the length in the key), multi-type models (``layernum[a,b,...]``
+and ``seq[s1,s2,...]``: T5's encoder/decoder, Swin's four stages), memory records flat or nested
+by sequence length, plain and Megatron sequence-parallel (``*_sp``), with raw checkpointing
+(``_c``) and vocab-TP (``_vtp``) runs. Anything else is refused naming the file and the key.
 
 Units as in the files: compute times in ms per sample per layer (forward only), memory in MB
 (2**20 bytes), bandwidth in GB/s (1e9 B/s), SP times in ms per message size.
@@ -40,108 +43,189 @@ def _number(path: Any, key: str, value: Any, fix: str = "re-run Galvatron's prof
     return float(value)
 
 
-# ------------------------------------------------------------------ computation profile
-_LAYER_24 = re.compile(r"^layertype_(\d+)_bsz(\d+)_seq(\d+)$")
-_LAYER_OLD = re.compile(r"^layertype_(\d+)(?:_bsz(\d+))?$")
-_OTHER = re.compile(r"^layertype_other(?:_(\d+))?_bsz(\d+)_seq\[?([\d,\s]+)\]?$")
-_RAW = re.compile(r"^layernum\[([\d,\s]+)\]_bsz(\d+)(?:_seq(\d+))?$")
+# ------------------------------------------------------------------ sequence lengths
+# A sequence "key" is a tuple with one length per layer type as Galvatron writes it (``seq512``
+# -> (512,), ``seq[3136,784,196,49]`` -> four lengths), or None where the layout records no
+# length (the older files profile one length, named in the file name).
+Seqs = tuple[int, ...]
 
 
-@dataclass(frozen=True)
-class GalvatronComputation:
-    """Forward time per sample: ``layers[type][(bsz, seq)]`` ms per layer; ``other`` likewise for
-    the embedding + head (``seq`` is None in the old layout, which records one sequence length)."""
-
-    path: str
-    layers: Mapping[int, Mapping[tuple[int, int | None], float]]
-    other: Mapping[tuple[int, int | None], float] = field(default_factory=dict)
-
-    def layer_ms(self, layer_type: int, seq: int | None) -> tuple[float, str]:
-        """ms per sample per layer at ``seq`` (see :func:`_pick_seq`), and a note on the choice."""
-        if layer_type not in self.layers:
-            raise GalvatronFormatError(
-                f"computation profile {self.path}: no layertype_{layer_type}_* key; it has layer "
-                f"types {sorted(self.layers)}; profile the model with Galvatron first")
-        return _pick(self.layers[layer_type], seq, f"{os.path.basename(self.path)} layertype_"
-                     f"{layer_type}")
-
-    def other_ms(self, seq: int | None) -> tuple[float, str]:
-        if not self.other:
-            return 0.0, "no layertype_other record (embedding/head time taken as 0)"
-        return _pick(self.other, seq, f"{os.path.basename(self.path)} layertype_other")
+def _seqs(text: str | None) -> Seqs | None:
+    if text is None:
+        return None
+    return tuple(int(x) for x in text.strip("[]").split(",") if x.strip())
 
 
-def _pick(records: Mapping[tuple[int, int | None], float], seq: int | None,
-          what: str) -> tuple[float, str]:
-    """Per-sample ms at sequence ``seq``: exact match, else the next longer profiled sequence
-    (conservative). Several batch sizes: the smallest batch (per-sample time is largest there,
-    again conservative)."""
-    by_seq: dict[int | None, list[tuple[int, float]]] = {}
-    for (bsz, s), ms in records.items():
-        by_seq.setdefault(s, []).append((bsz, ms))
-    chosen = _pick_seq(list(by_seq), seq, what)
-    bsz, ms = min(by_seq[chosen])
-    note = f"{what}: bsz{bsz}" + ("" if chosen is None else f" seq{chosen}")
-    return ms, note
+def _seq_text(seqs: Seqs | None) -> str:
+    if seqs is None:
+        return "?"
+    return str(seqs[0]) if len(seqs) == 1 else "[" + ",".join(map(str, seqs)) + "]"
 
 
-def _pick_seq(available: list[int | None], seq: int | None, what: str) -> int | None:
-    """The profiled sequence length to use for ``seq``: itself, else the next longer one.
+def _pick_seq(available: list[Seqs | None], wanted: Seqs | None, what: str) -> Seqs | None:
+    """The profiled sequence lengths to use for ``wanted``: itself, else the shortest profiled
+    one at least as long in every position (conservative), else the unnamed (None) record.
 
     A longer sequence than any profiled is refused: time and memory grow faster than linearly
     with it (attention), so extrapolating would under-estimate both.
     """
-    known = sorted(s for s in available if s is not None)
-    if not known or seq is None:
-        return None if None in available else (known[-1] if known else None)
-    if seq in known:
-        return seq
-    longer = [s for s in known if s > seq]
-    if not longer:
-        raise GalvatronFormatError(
-            f"{what}: profiled up to sequence length {known[-1]} but the model has --seq-length="
-            f"{seq}; profile it at that length with Galvatron (--profile_max_seq_length)")
-    return longer[0]
+    known = [s for s in available if s is not None]
+    if wanted is None or not known:
+        if None in available:
+            return None
+        return max(known, key=sum) if known else None
+    if wanted in known:
+        return wanted
+    longer = [s for s in known if len(s) == len(wanted) and all(a >= b for a, b in zip(s, wanted))]
+    if longer:
+        return min(longer, key=sum)
+    if None in available:
+        return None
+    longest = max(known, key=sum)
+    raise GalvatronFormatError(
+        f"{what}: profiled up to sequence length {_seq_text(longest)} but the model has "
+        f"--seq-length={_seq_text(wanted)}; profile it at that length with Galvatron "
+        f"(--profile_max_seq_length)")
+
+
+# ------------------------------------------------------------------ computation profile
+# Keys Galvatron 2.4 and older write into computation_profiling_*.json:
+#   layertype_<i>_bsz<b>_seq<s>   derived forward ms per sample per layer (2.4, static/batch/
+#                                 sequence modes: one or many b, one or many s)
+#   layertype_<i>_bsz<b>          batch mode without a length (LLaMA's files)
+#   layertype_<i>                 older static layout, one value
+#   layertype_other[_<i>][_bsz<b>][_seq<s>|_seq[s,...]]  embedding + head, same units
+#   layernum[<L>,...]_bsz<b>[_seq<s>|_seq[s,...]]        raw totals (ms per iteration)
+_LAYER = re.compile(r"^layertype_(\d+)(?:_bsz(\d+))?(?:_seq(\d+))?$")
+_OTHER = re.compile(r"^layertype_other(?:_(\d+))?(?:_bsz(\d+))?(?:_seq(\d+|\[[\d,\s]+\]))?$")
+_RAW = re.compile(r"^layernum\[([\d,\s]+)\]_bsz(\d+)(?:_seq(\d+|\[[\d,\s]+\]))?$")
+
+TimeRecords = Mapping[tuple[int | None, "Seqs | None"], float]
+
+
+@dataclass(frozen=True)
+class GalvatronTime:
+    """Forward time of one layer (or of embedding + head) for a call on ``b`` samples:
+    ``per_sample_ms * b + per_call_ms``, and a note saying where it came from."""
+
+    per_sample_ms: float
+    per_call_ms: float
+    note: str
+
+
+@dataclass(frozen=True)
+class GalvatronComputation:
+    """Forward ms per sample: ``layers[type][(bsz, seqs)]``; ``other`` likewise for embedding +
+    head. ``bsz`` is None for the one-value layouts, ``seqs`` None where no length is recorded."""
+
+    path: str
+    layers: Mapping[int, TimeRecords]
+    other: TimeRecords = field(default_factory=dict)
+
+    def layer_time(self, layer_type: int, seq: int | None) -> GalvatronTime:
+        """Layer ``layer_type``'s time at sequence ``seq`` (see :func:`_fit_time`)."""
+        if layer_type not in self.layers:
+            raise GalvatronFormatError(
+                f"computation profile {self.path}: no layertype_{layer_type}_* key; it has layer "
+                f"types {sorted(self.layers)}; profile the model with Galvatron first")
+        return _fit_time(self.layers[layer_type], None if seq is None else (seq,),
+                         f"computation profile {self.path} layertype_{layer_type}")
+
+    def other_time(self, seqs: Seqs | None) -> GalvatronTime:
+        """Embedding + head time for the model's per-type sequence lengths ``seqs``."""
+        return _fit_time(self.other, seqs, f"computation profile {self.path} layertype_other")
+
+
+def _fit_time(records: TimeRecords, wanted: Seqs | None, what: str) -> GalvatronTime:
+    """Time at the chosen sequence length: with several batch sizes, the least-squares line
+    through the per-call totals ``ms * b`` (Galvatron's batch mode fits the same line); with one,
+    its per-sample value. A negative intercept (noise) is refitted through the origin."""
+    chosen = _pick_seq(list({s for _, s in records}), wanted, what)
+    points = sorted(((b, ms) for (b, s), ms in records.items() if s == chosen),
+                    key=lambda p: (p[0] or 0, p[1]))
+    where = f"{what.rsplit(' ', 1)[-1]}" + ("" if chosen is None else f" seq{_seq_text(chosen)}")
+    sized = [(b, ms) for b, ms in points if b is not None]
+    if len(sized) < 2:
+        b, ms = (sized or points)[0]
+        return GalvatronTime(ms, 0.0, f"{where}: " + (f"bsz{b}" if b else "one value"))
+    n = len(sized)
+    xs = [float(b) for b, _ in sized]
+    ys = [ms * b for b, ms in sized]
+    mx, my = sum(xs) / n, sum(ys) / n
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    intercept = my - slope * mx
+    if intercept < 0:
+        slope, intercept = sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs), 0.0
+    return GalvatronTime(slope, intercept,
+                         f"{where}: linear fit over bsz{sized[0][0]}..{sized[-1][0]} "
+                         f"({n} sizes): {slope:.4f} ms/sample + {intercept:.4f} ms/call")
 
 
 def read_computation(path: str | os.PathLike) -> GalvatronComputation:
-    """Read ``computation_profiling_*.json`` (2.4 or older layout)."""
+    """Read ``computation_profiling_*.json`` in any layout Galvatron 2.4 ships (see above)."""
     data = read_json(path, "computation profile")
-    layers: dict[int, dict[tuple[int, int | None], float]] = {}
-    other: dict[tuple[int, int | None], float] = {}
-    raw: dict[tuple[int, int | None], dict[int, float]] = {}
+    layers: dict[int, dict[tuple[int | None, Seqs | None], float]] = {}
+    bare: dict[int, float] = {}
+    other: dict[tuple[int | None, Seqs | None], float] = {}
+    raw: dict[tuple[int, Seqs | None], dict[tuple[int, ...], float]] = {}
     for key, value in data.items():
-        if m := _LAYER_24.match(key):
-            layers.setdefault(int(m[1]), {})[(int(m[2]), int(m[3]))] = _number(path, key, value)
+        if m := _LAYER.match(key):
+            if m[2] is None and m[3] is None:
+                bare[int(m[1])] = _number(path, key, value)
+            else:
+                bsz = int(m[2]) if m[2] else None
+                layers.setdefault(int(m[1]), {})[(bsz, _seqs(m[3]))] = _number(path, key, value)
         elif m := _OTHER.match(key):
-            seqs = [int(s) for s in m[3].split(",") if s.strip()]
-            other[(int(m[2]), seqs[0] if len(seqs) == 1 else None)] = _number(path, key, value)
-        elif m := _LAYER_OLD.match(key):
-            bsz = int(m[2]) if m[2] else 1
-            layers.setdefault(int(m[1]), {})[(bsz, None)] = _number(path, key, value)
+            other[(int(m[2]) if m[2] else None, _seqs(m[3]))] = _number(path, key, value)
         elif m := _RAW.match(key):
-            nums = [int(x) for x in m[1].split(",")]
-            seq = int(m[3]) if m[3] else None
-            raw.setdefault((int(m[2]), seq), {})[sum(nums)] = _number(path, key, value)
+            counts = tuple(int(x) for x in m[1].split(",") if x.strip())
+            raw.setdefault((int(m[2]), _seqs(m[3])), {})[counts] = _number(path, key, value)
         else:
             raise GalvatronFormatError(
-                f"computation profile {path}: unknown key {key!r}; expected layertype_<i>_bsz<b>_"
-                f"seq<s>, layertype_other_bsz<b>_seq<s>, layertype_<i> or layernum[<L>]_bsz<b>; "
-                f"is this a computation_profiling_*.json file?")
+                f"computation profile {path}: unknown key {key!r}; expected layertype_<i>_bsz<b>"
+                f"[_seq<s>], layertype_other[_<i>]_bsz<b>[_seq<s>], layertype_<i> or "
+                f"layernum[<L>,...]_bsz<b>[_seq...] (Galvatron 2.4 layouts); is this a "
+                f"computation_profiling_*.json file?")
+    for k, ms in bare.items():
+        # The one-value layout; where a type also has per-batch records those are the newer
+        # measurement (LLaMA's files carry both) and win.
+        layers.setdefault(k, {(None, None): ms})
     if not layers:
-        raise GalvatronFormatError(f"computation profile {path}: no layertype_<i> key; run "
-                                   f"Galvatron's computation profiler to completion")
-    if not other and len(layers) == 1:
-        # Older files keep only the raw totals; recover the embedding/head time as Galvatron's
-        # post-processing does: (T(L_min) - L_min * t * b) / b, floored at 0.
-        (t_type, per_layer), = layers.items()
-        for (bsz, seq), totals in raw.items():
-            rec = per_layer.get((bsz, seq)) or per_layer.get((1, seq)) or per_layer.get((1, None))
-            if rec is None:
-                continue
-            l_min = min(totals)
-            other[(bsz, seq)] = max(0.0, (totals[l_min] - l_min * rec * bsz) / bsz)
+        raise GalvatronFormatError(f"computation profile {path}: no layertype_<i> key (only raw "
+                                   f"layernum[...] totals?); run Galvatron's computation profiler "
+                                   f"to completion")
+    if not other:
+        other = _other_from_raw(path, layers, raw)
     return GalvatronComputation(path=str(path), layers=layers, other=other)
+
+
+def _other_from_raw(path: Any, layers: Mapping[int, TimeRecords],
+                    raw: Mapping[tuple[int, Seqs | None], Mapping[tuple[int, ...], float]]
+                    ) -> dict[tuple[int | None, Seqs | None], float]:
+    """Embedding + head time from the raw totals, as Galvatron's post-processing derives it:
+    ``(T(fewest layers) - sum_i L_i * t_i * b) / b``, floored at 0, per raw batch size."""
+    other: dict[tuple[int | None, Seqs | None], float] = {}
+    for (bsz, seqs), totals in raw.items():
+        counts = min(totals, key=sum)
+        per_layer = []
+        for k, n in enumerate(counts):
+            recs = layers.get(k, {})
+            seq_k = None if seqs is None else (seqs[k] if k < len(seqs) else None)
+            ms = next((v for key in ((bsz, (seq_k,) if seq_k else None), (bsz, None),
+                                     (None, (seq_k,) if seq_k else None), (None, None))
+                       if (v := recs.get(key)) is not None), None)
+            if ms is None:
+                break
+            per_layer.append(n * ms)
+        else:
+            other[(bsz, seqs)] = max(0.0, (totals[counts] - sum(per_layer) * bsz) / bsz)
+    if not other:
+        raise GalvatronFormatError(
+            f"computation profile {path}: no layertype_other_* key and no raw layernum[...] "
+            f"totals at a batch size and length with layertype records, so the embedding/head "
+            f"time is unknown; re-run Galvatron's computation profiler (it writes "
+            f"layertype_other_bsz<b>_seq<s>)")
+    return other
 
 
 # ----------------------------------------------------------------------- memory profile
@@ -162,42 +246,90 @@ class GalvatronOtherMemory:
     activation_mb_per_sample: Mapping[int, float]
 
 
+_OTHER_POSITIONS = ("pp_off", "pp_on_first", "pp_on_last")
+
+
 @dataclass(frozen=True)
-class GalvatronMemory:
+class GalvatronMemoryRecords:
+    """The derived records of one variant (plain, or Megatron-SP ``*_sp``):
+    ``layers[type][seqs]`` and ``other[position][seqs]``."""
+
     path: str
-    layers: Mapping[int, Mapping[int | None, GalvatronLayerMemory]]
-    # "pp_off", "pp_on_first", "pp_on_last" -> seq (None: old layout) -> record
-    other: Mapping[str, Mapping[int | None, GalvatronOtherMemory]]
-    sequence_parallel: bool
+    suffix: str  # "" or "_sp", for messages
+    layers: Mapping[int, Mapping[Seqs | None, GalvatronLayerMemory]]
+    other: Mapping[str, Mapping[Seqs | None, GalvatronOtherMemory]]
 
     def layer(self, layer_type: int, seq: int | None) -> tuple[GalvatronLayerMemory, int | None]:
         if layer_type not in self.layers:
             raise GalvatronFormatError(
-                f"memory profile {self.path}: no layertype_{layer_type} record; it has "
-                f"{sorted(self.layers)}; profile the model's memory with Galvatron first")
+                f"memory profile {self.path}: no layertype_{layer_type}{self.suffix} record; it "
+                f"has layer types {sorted(self.layers)}; profile the model's memory with Galvatron")
         recs = self.layers[layer_type]
-        chosen = _pick_seq(list(recs), seq, f"memory profile {self.path} layertype_{layer_type}")
-        return recs[chosen], chosen
+        chosen = _pick_seq(list(recs), None if seq is None else (seq,),
+                           f"memory profile {self.path} layertype_{layer_type}{self.suffix}")
+        return recs[chosen], None if chosen is None else chosen[0]
 
-    def other_record(self, position: str, seq: int | None) -> GalvatronOtherMemory:
+    def other_record(self, position: str, seqs: Seqs | int | None) -> GalvatronOtherMemory:
+        if isinstance(seqs, int):
+            seqs = (seqs,)
         recs = self.other[position]
-        return recs[_pick_seq(list(recs), seq, f"memory profile {self.path} other_memory_{position}")]
+        what = f"memory profile {self.path} other_memory_{position}{self.suffix}"
+        return recs[_pick_seq(list(recs), seqs, what)]
 
 
-_OTHER_POSITIONS = ("pp_off", "pp_on_first", "pp_on_last")
+@dataclass(frozen=True)
+class GalvatronMemory:
+    """A memory profile: the plain records (our runtime's tensor parallelism) and the Megatron
+    sequence-parallel ones (``*_sp``: every activation split by tp), each None when absent."""
+
+    path: str
+    plain: GalvatronMemoryRecords | None
+    megatron_sp: GalvatronMemoryRecords | None
+
+    @property
+    def sequence_parallel(self) -> bool:
+        """True when only ``*_sp`` records exist (the primary records are SP measurements)."""
+        return self.plain is None
+
+    @property
+    def primary(self) -> GalvatronMemoryRecords:
+        rec = self.plain or self.megatron_sp
+        assert rec is not None  # read_memory refuses a file with neither
+        return rec
+
+    def layer(self, layer_type: int, seq: int | None) -> tuple[GalvatronLayerMemory, int | None]:
+        return self.primary.layer(layer_type, seq)
+
+    def other_record(self, position: str, seqs: Seqs | int | None) -> GalvatronOtherMemory:
+        return self.primary.other_record(position, seqs)
 
 
-def _int_keys(path: Any, key: str, table: Any) -> dict[int, float]:
+_MEM_LAYER = re.compile(r"^layertype_(\d+)(_sp)?$")
+_MEM_OTHER = re.compile(r"^other_memory_(pp_off|pp_on_first|pp_on_last)(_sp)?$")
+# Raw runs: <pp>_<tp>_<dp>[_vtp][_c][_sp] -> layernum[...]_bsz<b>[_seq...]_rank<r>_{ms,act,act_peak}
+_MEM_RAW = re.compile(r"^\d+_\d+_\d+(?:_vtp)?(?:_c)?(?:_sp)?$")
+_MEM_RAW_KEY = re.compile(r"^layernum\[[\d,\s]+\]_bsz\d+(?:_seq(?:\d+|\[[\d,\s]+\]))?"
+                          r"_rank\d+_(?:ms|act|act_peak)$")
+
+
+def _tp_table(path: Any, key: str, table: Any) -> dict[int, float]:
+    """``{"1": MB, "2": MB, ...}`` (or one number: vocab tp 1, older files); tp 1 is required
+    because every other degree is priced relative to it."""
     if isinstance(table, (int, float)) and not isinstance(table, bool):
-        return {1: float(table)}  # older files: one value, vocab TP 1
+        return {1: float(table)}
     if not isinstance(table, Mapping):
         raise GalvatronFormatError(f"memory profile {path}: key {key!r} must map TP degrees to MB, "
                                    f"got {table!r}; re-run Galvatron's memory profiler")
     out = {}
     for k, v in table.items():
-        if not str(k).isdigit():
-            raise GalvatronFormatError(f"memory profile {path}: key {key}.{k}: expected a TP degree")
+        if not str(k).isdigit() or int(k) < 1:
+            raise GalvatronFormatError(f"memory profile {path}: key {key}.{k}: expected a TP "
+                                       f"degree (1, 2, 4, ...); re-run Galvatron's memory profiler")
         out[int(k)] = _number(path, f"{key}.{k}", v)
+    if 1 not in out:
+        raise GalvatronFormatError(
+            f"memory profile {path}: key {key} has TP degrees {sorted(out)} but no 1; the import "
+            f"prices every degree from the tp 1 record: profile memory from tp 1 with Galvatron")
     return out
 
 
@@ -214,58 +346,85 @@ def _layer_record(path: Any, key: str, rec: Any) -> GalvatronLayerMemory:
     ckpt = _number(path, f"{key}.tp_activation_per_bsz_dict.checkpoint", acts.pop("checkpoint"))
     return GalvatronLayerMemory(
         parameter_mb=_number(path, f"{key}.parameter_size", rec["parameter_size"]),
-        activation_mb_per_sample=_int_keys(path, f"{key}.tp_activation_per_bsz_dict", acts),
+        activation_mb_per_sample=_tp_table(path, f"{key}.tp_activation_per_bsz_dict", acts),
         checkpoint_mb_per_sample=ckpt)
 
 
-def read_memory(path: str | os.PathLike) -> GalvatronMemory:
-    """Read ``memory_profiling_*.json``: the derived records (raw ``{pp}_{tp}_{dp}`` runs are
-    Galvatron's intermediate data and are skipped). Prefers non-SP records when both exist."""
-    data = read_json(path, "memory profile")
-    has_plain = any(re.match(r"^layertype_\d+$", k) for k in data)
-    sp = not has_plain and any(re.match(r"^layertype_\d+_sp$", k) for k in data)
-    suffix = "_sp" if sp else ""
-    layers: dict[int, dict[int | None, GalvatronLayerMemory]] = {}
-    other: dict[str, dict[int | None, GalvatronOtherMemory]] = {}
-    for key, value in data.items():
-        if m := re.match(rf"^layertype_(\d+){suffix}$", key):
-            if isinstance(value, Mapping) and "parameter_size" in value:
-                layers[int(m[1])] = {None: _layer_record(path, key, value)}
-            elif isinstance(value, Mapping) and value and all(str(k).isdigit() for k in value):
-                layers[int(m[1])] = {int(s): _layer_record(path, f"{key}.{s}", r)
-                                     for s, r in value.items()}
-            else:
-                raise GalvatronFormatError(
-                    f"memory profile {path}: key {key!r} is neither a record with parameter_size "
-                    f"nor records by sequence length; re-run Galvatron's memory profiler")
-        elif m := re.match(rf"^other_memory_(pp_off|pp_on_first|pp_on_last){suffix}$", key):
-            other[m[1]] = _other_records(path, key, value)
-    if not layers:
-        raise GalvatronFormatError(
-            f"memory profile {path}: no derived 'layertype_<i>' record (only raw runs?); let "
-            f"Galvatron's memory profiler finish its post-processing, or check the file kind")
-    missing = [p for p in _OTHER_POSITIONS if p not in other]
-    if missing:
-        raise GalvatronFormatError(f"memory profile {path}: missing key(s) "
-                                   f"{['other_memory_' + p + suffix for p in missing]}; re-run "
-                                   f"Galvatron's memory profiler with pp 1 and pp 2")
-    return GalvatronMemory(path=str(path), layers=layers, other=other, sequence_parallel=sp)
+def _is_seq_key(k: Any) -> bool:
+    return bool(re.match(r"^(\d+|\[[\d,\s]+\])$", str(k)))
 
 
-def _other_records(path: Any, key: str, value: Any) -> dict[int | None, GalvatronOtherMemory]:
+def _layer_records(path: Any, key: str, value: Any) -> dict[Seqs | None, GalvatronLayerMemory]:
+    if isinstance(value, Mapping) and "parameter_size" in value:
+        return {None: _layer_record(path, key, value)}  # flat: the length is in the file name
+    if isinstance(value, Mapping) and value and all(_is_seq_key(k) for k in value):
+        return {_seqs(str(s)): _layer_record(path, f"{key}.{s}", r) for s, r in value.items()}
+    raise GalvatronFormatError(
+        f"memory profile {path}: key {key!r} is neither a record with parameter_size nor records "
+        f"by sequence length; re-run Galvatron's memory profiler")
+
+
+def _other_records(path: Any, key: str, value: Any) -> dict[Seqs | None, GalvatronOtherMemory]:
+    def one(where: str, rec: Any) -> GalvatronOtherMemory:
+        if not isinstance(rec, Mapping) or "model_states" not in rec or "activation" not in rec:
+            raise GalvatronFormatError(f"memory profile {path}: key {where} needs 'model_states' "
+                                       f"and 'activation'; re-run Galvatron's memory profiler")
+        return GalvatronOtherMemory(_tp_table(path, f"{where}.model_states", rec["model_states"]),
+                                    _tp_table(path, f"{where}.activation", rec["activation"]))
+
     if not isinstance(value, Mapping):
         raise GalvatronFormatError(f"memory profile {path}: key {key!r} must be an object")
     if "model_states" in value:
-        return {None: GalvatronOtherMemory(_int_keys(path, f"{key}.model_states", value["model_states"]),
-                                           _int_keys(path, f"{key}.activation", value.get("activation", 0.0)))}
-    out = {}
-    for s, rec in value.items():
-        if not str(s).isdigit() or not isinstance(rec, Mapping) or "model_states" not in rec:
-            raise GalvatronFormatError(f"memory profile {path}: key {key}.{s}: expected records "
-                                       f"by sequence length with 'model_states' and 'activation'")
-        out[int(s)] = GalvatronOtherMemory(_int_keys(path, f"{key}.{s}.model_states", rec["model_states"]),
-                                           _int_keys(path, f"{key}.{s}.activation", rec.get("activation", 0.0)))
-    return out
+        return {None: one(key, value)}
+    bad = [s for s in value if not _is_seq_key(s)]
+    if bad or not value:
+        raise GalvatronFormatError(f"memory profile {path}: key {key}.{bad[0] if bad else ''}: "
+                                   f"expected records by sequence length (\"512\" or "
+                                   f"\"[3136,784]\") with 'model_states' and 'activation'")
+    return {_seqs(str(s)): one(f"{key}.{s}", rec) for s, rec in value.items()}
+
+
+def read_memory(path: str | os.PathLike) -> GalvatronMemory:
+    """Read ``memory_profiling_*.json``: the derived records, plain and ``*_sp``, flat (one length,
+    in the file name) or nested by sequence length(s). Raw ``<pp>_<tp>_<dp>[_vtp][_c][_sp]`` runs
+    are Galvatron's intermediate data: their keys are checked, their values not used."""
+    data = read_json(path, "memory profile")
+    layers: dict[str, dict[int, dict[Seqs | None, GalvatronLayerMemory]]] = {"": {}, "_sp": {}}
+    other: dict[str, dict[str, dict[Seqs | None, GalvatronOtherMemory]]] = {"": {}, "_sp": {}}
+    for key, value in data.items():
+        if m := _MEM_LAYER.match(key):
+            layers[m[2] or ""][int(m[1])] = _layer_records(path, key, value)
+        elif m := _MEM_OTHER.match(key):
+            other[m[2] or ""][m[1]] = _other_records(path, key, value)
+        elif _MEM_RAW.match(key):
+            bad = [k for k in (value if isinstance(value, Mapping) else [repr(value)])
+                   if not _MEM_RAW_KEY.match(str(k))]
+            if bad:
+                raise GalvatronFormatError(
+                    f"memory profile {path}: raw run {key!r} holds {bad[0]!r}; expected "
+                    f"layernum[<L>,...]_bsz<b>[_seq<s>]_rank<r>_{{ms,act,act_peak}}")
+        else:
+            raise GalvatronFormatError(
+                f"memory profile {path}: unknown key {key!r}; expected layertype_<i>[_sp], "
+                f"other_memory_{{pp_off,pp_on_first,pp_on_last}}[_sp] or raw runs "
+                f"<pp>_<tp>_<dp>[_vtp][_c][_sp] (Galvatron 2.4 layouts); is this a "
+                f"memory_profiling_*.json file?")
+    sets: dict[str, GalvatronMemoryRecords | None] = {}
+    for suffix in ("", "_sp"):
+        if not layers[suffix] and not other[suffix]:
+            sets[suffix] = None
+            continue
+        missing = ([] if layers[suffix] else [f"layertype_<i>{suffix}"]) + \
+            [f"other_memory_{p}{suffix}" for p in _OTHER_POSITIONS if p not in other[suffix]]
+        if missing:
+            raise GalvatronFormatError(f"memory profile {path}: missing key(s) {missing}; re-run "
+                                       f"Galvatron's memory profiler with pp 1 and pp 2")
+        sets[suffix] = GalvatronMemoryRecords(str(path), suffix, layers[suffix], other[suffix])
+    if sets[""] is None and sets["_sp"] is None:
+        raise GalvatronFormatError(
+            f"memory profile {path}: no derived 'layertype_<i>' record (only raw runs?); let "
+            f"Galvatron's memory profiler finish its post-processing, or check the file kind")
+    return GalvatronMemory(path=str(path), plain=sets[""], megatron_sp=sets["_sp"])
 
 
 # -------------------------------------------------------------------- hardware profiles
