@@ -1,0 +1,345 @@
+"""Our planner against Galvatron 2.4's search, on the input files Galvatron ships.
+
+    python benchmarks/bench_vs_galvatron.py                    # every case, throwaway venv
+    python benchmarks/bench_vs_galvatron.py --only llama       # one model: bert, llama, gpt
+    python benchmarks/bench_vs_galvatron.py --galvatron-venv DIR   # reuse (or build once into) DIR
+
+What runs:
+
+1. A virtual environment under a temporary directory (never in the repository) gets
+   ``hetu-galvatron==2.4.0`` with ``--no-deps`` (its C++ dynamic-programming core is compiled on
+   install) plus numpy, scipy, tqdm and pybind11. Its search modules import without torch or
+   apex when the heavy package ``__init__`` files are bypassed, which the driver below does.
+2. Per case and memory budget, Galvatron's ``GalvatronSearchEngine`` searches in its own
+   process on its shipped profiles of the model (``models/<model>/configs``) and hardware
+   (``profile_hardware/hardware_configs``), batch size fixed (``--settle_bsz``). Where 2.4's
+   own reader cannot read a file it ships in an older layout (LLaMA's and GPT's flat memory
+   records, GPT's one-value time record, no ``sp_time`` file for 2 nodes), the values are
+   re-keyed into the layout 2.4 reads (same numbers); see ``_stage_for_galvatron``.
+3. Ours, on the *unmodified* shipped files: ``megatron-auto import-galvatron`` (profile and
+   cluster) then ``megatron-auto plan``, each a whole command in its own process.
+4. Both plans are priced by our evaluator (``megatron-auto evaluate --json``) with the same
+   imported profile, cluster and budget.
+
+Printed per case: Galvatron's time (whole process, and its search alone), ours (import + plan,
+whole commands), the ratio, and both plans' throughput under our cost model. Budgets are
+Galvatron's GB (2**30 bytes); ours gets the same bytes. Galvatron silently keeps 20 % of any
+budget over 20 GB for its allocator, so its plans at 24+ GB are searched in 80 % of the budget
+(our evaluator prices them against the full budget). Timing is for a shared 2-core machine:
+read the ratios, not the absolute seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+GIB = 2**30
+GALVATRON = "hetu-galvatron==2.4.0"
+
+# The cases of issue 11 item 7: model directory in Galvatron's package, its file-name model
+# tag, the layer configuration its engine takes, its time/memory profile modes for those files,
+# our model flags, cluster shape, batch and budgets (GB = 2**30 bytes).
+CASES: dict[str, dict[str, Any]] = {
+    "bert": {
+        "label": "BERT-Large, 8 GPUs, batch 128", "dir": "bert_hf", "tag": "hidden1024_head16",
+        "layers": [{"hidden_size": 1024, "layer_num": 24, "seq_len": 512}],
+        "time_mode": "sequence", "sequence_parallel": True, "model_type": "bert", "nodes": 1, "gpus": 8, "batch": 128,
+        "budgets": [8, 12, 16, 20],
+        "flags": ["--num-layers", "24", "--hidden-size", "1024", "--num-attention-heads", "16",
+                  "--seq-length", "512", "--max-position-embeddings", "512", "--vocab-size",
+                  "30522", "--model-type", "bert"]},
+    "llama": {
+        "label": "LLaMA-7B, 8 GPUs, batch 64", "dir": "llama_hf",
+        "tag": "hidden4096_head32_seqlen2048",
+        "layers": [{"hidden_size": 4096, "layer_num": 32, "seq_len": 2048}],
+        "time_mode": "batch", "sequence_parallel": False, "nodes": 1, "gpus": 8, "batch": 64,
+        "budgets": [24, 36, 48],
+        "flags": ["--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads", "32",
+                  "--ffn-hidden-size", "11008", "--seq-length", "2048",
+                  "--max-position-embeddings", "2048", "--vocab-size", "32000", "--swiglu",
+                  "--position-embedding-type", "rope", "--normalization", "RMSNorm",
+                  "--untie-embeddings-and-output-weights"]},
+    "gpt": {
+        "label": "GPT-1.5B, 2x8 GPUs, batch 128", "dir": "gpt_hf",
+        "tag": "hidden1600_head32_seqlen1024",
+        "layers": [{"hidden_size": 1600, "layer_num": 48, "seq_len": 1024}],
+        "time_mode": "static", "sequence_parallel": False, "nodes": 2, "gpus": 8, "batch": 128,
+        "budgets": [20, 40],
+        "flags": ["--num-layers", "48", "--hidden-size", "1600", "--num-attention-heads", "32",
+                  "--seq-length", "1024", "--max-position-embeddings", "1024", "--vocab-size",
+                  "50257"]},
+}
+
+# Runs in Galvatron's venv: import its search engine without the package __init__ files
+# (they import torch, apex and the runtime), search once, print what it wrote and how long.
+_DRIVER = r"""
+import argparse, importlib.util, json, os, sys, time, types
+t_start = time.perf_counter()
+case = json.load(open(sys.argv[1]))
+root = importlib.util.find_spec("galvatron").submodule_search_locations[0]
+for name, sub in (("galvatron", ""), ("galvatron.utils", "utils"), ("galvatron.core", "core")):
+    module = types.ModuleType(name)
+    module.__path__ = [os.path.join(root, sub)]
+    sys.modules[name] = module
+from galvatron.utils import config_utils, strategy_utils
+for mod in (strategy_utils, config_utils):
+    vars(sys.modules["galvatron.utils"]).update(
+        {k: v for k, v in vars(mod).items() if not k.startswith("__")})
+from galvatron.core.search_engine.arguments import galvatron_search_args
+from galvatron.core.search_engine.search_engine import GalvatronSearchEngine
+args = galvatron_search_args(argparse.ArgumentParser()).parse_args(case["argv"])
+vars(args).update(case["model_args"])  # what its per-model argument parsers would add
+engine = GalvatronSearchEngine(args)
+engine.set_search_engine_info(case["path"], case["layers"], case["tag"])
+engine.set_model_type(case.get("model_type", "gpt"))
+t0 = time.perf_counter()
+engine.initialize_search_engine()
+engine.parallelism_optimization()
+t1 = time.perf_counter()
+out = [f for f in os.listdir(args.output_config_path) if f.startswith("galvatron_config_")]
+print("GALVATRON_RESULT " + json.dumps({"search_s": t1 - t0, "process_s": t1 - t_start,
+      "config": os.path.join(args.output_config_path, out[0]) if out else None}))
+"""
+
+
+def _run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if proc.returncode != 0:
+        sys.exit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def make_venv(path: Path) -> Path:
+    """A venv at ``path`` with Galvatron 2.4 (no deps) and what its search needs; reused when
+    it already has Galvatron."""
+    python = path / "bin" / "python"
+    probe = [str(python), "-c", "import importlib.util,sys; "
+             "sys.exit(importlib.util.find_spec('galvatron_dp_core') is None)"]
+    if python.exists() and subprocess.run(probe).returncode == 0:
+        return python
+    print(f"building a venv with {GALVATRON} in {path} (a minute or two) ...", flush=True)
+    _run([sys.executable, "-m", "venv", str(path)])
+    _run([str(python), "-m", "pip", "install", "-q", "numpy", "scipy", "tqdm", "pybind11",
+          "setuptools", "wheel"])
+    _run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+          GALVATRON])
+    return python
+
+
+def galvatron_root(python: Path) -> Path:
+    out = _run([str(python), "-c", "import importlib.util; print(importlib.util.find_spec("
+                "'galvatron').submodule_search_locations[0])"])
+    return Path(out.stdout.strip())
+
+
+def shipped_files(root: Path, case: dict[str, Any]) -> dict[str, Path]:
+    """The files Galvatron ships for this case."""
+    cfg = root / "models" / case["dir"] / "configs"
+    hw = root / "profile_hardware" / "hardware_configs"
+    shape = f"{case['nodes']}nodes_{case['gpus']}gpus_per_node"
+    return {"computation": cfg / f"computation_profiling_bf16_{case['tag']}.json",
+            "memory": cfg / f"memory_profiling_bf16_{case['tag']}.json",
+            "allreduce": hw / f"allreduce_bandwidth_{shape}.json",
+            "p2p": hw / f"p2p_bandwidth_{shape}.json", "overlap": hw / "overlap_coefficient.json",
+            "sp_time": hw / f"sp_time_{shape}.json", "sp_time_1x8": hw / "sp_time_1nodes_8gpus_per_node.json"}
+
+
+def _stage_for_galvatron(case: dict[str, Any], files: dict[str, Path], dest: Path) -> dict[str, str]:
+    """Copies of the shipped files under the names 2.4's engine opens, re-keyed where 2.4's own
+    reader needs its newer layout (the numbers are unchanged):
+
+    - memory records flat (older layout) -> nested under the model's sequence length;
+    - batch-mode time keys without a length (``layertype_0_bsz4``) -> with it (``..._seq2048``);
+    - the one-value time record ``layertype_0`` -> ``layertype_0_bsz<b>_seq<s>``, and the
+      embedding/head time derived from the raw totals as Galvatron's post-processing does
+      (``layertype_other_bsz<b>_seq<s>``);
+    - embedding/head records with one number (vocab tp 1 only) -> one per vocab tp 1..8, the
+      tp 1 value halved per doubling (2.4 prices every vocab tp up to ``--max_tp_deg`` and
+      fails without them; halving is how its own profiler fills missing degrees);
+    - no ``sp_time`` file for this cluster shape (2.4 opens it even when it does not use it):
+      the 1x8 one, unused with ``--sp_space tp``.
+    """
+    from megatron_auto.planner.galvatron_files import read_computation  # noqa: PLC0415
+
+    seq = case["layers"][0]["seq_len"]
+    cfg, hw = dest / "configs", dest / "hardware"
+    cfg.mkdir(parents=True, exist_ok=True)
+    hw.mkdir(exist_ok=True)
+    comp = json.loads(files["computation"].read_text())
+    lifted: dict[str, Any] = {}
+    for key, value in comp.items():
+        if key.startswith("layertype_") and "_bsz" in key and "_seq" not in key:
+            key = f"{key}_seq{seq}"
+        lifted[key] = value
+    if "layertype_0" in comp and not any(k.startswith("layertype_0_") for k in comp):
+        ours = read_computation(files["computation"])
+        (bsz, _), other_ms = next(iter(ours.other.items()))
+        lifted[f"layertype_0_bsz{bsz}_seq{seq}"] = comp["layertype_0"]
+        lifted[f"layertype_other_bsz{bsz}_seq{seq}"] = other_ms
+    (cfg / files["computation"].name).write_text(json.dumps(lifted, indent=1))
+    mem = json.loads(files["memory"].read_text())
+    for key, value in mem.items():
+        if key.startswith("other_memory_") and "model_states" in value:
+            value = {part: v if isinstance(v, dict) else {str(k): v / k for k in (1, 2, 4, 8)}
+                     for part, v in value.items()}
+        if (key.startswith("layertype_") and "parameter_size" in value) or \
+                (key.startswith("other_memory_") and "model_states" in value):
+            mem[key] = {str(seq): value}
+    (cfg / files["memory"].name).write_text(json.dumps(mem, indent=1))
+    for kind in ("allreduce", "p2p", "overlap"):
+        shutil.copy(files[kind], hw / files[kind].name)
+    sp = files["sp_time"] if files["sp_time"].exists() else files["sp_time_1x8"]
+    shutil.copy(sp, hw / files["sp_time"].name)
+    return {"configs": str(cfg), "hardware": str(hw)}
+
+
+def run_galvatron(python: Path, case: dict[str, Any], staged: dict[str, str], budget: int,
+                  work: Path, keep: Path | None) -> dict[str, Any]:
+    """Galvatron's search in its own process; with ``keep``, its result (times and plan) is
+    stored there and a stored one is reused (its time does not depend on our code)."""
+    record = keep / f"{case['dir']}_{budget}GB.json" if keep else None
+    if record is not None and record.exists():
+        return {**json.loads(record.read_text()), "reused": True}
+    out = work / f"galvatron_out_{budget}"
+    out.mkdir()
+    argv = ["--num_nodes", str(case["nodes"]), "--num_gpus_per_node", str(case["gpus"]),
+            "--memory_constraint", str(budget), "--settle_bsz", str(case["batch"]),
+            "--mixed_precision", "bf16", "--pipeline_type", "pipedream_flush",
+            "--default_dp_type", "zero2", "--search_space", "full", "--sp_space", "tp",
+            "--time_profile_mode", case["time_mode"], "--memory_profile_mode", "static",
+            "--memory_profiling_path", staged["configs"], "--time_profiling_path",
+            staged["configs"], "--allreduce_bandwidth_config_path", staged["hardware"],
+            "--p2p_bandwidth_config_path", staged["hardware"], "--overlap_coe_path",
+            staged["hardware"], "--sp_time_path", staged["hardware"], "--output_config_path",
+            str(out), "--log_dir", str(work / "galvatron_logs")]
+    if case["sequence_parallel"]:
+        argv.append("--sequence_parallel")
+    spec = work / f"case_{budget}.json"
+    spec.write_text(json.dumps({"argv": argv, "path": str(work), "layers": case["layers"],
+                                "tag": case["tag"], "model_type": case.get("model_type", "gpt"),
+                                "model_args": {"hidden_size": case["layers"][0]["hidden_size"],
+                                               "seq_length": case["layers"][0]["seq_len"]}}))
+    t0 = time.perf_counter()
+    proc = _run([str(python), "-c", _DRIVER, str(spec)], cwd=work, env=_env())
+    wall = time.perf_counter() - t0
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("GALVATRON_RESULT ")][-1]
+    result = {"wall_s": wall, **json.loads(line.split(" ", 1)[1])}
+    if record is not None:
+        if result["config"]:
+            kept = keep / f"{case['dir']}_{budget}GB_{Path(result['config']).name}"
+            shutil.copy(result["config"], kept)
+            result["config"] = str(kept)
+        record.write_text(json.dumps(result, indent=1))
+    return result
+
+
+def _ours(*args: str) -> list[str]:
+    return [sys.executable, "-m", "megatron_auto.cli", *args]
+
+
+def import_ours(case: dict[str, Any], files: dict[str, Path], work: Path) -> tuple[float, Path, Path]:
+    profile, cluster = work / "profile.json", work / "cluster.json"
+    cmd = _ours("import-galvatron", *case["flags"], "--bf16", "--computation",
+                str(files["computation"]), "--memory", str(files["memory"]),
+                "--model-profile-out", str(profile), "--allreduce", str(files["allreduce"]),
+                "--p2p", str(files["p2p"]), "--overlap", str(files["overlap"]),
+                "--cluster-out", str(cluster), "--cluster", f"a100-40g-{case['nodes']}x{case['gpus']}")
+    if files["sp_time"].exists():
+        cmd += ["--sp-time", str(files["sp_time"])]
+    t0 = time.perf_counter()
+    _run(cmd, env=_env())
+    return time.perf_counter() - t0, profile, cluster
+
+
+def _env() -> dict[str, str]:
+    """Our checkout first on the path; one BLAS thread for both searches (both are meant to
+    run on one core; the machine is shared)."""
+    return {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def _common(case: dict[str, Any], profile: Path, cluster: Path, budget: int) -> list[str]:
+    return [*case["flags"], "--bf16", "--global-batch-size", str(case["batch"]),
+            "--model-profile", str(profile), "--cluster", str(cluster),
+            "--memory-budget-gb", f"{budget * GIB / 1e9:.6f}"]
+
+
+def plan_ours(case: dict[str, Any], profile: Path, cluster: Path, budget: int,
+              work: Path) -> tuple[float, Path]:
+    plan = work / f"plan_{budget}.json"
+    t0 = time.perf_counter()
+    _run(_ours("plan", *_common(case, profile, cluster, budget), "--plan-out", str(plan),
+               "--quiet"), env=_env())
+    return time.perf_counter() - t0, plan
+
+
+def evaluate_ours(case: dict[str, Any], profile: Path, cluster: Path, budget: int,
+                  source: list[str]) -> dict[str, Any]:
+    proc = subprocess.run(_ours("evaluate", *_common(case, profile, cluster, budget), *source,
+                                "--json"), capture_output=True, text=True, env=_env())
+    if proc.returncode != 0:
+        return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"}
+    return json.loads(proc.stdout)
+
+
+def _throughput(est: dict[str, Any]) -> str:
+    if "error" in est:
+        return f"refused ({est['error'][:80]})"
+    fits = "" if est.get("feasible", True) else " (over budget)"
+    return f"{est['samples_per_s']:8.2f}{fits}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", choices=sorted(CASES))
+    parser.add_argument("--galvatron-venv", type=Path, default=None,
+                        help="build (or reuse) Galvatron's venv here instead of a throwaway one")
+    parser.add_argument("--keep-galvatron", type=Path, default=None, metavar="DIR",
+                        help="store Galvatron's results (times, plans) in DIR and reuse stored "
+                             "ones: re-measure ours after a change without re-running it")
+    args = parser.parse_args()
+    if args.keep_galvatron:
+        args.keep_galvatron.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="bench_vs_galvatron_") as tmp:
+        work_root = Path(tmp)
+        python = make_venv(args.galvatron_venv or work_root / "venv")
+        root = galvatron_root(python)
+        print("case | budget | Galvatron 2.4: process s (search s) | ours: import + plan s | "
+              "ratio | samples/s under our evaluator: Galvatron's plan, ours")
+        for name, case in CASES.items():
+            if args.only and name != args.only:
+                continue
+            work = work_root / name
+            work.mkdir()
+            files = shipped_files(root, case)
+            staged = _stage_for_galvatron(case, files, work / "staged")
+            import_s, profile, cluster = import_ours(case, files, work)
+            for budget in case["budgets"]:
+                g = run_galvatron(python, case, staged, budget, work, args.keep_galvatron)
+                plan_s, plan = plan_ours(case, profile, cluster, budget, work)
+                ours_s = import_s + plan_s
+                est_ours = evaluate_ours(case, profile, cluster, budget, ["--plan", str(plan)])
+                est_g = (evaluate_ours(case, profile, cluster, budget,
+                                       ["--galvatron-config", g["config"]])
+                         if g["config"] else {"error": "Galvatron found no plan"})
+                reused = " (stored)" if g.get("reused") else ""
+                print(f"{case['label']} | {budget:>2} GB | {g['wall_s']:6.2f} ({g['search_s']:6.2f})"
+                      f"{reused}"
+                      f" | {import_s:5.2f} + {plan_s:5.2f} = {ours_s:5.2f} | "
+                      f"x{g['wall_s'] / ours_s:5.1f} | {_throughput(est_g)}, "
+                      f"{_throughput(est_ours)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
