@@ -53,7 +53,8 @@ CASES: dict[str, dict[str, Any]] = {
     "bert": {
         "label": "BERT-Large, 8 GPUs, batch 128", "dir": "bert_hf", "tag": "hidden1024_head16",
         "layers": [{"hidden_size": 1024, "layer_num": 24, "seq_len": 512}],
-        "time_mode": "sequence", "sequence_parallel": True, "model_type": "bert", "nodes": 1, "gpus": 8, "batch": 128,
+        "time_mode": "sequence", "sequence_parallel": True, "model_type": "bert", "nodes": 1,
+        "gpus": 8, "batch": 128,
         "budgets": [8, 12, 16, 20],
         "flags": ["--num-layers", "24", "--hidden-size", "1024", "--num-attention-heads", "16",
                   "--seq-length", "512", "--max-position-embeddings", "512", "--vocab-size",
@@ -151,7 +152,8 @@ def shipped_files(root: Path, case: dict[str, Any]) -> dict[str, Path]:
             "memory": cfg / f"memory_profiling_bf16_{case['tag']}.json",
             "allreduce": hw / f"allreduce_bandwidth_{shape}.json",
             "p2p": hw / f"p2p_bandwidth_{shape}.json", "overlap": hw / "overlap_coefficient.json",
-            "sp_time": hw / f"sp_time_{shape}.json", "sp_time_1x8": hw / "sp_time_1nodes_8gpus_per_node.json"}
+            "sp_time": hw / f"sp_time_{shape}.json",
+            "sp_time_1x8": hw / "sp_time_1nodes_8gpus_per_node.json"}
 
 
 def _stage_for_galvatron(case: dict[str, Any], files: dict[str, Path], dest: Path) -> dict[str, str]:
@@ -275,12 +277,23 @@ def _common(case: dict[str, Any], profile: Path, cluster: Path, budget: int) -> 
 
 
 def plan_ours(case: dict[str, Any], profile: Path, cluster: Path, budget: int,
-              work: Path) -> tuple[float, Path]:
+              work: Path) -> tuple[float, float, Path]:
+    """``megatron-auto plan`` as a whole command: its wall time, the search's own time (as the
+    plan file records it) and the plan."""
     plan = work / f"plan_{budget}.json"
     t0 = time.perf_counter()
     _run(_ours("plan", *_common(case, profile, cluster, budget), "--plan-out", str(plan),
                "--quiet"), env=_env())
-    return time.perf_counter() - t0, plan
+    wall = time.perf_counter() - t0
+    search = json.loads(plan.read_text()).get("search", {})
+    return wall, float(search.get("search_time_s", float("nan"))), plan
+
+
+def startup_ours() -> float:
+    """Seconds to start Python and import the CLI: the floor of every command of ours."""
+    t0 = time.perf_counter()
+    _run([sys.executable, "-c", "import megatron_auto.cli"], env=_env())
+    return time.perf_counter() - t0
 
 
 def evaluate_ours(case: dict[str, Any], profile: Path, cluster: Path, budget: int,
@@ -315,8 +328,10 @@ def main() -> None:
         work_root = Path(tmp)
         python = make_venv(args.galvatron_venv or work_root / "venv")
         root = galvatron_root(python)
-        print("case | budget | Galvatron 2.4: process s (search s) | ours: import + plan s | "
-              "ratio | samples/s under our evaluator: Galvatron's plan, ours")
+        print(f"our start-up (python + import megatron_auto.cli): {startup_ours():.2f} s; "
+              f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+        print("case | budget | Galvatron 2.4: process s (search s) | ours: import + plan s "
+              "(search s) | ratio | samples/s under our evaluator: Galvatron's plan, ours")
         for name, case in CASES.items():
             if args.only and name != args.only:
                 continue
@@ -327,7 +342,7 @@ def main() -> None:
             import_s, profile, cluster = import_ours(case, files, work)
             for budget in case["budgets"]:
                 g = run_galvatron(python, case, staged, budget, work, args.keep_galvatron)
-                plan_s, plan = plan_ours(case, profile, cluster, budget, work)
+                plan_s, search_s, plan = plan_ours(case, profile, cluster, budget, work)
                 ours_s = import_s + plan_s
                 est_ours = evaluate_ours(case, profile, cluster, budget, ["--plan", str(plan)])
                 est_g = (evaluate_ours(case, profile, cluster, budget,
@@ -336,7 +351,7 @@ def main() -> None:
                 reused = " (stored)" if g.get("reused") else ""
                 print(f"{case['label']} | {budget:>2} GB | {g['wall_s']:6.2f} ({g['search_s']:6.2f})"
                       f"{reused}"
-                      f" | {import_s:5.2f} + {plan_s:5.2f} = {ours_s:5.2f} | "
+                      f" | {import_s:5.2f} + {plan_s:5.2f} = {ours_s:5.2f} ({search_s:5.2f}) | "
                       f"x{g['wall_s'] / ours_s:5.1f} | {_throughput(est_g)}, "
                       f"{_throughput(est_ours)}", flush=True)
 

@@ -153,6 +153,11 @@ def model_profile_from_galvatron(computation_path: str | os.PathLike,
         else:
             rep, split = _split_fit(acts, analytic.activation_replicated_bytes,
                                     analytic.activation_split_bytes)
+        widest = min(cluster.world_size, lt.num_attention_heads)
+        if len(acts) > 1 and widest > max(acts) and not mem.sequence_parallel:
+            notes.append(f"layertype_{k}: activations measured up to tp {max(acts)}; larger tp "
+                         f"(up to {widest} here) follows the line a + b/tp through the two largest "
+                         f"measured degrees")
         layers[lt.name] = replace(
             analytic, parameter_count=params,
             forward_time_per_sample_s=time.per_sample_ms / 1000.0,
