@@ -11,7 +11,7 @@ from megatron_auto.parallel.context import ParallelContext
 from megatron_auto.parallel.data_parallel import DataParallel
 from megatron_auto.plan import Plan
 from megatron_auto.planner.cost_memory import model_states
-from megatron_auto.parallel.memory import PeakMemoryMeter, resident_parameter_bytes, storage_bytes
+from megatron_auto.parallel.memory import PeakMemoryMeter, storage_bytes
 
 KIB = 1024
 
@@ -114,7 +114,8 @@ def _measure(rank, world_size, dp_mode):
             opt.step()
     state = storage_bytes(v for s in opt.state.values() for v in s.values()
                           if isinstance(v, torch.Tensor) and v.dim() > 0)
-    return resident_parameter_bytes(model), state, meter.peak_bytes, meter.breakdown
+    # at-rest parameter bytes of this rank (ZeRO-3: its shards; storage_bytes takes the local)
+    return storage_bytes(model.parameters()), state, meter.peak_bytes, meter.breakdown
 
 
 def test_zero3_rank_holds_half_of_each_layer_over_two_ranks():

@@ -59,11 +59,6 @@ def storage_bytes(tensors: Iterable[torch.Tensor], *, rounded: bool = True) -> i
     return total
 
 
-def resident_parameter_bytes(module: nn.Module) -> int:
-    """Bytes of the parameters this rank holds at rest (ZeRO-3: only its shards)."""
-    return storage_bytes(p for p in module.parameters())
-
-
 def _state_tensors(optimizers: Iterable[torch.optim.Optimizer]) -> list[torch.Tensor]:
     return [v for opt in optimizers for state in opt.state.values() for v in state.values()
             if isinstance(v, torch.Tensor)]
