@@ -44,7 +44,8 @@ TOP_LEVEL_LAYERS = {
     "plan": "base", "layout": "base", "config": "base", "run_config": "base",
     "jsonfile": "base", "atomicfile": "base", "plots": "base", "vision_config": "base",
     "planning": "plan_inputs", "plan_source": "plan_inputs",
-    "auto": "auto", "arguments": "entry", "cli": "entry", "": "entry",
+    "auto": "auto", "arguments": "entry", "vision_arguments": "entry", "cli": "entry",
+    "": "entry",
 }
 PACKAGE_LAYERS = {"planner": "planner", "parallel": "parallel", "data": "data",
                   "models": "models", "profiler": "profiler", "training": "training"}

@@ -23,7 +23,14 @@ _PEAK_TFLOPS = {"H200": (989.0, 67.0), "H100": (989.0, 67.0), "A100": (312.0, 19
 
 
 def model_flops_per_token(config: ModelConfig) -> float:
-    """Forward + backward model FLOPs for one token (see the module docstring)."""
+    """Forward + backward model FLOPs for one token (see the module docstring).
+
+    A model config with its own ``model_flops_per_token()`` (the vision classifiers: window
+    attention, patch merging) is asked instead.
+    """
+    own = getattr(config, "model_flops_per_token", None)
+    if callable(own):
+        return float(own())
     h, f, s = config.hidden_size, config.ffn_hidden_size, config.seq_length
     mlp_mats = 3 if config.activation == "swiglu" else 2
     per_layer = 2 * (4 * h * h + mlp_mats * h * f) + 4 * s * h

@@ -40,7 +40,8 @@ from ..parallel.device import resolve_device, select_local_cuda_device
 from ..parallel.optimizer import OptimizerConfig, build_optimizer
 from ..parallel.pipeline import forward_backward
 from . import checkpoint
-from .data import DataError, load_global_batch, prepare_data_source, split_microbatches
+from .data import (DataError, DataSource, load_global_batch, prepare_data_source,
+                   split_microbatches)
 from .logging import format_eval_line, format_iteration_line, get_logger, setup_logging
 from .lr_scheduler import LRConfig, lr_at, set_lr
 from .metrics import (MetricsWriter, device_peak_tflops, format_prediction_line,
@@ -69,6 +70,10 @@ class TaskSpec:
     every_stage_reads_batch: bool = False
     loss_part_keys: tuple[str, ...] = ()
     named_losses: Callable[[dict[str, float]], dict[str, float]] | None = None
+    # A task with its own model config and data (the vision classifiers): builds the config from
+    # the parsed flags; the text data source (tokenizer, embedded corpus) is then not prepared
+    # and the datasets provider gets a DataSource naming only the kind and the paths.
+    config_from_args: Callable[[argparse.Namespace], Any] | None = None
 
 
 GPT_TASK = TaskSpec()
@@ -274,9 +279,13 @@ def run_training(args: argparse.Namespace, model_provider: ModelProvider,
     setup_logging(rank)
     data_config = arguments.data_config_from_args(args)
     train_config = arguments.training_config_from_args(args)
-    source = prepare_data_source(data_config, build_first=_rank0_first,
-                                 sentence_level=task.sentence_level_data)
-    model_config = arguments.model_config_from_args(args, vocab_size=source.vocab_size)
+    if task.config_from_args is not None:
+        source = DataSource(kind=data_config.source, data_prefix=list(data_config.data_path))
+        model_config = task.config_from_args(args)
+    else:
+        source = prepare_data_source(data_config, build_first=_rank0_first,
+                                     sentence_level=task.sentence_level_data)
+        model_config = arguments.model_config_from_args(args, vocab_size=source.vocab_size)
     if task.model_overrides:
         model_config = dataclasses.replace(model_config, **task.model_overrides)
     if args.load:  # fail before building anything when the checkpoint cannot serve this model

@@ -1,0 +1,85 @@
+"""Flags of the image classifiers (``pretrain_vision_classify.py``) and their conversion.
+
+Megatron-LM's names for the image and backbone (``--vision-backbone-type --img-h --img-w
+--patch-dim --num-channels --num-classes``); ViT reuses the transformer shape flags
+(``--num-layers --hidden-size --num-attention-heads --ffn-hidden-size``). Megatron has only Swin
+presets; the shape flags ``--swin-embed-dim --swin-depths --swin-num-heads --swin-window-size``
+are ours, and ``--swin-backbone-type tiny|small|base|large|huge`` fills the ones not given.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from .config import ConfigError
+from .vision_config import BACKBONES, SWIN_PRESETS, VisionConfig
+
+#: The Swin shape when neither a preset nor a shape flag says otherwise (small, CPU-friendly).
+DEFAULT_SWIN = {"swin_embed_dim": 32, "swin_depths": (2, 2, 2), "swin_num_heads": (2, 4, 8),
+                "swin_window_size": 4}
+#: ViT defaults of the vision script (the embedded run): replaces the GPT's 256-wide defaults.
+VIT_DEFAULTS = {"num_layers": 4, "hidden_size": 96, "num_attention_heads": 4,
+                "hidden_dropout": 0.0, "attention_dropout": 0.0}
+
+
+def _int_list(flag: str):
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            values = tuple(int(v) for v in text.replace(" ", "").split(",") if v)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{flag}={text}: give comma-separated integers, e.g. 2,2,6,2") from None
+        if not values:
+            raise argparse.ArgumentTypeError(f"{flag}={text}: give at least one integer")
+        return values
+    return parse
+
+
+def add_vision_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Image, backbone and Swin shape flags; sets the script's ViT defaults."""
+    g = parser.add_argument_group("vision")
+    g.add_argument("--vision-backbone-type", default="vit", choices=list(BACKBONES))
+    g.add_argument("--img-h", type=int, default=32)
+    g.add_argument("--img-w", type=int, default=32)
+    g.add_argument("--patch-dim", type=int, default=4)
+    g.add_argument("--num-channels", type=int, default=3)
+    g.add_argument("--num-classes", type=int, default=10)
+    g.add_argument("--swin-backbone-type", default=None, choices=list(SWIN_PRESETS),
+                   help="Swin preset (embed dim, depths, heads; window 7); shape flags override")
+    g.add_argument("--swin-embed-dim", type=int, default=None,
+                   help=f"default: {DEFAULT_SWIN['swin_embed_dim']} (or the preset's)")
+    g.add_argument("--swin-depths", type=_int_list("--swin-depths"), default=None,
+                   help="blocks per stage, e.g. 2,2,6,2")
+    g.add_argument("--swin-num-heads", type=_int_list("--swin-num-heads"), default=None,
+                   help="heads per stage, e.g. 3,6,12,24")
+    g.add_argument("--swin-window-size", type=int, default=None,
+                   help=f"default: {DEFAULT_SWIN['swin_window_size']} (presets: 7)")
+    parser.set_defaults(**VIT_DEFAULTS)
+    return parser
+
+
+def _swin_shape(args: argparse.Namespace) -> dict:
+    shape = dict(DEFAULT_SWIN)
+    if args.swin_backbone_type is not None:
+        embed, depths, heads = SWIN_PRESETS[args.swin_backbone_type]
+        shape.update(swin_embed_dim=embed, swin_depths=depths, swin_num_heads=heads,
+                     swin_window_size=7)
+    for key in shape:
+        if getattr(args, key, None) is not None:
+            shape[key] = getattr(args, key)
+    return shape
+
+
+def vision_config_from_args(args: argparse.Namespace) -> VisionConfig:
+    """The :class:`VisionConfig` the flags describe; ``ConfigError`` names a bad flag."""
+    if args.swin_backbone_type is not None and args.vision_backbone_type != "swin":
+        raise ConfigError(f"--swin-backbone-type={args.swin_backbone_type}: needs "
+                          f"--vision-backbone-type swin; add it or drop the preset")
+    return VisionConfig(
+        model_type=args.vision_backbone_type, img_h=args.img_h, img_w=args.img_w,
+        patch_dim=args.patch_dim, num_channels=args.num_channels, num_classes=args.num_classes,
+        num_layers=args.num_layers, hidden_size=args.hidden_size,
+        num_attention_heads=args.num_attention_heads, ffn_hidden_size=args.ffn_hidden_size,
+        hidden_dropout=args.hidden_dropout, attention_dropout=args.attention_dropout,
+        layernorm_epsilon=args.norm_epsilon, init_method_std=args.init_method_std,
+        **_swin_shape(args))
