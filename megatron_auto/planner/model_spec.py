@@ -12,10 +12,12 @@ and a fix.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..config import ModelConfig
+from ..vision_config import VisionConfig
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adam",)
@@ -24,7 +26,10 @@ PLAN_MODEL_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidd
                    "seq_length", "max_position_embeddings", "vocab_size",
                    "make_vocab_size_divisible_by", "position_embedding_type", "activation",
                    "normalization", "untie_embeddings_and_output_weights", "model_type",
-                   "num_tokentypes")
+                   "num_tokentypes",
+                   # image classifiers (vision_config.VisionConfig)
+                   "img_h", "img_w", "patch_dim", "num_channels", "num_classes",
+                   "swin_embed_dim", "swin_depths", "swin_num_heads", "swin_window_size")
 
 
 class SpecError(ValueError):
@@ -43,6 +48,11 @@ class LayerType:
     ``count`` is how many layers of this type the model has (informational; ``ModelSpec.layer_order``
     is authoritative). ``causal`` only matters for the FLOP count of attention (we charge the full
     ``s x s`` score matrix either way, see docs/cost_model.md).
+
+    Vision layers (Swin): ``window_size`` ``w > 0`` means attention inside ``w x w`` windows
+    (each token attends ``w^2`` tokens, plus a ``(2w-1)^2 x heads`` relative position bias);
+    ``merge_input_hidden`` ``m > 0`` means the layer begins with a patch merging from width ``m``
+    (2x2 neighbours concatenated to ``4m``, normalised, projected to ``hidden_size``).
     """
 
     name: str
@@ -53,9 +63,15 @@ class LayerType:
     count: int
     activation: str = "gelu"
     causal: bool = True
+    window_size: int = 0
+    merge_input_hidden: int = 0
 
     def __post_init__(self) -> None:
         where = f"layer_types[{self.name!r}]"
+        for attr in ("window_size", "merge_input_hidden"):
+            value = getattr(self, attr)
+            _need(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+                  f"{where}.{attr}", value, "must be an integer >= 0 (0: not used)")
         for attr in ("hidden_size", "num_attention_heads", "ffn_hidden_size", "seq_length", "count"):
             value = getattr(self, attr)
             _need(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
@@ -74,7 +90,18 @@ class LayerType:
             mlp = 3 * h * f + 2 * f + h  # two input projections (gate, up) and one output
         else:
             mlp = 2 * h * f + f + h
-        return attention + mlp + 4 * h  # two layer norms (weight + bias each)
+        extra = 0
+        if self.window_size:
+            extra += (2 * self.window_size - 1) ** 2 * self.num_attention_heads
+        if self.merge_input_hidden:
+            m = self.merge_input_hidden
+            extra += 4 * m * h + 2 * 4 * m  # reduction (no bias) and its norm
+        return attention + mlp + 4 * h + extra  # two layer norms (weight + bias each)
+
+    @property
+    def attended_tokens(self) -> int:
+        """Keys each query attends: the window's tokens, else the whole sequence."""
+        return self.window_size ** 2 if self.window_size else self.seq_length
 
     def tp_divides(self, tp: int) -> bool:
         """Whether Megatron tensor parallelism of degree ``tp`` can split this layer."""
@@ -100,6 +127,12 @@ class ModelSpec:
     name: str = ""
     num_position_embeddings: int = 0
     config: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
+    # Image classifiers (:meth:`from_vision_config`): the patch embedding's and the head's
+    # parameter counts, the tokens the head projects (1: a pooled image) and its width.
+    embedding_parameter_count: int | None = None
+    head_parameter_count: int | None = None
+    head_tokens: int | None = None
+    head_hidden_size: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layer_types", tuple(self.layer_types))
@@ -133,6 +166,8 @@ class ModelSpec:
     @property
     def embedding_parameters(self) -> int:
         """Word (and position) embedding rows: the first stage's share."""
+        if self.embedding_parameter_count is not None:
+            return self.embedding_parameter_count
         return (self.vocab_size + self.num_position_embeddings) * self.embedding_hidden_size
 
     @property
@@ -142,6 +177,8 @@ class ModelSpec:
         With tied embeddings the last stage holds its own copy of the word embedding (kept in
         sync by an all-reduce), so its parameters are counted there too when ``pp > 1``.
         """
+        if self.head_parameter_count is not None:
+            return self.head_parameter_count
         h = self.embedding_hidden_size
         return 2 * h + (0 if self.tied_embeddings else self.vocab_size * h)
 
@@ -169,8 +206,11 @@ class ModelSpec:
 
     # ----------------------------------------------------------------- builders
     @classmethod
-    def from_model_config(cls, cfg: ModelConfig) -> "ModelSpec":
-        """The spec of a GPT or BERT model described by a runtime ``ModelConfig``."""
+    def from_model_config(cls, cfg: ModelConfig | VisionConfig) -> "ModelSpec":
+        """The spec of a GPT or BERT model described by a runtime ``ModelConfig`` (or of an
+        image classifier, see :meth:`from_vision_config`)."""
+        if isinstance(cfg, VisionConfig):
+            return cls.from_vision_config(cfg)
         lt = LayerType(name=cfg.model_type, hidden_size=cfg.hidden_size,
                        num_attention_heads=cfg.num_attention_heads,
                        ffn_hidden_size=cfg.ffn_hidden_size, seq_length=cfg.seq_length,
@@ -182,6 +222,46 @@ class ModelSpec:
                    tied_embeddings=not cfg.untie_embeddings_and_output_weights,
                    name=cfg.model_type, num_position_embeddings=positions + cfg.num_tokentypes,
                    config=cfg.to_dict())
+
+    @classmethod
+    def from_vision_config(cls, cfg: VisionConfig) -> "ModelSpec":
+        """The spec of a ViT or Swin classifier (``vision_config.VisionConfig``).
+
+        ViT: one layer type ``vit``. Swin: per stage ``swin<k>`` for its blocks, and
+        ``swin<k>_merge`` for the first block of every stage after the first (patch merging
+        belongs to it), so the planner's stack has layer types of different width, heads and
+        sequence length. ``vocab_size`` is the class count (the head's rows).
+        """
+        h_emb = cfg.embedding_hidden_size
+        if cfg.model_type == "vit":
+            types = [(LayerType(name="vit", hidden_size=cfg.hidden_size,
+                                num_attention_heads=cfg.num_attention_heads,
+                                ffn_hidden_size=cfg.ffn_hidden_size, seq_length=cfg.seq_length,
+                                count=cfg.num_layers, causal=False), cfg.num_layers)]
+            embedding = cfg.patch_size_flat * h_emb + h_emb + h_emb + cfg.seq_length * h_emb
+        else:
+            types = []
+            for st in cfg.swin_stages():
+                common = dict(hidden_size=st.hidden_size, num_attention_heads=st.num_heads,
+                              ffn_hidden_size=cfg.swin_mlp_ratio * st.hidden_size,
+                              seq_length=st.seq_length, causal=False, window_size=st.window)
+                plain = st.depth
+                if st.index > 0:
+                    types.append((LayerType(name=f"swin{st.index + 1}_merge", count=1,
+                                            merge_input_hidden=st.hidden_size // 2, **common), 1))
+                    plain -= 1
+                if plain:
+                    types.append((LayerType(name=f"swin{st.index + 1}", count=plain, **common),
+                                  plain))
+            embedding = cfg.patch_size_flat * h_emb + h_emb + 2 * h_emb
+        stacked = cls.stacked(types, vocab_size=cfg.num_classes, embedding_hidden_size=h_emb,
+                              seq_length=cfg.seq_length, name=cfg.model_type)
+        h_out = cfg.final_hidden_size
+        return dataclasses.replace(
+            stacked, tied_embeddings=False, config=cfg.to_dict(),
+            embedding_parameter_count=embedding,
+            head_parameter_count=2 * h_out + h_out * cfg.num_classes + cfg.num_classes,
+            head_tokens=1, head_hidden_size=h_out)
 
     @classmethod
     def uniform(cls, num_layers: int, hidden_size: int, num_attention_heads: int,

@@ -290,31 +290,43 @@ def analytic_profile(spec: ModelSpec, training: TrainingSpec, cluster: Any) -> M
     for lt in spec.layer_types:
         s, h, f, a = lt.seq_length, lt.hidden_size, lt.ffn_hidden_size, lt.num_attention_heads
         mlp_mats = 3 if lt.activation == "swiglu" else 2
+        k = lt.attended_tokens  # s, or the w^2 tokens of a window (Swin)
         # Matmuls: 2 FLOPs per multiply-add; QKV + output projection (4h^2), MLP (2 or 3 h*f),
-        # attention scores and the weighted sum (2 * s^2 * h each).
-        flops = 2 * s * (4 * h * h + mlp_mats * h * f) + 4 * s * s * h
+        # attention scores and the weighted sum (2 * s * k * h each).
+        flops = 2 * s * (4 * h * h + mlp_mats * h * f) + 4 * s * k * h
         # Kept for backward (Korthikanti et al. 2022, generalised to any dtype and FFN width):
         # not split by TP: two norm inputs, the QKV and FC1 inputs (beta*s*h each) and two
         # 1-byte dropout masks; split: Q, K, V and the projection input (4*beta*s*h), the MLP
         # intermediates, and per head the softmax output, its dropout mask and output.
         replicated = (4 * beta + 2) * s * h
         mlp_kept = (2 * beta if lt.activation == "gelu" else 3 * beta) * s * f
-        split = 4 * beta * s * h + mlp_kept + (2 * beta + 1) * a * s * s
+        split = 4 * beta * s * h + mlp_kept + (2 * beta + 1) * a * s * k
+        if lt.merge_input_hidden:
+            # Patch merging (Swin): the 4m-wide concatenation and its normalised copy are kept
+            # (replicated); its projection costs 2 * s * 4m * h.
+            m = lt.merge_input_hidden
+            flops += 2 * s * 4 * m * h
+            replicated += 2 * beta * s * 4 * m
+        # What the layer receives (and keeps when it recomputes): 4s tokens of width m when it
+        # merges patches, else (s, h).
+        input_elements = 4 * s * lt.merge_input_hidden if lt.merge_input_hidden else s * h
         layers[lt.name] = LayerTypeProfile(
             name=lt.name, parameter_count=lt.num_parameters,
             forward_time_per_sample_s=flops / rate, activation_replicated_bytes=replicated,
-            activation_split_bytes=split, recompute_bytes_per_sample=beta * s * h,
+            activation_split_bytes=split, recompute_bytes_per_sample=beta * input_elements,
             hidden_bytes_per_sample=beta * s * h,
             forward_time_constant_s=ANALYTIC_LAYER_CALL_OVERHEAD_S,
             backward_forward_ratio=2.0,
             # Backward scratch: the incoming and outgoing activation gradients (2 x s*h) and the
             # largest split intermediate gradient (the FFN activation or the score matrix).
             backward_scratch_replicated_bytes=2 * beta * s * h,
-            backward_scratch_split_bytes=beta * s * max(f * (mlp_mats - 1), a * s),
+            backward_scratch_split_bytes=beta * s * max(f * (mlp_mats - 1), a * k),
             weight_copy_bytes_per_parameter=float(beta) if training.mixed else 0.0,
             flops_per_sample=float(flops))
     s, h, v = spec.seq_length, spec.embedding_hidden_size, spec.vocab_size
-    head_flops = 2 * s * h * v
+    # The head projects every token (language models) or one pooled token (classifiers).
+    t = spec.head_tokens or s
+    head_flops = 2 * t * (spec.head_hidden_size or h) * v
     emb = EmbeddingProfile(
         embedding_parameters=spec.embedding_parameters, head_parameters=spec.head_parameters,
         tied=spec.tied_embeddings, vocab_size=v, hidden_bytes_per_sample=beta * s * h,
@@ -324,10 +336,10 @@ def analytic_profile(spec: ModelSpec, training: TrainingSpec, cluster: Any) -> M
         # the vocab-parallel loss keeps for backward (the logits are not kept).
         embedding_activation_bytes=(beta + 1) * s * h,
         head_activation_replicated_bytes=beta * s * h,
-        head_activation_split_bytes=4 * s * v,
+        head_activation_split_bytes=4 * t * v,
         # In the loss's forward, beside the shifted fp32 copy: the logits in the compute dtype
         # and, when that is not fp32, their fp32 upcast. Its backward works in place.
-        head_transient_split_bytes=(beta + (4 if beta != 4 else 0)) * s * v,
+        head_transient_split_bytes=(beta + (4 if beta != 4 else 0)) * t * v,
         forward_time_constant_s=ANALYTIC_LAYER_CALL_OVERHEAD_S)
     return ModelProfile(layer_types=layers, embedding=emb, precision=training.precision,
                         source="analytic",
