@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from .config import ModelConfig
 from .jsonfile import read_json, write_json
@@ -357,21 +357,3 @@ class Plan:
             return cls.from_dict(data)
         except PlanError as err:
             raise PlanError(f"--plan {path}: {err}") from None
-
-
-def distinct_layouts(plan: Plan) -> list[tuple[int, int, bool]]:
-    """Distinct ``(stage, tp, tp_consecutive)`` triples used by layers and vocab, sorted.
-
-    The runtime creates process groups once per triple (never per layer).
-    """
-    seen: set[tuple[int, int, bool]] = set()
-    for i, layer in enumerate(plan.layers):
-        seen.add((plan.stage_of_layer(i), layer.tp, layer.tp_consecutive or layer.tp in (1, plan.stage_size)))
-    for stage in {0, plan.pp_size - 1}:
-        seen.add((stage, plan.vocab.tp, True))
-    return sorted(seen)
-
-
-def iter_stage_layers(plan: Plan, stage: int) -> Iterable[tuple[int, LayerStrategy]]:
-    for i in plan.stage_layer_range(stage):
-        yield i, plan.layers[i]

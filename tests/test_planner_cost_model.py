@@ -1,4 +1,4 @@
-"""Cost model: hand calculations for memory and time, layout arithmetic, schedules."""
+"""Cost model: hand calculations for memory and time, relayouts, schedules."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from megatron_auto.plan import Plan
 from megatron_auto.planner import ModelSpec, TrainingSpec, evaluate
 from megatron_auto.planner.cost_memory import embedding_memory, layer_memory, model_states
 from megatron_auto.planner.cost_model import in_flight
-from megatron_auto.planner.cost_time import embedding_time, overlap, pipeline_time
-from megatron_auto.planner.strategies import batch_slice, relayout_is_local
+from megatron_auto.layout import Layout
+from megatron_auto.planner.cost_time import (embedding_time, layer_time, overlap, pipeline_time,
+                                             relayout_cost, stage_boundary_cost)
 
 from planner_fakes import FakeCluster, round_profile
 
@@ -131,17 +132,6 @@ def test_recompute_keeps_only_the_input():
     assert plain.transient == pytest.approx(0)
 
 
-def test_layout_slices_and_relayout_rule():
-    # 4 ranks, tp 2 consecutive: ranks 0,1 hold slice 0 of 2; strided: rank 1 holds slice 1.
-    assert batch_slice(1, 4, (2, True)) == (0, 2)
-    assert batch_slice(1, 4, (2, False)) == (1, 2)
-    # Reducing TP from a consecutive layout is a local slice; increasing TP needs a gather.
-    assert relayout_is_local((2, True), (1, True), 4)
-    assert not relayout_is_local((1, True), (2, True), 4)
-    # From strided tp 2 to tp 1: rank 1 had slice 1 of 2 = quarters {2,3}, needs quarter 1.
-    assert not relayout_is_local((2, False), (1, True), 4)
-
-
 def test_overlap_and_pipeline_formula():
     assert overlap(1.0, 3.0, 1.0) == pytest.approx(3.0)
     assert overlap(1.0, 3.0, 1.5) == pytest.approx(3.5)
@@ -235,3 +225,67 @@ def test_vocab_parallel_loss_all_reduces_are_charged_in_forward():
     one = embedding_time(emb, FakeCluster(), 1, "ddp", 2, 2, first=False, last=True, pp=2,
                          seq_length=4)
     assert one.forward == pytest.approx(0.01) and one.tp_comm == 0.0  # no TP, no all-reduce
+
+
+def test_relayout_cost_prices_each_direction_on_its_own_group():
+    # 4 ranks, b_m = 8 samples of 50 B: the whole micro-batch is 400 B.
+    c, n = FakeCluster(), 4
+    # tp1 -> tp2: forward gathers over tp1's DP group (the 4 ranks): 3/4 x 400 / 1e4 = 0.03 s;
+    # backward only slices (each tp1 quarter lies inside its tp2 half). Transient: the gathered
+    # 400 B beside the kept 200 B half.
+    up = relayout_cost(c, Layout(1, True), Layout(2, True), 8, 50.0, n)
+    assert (up.forward, up.backward) == (pytest.approx(0.03), 0.0)
+    assert up.transient_bytes == pytest.approx(600)
+    down = relayout_cost(c, Layout(2, True), Layout(1, True), 8, 50.0, n)
+    assert (down.forward, down.backward) == (0.0, pytest.approx(0.03))
+    # tp2 consecutive -> strided: both ways a gather over a 2-rank DP group: 1/2 x 400 / 1e4
+    swap = relayout_cost(c, Layout(2, True), Layout(2, False), 8, 50.0, n)
+    assert (swap.forward, swap.backward) == (pytest.approx(0.02), pytest.approx(0.02))
+    same = relayout_cost(c, Layout(2, False), Layout(2, False), 8, 50.0, n)
+    assert (same.total, same.transient_bytes) == (0.0, 0.0)
+    # Across a stage boundary: the sender's tp2 half (200 B) hops each way (0.02 s), then the
+    # receiver re-lays it out like any relayout.
+    hop = stage_boundary_cost(c, Layout(2, True), Layout(1, True), 8, 50.0, n, pp=2)
+    assert (hop.forward, hop.backward) == (pytest.approx(0.02), pytest.approx(0.05))
+
+
+class RecordingCluster(FakeCluster):
+    def __init__(self) -> None:
+        super().__init__()
+        object.__setattr__(self, "gathers", [])
+
+    def allgather_time(self, nbytes_total, group_size, consecutive=True, span=None):
+        self.gathers.append((nbytes_total, group_size))
+        return super().allgather_time(nbytes_total, group_size, consecutive, span)
+
+
+def test_evaluate_prices_the_embedding_and_head_relayouts():
+    # 2 ranks, vocab tp 2 (one replica) and layers tp 1 (two): embedding -> layer 0 slices in
+    # forward and gathers the 2-sample micro-batch gradient (100 B) over the layers' DP group in
+    # backward; layer 1 -> head gathers the activation in forward and slices in backward. Two
+    # gathers of 100 B over 2 ranks per micro-batch, 1/2 x 100 / 1e4 = 0.005 s each.
+    plan = Plan.uniform(2, 2, global_batch_size=4, num_microbatches=2, vocab_tp=2)
+    cluster = RecordingCluster()
+    est = evaluate(plan, SPEC2, TrainingSpec(4), cluster, round_profile())
+    assert sorted(cluster.gathers) == [(100, 2), (100, 2)]
+    flat = evaluate(Plan.uniform(2, 2, global_batch_size=4, num_microbatches=2, vocab_tp=1),
+                    SPEC2, TrainingSpec(4), FakeCluster(), round_profile())
+    moved = est.stages[0].microbatch_time_s - flat.stages[0].microbatch_time_s
+    vocab = embedding_time(round_profile().embedding, FakeCluster(), 2, "ddp", 2, 2, True, True,
+                           1, SPEC2.seq_length, "bf16")
+    vocab1 = embedding_time(round_profile().embedding, FakeCluster(), 1, "ddp", 1, 2, True, True,
+                            1, SPEC2.seq_length, "bf16")
+    assert moved == pytest.approx(0.01 + vocab.microbatch - vocab1.microbatch)
+
+
+def test_zero_gathers_move_the_compute_dtype_and_reduce_scatters_fp32():
+    # zero3 over 2 ranks, 1000 parameters: each gather moves 1/2 x 1000 x (4 B fp32, 2 B bf16)
+    # / 1e4 B/s (two per micro-batch), the reduce-scatter 1/2 x 4000 / 1e4 = 0.2 s either way.
+    prof = round_profile().layer_types["gpt"]
+    fp32 = layer_time(prof, FakeCluster(), Layout(1, True), "zero3", False, 1, 2, "fp32")
+    bf16 = layer_time(prof, FakeCluster(), Layout(1, True), "zero3", False, 1, 2, "bf16")
+    assert fp32.dp_comm == pytest.approx(2 * 0.2 + 0.2)
+    assert bf16.dp_comm == pytest.approx(2 * 0.1 + 0.2)
+    # zero2's once-per-iteration gather too: 0.1 s in bf16
+    z2 = layer_time(prof, FakeCluster(), Layout(1, True), "zero2", False, 1, 2, "bf16")
+    assert z2.sync == pytest.approx(0.1)

@@ -3,6 +3,8 @@
 torch 2.13 renamed ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` to
 ``all_gather_single`` / ``reduce_scatter_single`` and made the old names warn. Callers use the
 functions here and get the new name when it exists, the old one otherwise, with no warning.
+The name is looked up on ``torch.distributed`` at each call, so a wrapper installed there (the
+collective-count test's) sees our collectives as well as FSDP2's.
 """
 
 from __future__ import annotations
@@ -12,21 +14,22 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_ALL_GATHER = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+_REDUCE_SCATTER = ("reduce_scatter_single" if hasattr(dist, "reduce_scatter_single")
+                   else "reduce_scatter_tensor")
 
 
 def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor, group: Any = None,
                            async_op: bool = False) -> Any:
     """Gather ``input`` from every rank of ``group`` into ``output`` (concatenated on dim 0)."""
-    return _all_gather(output, input, group=group, async_op=async_op)
+    return getattr(dist, _ALL_GATHER)(output, input, group=group, async_op=async_op)
 
 
 def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor,
                           op: Any = dist.ReduceOp.SUM, group: Any = None,
                           async_op: bool = False) -> Any:
     """Reduce ``input`` over ``group`` and keep this rank's dim-0 chunk in ``output``."""
-    return _reduce_scatter(output, input, op=op, group=group, async_op=async_op)
+    return getattr(dist, _REDUCE_SCATTER)(output, input, op=op, group=group, async_op=async_op)
 
 
 def group_size(group: Any) -> int:

@@ -1,23 +1,10 @@
 """The parallel context: which ranks form which groups, for every layout a plan uses.
 
-Rank arithmetic (DESIGN §4). The world of ``N`` ranks is cut into ``pp`` pipeline stages of
-``n = N/pp`` consecutive ranks; inside a stage a rank is known by its *local index*
-``j = rank - stage*n``. A layer with tensor-parallel degree ``tp`` has ``dp = n/tp`` replicas:
-
-- consecutive TP: TP groups are blocks of ``tp`` adjacent local indices, so
-  ``tp_rank = j % tp`` and ``dp_rank = j // tp``; the DP group of ``j`` is every ``tp``-th index
-  with the same ``tp_rank``.
-- strided TP: the TP group of ``j`` is ``{j % dp + k*dp}`` (members ``dp`` apart), so
-  ``tp_rank = j // dp`` and ``dp_rank = j % dp``; DP groups are then blocks of ``dp`` adjacent
-  indices.
-
-Both are the same grid read in a different order, so in either case the TP groups and the DP
-groups each partition the stage and every rank sits in exactly one of each. When ``tp == 1`` or
-``tp == n`` the two orders coincide; :func:`make_layout` normalises those to ``consecutive=True``
-so that equal layouts compare equal.
-
-Activations of a layer are split along the batch: DP replica ``dp_rank`` holds the contiguous
-chunk ``dp_rank`` (``b/dp`` samples) of each micro-batch, identical on all ranks of its TP group.
+The rank arithmetic (stages of ``n = N/pp`` consecutive ranks, a rank's local index
+``j = rank - stage*n``, TP/DP positions and group members under consecutive or strided TP, the
+batch slice a rank holds) is :mod:`megatron_auto.layout`, shared with the planner's cost model.
+This module turns it into process groups: a :class:`Layout` here is a ``layout.Layout`` placed
+on one pipeline stage (the key of its groups).
 
 Groups are created once, collectively and in one deterministic order on every rank (
 ``torch.distributed.new_group`` is collective over the world), and cached by their rank tuple:
@@ -34,54 +21,33 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from .. import layout as pure_layout
+from ..layout import dp_group_ranks, tp_dp_rank, tp_group_ranks
 from ..plan import Plan
 from .device import resolve_device
+
+__all__ = ["LayerGroups", "Layout", "ParallelContext", "dp_group_ranks", "make_layout",
+           "tp_dp_rank", "tp_group_ranks"]
 
 
 @dataclass(frozen=True)
 class Layout:
-    """How an activation or a layer is laid out inside a pipeline stage (see module docstring)."""
+    """A layout on one pipeline stage: the key of a rank's :class:`LayerGroups` for it."""
 
     stage: int
     tp: int
     consecutive: bool
 
+    @property
+    def pure(self) -> pure_layout.Layout:
+        """The stage-free layout (what :mod:`megatron_auto.layout` computes with)."""
+        return pure_layout.Layout(self.tp, self.consecutive)
+
 
 def make_layout(stage: int, tp: int, consecutive: bool, stage_size: int) -> Layout:
-    """A normalised :class:`Layout`: ``consecutive`` is forced to True when ``tp`` is 1 or ``n``."""
-    if tp < 1 or stage_size % tp:
-        raise ValueError(f"tp={tp}: must be a positive divisor of the {stage_size} ranks per stage")
-    return Layout(stage, tp, bool(consecutive) or tp in (1, stage_size))
-
-
-def tp_dp_rank(local_index: int, stage_size: int, tp: int, consecutive: bool) -> tuple[int, int]:
-    """``(tp_rank, dp_rank)`` of local index ``j`` under a layout (pure)."""
-    dp = stage_size // tp
-    if consecutive:
-        return local_index % tp, local_index // tp
-    return local_index // dp, local_index % dp
-
-
-def tp_group_ranks(stage_ranks: Sequence[int], tp: int, consecutive: bool) -> list[list[int]]:
-    """Global ranks of every TP group of a stage, each group ordered by ``tp_rank`` (pure)."""
-    n = len(stage_ranks)
-    if tp < 1 or n % tp:
-        raise ValueError(f"tp={tp}: must be a positive divisor of the {n} ranks per stage")
-    dp = n // tp
-    if consecutive:
-        return [[stage_ranks[d * tp + t] for t in range(tp)] for d in range(dp)]
-    return [[stage_ranks[d + t * dp] for t in range(tp)] for d in range(dp)]
-
-
-def dp_group_ranks(stage_ranks: Sequence[int], tp: int, consecutive: bool) -> list[list[int]]:
-    """Global ranks of every DP group of a stage, each group ordered by ``dp_rank`` (pure)."""
-    n = len(stage_ranks)
-    if tp < 1 or n % tp:
-        raise ValueError(f"tp={tp}: must be a positive divisor of the {n} ranks per stage")
-    dp = n // tp
-    if consecutive:
-        return [[stage_ranks[d * tp + t] for d in range(dp)] for t in range(tp)]
-    return [[stage_ranks[d + t * dp] for d in range(dp)] for t in range(tp)]
+    """A normalised :class:`Layout` on ``stage`` (``layout.make_layout``: consecutive when moot)."""
+    local = pure_layout.make_layout(tp, consecutive, stage_size)
+    return Layout(stage, local.tp, local.consecutive)
 
 
 @dataclass

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..layout import Layout, relayout_step
 from .profiles import EmbeddingProfile, LayerTypeProfile
 
 MASTER_BYTES = 4
@@ -187,3 +188,25 @@ def embedding_memory(profile: EmbeddingProfile, vocab_tp: int, dp: int, dp_mode:
                           lazy_gradients=grads, step_temporary=step)
     return MemoryCost(params, grads, optim, kept, transient, released_early=loss_kept,
                       step_temporary=step)
+
+
+def _move_bytes(src: Layout, dst: Layout, microbatch_bytes: float, stage_size: int) -> float:
+    step = relayout_step(src, dst, stage_size, 0)  # every rank takes the same branch
+    if step.is_identity:
+        return 0.0
+    kept = microbatch_bytes / (stage_size // dst.tp)  # the slice copied out (a new tensor)
+    return kept + (microbatch_bytes if step.gather else 0.0)
+
+
+def relayout_memory(old: Layout, new: Layout, microbatch_size: int, bytes_per_sample: float,
+                    stage_size: int) -> float:
+    """Transient bytes on a rank while a micro-batch is re-laid out from ``old`` to ``new``.
+
+    The runtime copies the slice it keeps (``parallel/redistribute.py``), so nothing outlives the
+    move but that slice, which is the next layer's input (counted with its activations) and
+    frees the source: the source, or the gathered micro-batch when the move gathers, exists next
+    to the copy only while it is made. Forward moves ``old -> new``, backward the gradient
+    ``new -> old``; the larger counts (they never run at once).
+    """
+    whole = microbatch_size * bytes_per_sample
+    return max(_move_bytes(old, new, whole, stage_size), _move_bytes(new, old, whole, stage_size))

@@ -8,8 +8,12 @@ micro-batches:
 - peak memory = reserve + sum of model states + ``in_flight_k`` x activations per micro-batch +
   embedding/head + the largest transient (one layer's backward or the loss);
   ``in_flight_k = min(pp - k, m)`` for 1F1B and ``m`` for GPipe.
-- time per micro-batch ``C_k`` = layers' forward + backward + relayouts between layers + incoming
-  p2p hops; the gradient-sync tail and the pipeline formula are in ``cost_time.pipeline_time``.
+- time per micro-batch ``C_k`` = layers' forward + backward + the moves of the micro-batch's
+  activation, both ways: embedding -> first layer (first stage), the incoming p2p hop and
+  relayout (later stages), layer -> layer, last layer -> LM head (last stage), each priced by
+  ``cost_time.relayout_cost`` / ``stage_boundary_cost`` as the runtime issues it; the largest
+  move's transient counts with the other transients. The gradient-sync tail and the pipeline
+  formula are in ``cost_time.pipeline_time``.
 """
 
 from __future__ import annotations
@@ -19,11 +23,11 @@ from typing import Any, Mapping
 
 from ..plan import Plan
 from .cost_memory import MemoryCost, embedding_memory, layer_memory
-from .cost_time import (NO_TIME, TimeCost, embedding_time, layer_time, pipeline_time,
-                        relayout_time)
+from ..layout import Layout, layout_of, vocab_layout
+from .cost_time import (NO_MOVE, NO_TIME, MoveCost, TimeCost, embedding_time, layer_time,
+                        pipeline_time, relayout_cost, stage_boundary_cost)
 from .model_spec import ModelSpec, TrainingSpec
 from .profiles import ModelProfile
-from .strategies import layout_of
 
 GIB = 1024 ** 3
 # A stage whose peak is within this fraction of the budget is reported as memory-bound.
@@ -109,6 +113,12 @@ def _binding(peak: float, budget: float | None, shares: Mapping[str, float]) -> 
     return max(shares, key=lambda k: shares[k])
 
 
+def _add_moves(a: MoveCost, b: MoveCost) -> MoveCost:
+    """Moves of one stage run one after the other: times add, the largest transient counts."""
+    return MoveCost(a.forward + b.forward, a.backward + b.backward,
+                    max(a.transient_bytes, b.transient_bytes))
+
+
 def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: Any,
                   profile: ModelProfile, memory_budget_bytes: float | None = None) -> Estimate:
     """Cost-model estimate of ``plan`` (any source). Raises ``ValueError`` on a mismatch between
@@ -126,7 +136,8 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
     emb = profile.embedding
     micro, backward, tails, steps, stage_parts = [], [], [], [], []
     per_layer: list[dict[str, float]] = []
-    prev_last = None  # (layout, hidden bytes per sample) of the previous stage's last layer
+    vocab = vocab_layout(plan.vocab.tp, n)
+    prev_last: Layout | None = None  # the previous stage's last layer layout
     for k in range(pp):
         k_in = in_flight(schedule, pp, k, m)
         first, last = k == 0, k == pp - 1
@@ -134,8 +145,8 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
         act, transient = 0.0, 0.0
         step_peak = 0.0  # model states + the optimizer step's temporaries (activations gone)
         total = NO_TIME  # layers, then embedding/head, one after the other
-        relayout = p2p = 0.0
-        layout_prev = None
+        moves = NO_MOVE  # relayouts (embedding, layers, head) and the incoming p2p hop
+        layout_prev: Layout | None = None
         for i in plan.stage_layer_range(k):
             s = plan.layers[i]
             lp = profile.layer_types[spec.layer_type(i).name]
@@ -144,7 +155,8 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
             samples = b_m / dp
             mem: MemoryCost = layer_memory(lp, s.tp, dp, s.dp_mode, s.recompute, samples,
                                            first_backward_peak=schedule == "gpipe")
-            t: TimeCost = layer_time(lp, cluster, layout, s.dp_mode, s.recompute, samples, n)
+            t: TimeCost = layer_time(lp, cluster, layout, s.dp_mode, s.recompute, samples, n,
+                                     training.precision)
             states["parameters"] += mem.parameters
             states["gradients"] += mem.gradients_at_peak
             states["optimizer_states"] += mem.optimizer_states
@@ -152,22 +164,26 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
             transient = max(transient, mem.transient)
             step_peak += mem.step_peak
             total = total + t
-            if layout_prev is not None and layout_prev != layout:
-                relayout += relayout_time(cluster, layout_prev, layout, b_m,
-                                          lp.hidden_bytes_per_sample, n)
-            elif layout_prev is None and prev_last is not None:
-                hop_bytes = prev_last[2] * prev_last[1]
-                p2p += 2 * cluster.p2p_time(hop_bytes, pp)  # activation in, its gradient back
-                relayout += relayout_time(cluster, prev_last[0], layout, b_m,
-                                          lp.hidden_bytes_per_sample, n)
+            bps = lp.hidden_bytes_per_sample
+            if layout_prev is not None:  # from the previous layer of this stage
+                move = relayout_cost(cluster, layout_prev, layout, b_m, bps, n)
+            elif prev_last is not None:  # across the p2p hop from the previous stage
+                move = stage_boundary_cost(cluster, prev_last, layout, b_m, bps, n, pp)
+            else:  # from the embedding (first stage)
+                move = relayout_cost(cluster, vocab, layout, b_m, bps, n)
+            moves = _add_moves(moves, move)
             layout_prev = layout
             per_layer.append({"stage": k, "memory_bytes": mem.persistent(k_in),
                               "transient_bytes": mem.transient,
                               "forward_time_s": t.forward, "backward_time_s": t.backward,
                               "sync_time_s": t.sync})
-        last_i = plan.stage_layer_range(k)[-1]
-        last_lp = profile.layer_types[spec.layer_type(last_i).name]
-        prev_last = (layout_prev, last_lp.hidden_bytes_per_sample, b_m / (n // layout_prev[0]))
+        assert layout_prev is not None  # a stage has at least one layer (plan validation)
+        if last:  # into the final norm and LM head, on the vocab layout
+            last_lp = profile.layer_types[spec.layer_type(plan.stage_layer_range(k)[-1]).name]
+            moves = _add_moves(moves, relayout_cost(cluster, layout_prev, vocab, b_m,
+                                                    last_lp.hidden_bytes_per_sample, n))
+        transient = max(transient, moves.transient_bytes)
+        prev_last = layout_prev
         emb_mem = MemoryCost(0, 0, 0, 0, 0)
         if first or last:
             vdp = n // plan.vocab.tp
@@ -175,7 +191,7 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
             emb_mem = embedding_memory(emb, plan.vocab.tp, vdp, plan.vocab.dp_mode, v_samples,
                                        first, last, pp, first_backward_peak=schedule == "gpipe")
             et = embedding_time(emb, cluster, plan.vocab.tp, plan.vocab.dp_mode, v_samples, n,
-                                first, last, pp, spec.seq_length)
+                                first, last, pp, spec.seq_length, training.precision)
             total = total + et
             transient = max(transient, emb_mem.transient)
         embedding_bytes = emb_mem.persistent(k_in)
@@ -189,13 +205,13 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
             0.0, step_peak + float(cluster.memory_reserve_bytes) - backward_peak)
         peak = sum(breakdown.values())
         fwd, bwd, tail = total.forward, total.backward, total.exposed_sync
-        c_k = fwd + bwd + relayout + p2p
+        c_k = fwd + bwd + moves.total
         micro.append(c_k)
-        backward.append(bwd + relayout / 2 + p2p / 2)
+        backward.append(bwd + moves.backward)
         tails.append(tail)
         steps.append(total.optimizer)
         stage_parts.append((fwd, bwd, tail, peak, breakdown, k_in, c_k, total.compute,
-                            total.tp_comm, total.dp_comm, relayout + p2p))
+                            total.tp_comm, total.dp_comm, moves.total))
     pt = pipeline_time(micro, backward, tails, m, steps, step_overhead(cluster, plan.world_size))
     stages = []
     for k, (fwd, bwd, tail, peak, breakdown, k_in, c_k, compute, tp_comm, dp_comm, moves) in \

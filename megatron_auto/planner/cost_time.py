@@ -1,7 +1,8 @@
 """Time cost of one layer (or the embedding/head) per micro-batch, relayouts, and the pipeline.
 
 All results are seconds. Communication times come from the cluster (``allreduce_time``,
-``allgather_time``, ``zero_gather_time``, ``zero_scatter_time``, ``p2p_time``); groups inside a stage pass
+``allgather_time``, ``zero_gather_time``, ``zero_scatter_time``, ``p2p_time``); which groups and
+messages a relayout uses comes from :mod:`megatron_auto.layout`; groups inside a stage pass
 ``span=stage_size`` so that strided groups are placed inside the stage's ranks. Overlap of a
 communication of duration ``c`` with compute ``x`` takes ``ov(c, x) = max(c, x) + (g-1)*min(c, x)``
 (``g`` = ``overlap_slowdown``): both streams run slowed while they overlap. Formulas with symbols:
@@ -13,9 +14,22 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Sequence
 
-from .cost_memory import GRAD_BYTES, MASTER_BYTES
+from ..layout import (Collective, Layout, dp_group_consecutive, dp_size, relayout_collectives,
+                      tp_group_consecutive)
+from .cost_memory import GRAD_BYTES, relayout_memory
 from .profiles import EmbeddingProfile, LayerTypeProfile
-from .strategies import Layout, dp_group_consecutive, relayout_is_local
+
+# Bytes per parameter of a ZeRO parameter all-gather: FSDP2 gathers in its ``param_dtype``, the
+# compute dtype under bf16/fp16 (``MixedPrecisionPolicy(param_dtype=..., reduce_dtype=fp32)``,
+# parallel/data_parallel.py); gradients are reduce-scattered in fp32 (``GRAD_BYTES``).
+GATHER_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def gather_bytes(precision: str) -> int:
+    """Bytes per parameter of a ZeRO all-gather under ``precision``."""
+    if precision not in GATHER_BYTES:
+        raise ValueError(f"precision={precision!r}: choose one of {', '.join(GATHER_BYTES)}")
+    return GATHER_BYTES[precision]
 
 
 def overlap(comm: float, compute: float, slowdown: float) -> float:
@@ -51,48 +65,81 @@ class TimeCost:
 NO_TIME = TimeCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 
 
-def _dp_times(cluster: Any, num_params: float, dp: int, dp_mode: str, consecutive: bool,
-              stage_size: int) -> tuple[float, float, float]:
-    """``(gather, reduce_scatter, allreduce)`` seconds of one DP step of ``num_params`` params."""
+@dataclass(frozen=True)
+class DataParallelCollectives:
+    """The collectives one rank's data parallelism issues for one component (FSDP2 for ZeRO,
+    our gradient buckets for ``ddp``): ``forward`` and ``backward`` per micro-batch, and
+    ``per_iteration`` once (the ``ddp`` gradient all-reduce; ``zero2``'s parameter gather before
+    the first forward, kept until the last backward)."""
+
+    forward: tuple[Collective, ...] = ()
+    backward: tuple[Collective, ...] = ()
+    per_iteration: tuple[Collective, ...] = ()
+
+
+def dp_collectives(num_params: float, dp: int, dp_mode: str, consecutive: bool,
+                   precision: str) -> DataParallelCollectives:
+    """What the runtime issues for ``num_params`` local parameters over a DP group of ``dp``.
+
+    ZeRO parameter gathers (kind ``zero_gather``) move ``gather_bytes(precision)`` per parameter
+    (FSDP2's ``param_dtype``), gradient reduce-scatters (``zero_scatter``) 4 (its fp32
+    ``reduce_dtype``); ``nbytes`` is the unsharded size (gather output, reduce-scatter input).
+    """
     if dp <= 1:
-        return 0.0, 0.0, 0.0
-    kw = {"span": stage_size}
-    gather = (cluster.zero_gather_time(MASTER_BYTES * num_params, dp, consecutive, **kw)
-              if dp_mode == "zero3" else 0.0)
-    scatter = (cluster.zero_scatter_time(GRAD_BYTES * num_params, dp, consecutive, **kw)
-               if dp_mode in ("zero2", "zero3") else 0.0)
-    allreduce = (cluster.allreduce_time(GRAD_BYTES * num_params, dp, consecutive, **kw)
-                 if dp_mode == "ddp" else 0.0)
-    return gather, scatter, allreduce
+        return DataParallelCollectives()
+    gather = Collective("zero_gather", dp, consecutive, gather_bytes(precision) * num_params)
+    scatter = Collective("zero_scatter", dp, consecutive, GRAD_BYTES * num_params)
+    if dp_mode == "zero3":
+        return DataParallelCollectives(forward=(gather,), backward=(gather, scatter))
+    if dp_mode == "zero2":
+        return DataParallelCollectives(backward=(scatter,), per_iteration=(gather,))
+    if dp_mode == "ddp":
+        return DataParallelCollectives(per_iteration=(
+            Collective("all_reduce", dp, consecutive, GRAD_BYTES * num_params),))
+    raise ValueError(f"dp_mode={dp_mode!r}: choose one of ddp, zero2, zero3")
+
+
+def _dp_times(cluster: Any, num_params: float, dp: int, dp_mode: str, consecutive: bool,
+              stage_size: int, precision: str) -> tuple[float, float, float, float]:
+    """``(gather, reduce_scatter, allreduce, zero2_gather)`` seconds for ``num_params`` params:
+    one of each per micro-batch (zero3 gathers twice), the last two once per iteration."""
+    cs = dp_collectives(num_params, dp, dp_mode, consecutive, precision)
+
+    def total(collectives: Sequence[Collective], kind: str) -> float:
+        return sum(collective_time(cluster, c, stage_size) for c in collectives if c.kind == kind)
+
+    return (total(cs.forward, "zero_gather"), total(cs.backward, "zero_scatter"),
+            total(cs.per_iteration, "all_reduce"), total(cs.per_iteration, "zero_gather"))
 
 
 def layer_time(profile: LayerTypeProfile, cluster: Any, layout: Layout, dp_mode: str,
-               recompute: bool, samples: float, stage_size: int) -> TimeCost:
+               recompute: bool, samples: float, stage_size: int,
+               precision: str = "fp32") -> TimeCost:
     """Time of one layer for one micro-batch of ``samples`` samples per rank.
 
     Forward: compute ``F``, ZeRO-3 parameter gather overlapped with it, two TP all-reduces of the
     ``(b, s, h)`` activation. Backward: ``r*F`` (plus ``F`` when recomputing, with its two TP
     all-reduces again), the ZeRO-3 re-gather and the ZeRO-2/3 gradient reduce-scatter overlapped
     with it, two TP all-reduces. DDP: one all-reduce of the fp32 gradients per iteration.
+    ZeRO gathers move ``gather_bytes(precision)`` per parameter, reduce-scatters 4.
     """
-    tp, _ = layout
+    tp = layout.tp
     dp = stage_size // tp
     g = cluster.overlap_slowdown
     fwd = profile.forward_time(samples, tp)
     bwd = profile.backward_forward_ratio * fwd + (fwd if recompute else 0.0)
     tp_ar = 0.0
     if tp > 1:
-        tp_ar = cluster.allreduce_time(profile.hidden_bytes_per_sample * samples, tp, layout[1],
-                                       span=stage_size)
+        tp_ar = cluster.allreduce_time(profile.hidden_bytes_per_sample * samples, tp,
+                                       tp_group_consecutive(layout), span=stage_size)
     local = profile.parameter_count / tp
-    gather, scatter, allreduce = _dp_times(cluster, local, dp, dp_mode,
-                                           dp_group_consecutive(layout), stage_size)
+    gather, scatter, allreduce, regather = _dp_times(cluster, local, dp, dp_mode,
+                                                     dp_group_consecutive(layout), stage_size,
+                                                     precision)
     n_bwd_ar = 4 if recompute else 2
     forward = overlap(gather, fwd, g) + 2 * tp_ar
     backward = overlap(gather + scatter, bwd, g) + n_bwd_ar * tp_ar
     exposed = overlap(allreduce, bwd, g) - bwd if allreduce > 0 else 0.0
-    regather = _zero2_regather(cluster, local, dp, dp_mode, dp_group_consecutive(layout),
-                               stage_size)
     exposed += overlap(regather, fwd, g) - fwd if regather > 0 else 0.0
     return TimeCost(forward, backward, allreduce + regather, exposed, fwd + bwd,
                     (2 + n_bwd_ar) * tp_ar, 2 * gather + scatter,
@@ -105,18 +152,9 @@ def _optimizer_time(cluster: Any, num_params: float, dp: int, dp_mode: str) -> f
     return cluster.optimizer_time_per_parameter_s * owned
 
 
-def _zero2_regather(cluster: Any, num_params: float, dp: int, dp_mode: str, consecutive: bool,
-                    stage_size: int) -> float:
-    """ZeRO-2 updates only its parameter shard, so the whole fp32 parameters are all-gathered
-    once per iteration, before the first forward (overlapped with that forward)."""
-    if dp_mode != "zero2" or dp <= 1:
-        return 0.0
-    return cluster.zero_gather_time(MASTER_BYTES * num_params, dp, consecutive, span=stage_size)
-
-
 def embedding_time(profile: EmbeddingProfile, cluster: Any, vocab_tp: int, dp_mode: str,
                    samples: float, stage_size: int, first: bool, last: bool, pp: int,
-                   seq_length: int = 1) -> TimeCost:
+                   seq_length: int = 1, precision: str = "fp32") -> TimeCost:
     """Embedding (first stage) and/or head + loss (last stage) for one micro-batch.
 
     Vocab-parallel embedding all-reduces its ``(b, s, h)`` output in forward; the parallel head
@@ -154,7 +192,8 @@ def embedding_time(profile: EmbeddingProfile, cluster: Any, vocab_tp: int, dp_mo
             num_params += profile.embedding_parameters / vocab_tp
         tp_comm += tp_ar + loss_comm
     bwd = profile.backward_forward_ratio * fwd
-    gather, scatter, allreduce = _dp_times(cluster, num_params, dp, dp_mode, True, stage_size)
+    gather, scatter, allreduce, regather = _dp_times(cluster, num_params, dp, dp_mode, True,
+                                                     stage_size, precision)
     tied = 0.0
     if profile.tied and pp > 1:
         tied = cluster.allreduce_time(GRAD_BYTES * profile.embedding_parameters / vocab_tp, 2,
@@ -162,24 +201,77 @@ def embedding_time(profile: EmbeddingProfile, cluster: Any, vocab_tp: int, dp_mo
     forward = overlap(gather, fwd, g) + (tp_ar if first else 0.0) + loss_comm
     backward = overlap(gather + scatter, bwd, g) + (tp_ar if last else 0.0)
     exposed = (overlap(allreduce, bwd, g) - bwd if allreduce > 0 else 0.0) + tied
-    regather = _zero2_regather(cluster, num_params, dp, dp_mode, True, stage_size)
     exposed += overlap(regather, fwd, g) - fwd if regather > 0 else 0.0
     return TimeCost(forward, backward, allreduce + tied + regather, exposed, fwd + bwd, tp_comm,
                     2 * gather + scatter, _optimizer_time(cluster, num_params, dp, dp_mode))
 
 
+@dataclass(frozen=True)
+class MoveCost:
+    """One micro-batch's activation moving between layouts: ``forward`` and ``backward``
+    seconds (the gradient moves back), and ``transient_bytes``, the most it adds on a rank
+    while it runs (a gathered micro-batch beside the slice kept from it)."""
+
+    forward: float
+    backward: float
+    transient_bytes: float
+
+    @property
+    def total(self) -> float:
+        return self.forward + self.backward
+
+
+NO_MOVE = MoveCost(0.0, 0.0, 0.0)
+
+
+def collective_time(cluster: Any, collective: Collective, stage_size: int) -> float:
+    """Seconds of one :class:`~megatron_auto.layout.Collective` on a group inside a stage."""
+    price = {"all_gather": cluster.allgather_time, "all_reduce": cluster.allreduce_time,
+             "zero_gather": cluster.zero_gather_time,
+             "zero_scatter": cluster.zero_scatter_time}.get(collective.kind)
+    if price is None:
+        raise ValueError(f"collective kind {collective.kind!r} has no price")
+    return price(collective.nbytes, collective.group_size, collective.consecutive,
+                 span=stage_size)
+
+
+def relayout_cost(cluster: Any, old: Layout, new: Layout, microbatch_size: int,
+                  bytes_per_sample: float, stage_size: int) -> MoveCost:
+    """What the runtime's relayout of one micro-batch from ``old`` to ``new`` costs.
+
+    The collectives are :func:`megatron_auto.layout.relayout_collectives`, the ones
+    ``parallel/redistribute.py`` issues: forward, an all-gather of the whole micro-batch
+    (``microbatch_size * bytes_per_sample``) over the ``old`` DP group unless every rank's new
+    slice lies inside its old one; backward, the same rule from ``new`` to ``old`` over the
+    ``new`` DP group. A local slice is free.
+    """
+    forward, backward = relayout_collectives(old, new, stage_size,
+                                             microbatch_size * bytes_per_sample)
+    return MoveCost(sum(collective_time(cluster, c, stage_size) for c in forward),
+                    sum(collective_time(cluster, c, stage_size) for c in backward),
+                    relayout_memory(old, new, microbatch_size, bytes_per_sample, stage_size))
+
+
 def relayout_time(cluster: Any, old: Layout, new: Layout, microbatch_size: int,
                   hidden_bytes_per_sample: float, stage_size: int) -> float:
-    """Forward + backward seconds to move a micro-batch activation from layout ``old`` to ``new``.
+    """Forward + backward seconds of :func:`relayout_cost`."""
+    return relayout_cost(cluster, old, new, microbatch_size, hidden_bytes_per_sample,
+                         stage_size).total
 
-    Free when every rank's new slice lies inside its old one (forward slices locally; backward
-    pads the slice gradient locally). Otherwise the runtime all-gathers the whole micro-batch
-    ``(b_m, s, h)`` over the stage in forward and moves as much in backward (DESIGN §4).
+
+def stage_boundary_cost(cluster: Any, sender: Layout, receiver: Layout, microbatch_size: int,
+                        bytes_per_sample: float, stage_size: int, pp: int) -> MoveCost:
+    """A micro-batch crossing from one stage to the next, charged to the receiving stage.
+
+    Rank ``j`` of the sender sends its slice (``microbatch_size / dp_sender`` samples) to rank
+    ``j`` of the receiver, which holds it in the sender's layout and re-lays it out into its
+    first layer's (:func:`relayout_cost`); backward sends the slice's gradient back.
     """
-    if relayout_is_local(old, new, stage_size):
-        return 0.0
-    gathered = microbatch_size * hidden_bytes_per_sample
-    return 2 * cluster.allgather_time(gathered, stage_size, True)
+    hop = bytes_per_sample * microbatch_size / dp_size(sender, stage_size)
+    p2p = cluster.p2p_time(hop, pp)
+    move = relayout_cost(cluster, sender, receiver, microbatch_size, bytes_per_sample,
+                         stage_size)
+    return MoveCost(p2p + move.forward, p2p + move.backward, move.transient_bytes)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The per-layer strategy space and the layout arithmetic transitions depend on.
+"""The per-layer strategy space.
 
 A layer's strategy inside a pipeline stage of ``n`` ranks is a ``plan.LayerStrategy``: TP degree
 ``tp`` (power of two dividing ``n``), data-parallel flavour (``ddp``/``zero2``/``zero3`` over the
@@ -20,6 +20,10 @@ Pruning rules (each keeps the optimum, or encodes a rule of the runtime):
    class (so the same transition costs) where one needs no more persistent memory, no more
    transient memory and no more time than the other make the other redundant.
 
+The layout arithmetic (``Layout``, ``layout_of``, batch slices, relayouts) is
+:mod:`megatron_auto.layout`, shared with the runtime; ``Layout`` and ``layout_of`` are re-exported
+here for the search.
+
 Restricted spaces for baselines are in :data:`BASELINE_SPACES` (docs/planner.md §3).
 """
 
@@ -28,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from ..layout import Layout, layout_of
 from ..plan import DP_MODES, LayerStrategy
 from .model_spec import LayerType
 
@@ -35,7 +40,8 @@ from .model_spec import LayerType
 BASELINE_SPACES: tuple[str, ...] = ("dp", "zero3", "tp", "pp", "megatron3d", "galvatron-base")
 SPACES: tuple[str, ...] = ("full",) + BASELINE_SPACES
 
-Layout = tuple[int, bool]  # (tp, consecutive) with the flag normalised (True when it is moot)
+__all__ = ["BASELINE_SPACES", "SPACES", "Layout", "SpaceRules", "layer_strategies",
+           "layout_classes", "layout_of", "powers_of_two_upto", "vocab_tps"]
 
 
 def powers_of_two_upto(n: int) -> list[int]:
@@ -44,46 +50,6 @@ def powers_of_two_upto(n: int) -> list[int]:
         out.append(x)
         x *= 2
     return out
-
-
-def layout_of(strategy: LayerStrategy, stage_size: int) -> Layout:
-    """The layout class of a strategy: what decides who holds which slice of the batch."""
-    moot = strategy.tp in (1, stage_size)
-    return (strategy.tp, True if moot else bool(strategy.tp_consecutive))
-
-
-def dp_group_consecutive(layout: Layout) -> bool:
-    """A DP group is consecutive when TP is 1 (it is the whole stage) or TP is strided."""
-    tp, consec = layout
-    return tp == 1 or not consec
-
-
-def batch_slice(local_rank: int, stage_size: int, layout: Layout) -> tuple[int, int]:
-    """Which of the ``dp`` equal slices of the micro-batch local rank ``local_rank`` holds, as a
-    ``(index, dp)`` pair.
-
-    Consecutive TP: TP groups are blocks ``[j*tp, (j+1)*tp)`` and hold slice ``j = r // tp``.
-    Strided TP: TP groups are ``{r, r+dp, r+2*dp, ...}``, so the replica index is ``r % dp``.
-    """
-    tp, consec = layout
-    dp = stage_size // tp
-    return (local_rank // tp if consec else local_rank % dp), dp
-
-
-def relayout_is_local(old: Layout, new: Layout, stage_size: int) -> bool:
-    """True when every rank's new batch slice lies inside its old one (a local slice suffices);
-    otherwise the runtime all-gathers the micro-batch over the stage (DESIGN §4)."""
-    if old == new:
-        return True
-    for r in range(stage_size):
-        i_old, d_old = batch_slice(r, stage_size, old)
-        i_new, d_new = batch_slice(r, stage_size, new)
-        # Slice i of d covers [i/d, (i+1)/d) of the batch; containment in exact integer arithmetic.
-        if d_new < d_old:
-            return False
-        if not (i_old * d_new <= i_new * d_old and (i_new + 1) * d_old <= (i_old + 1) * d_new):
-            return False
-    return True
 
 
 @dataclass(frozen=True)

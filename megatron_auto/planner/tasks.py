@@ -101,7 +101,8 @@ class Task:
                                           first_backward_peak=schedule == "gpipe")
                              for s in strategies])
             self.time.append([layer_time(lp, cluster, layout_of(s, n), s.dp_mode, s.recompute,
-                                         self.b_m / (n // s.tp), n) for s in strategies])
+                                         self.b_m / (n // s.tp), n, profile.precision)
+                              for s in strategies])
         self.ok = all(self.strategies)
         self.layouts: list[Layout] = sorted({layout_of(s, n) for group in self.strategies
                                              for s in group})
@@ -242,7 +243,8 @@ class Task:
                                  first, last, self.pp,
                                  first_backward_peak=self.schedule == "gpipe"),
                 embedding_time(self.profile.embedding, self.cluster, option.tp, option.dp_mode,
-                               samples, self.n, first, last, self.pp, self.spec.seq_length))
+                               samples, self.n, first, last, self.pp, self.spec.seq_length,
+                               self.profile.precision))
         return self._vocab[key]
 
     def _window(self, start: int) -> tuple[int, ...]:

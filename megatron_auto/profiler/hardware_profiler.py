@@ -42,6 +42,7 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
+from ..layout import tp_group_ranks
 from ..parallel.device import resolve_device
 from ..planner.hardware import GiB, ClusterSpec
 from ..planner.presets import make_cluster
@@ -224,10 +225,8 @@ def partition_groups(world_size: int, group_size: int, consecutive: bool) -> lis
     """The groups of ``group_size`` that partition the world: adjacent blocks or stride ``N/g``."""
     if world_size % group_size:
         raise ValueError(f"group size {group_size} does not divide world size {world_size}")
-    count = world_size // group_size
-    if consecutive:
-        return [list(range(k * group_size, (k + 1) * group_size)) for k in range(count)]
-    return [list(range(j, world_size, count)) for j in range(count)]
+    # The world read as one stage: the TP groups of that layout (megatron_auto.layout).
+    return tp_group_ranks(list(range(world_size)), group_size, consecutive)
 
 
 def group_shapes(world_size: int) -> list[tuple[int, bool]]:

@@ -1,0 +1,221 @@
+"""Layout arithmetic: who holds which batch slice, which ranks form groups, what a relayout moves.
+
+The one source of these rules for the planner's cost model and the runtime (DESIGN §4); pure
+Python, no torch. A pipeline stage has ``n`` ranks, known inside it by their *local index*
+``j``. A layout is a TP degree ``tp`` (dividing ``n``) and a TP rank order:
+
+- consecutive: TP groups are blocks of ``tp`` adjacent indices, ``tp_rank = j % tp`` and
+  ``dp_rank = j // tp``; a DP group is every ``tp``-th index with the same ``tp_rank``.
+- strided: the TP group of ``j`` is ``{j % dp + k*dp}`` (members ``dp = n/tp`` apart),
+  ``tp_rank = j // dp`` and ``dp_rank = j % dp``; DP groups are blocks of ``dp`` adjacent indices.
+
+With ``tp`` equal to 1 or ``n`` both orders give the same groups; :func:`make_layout`
+normalises those to consecutive so that equal layouts compare equal.
+
+Activations are split along the batch: DP replica ``dp_rank`` holds the contiguous slice
+``dp_rank`` of ``dp`` equal slices of the micro-batch, the same on every rank of its TP group.
+
+A relayout from ``src`` to ``dst`` (:func:`relayout_step`) is what the runtime
+(``parallel/redistribute.py``) executes and the cost model (``planner/cost_time.py``) prices:
+
+- if both layouts give every rank the same slice: nothing;
+- if every rank's ``dst`` slice lies inside its ``src`` slice: a local slice, no communication;
+- otherwise one all-gather over the rank's ``src`` DP group (which holds one replica of every
+  ``src`` slice, in slice order: the whole micro-batch), then the ``dst`` slice of it.
+
+Backward re-lays the gradient out the other way (``dst`` to ``src``): every ``dst`` holder has
+the complete gradient of its slice (TP layers all-reduce input gradients), so that is again a
+relayout, local or a gather over the ``dst`` DP group. :func:`relayout_collectives` lists the
+collectives of both directions.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Sequence
+
+
+class Layout(NamedTuple):
+    """A TP degree and rank order inside a stage; build it with :func:`make_layout`."""
+
+    tp: int
+    consecutive: bool
+
+
+def _check_tp(tp: int, stage_size: int) -> None:
+    if not isinstance(tp, int) or tp < 1 or stage_size % tp:
+        raise ValueError(f"tp={tp}: must be a positive divisor of the {stage_size} ranks per stage")
+
+
+def make_layout(tp: int, consecutive: bool, stage_size: int) -> Layout:
+    """The normalised layout: ``consecutive`` is True when ``tp`` is 1 or ``stage_size``."""
+    _check_tp(tp, stage_size)
+    return Layout(tp, bool(consecutive) or tp in (1, stage_size))
+
+
+def layout_of(strategy: Any, stage_size: int) -> Layout:
+    """The layout of anything with ``tp`` and ``tp_consecutive`` (a ``plan.LayerStrategy``)."""
+    return make_layout(strategy.tp, strategy.tp_consecutive, stage_size)
+
+
+def vocab_layout(vocab_tp: int, stage_size: int) -> Layout:
+    """The embedding's and LM head's layout: vocab TP groups are always consecutive."""
+    return make_layout(vocab_tp, True, stage_size)
+
+
+def dp_size(layout: Layout, stage_size: int) -> int:
+    return stage_size // layout.tp
+
+
+def tp_dp_rank(local_index: int, stage_size: int, tp: int, consecutive: bool) -> tuple[int, int]:
+    """``(tp_rank, dp_rank)`` of local index ``local_index`` under a layout."""
+    dp = stage_size // tp
+    if consecutive:
+        return local_index % tp, local_index // tp
+    return local_index // dp, local_index % dp
+
+
+def tp_group_ranks(stage_ranks: Sequence[int], tp: int, consecutive: bool) -> list[list[int]]:
+    """Ranks of every TP group of a stage (indexed by ``dp_rank``), each ordered by ``tp_rank``."""
+    n = len(stage_ranks)
+    _check_tp(tp, n)
+    dp = n // tp
+    if consecutive:
+        return [[stage_ranks[d * tp + t] for t in range(tp)] for d in range(dp)]
+    return [[stage_ranks[d + t * dp] for t in range(tp)] for d in range(dp)]
+
+
+def dp_group_ranks(stage_ranks: Sequence[int], tp: int, consecutive: bool) -> list[list[int]]:
+    """Ranks of every DP group of a stage (indexed by ``tp_rank``), each ordered by ``dp_rank``."""
+    n = len(stage_ranks)
+    _check_tp(tp, n)
+    dp = n // tp
+    if consecutive:
+        return [[stage_ranks[d * tp + t] for d in range(dp)] for t in range(tp)]
+    return [[stage_ranks[d + t * dp] for d in range(dp)] for t in range(tp)]
+
+
+def tp_group_consecutive(layout: Layout) -> bool:
+    """Whether TP groups are blocks of adjacent ranks (the cluster model's ``consecutive``)."""
+    return layout.consecutive
+
+
+def dp_group_consecutive(layout: Layout) -> bool:
+    """Whether DP groups are blocks of adjacent ranks: TP is 1 (the group is the stage) or
+    strided (DP groups are then the blocks)."""
+    return layout.tp == 1 or not layout.consecutive
+
+
+def batch_slice(local_index: int, stage_size: int, layout: Layout) -> tuple[int, int]:
+    """``(index, count)``: rank ``local_index`` holds slice ``index`` of ``count`` equal slices."""
+    return tp_dp_rank(local_index, stage_size, layout.tp, layout.consecutive)[1], \
+        stage_size // layout.tp
+
+
+@functools.lru_cache(maxsize=None)
+def batch_slices(layout: Layout, stage_size: int) -> tuple[tuple[int, int], ...]:
+    """:func:`batch_slice` of every local index, in index order."""
+    return tuple(batch_slice(j, stage_size, layout) for j in range(stage_size))
+
+
+def slice_bounds(index: int, count: int, batch: int) -> tuple[int, int]:
+    """``[start, stop)`` of slice ``index`` of ``count`` in a batch of ``batch`` samples."""
+    if batch % count:
+        raise ValueError(f"micro-batch of {batch} samples is not divisible by the {count} "
+                         f"data-parallel replicas")
+    per = batch // count
+    return index * per, (index + 1) * per
+
+
+@functools.lru_cache(maxsize=None)
+def relayout_is_local(src: Layout, dst: Layout, stage_size: int) -> bool:
+    """True when every rank's ``dst`` slice lies inside its ``src`` slice."""
+    for (i_src, n_src), (i_dst, n_dst) in zip(batch_slices(src, stage_size),
+                                               batch_slices(dst, stage_size)):
+        # slice i of n covers [i/n, (i+1)/n): containment in integer arithmetic
+        if not (i_src * n_dst <= i_dst * n_src and (i_dst + 1) * n_src <= (i_src + 1) * n_dst):
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class RelayoutStep:
+    """What one rank does to move its ``src`` slice to its ``dst`` slice (one direction).
+
+    ``gather``: all-gather over this rank's ``src`` DP group first (``gather_group`` its local
+    indices, in gather order), which yields the whole micro-batch. Then keep part ``keep_index``
+    of ``keep_count`` equal parts of what the rank holds (``(0, 1)`` with no gather: the input
+    itself, nothing to do).
+    """
+
+    gather: bool
+    gather_group: tuple[int, ...]
+    keep_index: int
+    keep_count: int
+
+    @property
+    def is_identity(self) -> bool:
+        return not self.gather and self.keep_count == 1
+
+
+@functools.lru_cache(maxsize=None)
+def relayout_step(src: Layout, dst: Layout, stage_size: int, local_index: int) -> RelayoutStep:
+    """The runtime's relayout for rank ``local_index``: identity, local slice or gather+slice.
+
+    The branch depends only on the two layouts, so every rank of the stage takes the same one.
+    """
+    i_src, n_src = batch_slice(local_index, stage_size, src)
+    i_dst, n_dst = batch_slice(local_index, stage_size, dst)
+    if batch_slices(src, stage_size) == batch_slices(dst, stage_size):
+        return RelayoutStep(False, (), 0, 1)
+    if relayout_is_local(src, dst, stage_size):
+        parts = n_dst // n_src
+        return RelayoutStep(False, (), i_dst % parts, parts)
+    tp_rank = tp_dp_rank(local_index, stage_size, src.tp, src.consecutive)[0]
+    group = dp_group_ranks(range(stage_size), src.tp, src.consecutive)[tp_rank]
+    return RelayoutStep(True, tuple(group), i_dst, n_dst)
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective a rank issues, as the cost model prices it: ``kind`` (``all_gather`` for
+    relayouts; the planner adds ``zero_gather``, ``zero_scatter`` and ``all_reduce``), the
+    group's size, whether it is a block of adjacent ranks (how the cluster model places it), and
+    ``nbytes``: the unsharded size (an all-gather's output on each rank, a reduce-scatter's
+    input, an all-reduce's buffer)."""
+
+    kind: str
+    group_size: int
+    consecutive: bool
+    nbytes: float
+
+
+def _one_way(src: Layout, dst: Layout, stage_size: int,
+             microbatch_bytes: float) -> tuple[Collective, ...]:
+    # The branch is the same for every rank, so rank 0's step stands for the stage.
+    step = relayout_step(src, dst, stage_size, 0)
+    if not step.gather:
+        return ()
+    return (Collective("all_gather", len(step.gather_group), dp_group_consecutive(src),
+                       float(microbatch_bytes)),)
+
+
+def relayout_collectives(src: Layout, dst: Layout, stage_size: int, microbatch_bytes: float
+                         ) -> tuple[tuple[Collective, ...], tuple[Collective, ...]]:
+    """``(forward, backward)`` collectives of one rank for a relayout of a micro-batch whose
+    whole size is ``microbatch_bytes`` (every rank issues the same ones on its own group)."""
+    return (_one_way(src, dst, stage_size, microbatch_bytes),
+            _one_way(dst, src, stage_size, microbatch_bytes))
+
+
+def all_layouts(stage_size: int) -> list[Layout]:
+    """Every distinct layout of a stage with power-of-two TP degrees, sorted."""
+    out, tp = [], 1
+    while tp <= stage_size:
+        if stage_size % tp == 0:
+            out.append(make_layout(tp, True, stage_size))
+            if 1 < tp < stage_size:
+                out.append(make_layout(tp, False, stage_size))
+        tp *= 2
+    return sorted(out)
