@@ -156,7 +156,15 @@ class TransformerStage(nn.Module):
 
         ``position_ids`` / ``keep_mask`` cover the whole micro-batch (b_m, s); each layer gets
         the rows of its own batch chunk.
+
+        Under autocast the hidden state enters in the compute dtype on every stage: later stages
+        receive it so over the p2p hop, and FSDP2 casts a sharded layer's inputs to it anyway, so
+        casting the first stage's embedding output too keeps the residual stream's dtype (and
+        what relayouts move) independent of the plan.
         """
+        device_type = hidden.device.type
+        if torch.is_autocast_enabled(device_type):
+            hidden = hidden.to(torch.get_autocast_dtype(device_type))
         seq = hidden.shape[1]
         rotary_full = None
         if self.rotary is not None:

@@ -146,6 +146,21 @@ def layer_memory(profile: LayerTypeProfile, tp: int, dp: int, dp_mode: str, reco
     return MemoryCost(params, grads, optim, kept, transient, step_temporary=step)
 
 
+def vocab_parameters(profile: EmbeddingProfile, vocab_tp: int, first: bool, last: bool,
+                     pp: int) -> float:
+    """Local parameters of the embedding (``first``) and/or final norm and head (``last``):
+    vocabulary-split rows divided by ``vocab_tp``, the tied word embedding's own copy on the last
+    stage when ``pp > 1``."""
+    num_params = 0.0
+    if first:
+        num_params += profile.embedding_parameters / vocab_tp
+    if last:
+        num_params += profile.head_parameters
+        if profile.tied and (pp > 1 or not first):
+            num_params += profile.embedding_parameters / vocab_tp
+    return num_params
+
+
 def embedding_memory(profile: EmbeddingProfile, vocab_tp: int, dp: int, dp_mode: str,
                      samples: float, first: bool, last: bool, pp: int,
                      first_backward_peak: bool = False) -> MemoryCost:
@@ -164,17 +179,13 @@ def embedding_memory(profile: EmbeddingProfile, vocab_tp: int, dp: int, dp_mode:
     has the full parameters gathered then) and the states' transient (unsharded gradient and
     gathered parameters, in backward) come at different times: the larger counts.
     """
-    num_params = 0.0
+    num_params = vocab_parameters(profile, vocab_tp, first, last, pp)
     kept = 0.0
     loss_kept = 0.0
     loss_transient = 0.0
     if first:
-        num_params += profile.embedding_parameters / vocab_tp
         kept += profile.embedding_activation_bytes * samples
     if last:
-        num_params += profile.head_parameters
-        if profile.tied and (pp > 1 or not first):
-            num_params += profile.embedding_parameters / vocab_tp
         loss_kept = profile.head_activation_split_bytes / vocab_tp * samples
         kept += profile.head_activation_replicated_bytes * samples + loss_kept
         loss_transient = profile.head_transient_split_bytes / vocab_tp * samples

@@ -18,14 +18,16 @@ micro-batches:
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from ..layout import (Collective, Layout, dp_group_consecutive, layout_of, relayout_collectives,
+                      vocab_layout)
 from ..plan import Plan
-from .cost_memory import MemoryCost, embedding_memory, layer_memory
-from ..layout import Layout, layout_of, vocab_layout
-from .cost_time import (NO_MOVE, NO_TIME, MoveCost, TimeCost, embedding_time, layer_time,
-                        pipeline_time, relayout_cost, stage_boundary_cost)
+from .cost_memory import MemoryCost, embedding_memory, layer_memory, vocab_parameters
+from .cost_time import (NO_MOVE, NO_TIME, MoveCost, TimeCost, dp_collectives, embedding_time,
+                        layer_time, pipeline_time, relayout_cost, stage_boundary_cost)
 from .model_spec import ModelSpec, TrainingSpec
 from .profiles import ModelProfile
 
@@ -113,6 +115,87 @@ def _binding(peak: float, budget: float | None, shares: Mapping[str, float]) -> 
     return max(shares, key=lambda k: shares[k])
 
 
+@dataclass(frozen=True)
+class Move:
+    """One move of a micro-batch's activation on a stage, from layout ``old`` to ``new``
+    (``bytes_per_sample`` each); ``hop``: it first crosses the p2p hop from the previous stage
+    (``old`` is then the previous stage's last layer layout)."""
+
+    old: Layout
+    new: Layout
+    bytes_per_sample: float
+    hop: bool = False
+
+
+def stage_moves(plan: Plan, spec: ModelSpec, profile: ModelProfile, stage: int) -> list[Move]:
+    """Every move the runtime makes on ``stage`` per micro-batch, in forward order: embedding
+    -> first layer (first stage) or the hop from the previous stage, layer -> layer, last layer
+    -> final norm and head (last stage, on the vocab layout). ``bytes_per_sample`` is the
+    layer's ``hidden_bytes_per_sample`` on the layer side (the receiving layer between two)."""
+    n = plan.stage_size
+    vocab = vocab_layout(plan.vocab.tp, n)
+    ids = list(plan.stage_layer_range(stage))
+
+    def bps(i: int) -> float:
+        return profile.layer_types[spec.layer_type(i).name].hidden_bytes_per_sample
+
+    def lay(i: int) -> Layout:
+        return layout_of(plan.layers[i], n)
+
+    if stage == 0:
+        out = [Move(vocab, lay(ids[0]), bps(ids[0]))]
+    else:
+        out = [Move(lay(ids[0] - 1), lay(ids[0]), bps(ids[0]), hop=True)]
+    out += [Move(lay(i - 1), lay(i), bps(i)) for i in ids[1:]]
+    if stage == plan.pp_size - 1:
+        out.append(Move(lay(ids[-1]), vocab, bps(ids[-1])))
+    return out
+
+
+def move_cost(cluster: Any, move: Move, plan: Plan) -> MoveCost:
+    """``cost_time.relayout_cost`` of a move, or ``stage_boundary_cost`` when it hops."""
+    n, b_m = plan.stage_size, plan.microbatch_size
+    if move.hop:
+        return stage_boundary_cost(cluster, move.old, move.new, b_m, move.bytes_per_sample, n,
+                                   plan.pp_size)
+    return relayout_cost(cluster, move.old, move.new, b_m, move.bytes_per_sample, n)
+
+
+def stage_collectives(plan: Plan, spec: ModelSpec, profile: ModelProfile, precision: str,
+                      stage: int) -> Counter[Collective]:
+    """How often one rank of ``stage`` issues each collective in one iteration, as
+    :func:`evaluate_plan` prices them: both directions of every :func:`stage_moves` relayout and
+    the per-micro-batch ZeRO gathers and reduce-scatters ``m`` times; ``zero2``'s gather and the
+    ``ddp`` all-reduce once (``cost_time.dp_collectives`` of every layer and of the vocab).
+    Not listed: TP all-reduces, p2p hops, the tied-embedding and scalar all-reduces."""
+    n, m = plan.stage_size, plan.num_microbatches
+    out: Counter[Collective] = Counter()
+    for move in stage_moves(plan, spec, profile, stage):
+        forward, backward = relayout_collectives(move.old, move.new, n,
+                                                 plan.microbatch_size * move.bytes_per_sample)
+        for c in forward + backward:
+            out[c] += m
+    parts = []
+    for i in plan.stage_layer_range(stage):
+        s = plan.layers[i]
+        layout = layout_of(s, n)
+        local = profile.layer_types[spec.layer_type(i).name].parameter_count / s.tp
+        parts.append(dp_collectives(local, n // s.tp, s.dp_mode, dp_group_consecutive(layout),
+                                    precision))
+    first, last = stage == 0, stage == plan.pp_size - 1
+    if first or last:
+        vtp = plan.vocab.tp
+        parts.append(dp_collectives(vocab_parameters(profile.embedding, vtp, first, last,
+                                                     plan.pp_size),
+                                    n // vtp, plan.vocab.dp_mode, True, precision))
+    for part in parts:
+        for c in part.forward + part.backward:
+            out[c] += m
+        for c in part.per_iteration:
+            out[c] += 1
+    return out
+
+
 def _add_moves(a: MoveCost, b: MoveCost) -> MoveCost:
     """Moves of one stage run one after the other: times add, the largest transient counts."""
     return MoveCost(a.forward + b.forward, a.backward + b.backward,
@@ -136,8 +219,6 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
     emb = profile.embedding
     micro, backward, tails, steps, stage_parts = [], [], [], [], []
     per_layer: list[dict[str, float]] = []
-    vocab = vocab_layout(plan.vocab.tp, n)
-    prev_last: Layout | None = None  # the previous stage's last layer layout
     for k in range(pp):
         k_in = in_flight(schedule, pp, k, m)
         first, last = k == 0, k == pp - 1
@@ -146,7 +227,6 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
         step_peak = 0.0  # model states + the optimizer step's temporaries (activations gone)
         total = NO_TIME  # layers, then embedding/head, one after the other
         moves = NO_MOVE  # relayouts (embedding, layers, head) and the incoming p2p hop
-        layout_prev: Layout | None = None
         for i in plan.stage_layer_range(k):
             s = plan.layers[i]
             lp = profile.layer_types[spec.layer_type(i).name]
@@ -164,26 +244,13 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
             transient = max(transient, mem.transient)
             step_peak += mem.step_peak
             total = total + t
-            bps = lp.hidden_bytes_per_sample
-            if layout_prev is not None:  # from the previous layer of this stage
-                move = relayout_cost(cluster, layout_prev, layout, b_m, bps, n)
-            elif prev_last is not None:  # across the p2p hop from the previous stage
-                move = stage_boundary_cost(cluster, prev_last, layout, b_m, bps, n, pp)
-            else:  # from the embedding (first stage)
-                move = relayout_cost(cluster, vocab, layout, b_m, bps, n)
-            moves = _add_moves(moves, move)
-            layout_prev = layout
             per_layer.append({"stage": k, "memory_bytes": mem.persistent(k_in),
                               "transient_bytes": mem.transient,
                               "forward_time_s": t.forward, "backward_time_s": t.backward,
                               "sync_time_s": t.sync})
-        assert layout_prev is not None  # a stage has at least one layer (plan validation)
-        if last:  # into the final norm and LM head, on the vocab layout
-            last_lp = profile.layer_types[spec.layer_type(plan.stage_layer_range(k)[-1]).name]
-            moves = _add_moves(moves, relayout_cost(cluster, layout_prev, vocab, b_m,
-                                                    last_lp.hidden_bytes_per_sample, n))
+        for move in stage_moves(plan, spec, profile, k):
+            moves = _add_moves(moves, move_cost(cluster, move, plan))
         transient = max(transient, moves.transient_bytes)
-        prev_last = layout_prev
         emb_mem = MemoryCost(0, 0, 0, 0, 0)
         if first or last:
             vdp = n // plan.vocab.tp

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from ..layout import (Collective, Layout, dp_group_consecutive, dp_size, relayout_collectives,
                       tp_group_consecutive)
-from .cost_memory import GRAD_BYTES, relayout_memory
+from .cost_memory import GRAD_BYTES, relayout_memory, vocab_parameters
 from .profiles import EmbeddingProfile, LayerTypeProfile
 
 # Bytes per parameter of a ZeRO parameter all-gather: FSDP2 gathers in its ``param_dtype``, the
@@ -166,7 +166,7 @@ def embedding_time(profile: EmbeddingProfile, cluster: Any, vocab_tp: int, dp_mo
     dp = stage_size // vocab_tp
     g = cluster.overlap_slowdown
     fwd = 0.0
-    num_params = 0.0
+    num_params = vocab_parameters(profile, vocab_tp, first, last, pp)
     tp_ar = 0.0
     if vocab_tp > 1:
         tp_ar = cluster.allreduce_time(profile.hidden_bytes_per_sample * samples, vocab_tp,
@@ -182,14 +182,10 @@ def embedding_time(profile: EmbeddingProfile, cluster: Any, vocab_tp: int, dp_mo
     if first:
         fwd += profile.embedding_forward_time_per_sample_s * samples / vocab_tp
         fwd += profile.forward_time_constant_s
-        num_params += profile.embedding_parameters / vocab_tp
         tp_comm += tp_ar
     if last:
         fwd += profile.head_forward_time_per_sample_s * samples / vocab_tp
         fwd += profile.forward_time_constant_s
-        num_params += profile.head_parameters
-        if profile.tied and (pp > 1 or not first):
-            num_params += profile.embedding_parameters / vocab_tp
         tp_comm += tp_ar + loss_comm
     bwd = profile.backward_forward_ratio * fwd
     gather, scatter, allreduce, regather = _dp_times(cluster, num_params, dp, dp_mode, True,
@@ -224,14 +220,17 @@ class MoveCost:
 NO_MOVE = MoveCost(0.0, 0.0, 0.0)
 
 
+# The cluster method that prices each kind of collective.
+_PRICES = {"all_gather": "allgather_time", "all_reduce": "allreduce_time",
+           "zero_gather": "zero_gather_time", "zero_scatter": "zero_scatter_time"}
+
+
 def collective_time(cluster: Any, collective: Collective, stage_size: int) -> float:
     """Seconds of one :class:`~megatron_auto.layout.Collective` on a group inside a stage."""
-    price = {"all_gather": cluster.allgather_time, "all_reduce": cluster.allreduce_time,
-             "zero_gather": cluster.zero_gather_time,
-             "zero_scatter": cluster.zero_scatter_time}.get(collective.kind)
-    if price is None:
+    method = _PRICES.get(collective.kind)
+    if method is None:
         raise ValueError(f"collective kind {collective.kind!r} has no price")
-    return price(collective.nbytes, collective.group_size, collective.consecutive,
+    return getattr(cluster, method)(collective.nbytes, collective.group_size, collective.consecutive,
                  span=stage_size)
 
 

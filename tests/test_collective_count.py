@@ -1,0 +1,206 @@
+"""The collectives the runtime issues are the ones the cost model prices.
+
+Every rank wraps the ``torch.distributed`` collectives (our comm module looks them up there at
+each call, FSDP2 calls them directly) and records each call's kind, group ranks and bytes.
+
+1. Every ordered pair of layouts of a 2-, 4- and 8-rank stage (4 + 16 + 36 pairs): what
+   ``relayout`` issues in forward and in backward equals ``layout.relayout_collectives``, and
+   pricing what was recorded gives ``cost_time.relayout_cost``.
+2. One training step of a 2-stage GPT whose layers mix ``zero3`` (with and without recompute),
+   ``zero2``, ``ddp`` and TP degrees, in fp32 and bf16: the all-gathers and reduce-scatters of
+   each rank (relayouts at the embedding, between layers, across the stage boundary and into the
+   head, and FSDP2's own) equal ``cost_model.stage_collectives``, kind, group, bytes and count.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import itertools
+from collections import Counter
+from typing import Any, Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from dist_utils import run_distributed
+from megatron_auto.config import ModelConfig
+from megatron_auto.layout import Layout, all_layouts, relayout_collectives
+from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy
+
+# kind recorded for each wrapped function (reduce-scatters record their input, the unsharded
+# size, like the cost model; gathers their output)
+WRAPPED = {"all_gather_single": "all_gather", "all_gather_into_tensor": "all_gather",
+           "reduce_scatter_single": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
+           "all_reduce": "all_reduce"}
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[tuple[str, tuple[int, ...], int, str]]]:
+    """Record ``(kind, group ranks, bytes, dtype)`` of every wrapped collective while open."""
+    calls: list[tuple[str, tuple[int, ...], int, str]] = []
+    saved = {name: getattr(dist, name) for name in WRAPPED if hasattr(dist, name)}
+
+    def wrap(name: str, fn: Any) -> Any:
+        signature = inspect.signature(fn)
+        # the unsharded tensor: a gather's output, a reduce-scatter's input, an all-reduce's buffer
+        position = 1 if WRAPPED[name] == "reduce_scatter" else 0
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(*args, **kwargs)
+            group = bound.arguments.get("group")
+            ranks = tuple(dist.get_process_group_ranks(group) if group is not None
+                          else range(dist.get_world_size()))
+            tensor = list(bound.arguments.values())[position]
+            calls.append((WRAPPED[name], ranks, tensor.numel() * tensor.element_size(),
+                          str(tensor.dtype)))
+            return fn(*args, **kwargs)
+        return wrapper
+
+    for name, fn in saved.items():
+        setattr(dist, name, wrap(name, fn))
+    try:
+        yield calls
+    finally:
+        for name, fn in saved.items():
+            setattr(dist, name, fn)
+
+
+def _is_block(ranks: tuple[int, ...]) -> bool:
+    return sorted(ranks) == list(range(min(ranks), min(ranks) + len(ranks)))
+
+
+class PlacedCluster:
+    """Ring all-gathers whose bandwidth depends on the group's placement (so a gather priced on
+    the wrong group would show)."""
+
+    def allgather_time(self, nbytes_total: float, group_size: int, consecutive: bool = True,
+                       span: int | None = None) -> float:
+        if group_size <= 1:
+            return 0.0
+        return (group_size - 1) / group_size * nbytes_total / (1e4 if consecutive else 3e3)
+
+    def p2p_time(self, nbytes: float, pp_size: int) -> float:
+        return nbytes / 1e5
+
+
+# --------------------------------------------------------------- 1. every layout pair
+def _pairs_worker(rank: int, world_size: int) -> dict[tuple[Layout, Layout], Any]:
+    from megatron_auto.parallel.context import ParallelContext
+    from megatron_auto.parallel.redistribute import batch_chunk, relayout
+
+    n = world_size
+    layouts = all_layouts(n)
+    layers = tuple(LayerStrategy(tp=lay.tp, tp_consecutive=lay.consecutive) for lay in layouts)
+    plan = Plan(world_size=n, global_batch_size=2 * n, num_microbatches=1,
+                pipeline=PipelineSpec(1, "1f1b", (len(layers),)), vocab=VocabStrategy(tp=1),
+                layers=layers)
+    ctx = ParallelContext(plan)
+    full = torch.arange(2 * n * 3, dtype=torch.float64).view(2 * n, 3)
+    upstream = full * 10 + 1
+    out = {}
+    for a, b in itertools.product(range(len(layouts)), repeat=2):
+        src, dst = ctx.layer_groups(a), ctx.layer_groups(b)
+        x = batch_chunk(full, src).clone().requires_grad_()
+        with recording() as forward:
+            y = relayout(x, src, dst, ctx)
+        with recording() as backward:
+            y.backward(batch_chunk(upstream, dst))
+        assert torch.equal(y, batch_chunk(full, dst)) and torch.equal(x.grad,
+                                                                       batch_chunk(upstream, src))
+        out[(layouts[a], layouts[b])] = (forward, backward)
+    return out
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_relayout_collectives_of_every_layout_pair(n: int) -> None:
+    from megatron_auto.planner.cost_time import relayout_cost
+
+    per_rank = run_distributed(_pairs_worker, n)
+    pairs = list(itertools.product(all_layouts(n), repeat=2))
+    assert len(pairs) == {2: 4, 4: 16, 8: 36}[n] and set(per_rank[0]) == set(pairs)
+    whole = 2 * n * 3 * 8  # the micro-batch: 2n samples of 3 float64
+    cluster = PlacedCluster()
+    gathers = 0
+    for src, dst in pairs:
+        priced = relayout_collectives(src, dst, n, whole)
+        cost = relayout_cost(cluster, src, dst, 2 * n, 3 * 8, n)
+        for rank, result in enumerate(per_rank):
+            for direction, calls, want, seconds in zip(("forward", "backward"), result[(src, dst)],
+                                                       priced, (cost.forward, cost.backward)):
+                where = f"{src}->{dst} {direction} rank {rank}"
+                got = [(kind, len(ranks), _is_block(ranks), float(nbytes))
+                       for kind, ranks, nbytes, _ in calls]
+                assert got == [(c.kind, c.group_size, c.consecutive, c.nbytes) for c in want], where
+                assert all(rank in ranks for _, ranks, _, _ in calls), where
+                recorded = sum(cluster.allgather_time(nbytes, len(ranks), _is_block(ranks))
+                               for _, ranks, nbytes, _ in calls)
+                assert recorded == pytest.approx(seconds, abs=0), where
+                gathers += len(calls)
+    assert gathers > 0  # the enumeration includes moves that communicate
+
+
+# ------------------------------------------------------------ 2. a training step
+CONFIG = ModelConfig(num_layers=5, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64,
+                     seq_length=8, vocab_size=60, make_vocab_size_divisible_by=16,
+                     hidden_dropout=0.0, attention_dropout=0.0)
+# Stage 0: embedding (vocab tp 2) -> zero3 tp1 -> ddp tp2; the hop; stage 1: zero2 tp1 ->
+# zero3 tp1 with recompute -> zero3 tp1 -> head (vocab tp 2). On 2-rank stages tp 1 layers have
+# 2 replicas (FSDP2 shards them), tp 2 layers and the vocab one.
+LAYERS = (LayerStrategy(tp=1, dp_mode="zero3"), LayerStrategy(tp=2),
+          LayerStrategy(tp=1, dp_mode="zero2"),
+          LayerStrategy(tp=1, dp_mode="zero3", recompute=True),
+          LayerStrategy(tp=1, dp_mode="zero3"))
+PLAN = Plan(world_size=4, global_batch_size=8, num_microbatches=2,
+            pipeline=PipelineSpec(2, "1f1b", (2, 3)), vocab=VocabStrategy(tp=2), layers=LAYERS)
+
+
+def _step_worker(rank: int, world_size: int, precision: dict[str, bool]) -> list[Any]:
+    from megatron_auto.models.gpt import GPTStage
+    from megatron_auto.training.lr_scheduler import LRConfig
+    from megatron_auto.training.precision import PrecisionConfig
+    from megatron_auto.training.pretrain import build_trainer, train_step
+
+    trainer = build_trainer(CONFIG, PLAN, lambda cfg, ctx, seed: GPTStage(cfg, ctx, seed=seed),
+                            lr_config=LRConfig(lr=1e-3, decay_style="constant"),
+                            precision=PrecisionConfig(**precision), seed=1234)
+    gen = torch.Generator().manual_seed(7)
+    tokens = torch.randint(0, CONFIG.vocab_size, (8, CONFIG.seq_length + 1), generator=gen)
+    batch = {"tokens": tokens[:, :-1].contiguous(), "labels": tokens[:, 1:].contiguous(),
+             "loss_mask": torch.ones(8, CONFIG.seq_length),
+             "position_ids": torch.arange(CONFIG.seq_length).expand(8, -1).contiguous()}
+    with recording() as calls:
+        train_step(trainer, batch if trainer.reads_data else None)
+    return calls
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_training_step_gathers_and_scatters_what_the_cost_model_prices(precision: str) -> None:
+    from megatron_auto.planner import ModelSpec, TrainingSpec
+    from megatron_auto.planner.cost_model import stage_collectives
+    from megatron_auto.planner.profiles import analytic_profile
+    from planner_fakes import FakeCluster
+
+    flags = {"bf16": True} if precision == "bf16" else {}
+    per_rank = run_distributed(_step_worker, 4, flags)
+    spec = ModelSpec.from_model_config(CONFIG)
+    # hidden_bytes_per_sample in the compute dtype: what the residual stream carries
+    profile = analytic_profile(spec, TrainingSpec(8, precision), FakeCluster())
+    as_called = {"all_gather": "all_gather", "zero_gather": "all_gather",
+                 "zero_scatter": "reduce_scatter"}
+    for rank, calls in enumerate(per_rank):
+        stage = PLAN.stage_of_rank(rank)
+        priced: Counter = Counter()
+        for c, count in stage_collectives(PLAN, spec, profile, precision, stage).items():
+            if c.kind in as_called:  # all-reduces are not listed (TP, DDP buckets, tied, norms)
+                priced[(as_called[c.kind], c.group_size, c.consecutive, c.nbytes)] += count
+        issued = Counter((kind, len(ranks), _is_block(ranks), float(nbytes))
+                         for kind, ranks, nbytes, _ in calls if kind != "all_reduce")
+        assert issued == priced, f"rank {rank} ({precision}): runtime {dict(issued)} != " \
+                                 f"priced {dict(priced)}"
+        kinds = Counter(kind for kind, _, _, _ in calls)
+        assert kinds["all_gather"] > 0 and kinds["reduce_scatter"] > 0
+        if precision == "bf16":  # FSDP2 gathers in bf16, reduce-scatters in fp32
+            assert {d for k, _, _, d in calls if k == "reduce_scatter"} == {"torch.float32"}
+            assert {d for k, _, _, d in calls if k == "all_gather"} == {"torch.bfloat16"}
