@@ -365,3 +365,18 @@ def test_pure_modules_import_without_torch():
     first = json.loads(result.stdout.strip().splitlines()[-1])
     assert first == [], f"importing {first[0]} loads torch (the pure layers must not)"
     assert len(pure) > 20
+
+
+def test_entry_scripts_stay_thin():
+    # pretrain_*.py: model provider, forward step, datasets, then pretrain(). Flags are parsed
+    # by arguments.py and the parallel runtime is the framework's: neither belongs here.
+    scripts = sorted(ROOT.parent.glob("pretrain_*.py"))
+    assert scripts
+    for script in scripts:
+        tree = ast.parse(script.read_text(encoding="utf-8"))
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        for name in names:
+            assert name != "argparse", f"{script.name} parses flags itself (arguments.py does)"
+            assert not name.startswith(("torch.distributed", f"{PACKAGE}.parallel")), \
+                f"{script.name} imports {name}: the runtime belongs in the package"
