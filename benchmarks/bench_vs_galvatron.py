@@ -42,6 +42,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from megatron_auto.planner.galvatron_files import read_computation
+
 REPO = Path(__file__).resolve().parents[1]
 GIB = 2**30
 GALVATRON = "hetu-galvatron==2.4.0"
@@ -171,8 +173,6 @@ def _stage_for_galvatron(case: dict[str, Any], files: dict[str, Path], dest: Pat
     - no ``sp_time`` file for this cluster shape (2.4 opens it even when it does not use it):
       the 1x8 one, unused with ``--sp_space tp``.
     """
-    from megatron_auto.planner.galvatron_files import read_computation  # noqa: PLC0415
-
     seq = case["layers"][0]["seq_len"]
     cfg, hw = dest / "configs", dest / "hardware"
     cfg.mkdir(parents=True, exist_ok=True)

@@ -13,8 +13,8 @@ import pytest
 
 from megatron_auto.cli import main
 from megatron_auto.planner.galvatron import model_profile_from_galvatron, plan_from_galvatron_config
-from megatron_auto.planner.galvatron_files import (GalvatronFormatError, read_computation,
-                                                   read_memory)
+from megatron_auto.planner.galvatron_files import GalvatronFormatError, read_computation
+from megatron_auto.planner.galvatron_memory import read_memory
 from megatron_auto.planner.model_spec import LayerType, ModelSpec, TrainingSpec
 from megatron_auto.planner.presets import get_cluster
 from megatron_auto.planner.profiles import ModelProfile

@@ -8,8 +8,8 @@ import pytest
 
 from megatron_auto.planner.galvatron import (cluster_from_galvatron, model_profile_from_galvatron,
                                              plan_from_galvatron_config)
-from megatron_auto.planner.galvatron_files import (GalvatronFormatError, read_computation,
-                                                   read_memory)
+from megatron_auto.planner.galvatron_files import GalvatronFormatError, read_computation
+from megatron_auto.planner.galvatron_memory import read_memory
 from megatron_auto.planner.hardware import GB
 from megatron_auto.planner.model_spec import ModelSpec, TrainingSpec
 from megatron_auto.planner.presets import get_cluster

@@ -1,6 +1,7 @@
 """Galvatron 2.4 interop: its profiles -> our ModelProfile / ClusterSpec, its plans -> our Plan.
 
-Reading and checking the files is ``galvatron_files.py``; this module converts units and
+Reading and checking the files is ``galvatron_files.py`` (and ``galvatron_memory.py``); this
+module converts units and
 meanings:
 
 - Compute: ``layertype_i`` ms per sample per layer (forward, tp 1) -> seconds per sample; with
@@ -29,6 +30,7 @@ from typing import Any, Mapping
 
 from ..plan import LayerStrategy, PipelineSpec, Plan, PlanError, VocabStrategy, even_partition
 from . import galvatron_files as gf
+from . import galvatron_memory as gm
 from .galvatron_files import GalvatronFormatError
 from .hardware import GB, ClusterSpec
 from .model_spec import ModelSpec, TrainingSpec
@@ -61,7 +63,7 @@ def _check_name_matches(path: str, spec: ModelSpec, precision: str) -> None:
             f"it); give a {precision} profile or train in {m[1]}")
 
 
-def _check_layer_types(comp: gf.GalvatronComputation, mem: gf.GalvatronMemory,
+def _check_layer_types(comp: gf.GalvatronComputation, mem: gm.GalvatronMemory,
                        spec: ModelSpec) -> None:
     """Galvatron's ``layertype_i`` is ``spec.layer_types[i]``: the counts must agree."""
     names = [lt.name for lt in spec.layer_types]
@@ -85,7 +87,7 @@ def _split_fit(acts: Mapping[int, float], rep: float, split: float) -> tuple[flo
     return rep * scale, split * scale
 
 
-def _sp_metadata(sp: gf.GalvatronMemoryRecords, spec: ModelSpec) -> dict[str, Any]:
+def _sp_metadata(sp: gm.GalvatronMemoryRecords, spec: ModelSpec) -> dict[str, Any]:
     """The Megatron sequence-parallel records (``*_sp``) in our units (bytes, parameters), kept
     in the profile's metadata for when our runtime splits activations by tp the same way."""
     def table(values: Mapping[int, float]) -> dict[str, float]:
@@ -102,7 +104,7 @@ def _sp_metadata(sp: gf.GalvatronMemoryRecords, spec: ModelSpec) -> dict[str, An
                            "recompute_bytes_per_sample": rec.checkpoint_mb_per_sample * MB}
     seqs = tuple(lt.seq_length for lt in spec.layer_types)
     other = {}
-    for pos in gf._OTHER_POSITIONS:
+    for pos in gm.OTHER_POSITIONS:
         rec = sp.other_record(pos, seqs)
         other[pos] = {"model_state_bytes_by_vocab_tp": table(rec.model_states_mb),
                       "activation_bytes_per_sample_by_vocab_tp": table(rec.activation_mb_per_sample)}
@@ -124,7 +126,7 @@ def model_profile_from_galvatron(computation_path: str | os.PathLike,
     ``metadata["megatron_sp"]``. Notes on every choice go into ``metadata["notes"]``.
     """
     comp = gf.read_computation(computation_path)
-    mem = gf.read_memory(memory_path)
+    mem = gm.read_memory(memory_path)
     for path in (comp.path, mem.path):
         _check_name_matches(path, spec, training.precision)
     _check_layer_types(comp, mem, spec)

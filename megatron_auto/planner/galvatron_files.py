@@ -2,11 +2,11 @@
 
 Galvatron (PKU-DAIR/Hetu-Galvatron) writes one JSON file per measurement. This module only
 *reads and checks* them; ``galvatron.py`` converts the result into our ModelProfile, ClusterSpec
-and Plan. Every layout the 2.4 release ships is read: time profiles in static, batch and
-sequence modes (with or without the length in the key), multi-type models (``layernum[a,b,...]``
-and ``seq[s1,s2,...]``: T5's encoder/decoder, Swin's four stages), memory records flat or nested
-by sequence length, plain and Megatron sequence-parallel (``*_sp``), with raw checkpointing
-(``_c``) and vocab-TP (``_vtp``) runs. Anything else is refused naming the file and the key.
+and Plan. Here: the shared pieces (JSON, numbers, sequence-length keys), the computation profile
+and the hardware files; the memory profile is ``galvatron_memory.py``. Every layout the 2.4
+release ships is read: time profiles in static, batch and sequence modes (with or without the
+length in the key), multi-type models (``layernum[a,b,...]`` and ``seq[s1,s2,...]``: T5's
+encoder/decoder, Swin's four stages). Anything else is refused naming the file and the key.
 
 Units as in the files: compute times in ms per sample per layer (forward only), memory in MB
 (2**20 bytes), bandwidth in GB/s (1e9 B/s), SP times in ms per message size.
@@ -36,7 +36,7 @@ def read_json(path: str | os.PathLike, what: str) -> dict[str, Any]:
     return data
 
 
-def _number(path: Any, key: str, value: Any, fix: str = "re-run Galvatron's profiler") -> float:
+def number(path: Any, key: str, value: Any, fix: str = "re-run Galvatron's profiler") -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
         raise GalvatronFormatError(f"{path}: key {key!r} has value {value!r}, expected a number; "
                                    f"{fix}")
@@ -50,7 +50,7 @@ def _number(path: Any, key: str, value: Any, fix: str = "re-run Galvatron's prof
 Seqs = tuple[int, ...]
 
 
-def _seqs(text: str | None) -> Seqs | None:
+def parse_seqs(text: str | None) -> Seqs | None:
     if text is None:
         return None
     return tuple(int(x) for x in text.strip("[]").split(",") if x.strip())
@@ -62,7 +62,7 @@ def _seq_text(seqs: Seqs | None) -> str:
     return str(seqs[0]) if len(seqs) == 1 else "[" + ",".join(map(str, seqs)) + "]"
 
 
-def _pick_seq(available: list[Seqs | None], wanted: Seqs | None, what: str) -> Seqs | None:
+def pick_seq(available: list[Seqs | None], wanted: Seqs | None, what: str) -> Seqs | None:
     """The profiled sequence lengths to use for ``wanted``: itself, else the shortest profiled
     one at least as long in every position (conservative), else the unnamed (None) record.
 
@@ -140,7 +140,7 @@ def _fit_time(records: TimeRecords, wanted: Seqs | None, what: str) -> Galvatron
     """Time at the chosen sequence length: with several batch sizes, the least-squares line
     through the per-call totals ``ms * b`` (Galvatron's batch mode fits the same line); with one,
     its per-sample value. A negative intercept (noise) is refitted through the origin."""
-    chosen = _pick_seq(list({s for _, s in records}), wanted, what)
+    chosen = pick_seq(list({s for _, s in records}), wanted, what)
     points = sorted(((b, ms) for (b, s), ms in records.items() if s == chosen),
                     key=lambda p: (p[0] or 0, p[1]))
     where = f"{what.rsplit(' ', 1)[-1]}" + ("" if chosen is None else f" seq{_seq_text(chosen)}")
@@ -171,15 +171,15 @@ def read_computation(path: str | os.PathLike) -> GalvatronComputation:
     for key, value in data.items():
         if m := _LAYER.match(key):
             if m[2] is None and m[3] is None:
-                bare[int(m[1])] = _number(path, key, value)
+                bare[int(m[1])] = number(path, key, value)
             else:
                 bsz = int(m[2]) if m[2] else None
-                layers.setdefault(int(m[1]), {})[(bsz, _seqs(m[3]))] = _number(path, key, value)
+                layers.setdefault(int(m[1]), {})[(bsz, parse_seqs(m[3]))] = number(path, key, value)
         elif m := _OTHER.match(key):
-            other[(int(m[2]) if m[2] else None, _seqs(m[3]))] = _number(path, key, value)
+            other[(int(m[2]) if m[2] else None, parse_seqs(m[3]))] = number(path, key, value)
         elif m := _RAW.match(key):
             counts = tuple(int(x) for x in m[1].split(",") if x.strip())
-            raw.setdefault((int(m[2]), _seqs(m[3])), {})[counts] = _number(path, key, value)
+            raw.setdefault((int(m[2]), parse_seqs(m[3])), {})[counts] = number(path, key, value)
         else:
             raise GalvatronFormatError(
                 f"computation profile {path}: unknown key {key!r}; expected layertype_<i>_bsz<b>"
@@ -228,205 +228,6 @@ def _other_from_raw(path: Any, layers: Mapping[int, TimeRecords],
     return other
 
 
-# ----------------------------------------------------------------------- memory profile
-@dataclass(frozen=True)
-class GalvatronLayerMemory:
-    """One layer type's memory at one sequence length (MB)."""
-
-    parameter_mb: float  # parameter memory of one layer as profiled (= model states / 4)
-    activation_mb_per_sample: Mapping[int, float]  # by TP degree, no recompute
-    checkpoint_mb_per_sample: float  # kept per sample when the layer recomputes
-
-
-@dataclass(frozen=True)
-class GalvatronOtherMemory:
-    """Embedding + head memory for one pipeline position, by vocab-TP degree (MB)."""
-
-    model_states_mb: Mapping[int, float]
-    activation_mb_per_sample: Mapping[int, float]
-
-
-_OTHER_POSITIONS = ("pp_off", "pp_on_first", "pp_on_last")
-
-
-@dataclass(frozen=True)
-class GalvatronMemoryRecords:
-    """The derived records of one variant (plain, or Megatron-SP ``*_sp``):
-    ``layers[type][seqs]`` and ``other[position][seqs]``."""
-
-    path: str
-    suffix: str  # "" or "_sp", for messages
-    layers: Mapping[int, Mapping[Seqs | None, GalvatronLayerMemory]]
-    other: Mapping[str, Mapping[Seqs | None, GalvatronOtherMemory]]
-
-    def layer(self, layer_type: int, seq: int | None) -> tuple[GalvatronLayerMemory, int | None]:
-        if layer_type not in self.layers:
-            raise GalvatronFormatError(
-                f"memory profile {self.path}: no layertype_{layer_type}{self.suffix} record; it "
-                f"has layer types {sorted(self.layers)}; profile the model's memory with Galvatron")
-        recs = self.layers[layer_type]
-        chosen = _pick_seq(list(recs), None if seq is None else (seq,),
-                           f"memory profile {self.path} layertype_{layer_type}{self.suffix}")
-        return recs[chosen], None if chosen is None else chosen[0]
-
-    def other_record(self, position: str, seqs: Seqs | int | None) -> GalvatronOtherMemory:
-        if isinstance(seqs, int):
-            seqs = (seqs,)
-        recs = self.other[position]
-        what = f"memory profile {self.path} other_memory_{position}{self.suffix}"
-        return recs[_pick_seq(list(recs), seqs, what)]
-
-
-@dataclass(frozen=True)
-class GalvatronMemory:
-    """A memory profile: the plain records (our runtime's tensor parallelism) and the Megatron
-    sequence-parallel ones (``*_sp``: every activation split by tp), each None when absent."""
-
-    path: str
-    plain: GalvatronMemoryRecords | None
-    megatron_sp: GalvatronMemoryRecords | None
-
-    @property
-    def sequence_parallel(self) -> bool:
-        """True when only ``*_sp`` records exist (the primary records are SP measurements)."""
-        return self.plain is None
-
-    @property
-    def primary(self) -> GalvatronMemoryRecords:
-        rec = self.plain or self.megatron_sp
-        assert rec is not None  # read_memory refuses a file with neither
-        return rec
-
-    def layer(self, layer_type: int, seq: int | None) -> tuple[GalvatronLayerMemory, int | None]:
-        return self.primary.layer(layer_type, seq)
-
-    def other_record(self, position: str, seqs: Seqs | int | None) -> GalvatronOtherMemory:
-        return self.primary.other_record(position, seqs)
-
-
-_MEM_LAYER = re.compile(r"^layertype_(\d+)(_sp)?$")
-_MEM_OTHER = re.compile(r"^other_memory_(pp_off|pp_on_first|pp_on_last)(_sp)?$")
-# Raw runs: <pp>_<tp>_<dp>[_vtp][_c][_sp] -> layernum[...]_bsz<b>[_seq...]_rank<r>_{ms,act,act_peak}
-_MEM_RAW = re.compile(r"^\d+_\d+_\d+(?:_vtp)?(?:_c)?(?:_sp)?$")
-_MEM_RAW_KEY = re.compile(r"^layernum\[[\d,\s]+\]_bsz\d+(?:_seq(?:\d+|\[[\d,\s]+\]))?"
-                          r"_rank\d+_(?:ms|act|act_peak)$")
-
-
-def _tp_table(path: Any, key: str, table: Any) -> dict[int, float]:
-    """``{"1": MB, "2": MB, ...}`` (or one number: vocab tp 1, older files); tp 1 is required
-    because every other degree is priced relative to it."""
-    if isinstance(table, (int, float)) and not isinstance(table, bool):
-        return {1: float(table)}
-    if not isinstance(table, Mapping):
-        raise GalvatronFormatError(f"memory profile {path}: key {key!r} must map TP degrees to MB, "
-                                   f"got {table!r}; re-run Galvatron's memory profiler")
-    out = {}
-    for k, v in table.items():
-        if not str(k).isdigit() or int(k) < 1:
-            raise GalvatronFormatError(f"memory profile {path}: key {key}.{k}: expected a TP "
-                                       f"degree (1, 2, 4, ...); re-run Galvatron's memory profiler")
-        out[int(k)] = _number(path, f"{key}.{k}", v)
-    if 1 not in out:
-        raise GalvatronFormatError(
-            f"memory profile {path}: key {key} has TP degrees {sorted(out)} but no 1; the import "
-            f"prices every degree from the tp 1 record: profile memory from tp 1 with Galvatron")
-    return out
-
-
-def _layer_record(path: Any, key: str, rec: Any) -> GalvatronLayerMemory:
-    if not isinstance(rec, Mapping) or "parameter_size" not in rec \
-            or "tp_activation_per_bsz_dict" not in rec:
-        raise GalvatronFormatError(
-            f"memory profile {path}: key {key!r} needs 'parameter_size' and "
-            f"'tp_activation_per_bsz_dict'; re-run Galvatron's memory profiler (post-processing)")
-    acts = dict(rec["tp_activation_per_bsz_dict"])
-    if "checkpoint" not in acts:
-        raise GalvatronFormatError(f"memory profile {path}: key {key}.tp_activation_per_bsz_dict "
-                                   f"has no 'checkpoint' entry; profile with checkpointing on")
-    ckpt = _number(path, f"{key}.tp_activation_per_bsz_dict.checkpoint", acts.pop("checkpoint"))
-    return GalvatronLayerMemory(
-        parameter_mb=_number(path, f"{key}.parameter_size", rec["parameter_size"]),
-        activation_mb_per_sample=_tp_table(path, f"{key}.tp_activation_per_bsz_dict", acts),
-        checkpoint_mb_per_sample=ckpt)
-
-
-def _is_seq_key(k: Any) -> bool:
-    return bool(re.match(r"^(\d+|\[[\d,\s]+\])$", str(k)))
-
-
-def _layer_records(path: Any, key: str, value: Any) -> dict[Seqs | None, GalvatronLayerMemory]:
-    if isinstance(value, Mapping) and "parameter_size" in value:
-        return {None: _layer_record(path, key, value)}  # flat: the length is in the file name
-    if isinstance(value, Mapping) and value and all(_is_seq_key(k) for k in value):
-        return {_seqs(str(s)): _layer_record(path, f"{key}.{s}", r) for s, r in value.items()}
-    raise GalvatronFormatError(
-        f"memory profile {path}: key {key!r} is neither a record with parameter_size nor records "
-        f"by sequence length; re-run Galvatron's memory profiler")
-
-
-def _other_records(path: Any, key: str, value: Any) -> dict[Seqs | None, GalvatronOtherMemory]:
-    def one(where: str, rec: Any) -> GalvatronOtherMemory:
-        if not isinstance(rec, Mapping) or "model_states" not in rec or "activation" not in rec:
-            raise GalvatronFormatError(f"memory profile {path}: key {where} needs 'model_states' "
-                                       f"and 'activation'; re-run Galvatron's memory profiler")
-        return GalvatronOtherMemory(_tp_table(path, f"{where}.model_states", rec["model_states"]),
-                                    _tp_table(path, f"{where}.activation", rec["activation"]))
-
-    if not isinstance(value, Mapping):
-        raise GalvatronFormatError(f"memory profile {path}: key {key!r} must be an object")
-    if "model_states" in value:
-        return {None: one(key, value)}
-    bad = [s for s in value if not _is_seq_key(s)]
-    if bad or not value:
-        raise GalvatronFormatError(f"memory profile {path}: key {key}.{bad[0] if bad else ''}: "
-                                   f"expected records by sequence length (\"512\" or "
-                                   f"\"[3136,784]\") with 'model_states' and 'activation'")
-    return {_seqs(str(s)): one(f"{key}.{s}", rec) for s, rec in value.items()}
-
-
-def read_memory(path: str | os.PathLike) -> GalvatronMemory:
-    """Read ``memory_profiling_*.json``: the derived records, plain and ``*_sp``, flat (one length,
-    in the file name) or nested by sequence length(s). Raw ``<pp>_<tp>_<dp>[_vtp][_c][_sp]`` runs
-    are Galvatron's intermediate data: their keys are checked, their values not used."""
-    data = read_json(path, "memory profile")
-    layers: dict[str, dict[int, dict[Seqs | None, GalvatronLayerMemory]]] = {"": {}, "_sp": {}}
-    other: dict[str, dict[str, dict[Seqs | None, GalvatronOtherMemory]]] = {"": {}, "_sp": {}}
-    for key, value in data.items():
-        if m := _MEM_LAYER.match(key):
-            layers[m[2] or ""][int(m[1])] = _layer_records(path, key, value)
-        elif m := _MEM_OTHER.match(key):
-            other[m[2] or ""][m[1]] = _other_records(path, key, value)
-        elif _MEM_RAW.match(key):
-            bad = [k for k in (value if isinstance(value, Mapping) else [repr(value)])
-                   if not _MEM_RAW_KEY.match(str(k))]
-            if bad:
-                raise GalvatronFormatError(
-                    f"memory profile {path}: raw run {key!r} holds {bad[0]!r}; expected "
-                    f"layernum[<L>,...]_bsz<b>[_seq<s>]_rank<r>_{{ms,act,act_peak}}")
-        else:
-            raise GalvatronFormatError(
-                f"memory profile {path}: unknown key {key!r}; expected layertype_<i>[_sp], "
-                f"other_memory_{{pp_off,pp_on_first,pp_on_last}}[_sp] or raw runs "
-                f"<pp>_<tp>_<dp>[_vtp][_c][_sp] (Galvatron 2.4 layouts); is this a "
-                f"memory_profiling_*.json file?")
-    sets: dict[str, GalvatronMemoryRecords | None] = {}
-    for suffix in ("", "_sp"):
-        if not layers[suffix] and not other[suffix]:
-            sets[suffix] = None
-            continue
-        missing = ([] if layers[suffix] else [f"layertype_<i>{suffix}"]) + \
-            [f"other_memory_{p}{suffix}" for p in _OTHER_POSITIONS if p not in other[suffix]]
-        if missing:
-            raise GalvatronFormatError(f"memory profile {path}: missing key(s) {missing}; re-run "
-                                       f"Galvatron's memory profiler with pp 1 and pp 2")
-        sets[suffix] = GalvatronMemoryRecords(str(path), suffix, layers[suffix], other[suffix])
-    if sets[""] is None and sets["_sp"] is None:
-        raise GalvatronFormatError(
-            f"memory profile {path}: no derived 'layertype_<i>' record (only raw runs?); let "
-            f"Galvatron's memory profiler finish its post-processing, or check the file kind")
-    return GalvatronMemory(path=str(path), plain=sets[""], megatron_sp=sets["_sp"])
-
-
 # -------------------------------------------------------------------- hardware profiles
 def read_allreduce(path: str | os.PathLike) -> dict[tuple[int, bool], float]:
     """``allreduce_bandwidth_*.json`` -> {(group size, consecutive): GB/s}."""
@@ -437,7 +238,7 @@ def read_allreduce(path: str | os.PathLike) -> dict[tuple[int, bool], float]:
         if not m:
             raise GalvatronFormatError(f"all-reduce bandwidth file {path}: unknown key {key!r}; "
                                        f"expected allreduce_size_<g>_consec_<0|1>")
-        out[(int(m[1]), m[2] == "1")] = _number(path, key, value)
+        out[(int(m[1]), m[2] == "1")] = number(path, key, value)
     if not out:
         raise GalvatronFormatError(f"all-reduce bandwidth file {path}: empty; re-run Galvatron's "
                                    f"hardware profiler")
@@ -453,7 +254,7 @@ def read_p2p(path: str | os.PathLike) -> dict[int, float]:
         if not m:
             raise GalvatronFormatError(f"p2p bandwidth file {path}: unknown key {key!r}; expected "
                                        f"pp_size_<p>")
-        out[int(m[1])] = _number(path, key, value)
+        out[int(m[1])] = number(path, key, value)
     return out
 
 
@@ -463,7 +264,7 @@ def read_overlap(path: str | os.PathLike) -> float:
     if "overlap_coe" not in data:
         raise GalvatronFormatError(f"overlap coefficient file {path}: key 'overlap_coe' missing; "
                                    f"expected {{\"overlap_coe\": 1.12}}")
-    return max(1.0, _number(path, "overlap_coe", data["overlap_coe"]))
+    return max(1.0, number(path, "overlap_coe", data["overlap_coe"]))
 
 
 def read_sp_time(path: str | os.PathLike) -> dict[str, dict[int, dict[int, float]]]:
@@ -475,7 +276,7 @@ def read_sp_time(path: str | os.PathLike) -> dict[str, dict[int, dict[int, float
         if not m:
             raise GalvatronFormatError(f"sp_time file {path}: unknown key {key!r}; expected "
                                        f"allreduce_size_<g>_<n>MB_time or all2all_size_<g>_<n>MB_time")
-        out[m[1]].setdefault(int(m[2]), {})[int(m[3])] = _number(path, key, value)
+        out[m[1]].setdefault(int(m[2]), {})[int(m[3])] = number(path, key, value)
     return out
 
 
