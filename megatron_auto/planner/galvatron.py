@@ -1,8 +1,7 @@
 """Galvatron 2.4 interop: its profiles -> our ModelProfile / ClusterSpec, its plans -> our Plan.
 
 Reading and checking the files is ``galvatron_files.py`` (and ``galvatron_memory.py``); this
-module converts units and
-meanings:
+module converts units and meanings:
 
 - Compute: ``layertype_i`` ms per sample per layer (forward, tp 1) -> seconds per sample; with
   several profiled batch sizes a least-squares line gives a per-call constant too (Galvatron's
