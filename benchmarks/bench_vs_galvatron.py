@@ -309,7 +309,7 @@ def _throughput(est: dict[str, Any]) -> str:
     if "error" in est:
         return f"refused ({est['error'][:80]})"
     fits = "" if est.get("feasible", True) else " (over budget)"
-    return f"{est['samples_per_s']:8.2f}{fits}"
+    return f"{est['samples_per_s']:.2f}{fits}"
 
 
 def main() -> None:
@@ -330,8 +330,10 @@ def main() -> None:
         root = galvatron_root(python)
         print(f"our start-up (python + import megatron_auto.cli): {startup_ours():.2f} s; "
               f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-        print("case | budget | Galvatron 2.4: process s (search s) | ours: import + plan s "
-              "(search s) | ratio | samples/s under our evaluator: Galvatron's plan, ours")
+        print("| case | budget | Galvatron 2.4: process s (search s) | ours: import + plan s "
+              "(search s) | ratio total (plan only) | samples/s under our evaluator: Galvatron's "
+              "plan / ours |")
+        print("|---|---|---|---|---|---|")
         for name, case in CASES.items():
             if args.only and name != args.only:
                 continue
@@ -348,13 +350,11 @@ def main() -> None:
                 est_g = (evaluate_ours(case, profile, cluster, budget,
                                        ["--galvatron-config", g["config"]])
                          if g["config"] else {"error": "Galvatron found no plan"})
-                reused = " (stored)" if g.get("reused") else ""
-                print(f"{case['label']} | {budget:>2} GB | {g['wall_s']:6.2f} ({g['search_s']:6.2f})"
-                      f"{reused}"
-                      f" | {import_s:5.2f} + {plan_s:5.2f} = {ours_s:5.2f} ({search_s:5.2f}) | "
-                      f"x{g['wall_s'] / ours_s:5.1f} | {_throughput(est_g)}, "
-                      f"{_throughput(est_ours)}", flush=True)
-
+                reused = " stored" if g.get("reused") else ""
+                print(f"| {case['label']} | {budget} GB | {g['wall_s']:.1f} ({g['search_s']:.1f})"
+                      f"{reused} | {import_s:.1f} + {plan_s:.1f} = {ours_s:.1f} ({search_s:.2f}) "
+                      f"| x{g['wall_s'] / ours_s:.1f} (x{g['wall_s'] / plan_s:.1f}) | "
+                      f"{_throughput(est_g)} / {_throughput(est_ours)} |", flush=True)
 
 if __name__ == "__main__":
     main()
