@@ -316,6 +316,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=sorted(CASES))
+    parser.add_argument("--budgets", type=int, nargs="+", default=None, metavar="GB",
+                        help="only these budgets of the chosen cases")
     parser.add_argument("--galvatron-venv", type=Path, default=None,
                         help="build (or reuse) Galvatron's venv here instead of a throwaway one")
     parser.add_argument("--keep-galvatron", type=Path, default=None, metavar="DIR",
@@ -342,7 +344,7 @@ def main() -> None:
             files = shipped_files(root, case)
             staged = _stage_for_galvatron(case, files, work / "staged")
             import_s, profile, cluster = import_ours(case, files, work)
-            for budget in case["budgets"]:
+            for budget in [b for b in case["budgets"] if not args.budgets or b in args.budgets]:
                 g = run_galvatron(python, case, staged, budget, work, args.keep_galvatron)
                 plan_s, search_s, plan = plan_ours(case, profile, cluster, budget, work)
                 ours_s = import_s + plan_s
