@@ -348,3 +348,36 @@ def test_cli_imports_a_batch_mode_profile_and_refuses_a_bad_one(tmp_path, capsys
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1
     assert str(bad) in err and "'layertype_0' needs 'parameter_size' and" in err
+
+
+def test_our_swin_spec_with_merging_blocks_takes_the_stage_records(tmp_path):
+    """Our Swin spec gives each later stage's first block (it merges patches) its own type;
+    Galvatron profiles the four stages' plain blocks. Stage k's records price both."""
+    comp, mem = swin_files(tmp_path)
+    types = []
+    for k, lt in enumerate(SWIN_TYPES):
+        if k:
+            types.append((LayerType(f"{lt.name}_merge", lt.hidden_size, lt.num_attention_heads,
+                                    lt.ffn_hidden_size, lt.seq_length, 1, causal=False,
+                                    merge_input_hidden=lt.hidden_size // 2), 1))
+        types.append((lt, lt.count - (1 if k else 0)))
+    spec = ModelSpec.stacked(types, vocab_size=1000, embedding_hidden_size=128,
+                             seq_length=3136, name="swin")
+    assert len(spec.layer_types) == 7
+    p = model_profile_from_galvatron(comp, mem, spec, BF16, CLUSTER)
+    from megatron_auto.planner.profiles import analytic_profile
+    a = analytic_profile(spec, BF16, CLUSTER).layer_types
+    plain, merge = p.layer_types["stage2"], p.layer_types["stage2_merge"]
+    assert plain.forward_time_per_sample_s == pytest.approx(0.22e-3)  # layertype_2 as measured
+    assert plain.activation_bytes(4) == pytest.approx(4.0 * MB)
+    # The merging block: the measured block, scaled by what merging adds analytically.
+    grow = a["stage2_merge"].forward_time_per_sample_s / a["stage2"].forward_time_per_sample_s
+    assert grow > 1
+    assert merge.forward_time_per_sample_s == pytest.approx(0.22e-3 * grow)
+    assert merge.parameter_count == plain.parameter_count + (
+        a["stage2_merge"].parameter_count - a["stage2"].parameter_count)
+    # Galvatron's other records are keyed by its four stage lengths, found from our seven types.
+    assert p.embedding.head_forward_time_per_sample_s == pytest.approx(0.25e-3)
+    with pytest.raises(GalvatronFormatError, match="map them with layer_type_map"):
+        model_profile_from_galvatron(comp, mem, spec, BF16, CLUSTER,
+                                     layer_type_map={"stage0": 0, "stage1": 1})

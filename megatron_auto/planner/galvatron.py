@@ -62,16 +62,36 @@ def _check_name_matches(path: str, spec: ModelSpec, precision: str) -> None:
             f"it); give a {precision} profile or train in {m[1]}")
 
 
-def _check_layer_types(comp: gf.GalvatronComputation, mem: gm.GalvatronMemory,
-                       spec: ModelSpec) -> None:
-    """Galvatron's ``layertype_i`` is ``spec.layer_types[i]``: the counts must agree."""
+def galvatron_type_index(spec: ModelSpec, found: list[int],
+                         layer_type_map: Mapping[str, int] | None = None,
+                         path: str = "") -> dict[str, int]:
+    """Which Galvatron ``layertype_i`` prices each of ``spec``'s layer types.
+
+    ``layer_type_map`` (type name -> i) when given; else the i-th type is Galvatron's i-th when
+    the counts agree (T5: 0 = encoder, 1 = decoder); else, for our Swin spec, whose first block
+    of a stage is its own ``<stage>_merge`` type (it holds the patch merging), Galvatron's
+    stage records price both the stage's ``<stage>`` and ``<stage>_merge`` types.
+    """
     names = [lt.name for lt in spec.layer_types]
-    for path, found in ((comp.path, sorted(comp.layers)), (mem.path, sorted(mem.primary.layers))):
-        if found != list(range(len(names))):
-            raise GalvatronFormatError(
-                f"{path}: holds layer types {found} but the model has {len(names)} ({names}); "
-                f"give the profile of this model (Galvatron's layertype_i is the model's i-th "
-                f"layer type: T5 0 = encoder, 1 = decoder; Swin 0..3 = its stages)")
+    if layer_type_map is not None:
+        mapping = dict(layer_type_map)
+    elif len(found) == len(names):
+        mapping = {n: i for i, n in enumerate(names)}
+    else:
+        plain = [n for n in names if not n.endswith("_merge")]
+        merges = {n: n[: -len("_merge")] for n in names if n.endswith("_merge")}
+        mapping = {n: i for i, n in enumerate(plain)}
+        mapping.update({n: mapping.get(b, -1) for n, b in merges.items()})
+        if len(plain) != len(found) or -1 in mapping.values():
+            mapping = {}
+    missing = [n for n in names if mapping.get(n) not in found]
+    if missing or sorted(set(mapping.values())) != found:
+        raise GalvatronFormatError(
+            f"{path}: holds layer types {found} but the model has {len(names)} ({names}); give "
+            f"the profile of this model (Galvatron's layertype_i is the model's i-th layer type: "
+            f"T5 0 = encoder, 1 = decoder; Swin 0..3 = its stages) or map them with "
+            f"layer_type_map={{name: i}}")
+    return {n: mapping[n] for n in names}
 
 
 def _split_fit(acts: Mapping[int, float], rep: float, split: float) -> tuple[float, float]:
@@ -86,14 +106,38 @@ def _split_fit(acts: Mapping[int, float], rep: float, split: float) -> tuple[flo
     return rep * scale, split * scale
 
 
-def _sp_metadata(sp: gm.GalvatronMemoryRecords, spec: ModelSpec) -> dict[str, Any]:
+def _with_merge(measured: Any, plain: Any, merge: Any) -> Any:
+    """``measured`` (a stage's plain block) for a block that also merges patches: parameters
+    plus the analytic difference; time and activations scaled by the analytic ratio."""
+    def ratio(attr: str) -> float:
+        a, b = getattr(merge, attr), getattr(plain, attr)
+        return a / b if b > 0 else 1.0
+
+    return replace(
+        measured, parameter_count=measured.parameter_count
+        + max(0, merge.parameter_count - plain.parameter_count),
+        forward_time_per_sample_s=measured.forward_time_per_sample_s
+        * ratio("forward_time_per_sample_s"),
+        activation_replicated_bytes=measured.activation_replicated_bytes
+        * ratio("activation_replicated_bytes"),
+        activation_split_bytes=measured.activation_split_bytes * ratio("activation_split_bytes"),
+        activation_bytes_by_tp={t: v * ratio("activation_split_bytes")
+                                for t, v in measured.activation_bytes_by_tp.items()},
+        recompute_bytes_per_sample=measured.recompute_bytes_per_sample
+        * ratio("recompute_bytes_per_sample"),
+        flops_per_sample=merge.flops_per_sample)
+
+
+def _sp_metadata(sp: gm.GalvatronMemoryRecords, spec: ModelSpec, index: Mapping[str, int],
+                 seqs: tuple[int, ...]) -> dict[str, Any]:
     """The Megatron sequence-parallel records (``*_sp``) in our units (bytes, parameters), kept
     in the profile's metadata for when our runtime splits activations by tp the same way."""
     def table(values: Mapping[int, float]) -> dict[str, float]:
         return {str(t): v * MB for t, v in sorted(values.items())}
 
     layers = {}
-    for k, lt in enumerate(spec.layer_types):
+    for lt in spec.layer_types:
+        k = index[lt.name]
         if k not in sp.layers:
             continue
         rec, seq = sp.layer(k, lt.seq_length)
@@ -101,7 +145,6 @@ def _sp_metadata(sp: gm.GalvatronMemoryRecords, spec: ModelSpec) -> dict[str, An
                            "parameter_count": round(rec.parameter_mb * MB / 4),
                            "activation_bytes_per_sample_by_tp": table(rec.activation_mb_per_sample),
                            "recompute_bytes_per_sample": rec.checkpoint_mb_per_sample * MB}
-    seqs = tuple(lt.seq_length for lt in spec.layer_types)
     other = {}
     for pos in gm.OTHER_POSITIONS:
         rec = sp.other_record(pos, seqs)
@@ -114,10 +157,13 @@ def _sp_metadata(sp: gm.GalvatronMemoryRecords, spec: ModelSpec) -> dict[str, An
 
 def model_profile_from_galvatron(computation_path: str | os.PathLike,
                                  memory_path: str | os.PathLike, spec: ModelSpec,
-                                 training: TrainingSpec, cluster: ClusterSpec) -> ModelProfile:
+                                 training: TrainingSpec, cluster: ClusterSpec,
+                                 layer_type_map: Mapping[str, int] | None = None) -> ModelProfile:
     """A ``ModelProfile`` (source "galvatron") from Galvatron's computation and memory files.
 
-    Galvatron's ``layertype_i`` is ``spec.layer_types[i]`` (several for T5 and Swin). Sequence
+    Galvatron's ``layertype_i`` prices ``spec.layer_types[i]`` (several for T5 and Swin; see
+    :func:`galvatron_type_index` for our Swin spec's patch-merging types). A merging type gets
+    its stage's measured block plus what the analytic profile says the merging adds. Sequence
     lengths are matched exactly when profiled, else the next longer profiled one is used
     (conservative); several profiled batch sizes give a per-sample time and a per-call constant
     (a least-squares line). The plain records are priced; Megatron-SP (``*_sp``) records are
@@ -128,17 +174,21 @@ def model_profile_from_galvatron(computation_path: str | os.PathLike,
     mem = gm.read_memory(memory_path)
     for path in (comp.path, mem.path):
         _check_name_matches(path, spec, training.precision)
-    _check_layer_types(comp, mem, spec)
+    index = galvatron_type_index(spec, sorted(comp.layers), layer_type_map, comp.path)
+    galvatron_type_index(spec, sorted(mem.primary.layers), layer_type_map, mem.path)
     base = analytic_profile(spec, training, cluster)
     beta = training.compute_bytes
     notes: list[str] = []
     layers = {}
-    for k, lt in enumerate(spec.layer_types):
+    for lt in spec.layer_types:
+        k = index[lt.name]
         time = comp.layer_time(k, lt.seq_length)
         notes.append(time.note)
         rec, seq = mem.layer(k, lt.seq_length)
         notes.append(f"memory profile layertype_{k}" + (f": seq{seq}" if seq is not None else ""))
         analytic = base.layer_types[lt.name]
+        if lt.name.endswith("_merge") and lt.name[: -len("_merge")] in index:
+            analytic = base.layer_types[lt.name[: -len("_merge")]]  # the measured plain block
         params = round(rec.parameter_mb * MB / 4)
         if not 0.5 <= params / max(analytic.parameter_count, 1) <= 2.0:
             raise GalvatronFormatError(
@@ -160,14 +210,19 @@ def model_profile_from_galvatron(computation_path: str | os.PathLike,
                          f"(up to {widest} here) follows the line a + b/tp through the two largest "
                          f"measured degrees")
         layers[lt.name] = replace(
-            analytic, parameter_count=params,
+            analytic, name=lt.name, parameter_count=params,
             forward_time_per_sample_s=time.per_sample_ms / 1000.0,
             forward_time_constant_s=time.per_call_ms / 1000.0, backward_forward_ratio=2.0,
             activation_replicated_bytes=rep, activation_split_bytes=split,
             activation_bytes_by_tp=acts if not mem.sequence_parallel and len(acts) > 1 else {},
             recompute_bytes_per_sample=rec.checkpoint_mb_per_sample * MB,
             forward_time_by_tp={})
-    seqs = tuple(lt.seq_length for lt in spec.layer_types)
+        if analytic is not base.layer_types[lt.name]:
+            layers[lt.name] = _with_merge(layers[lt.name], analytic, base.layer_types[lt.name])
+            notes.append(f"{lt.name}: layertype_{k} (the stage's block) plus the patch merging "
+                         f"as the analytic profile prices it")
+    seqs = tuple(next(lt.seq_length for lt in spec.layer_types if index[lt.name] == k)
+                 for k in sorted(set(index.values())))
     other = comp.other_time(seqs)
     notes.append(other.note)
     first = mem.other_record("pp_on_first", seqs)
@@ -192,7 +247,7 @@ def model_profile_from_galvatron(computation_path: str | os.PathLike,
                                 "memory_file": os.path.basename(mem.path), "notes": notes}
     if mem.megatron_sp is not None:
         try:
-            metadata["megatron_sp"] = _sp_metadata(mem.megatron_sp, spec)
+            metadata["megatron_sp"] = _sp_metadata(mem.megatron_sp, spec, index, seqs)
         except GalvatronFormatError as err:  # the SP records are extra: never block the import
             notes.append(f"Megatron-SP records not kept: {err}")
     return ModelProfile(layer_types=layers, embedding=embedding, precision=training.precision,
