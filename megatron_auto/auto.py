@@ -37,6 +37,7 @@ from .planner.hardware import ClusterSpec
 from .planner.megatron_flags import to_megatron_flags
 from .planner.model_spec import ModelSpec, TrainingSpec
 from .planner import report
+from .vision_config import VisionConfig
 
 logger = logging.getLogger("megatron_auto")
 
@@ -191,6 +192,9 @@ def contend_while_profiling(model_config: ModelConfig, precision: str, cache_dir
 
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return
+    if isinstance(model_config, VisionConfig):
+        from .profiler.vision_profiler import (  # noqa: PLC0415 - the vision models
+            profile_vision_model as profile_model, vision_profile_cache_key as profile_cache_key)
     key = profile_cache_key(model_config, precision, _device())
     cached = _broadcast(profile_cache.load_cached(key, cache_dir) is not None
                         if _rank() == 0 else None)
@@ -207,6 +211,11 @@ def resolve_model_profile(model_config: ModelConfig, spec: ModelSpec, precision:
     training = TrainingSpec(global_batch_size=1, precision=precision)
     if not measure:
         return analytic_profile(spec, training, cluster)
+    if isinstance(model_config, VisionConfig):
+        from .profiler.vision_profiler import lookup_or_measure_vision  # noqa: PLC0415 - models
+
+        return lookup_or_measure_vision(model_config, precision, _device(),
+                                        cache_dir=cache_dir).profile
     from .profiler.model_profiler import get_or_create_model_profile  # noqa: PLC0415
 
     return get_or_create_model_profile(model_config, precision, _device(), cache_dir=cache_dir)

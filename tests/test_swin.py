@@ -14,7 +14,8 @@ import functools
 import pytest
 import torch
 
-from vision_utils import assert_matches_plain_pytorch, assert_same, layer, plan_of, run_plans
+from vision_utils import (AUTO_ARGV, assert_matches_plain_pytorch, assert_same, layer,
+                          plan_of, run_plans)
 from megatron_auto.config import ConfigError
 from megatron_auto.models.swin import (SHIFT_MASK_VALUE, relative_position_index,
                                        shifted_window_mask, window_partition, window_reverse)
@@ -58,6 +59,13 @@ def four_rank_results():
 def test_tensor_parallel_two_ranks_matches_one_process():
     (result,) = run_plans(CONFIG, 2, [plan_of(2, [layer(tp=2)] * 6, vocab_tp=2)])
     assert_same(reference(), result, "swin tp2")
+
+
+def test_auto_parallel_plan_on_four_ranks_matches_one_process():
+    ((result, plan),) = run_plans(CONFIG, 4, ("auto", AUTO_ARGV))
+    assert plan["world_size"] == 4 and plan["global_batch_size"] == 8
+    assert plan["model"]["model_type"] == "swin"
+    assert_same(reference(), result, f"swin --auto-parallel plan {plan['layers']}")
 
 
 @pytest.mark.parametrize("name", list(FOUR_RANK_PLANS))

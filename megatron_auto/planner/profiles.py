@@ -307,13 +307,10 @@ def analytic_profile(spec: ModelSpec, training: TrainingSpec, cluster: Any) -> M
             m = lt.merge_input_hidden
             flops += 2 * s * 4 * m * h
             replicated += 2 * beta * s * 4 * m
-        # What the layer receives (and keeps when it recomputes): 4s tokens of width m when it
-        # merges patches, else (s, h).
-        input_elements = 4 * s * lt.merge_input_hidden if lt.merge_input_hidden else s * h
         layers[lt.name] = LayerTypeProfile(
             name=lt.name, parameter_count=lt.num_parameters,
             forward_time_per_sample_s=flops / rate, activation_replicated_bytes=replicated,
-            activation_split_bytes=split, recompute_bytes_per_sample=beta * input_elements,
+            activation_split_bytes=split, recompute_bytes_per_sample=beta * s * h,
             hidden_bytes_per_sample=beta * s * h,
             forward_time_constant_s=ANALYTIC_LAYER_CALL_OVERHEAD_S,
             backward_forward_ratio=2.0,
