@@ -22,7 +22,11 @@ from .jsonfile import read_json, write_json
 
 PLAN_FORMAT = "megatron_auto.plan"
 PLAN_VERSION = 1
+# The data-parallel flavours the planner prices and searches. ``zero1`` (Megatron's distributed
+# optimizer) is a valid plan entry that the runtime trains, but the cost model does not price it
+# yet, so the search's default space stays DP_MODES; plans accept ALL_DP_MODES.
 DP_MODES = ("ddp", "zero2", "zero3")
+ALL_DP_MODES = ("ddp", "zero1", "zero2", "zero3")
 SCHEDULES = ("1f1b", "gpipe")
 
 
@@ -56,26 +60,36 @@ class LayerStrategy:
     dp_mode: str = "ddp"
     tp_consecutive: bool = True
     recompute: bool = False
+    # Megatron-SP over this layer's TP group (needs tp > 1): norms, dropout and residuals keep
+    # the activation split along the sequence.
+    sequence_parallel: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"tp": self.tp, "dp_mode": self.dp_mode, "tp_consecutive": self.tp_consecutive,
-                "recompute": self.recompute}
+        out = {"tp": self.tp, "dp_mode": self.dp_mode, "tp_consecutive": self.tp_consecutive,
+               "recompute": self.recompute}
+        if self.sequence_parallel:  # absent = false: files without SP stay as they were
+            out["sequence_parallel"] = True
+        return out
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "layers[?].") -> "LayerStrategy":
         if not isinstance(data, Mapping):
             raise PlanError(f"plan field {where[:-1]}={data!r}: must be an object like "
                             '{"tp": 1, "dp_mode": "ddp", "tp_consecutive": true, "recompute": false}')
-        unknown = sorted(set(data) - {"tp", "dp_mode", "tp_consecutive", "recompute"})
+        unknown = sorted(set(data) - {"tp", "dp_mode", "tp_consecutive", "recompute",
+                                      "sequence_parallel"})
         _need(not unknown, where + "<keys>", unknown,
-              "unknown key(s); allowed: tp, dp_mode, tp_consecutive, recompute")
+              "unknown key(s); allowed: tp, dp_mode, tp_consecutive, recompute, sequence_parallel")
         tp = _int(data, "tp", where) if "tp" in data else 1
         dp_mode = data.get("dp_mode", "ddp")
         consec = data.get("tp_consecutive", True)
         recompute = data.get("recompute", False)
+        sp = data.get("sequence_parallel", False)
         _need(isinstance(consec, bool), where + "tp_consecutive", consec, "must be true or false")
         _need(isinstance(recompute, bool), where + "recompute", recompute, "must be true or false")
-        return cls(tp=tp, dp_mode=dp_mode, tp_consecutive=consec, recompute=recompute)
+        _need(isinstance(sp, bool), where + "sequence_parallel", sp, "must be true or false")
+        return cls(tp=tp, dp_mode=dp_mode, tp_consecutive=consec, recompute=recompute,
+                   sequence_parallel=sp)
 
 
 @dataclass(frozen=True)
@@ -99,26 +113,44 @@ class VocabStrategy:
 
 @dataclass(frozen=True)
 class PipelineSpec:
+    """Pipeline degree, schedule and partition.
+
+    ``virtual_size`` v > 1 is the interleaved 1F1B schedule (Megatron's virtual pipeline):
+    ``layers_per_stage`` then lists ``size * v`` model chunks in model order and chunk ``c``
+    runs on stage ``c % size``.
+    """
+
     size: int = 1
     schedule: str = "1f1b"
     layers_per_stage: tuple[int, ...] = ()
+    virtual_size: int = 1
+
+    @property
+    def num_chunks(self) -> int:
+        return self.size * self.virtual_size
 
     def to_dict(self) -> dict[str, Any]:
-        return {"size": self.size, "schedule": self.schedule,
-                "layers_per_stage": list(self.layers_per_stage)}
+        out: dict[str, Any] = {"size": self.size, "schedule": self.schedule,
+                               "layers_per_stage": list(self.layers_per_stage)}
+        if self.virtual_size != 1:  # absent = 1: non-interleaved files stay as they were
+            out["virtual_size"] = self.virtual_size
+        return out
 
     @classmethod
     def from_dict(cls, data: Any) -> "PipelineSpec":
         _need(isinstance(data, Mapping), "pipeline", data,
               'must be an object like {"size": 2, "schedule": "1f1b", "layers_per_stage": [2, 2]}')
-        unknown = sorted(set(data) - {"size", "schedule", "layers_per_stage"})
+        unknown = sorted(set(data) - {"size", "schedule", "layers_per_stage", "virtual_size"})
         _need(not unknown, "pipeline.<keys>", unknown,
-              "unknown key(s); allowed: size, schedule, layers_per_stage")
+              "unknown key(s); allowed: size, schedule, layers_per_stage, virtual_size")
         size = _int(data, "size", "pipeline.")
+        virtual = _int(data, "virtual_size", "pipeline.") if "virtual_size" in data else 1
         lps = data.get("layers_per_stage")
         _need(isinstance(lps, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in lps),
-              "pipeline.layers_per_stage", lps, "must be a list of integers, one per stage")
-        return cls(size=size, schedule=data.get("schedule", "1f1b"), layers_per_stage=tuple(lps))
+              "pipeline.layers_per_stage", lps,
+              "must be a list of integers, one per stage (size * virtual_size chunks)")
+        return cls(size=size, schedule=data.get("schedule", "1f1b"), layers_per_stage=tuple(lps),
+                   virtual_size=virtual)
 
 
 def even_partition(num_layers: int, num_stages: int) -> tuple[int, ...]:
@@ -172,15 +204,43 @@ class Plan:
     def stage_of_rank(self, rank: int) -> int:
         return rank // self.stage_size
 
+    @property
+    def virtual_size(self) -> int:
+        return self.pipeline.virtual_size
+
+    @property
+    def num_chunks(self) -> int:
+        """Model chunks: ``pp`` without interleaving, ``pp * virtual_size`` with it."""
+        return self.pipeline.num_chunks
+
+    def chunk_layer_range(self, chunk: int) -> range:
+        """Global layer indices of model chunk ``chunk`` (chunk ``c`` runs on stage ``c % pp``)."""
+        start = sum(self.pipeline.layers_per_stage[:chunk])
+        return range(start, start + self.pipeline.layers_per_stage[chunk])
+
+    def stage_chunks(self, stage: int) -> list[int]:
+        """Model chunks of ``stage`` in model order (one unless interleaved)."""
+        return list(range(stage, self.num_chunks, self.pp_size))
+
+    def stage_layers(self, stage: int) -> list[int]:
+        """Every layer ``stage`` holds, in model order (several chunks when interleaved)."""
+        return [i for c in self.stage_chunks(stage) for i in self.chunk_layer_range(c)]
+
     def stage_layer_range(self, stage: int) -> range:
-        start = sum(self.pipeline.layers_per_stage[:stage])
-        return range(start, start + self.pipeline.layers_per_stage[stage])
+        """The contiguous layers of ``stage``; only without interleaving (else see stage_layers)."""
+        if self.virtual_size != 1:
+            raise ValueError(f"stage_layer_range: pipeline.virtual_size={self.virtual_size} "
+                             f"gives a stage several chunks; use stage_layers / chunk_layer_range")
+        return self.chunk_layer_range(stage)
+
+    def chunk_of_layer(self, layer: int) -> int:
+        for chunk in range(self.num_chunks):
+            if layer in self.chunk_layer_range(chunk):
+                return chunk
+        raise IndexError(f"layer {layer} out of range for a {self.num_layers}-layer plan")
 
     def stage_of_layer(self, layer: int) -> int:
-        for stage in range(self.pp_size):
-            if layer in self.stage_layer_range(stage):
-                return stage
-        raise IndexError(f"layer {layer} out of range for a {self.num_layers}-layer plan")
+        return self.chunk_of_layer(layer) % self.pp_size
 
     def dp_size(self, layer: int) -> int:
         return self.stage_size // self.layers[layer].tp
@@ -209,10 +269,16 @@ class Plan:
               f"must divide world_size={self.world_size}")
         _need(pp.schedule in SCHEDULES, "pipeline.schedule", pp.schedule,
               f"choose one of {', '.join(SCHEDULES)}")
-        _need(len(pp.layers_per_stage) == pp.size, "pipeline.layers_per_stage",
+        v = pp.virtual_size
+        _need(isinstance(v, int) and v >= 1, "pipeline.virtual_size", v,
+              "must be a positive integer (1 = no interleaving)")
+        num_chunks = len(pp.layers_per_stage)
+        if v > 1:
+            self._validate_interleaving(num_chunks)
+        _need(num_chunks == pp.size * v, "pipeline.layers_per_stage",
               list(pp.layers_per_stage), f"must have one entry per stage ({pp.size})")
         _need(all(n >= 1 for n in pp.layers_per_stage), "pipeline.layers_per_stage",
-              list(pp.layers_per_stage), "every stage needs at least one layer")
+              list(pp.layers_per_stage), "every stage (model chunk) needs at least one layer")
         _need(sum(pp.layers_per_stage) == len(self.layers), "pipeline.layers_per_stage",
               list(pp.layers_per_stage),
               f"must sum to the number of entries in layers ({len(self.layers)})")
@@ -225,8 +291,14 @@ class Plan:
             _need(isinstance(layer.tp, int) and _is_power_of_two(layer.tp) and n % layer.tp == 0,
                   where + ".tp", layer.tp,
                   f"must be a power of two dividing the {n} ranks of a pipeline stage")
-            _need(layer.dp_mode in DP_MODES, where + ".dp_mode", layer.dp_mode,
-                  f"choose one of {', '.join(DP_MODES)}")
+            _need(layer.dp_mode in ALL_DP_MODES, where + ".dp_mode", layer.dp_mode,
+                  f"choose one of {', '.join(ALL_DP_MODES)}")
+            _need(isinstance(layer.sequence_parallel, bool), where + ".sequence_parallel",
+                  layer.sequence_parallel, "must be true or false")
+            _need(not layer.sequence_parallel or layer.tp > 1, where + ".sequence_parallel",
+                  layer.sequence_parallel,
+                  f"needs tp > 1 (this layer has tp={layer.tp}); set tp to 2 or more, or "
+                  f"sequence_parallel to false")
             dp = n // layer.tp
             _need(mb % dp == 0, where + ".tp", layer.tp,
                   f"gives dp={dp} replicas, which must divide the micro-batch of {mb} samples "
@@ -235,11 +307,29 @@ class Plan:
         v = self.vocab
         _need(isinstance(v.tp, int) and _is_power_of_two(v.tp) and n % v.tp == 0, "vocab.tp", v.tp,
               f"must be a power of two dividing the {n} ranks of a pipeline stage")
-        _need(v.dp_mode in DP_MODES, "vocab.dp_mode", v.dp_mode, f"choose one of {', '.join(DP_MODES)}")
+        _need(v.dp_mode in ALL_DP_MODES, "vocab.dp_mode", v.dp_mode,
+              f"choose one of {', '.join(ALL_DP_MODES)}")
         _need(mb % (n // v.tp) == 0, "vocab.tp", v.tp,
               f"gives dp={n // v.tp} replicas, which must divide the micro-batch of {mb} samples")
         if model is not None:
             self.check_model(model)
+
+    def _validate_interleaving(self, num_chunks: int) -> None:
+        """The interleaved 1F1B schedule's own rules (``pipeline.virtual_size > 1``)."""
+        pp = self.pipeline
+        v = pp.virtual_size
+        _need(num_chunks == pp.size * v, "pipeline.virtual_size", v,
+              f"layers_per_stage lists {num_chunks} model chunks, which must be pipeline.size x "
+              f"virtual_size = {pp.size} x {v} = {pp.size * v}; list {pp.size * v} chunk sizes"
+              + (f" or use virtual_size={num_chunks // pp.size}"
+                 if num_chunks % pp.size == 0 and num_chunks >= pp.size else ""))
+        _need(pp.size > 1, "pipeline.virtual_size", v,
+              "interleaving needs pipeline.size > 1; use virtual_size 1 with one stage")
+        _need(pp.schedule == "1f1b", "pipeline.schedule", pp.schedule,
+              f"virtual_size={v} runs the interleaved 1F1B schedule; use schedule 1f1b")
+        _need(self.num_microbatches % pp.size == 0, "num_microbatches", self.num_microbatches,
+              f"the interleaved schedule (pipeline.virtual_size={v}) runs micro-batches in groups "
+              f"of pipeline.size={pp.size}; use a multiple of {pp.size}")
 
     def check_model(self, model: ModelConfig) -> None:
         """Raise ``PlanError`` unless every layer's tp can split ``model``; compare ``self.model``."""
@@ -257,6 +347,10 @@ class Plan:
                     model.check_tensor_parallel(layer.tp, what=what)
             except ValueError as err:
                 raise PlanError(str(err)) from None
+            if layer.sequence_parallel and model.seq_length % layer.tp:
+                raise PlanError(f"plan field layers[{i}].sequence_parallel=True: --seq-length="
+                                f"{model.seq_length} must be divisible by the layer's tp={layer.tp}; "
+                                f"change tp or the sequence length, or turn SP off")
         try:
             model.check_vocab_parallel(self.vocab.tp, what="plan field vocab.tp")
         except ValueError as err:
@@ -277,21 +371,30 @@ class Plan:
                 schedule: str = "1f1b", vocab_tp: int | None = None,
                 vocab_dp_mode: str | None = None,
                 layers_per_stage: Sequence[int] | None = None,
-                model: Mapping[str, Any] | None = None) -> "Plan":
-        """The plan classic Megatron flags describe: one (tp, dp_mode) for every layer."""
+                model: Mapping[str, Any] | None = None, sequence_parallel: bool = False,
+                virtual_size: int = 1) -> "Plan":
+        """The plan classic Megatron flags describe: one (tp, dp_mode) for every layer.
+
+        ``virtual_size`` > 1 splits the layers evenly into ``pp * virtual_size`` chunks
+        (``--num-layers-per-virtual-pipeline-stage``) unless ``layers_per_stage`` is given.
+        """
         if isinstance(recompute, bool):
             recompute = [recompute] * num_layers
         if len(recompute) != num_layers:
             raise PlanError(f"recompute flags: {len(recompute)} given for {num_layers} layers")
-        if pp < 1 or num_layers < pp:
-            raise PlanError(f"pipeline.size={pp}: must be between 1 and --num-layers={num_layers}")
+        if pp < 1 or num_layers < pp * virtual_size:
+            raise PlanError(f"pipeline.size={pp}: must be between 1 and --num-layers={num_layers}"
+                            + (f" / virtual_size {virtual_size}" if virtual_size > 1 else ""))
         layers = tuple(LayerStrategy(tp=tp, dp_mode=dp_mode, tp_consecutive=tp_consecutive,
-                                     recompute=bool(r)) for r in recompute)
+                                     recompute=bool(r), sequence_parallel=sequence_parallel)
+                       for r in recompute)
         return cls(world_size=world_size, global_batch_size=global_batch_size,
                    num_microbatches=num_microbatches,
                    pipeline=PipelineSpec(size=pp, schedule=schedule,
                                          layers_per_stage=tuple(layers_per_stage)
-                                         if layers_per_stage else even_partition(num_layers, pp)),
+                                         if layers_per_stage
+                                         else even_partition(num_layers, pp * virtual_size),
+                                         virtual_size=virtual_size),
                    vocab=VocabStrategy(tp=tp if vocab_tp is None else vocab_tp,
                                        dp_mode=dp_mode if vocab_dp_mode is None else vocab_dp_mode),
                    layers=layers, model=model)

@@ -39,16 +39,19 @@ def make_batch(step: int, vocab: int = CONFIG.vocab_size) -> dict[str, torch.Ten
             "position_ids": torch.arange(CONFIG.seq_length).expand(GLOBAL_BATCH, -1).contiguous()}
 
 
-def layer(tp=1, dp_mode="ddp", consecutive=True, recompute=False) -> LayerStrategy:
-    return LayerStrategy(tp=tp, dp_mode=dp_mode, tp_consecutive=consecutive, recompute=recompute)
+def layer(tp=1, dp_mode="ddp", consecutive=True, recompute=False, sp=False) -> LayerStrategy:
+    return LayerStrategy(tp=tp, dp_mode=dp_mode, tp_consecutive=consecutive, recompute=recompute,
+                         sequence_parallel=sp)
 
 
 def plan_of(world_size, layers, *, layers_per_stage=None, num_microbatches=2, schedule="1f1b",
-            vocab_tp=1, vocab_dp_mode="ddp") -> dict:
+            vocab_tp=1, vocab_dp_mode="ddp", virtual_size=1) -> dict:
+    """``layers_per_stage`` lists the model chunks (``pp * virtual_size`` of them)."""
     lps = tuple(layers_per_stage or (len(layers),))
     return Plan(world_size=world_size, global_batch_size=GLOBAL_BATCH,
                 num_microbatches=num_microbatches,
-                pipeline=PipelineSpec(size=len(lps), schedule=schedule, layers_per_stage=lps),
+                pipeline=PipelineSpec(size=len(lps) // virtual_size, schedule=schedule,
+                                      layers_per_stage=lps, virtual_size=virtual_size),
                 vocab=VocabStrategy(tp=vocab_tp, dp_mode=vocab_dp_mode),
                 layers=tuple(layers)).to_dict()
 

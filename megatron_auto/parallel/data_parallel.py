@@ -1,4 +1,4 @@
-"""Per-layer data parallelism: ``ddp``, ``zero2`` and ``zero3`` side by side in one stage.
+"""Per-layer data parallelism: ``ddp``, ``zero1``, ``zero2`` and ``zero3`` side by side in one stage.
 
 The stage says which of its modules follow which plan entry: ``stage.parallel_units()`` returns
 ``(name, module, layer)`` triples (:data:`ParallelUnit`), in the order forward first uses their
@@ -13,6 +13,11 @@ units, like a tied weight, to the first). The models implement it
 - ``ddp``: parameters, gradients and optimizer state replicated. Gradients accumulate locally
   over the micro-batches and are summed once per iteration by bucketed all-reduces launched
   during the last micro-batch's backward (:mod:`.ddp_buckets`).
+- ``zero1`` (Megatron's distributed optimizer, :mod:`.distributed_optimizer`): parameters and
+  gradients replicated like ``ddp``, but the buckets are reduce-scattered and the optimizer
+  owns only this rank's ``1/dp`` slice of them (:meth:`DataParallel.parameters` yields those
+  slices); the updated parameters are all-gathered after ``optimizer.step()``
+  (:meth:`DataParallel.attach_optimizer`).
 - ``zero2`` / ``zero3``: FSDP2 ``fully_shard`` on the layer's own DP mesh. Parameters are stored
   as DTensor shards (the optimizer owns only the shards), gradients are reduce-scattered after
   every micro-batch and accumulate as shards. ``zero3`` frees the gathered parameters after
@@ -49,8 +54,9 @@ from torch.distributed.fsdp import (FSDPModule, MixedPrecisionPolicy, fully_shar
                                     register_fsdp_forward_method)
 from torch.distributed.tensor import DTensor
 
-from ..plan import DP_MODES
+from ..plan import ALL_DP_MODES
 from .ddp_buckets import GradBuckets
+from .distributed_optimizer import ZeroOneShards
 from .grad_norm import NormEntry, clip_grads_, global_grad_norm
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -106,7 +112,7 @@ class DataParallel:
             dp.set_microbatch(m, num_microbatches); backward(...)
         dp.finish_grad_sync()
         norm = dp.clip_grad_norm_(max_norm)
-        optimizer.step()
+        optimizer.step()       # built on dp.parameters(), attached with dp.attach_optimizer
 
     ``set_microbatch`` may be skipped when there is a single micro-batch.
     """
@@ -128,21 +134,37 @@ class DataParallel:
         for unit in self._units:
             for fqn, p in unit.params:
                 self._counted[fqn] = self._counts_in_norm(fqn, fqn in tp_fqns, unit)
-        self._sharded: list[_Unit] = [u for u in self._units if u.dp_mode != "ddp"]
+        self._sharded: list[_Unit] = [u for u in self._units if u.dp_mode in ("zero2", "zero3")]
         for unit in self._sharded:
             self._shard(unit)
         # Units on the same DP group share buckets (fewer, larger all-reduces), laid out in
         # forward order (GradBuckets reverses it into the order backward finishes gradients).
-        ddp_groups: dict[tuple[int, ...], tuple[Any, list[nn.Parameter]]] = {}
-        for u in sorted(self._units, key=lambda unit: unit.position):
-            if u.dp_mode == "ddp" and u.groups.dp_size > 1:
-                key = tuple(u.groups.dp_ranks)
-                _, plist = ddp_groups.setdefault(key, (u.groups.dp_group, []))
-                plist.extend(p for _, p in u.params)
-        self._buckets = GradBuckets(list(ddp_groups.values()), bucket_size_bytes=bucket_size_bytes,
-                                    overlap=overlap)
+        self._buckets = GradBuckets(self._bucket_groups("ddp"),
+                                    bucket_size_bytes=bucket_size_bytes, overlap=overlap)
+        zero1_buckets = GradBuckets(self._bucket_groups("zero1"),
+                                    bucket_size_bytes=bucket_size_bytes, overlap=overlap,
+                                    shard=True)
+        self._zero1 = ZeroOneShards(zero1_buckets, {id(p): f for f, p in stage.named_parameters()})
 
     # ----------------------------------------------------------------- setup
+    def _bucket_groups(self, mode: str) -> list[tuple[Any, list[nn.Parameter]]]:
+        """``(dp_group, params)`` of the ``mode`` units (``ddp`` or ``zero1``) with dp > 1.
+
+        Units on the same DP group share buckets (fewer, larger collectives), laid out in
+        forward order (GradBuckets reverses it into the order backward finishes gradients).
+        Under ``zero1`` the tied word embedding gets buckets of its own, so that its shard is
+        the same slice on the first and the last stage (its gradient is summed between them).
+        """
+        groups: dict[Any, tuple[Any, list[nn.Parameter]]] = {}
+        for u in sorted(self._units, key=lambda unit: unit.position):
+            if u.dp_mode != mode or u.groups.dp_size == 1:
+                continue
+            for fqn, p in u.params:
+                alone = mode == "zero1" and self._tied and fqn == TIED_EMBEDDING_FQN
+                key = (tuple(u.groups.dp_ranks), alone)
+                groups.setdefault(key, (u.groups.dp_group, []))[1].append(p)
+        return list(groups.values())
+
     @staticmethod
     def _find_units(stage: nn.Module, ctx: Any) -> list[_Unit]:
         """The stage's units from its own mapping (``stage.parallel_units()``)."""
@@ -181,9 +203,9 @@ class DataParallel:
                              f"holds them (a layer or a vocab-layout module) so that they get a "
                              f"data-parallel group")
         for unit in units:
-            if unit.dp_mode not in DP_MODES:
+            if unit.dp_mode not in ALL_DP_MODES:
                 raise ValueError(f"DataParallel: dp_mode={unit.dp_mode!r} for {unit.name}: "
-                                 f"choose one of {', '.join(DP_MODES)}")
+                                 f"choose one of {', '.join(ALL_DP_MODES)}")
         return units
 
     @staticmethod
@@ -204,7 +226,7 @@ class DataParallel:
             return False  # TP-replicated (norm weights, row-parallel bias): once per TP group
         if unit.dp_mode == "ddp" and groups.dp_size > 1 and groups.dp_rank != 0:
             return False  # identical replica after the all-reduce
-        return True  # TP shard, ZeRO shard, or the only copy
+        return True  # TP shard, ZeRO shard (zero1: the optimizer's slice), or the only copy
 
     def _shard(self, unit: _Unit) -> None:
         dtype = PRECISIONS[self.precision]
@@ -222,8 +244,23 @@ class DataParallel:
 
     # ------------------------------------------------------------- iteration
     def parameters(self) -> Iterator[nn.Parameter]:
-        """What the optimizer should own: full ``ddp`` parameters and ZeRO DTensor shards."""
-        return self.stage.parameters()
+        """What the optimizer should own: full ``ddp`` parameters, ZeRO-2/3 DTensor shards and
+        this rank's flat ``zero1`` slices (see :mod:`.distributed_optimizer`)."""
+        for p in self.stage.parameters():
+            if not self._zero1.owns(p):
+                yield p
+        yield from self._zero1.shards()
+
+    def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Call once with the optimizer built on :meth:`parameters`: after each of its steps
+        the ``zero1`` parameters are all-gathered (collective; nothing without zero1 units)."""
+        if self._zero1.buckets.num_buckets:
+            self._zero1.attach(optimizer)
+
+    @property
+    def zero1(self) -> ZeroOneShards:
+        """The ``zero1`` state of this rank (empty without zero1 layers): for checkpoints."""
+        return self._zero1
 
     def set_microbatch(self, index: int, num_microbatches: int) -> None:
         """Call before micro-batch ``index``'s backward (0-based, ``num_microbatches`` in all)."""
@@ -232,6 +269,7 @@ class DataParallel:
                              f"{num_microbatches}): need 0 <= index < num_microbatches")
         last = index == num_microbatches - 1
         self._buckets.set_sync(last)
+        self._zero1.buckets.set_sync(last)
         for unit in self._sharded:
             if unit.dp_mode == "zero2":
                 # Keep the gathered parameters between micro-batches; free them after the last.
@@ -241,8 +279,16 @@ class DataParallel:
         """After the last backward: wait for ``ddp`` buckets, then sum the tied embedding copies."""
         self._buckets.finish()
         self._buckets.set_sync(True)
+        self._zero1.buckets.finish()
+        self._zero1.buckets.set_sync(True)
         if self._tied:
             param = dict(self.stage.named_parameters())[TIED_EMBEDDING_FQN]
+            if self._zero1.owns(param):
+                # Its own buckets on both stages: the same reduced slices, summed pairwise.
+                for bucket in self._zero1.buckets.buckets():
+                    if any(p is param for p in bucket.params):
+                        dist.all_reduce(bucket.shard, group=self.ctx.embedding_group)
+                return
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
             dist.all_reduce(local_tensor(param.grad), group=self.ctx.embedding_group)
@@ -254,11 +300,14 @@ class DataParallel:
         """
         entries, grads = [], []
         for fqn, p in self.stage.named_parameters():
-            if p.grad is None:
+            if p.grad is None or self._zero1.owns(p):  # zero1: its reduced slices count
                 continue
             grad = local_tensor(p.grad)
             grads.append(grad)
             entries.append(NormEntry(grad, self._counted.get(fqn, True)))
+        for piece in self._zero1.pieces:
+            grads.append(piece.shard.grad)
+            entries.append(NormEntry(piece.shard.grad, self._counted.get(piece.fqn, True)))
         device = getattr(self.ctx, "device", None)
         norm = global_grad_norm(entries, device=device)
         clip_grads_(grads, max_norm, norm)
@@ -267,6 +316,7 @@ class DataParallel:
     def zero_grad(self) -> None:
         """Zero ``ddp`` gradient buffers (kept allocated) and drop sharded gradients."""
         self._buckets.zero_grad()
+        self._zero1.buckets.zero_grad()
         for unit in self._sharded:
             for _, p in unit.module.named_parameters():
                 p.grad = None

@@ -15,6 +15,13 @@ index order (a complete bucket waits for the ones before it), so that every rank
 issues its collectives in the same order even if autograd finished them in another order.
 :meth:`GradBuckets.finish` launches what is left (parameters that got no gradient) and waits.
 Earlier micro-batches only accumulate; they communicate nothing.
+
+Sharded mode (``shard=True``, the ``zero1`` distributed optimizer): each bucket's buffer is
+padded to a multiple of the group size and *reduce-scattered* instead of all-reduced, in place:
+rank ``r`` of the group ends up with the summed gradient of its contiguous ``1/dp`` slice
+``buffer[r*n/dp:(r+1)*n/dp]`` (:attr:`_Bucket.shard`), the rest of the buffer keeps its local,
+unreduced values. :mod:`.distributed_optimizer` steps on those slices and all-gathers the updated
+parameters.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from .comm import reduce_scatter_tensor
 
 
 @dataclass
@@ -37,21 +46,26 @@ class _Bucket:
     ready: set[int] = field(default_factory=set)  # id() of params whose gradient is final
     work: Any = None  # the async all-reduce handle once launched
     launched: bool = False
+    shard: torch.Tensor | None = None  # sharded mode: this rank's slice of ``buffer``
+    shard_start: int = 0  # where ``shard`` starts inside ``buffer``
 
 
 class GradBuckets:
     """Sum the gradients of replicated parameters over their data-parallel groups.
 
     ``groups`` lists ``(dp_group, params)`` pairs; a parameter may appear in one pair only.
-    Groups with a single rank need no communication and should not be passed.
+    Groups with a single rank need no communication and should not be passed. Each pair gets
+    its own buckets. ``shard=True``: reduce-scatter instead of all-reduce (module docstring).
     """
 
     def __init__(self, groups: Sequence[tuple[Any, Sequence[nn.Parameter]]], *,
-                 bucket_size_bytes: int = 25 * 2**20, overlap: bool = True) -> None:
+                 bucket_size_bytes: int = 25 * 2**20, overlap: bool = True,
+                 shard: bool = False) -> None:
         if bucket_size_bytes <= 0:
             raise ValueError(f"bucket_size_bytes={bucket_size_bytes}: must be positive "
                              f"(e.g. 25 * 2**20 for 25 MiB buckets)")
         self.overlap = overlap
+        self.shard = shard
         # Buckets whose all-reduce started while backward still had gradients of these groups to
         # produce, in the last step (for tests and benchmarks: how much communication overlaps).
         self.num_overlapped = 0
@@ -73,7 +87,7 @@ class GradBuckets:
                 seen.add(id(p))
                 by_dtype.setdefault(p.dtype, []).append(p)
             for dtype, plist in by_dtype.items():
-                chain = self._make_chain(group, dtype, plist, bucket_size_bytes)
+                chain = self._make_chain(group, dtype, plist, bucket_size_bytes, shard)
                 self._chains.append(chain)
                 self._cursor.append(0)
         for c, chain in enumerate(self._chains):
@@ -87,19 +101,27 @@ class GradBuckets:
 
     @staticmethod
     def _make_chain(group: Any, dtype: torch.dtype, params: list[nn.Parameter],
-                    bucket_size_bytes: int) -> list[_Bucket]:
+                    bucket_size_bytes: int, shard: bool = False) -> list[_Bucket]:
         chain: list[_Bucket] = []
         current: list[nn.Parameter] = []
         size = 0
+        dp_size = dist.get_world_size(group) if shard else 1
+        dp_rank = dist.get_rank(group) if shard else 0
 
         def close() -> None:
             numel = sum(p.numel() for p in current)
-            buffer = torch.zeros(numel, dtype=dtype, device=current[0].device)
+            padded = -(-numel // dp_size) * dp_size  # reduce-scatter needs equal slices
+            buffer = torch.zeros(padded, dtype=dtype, device=current[0].device)
             views, offset = [], 0
             for p in current:
                 views.append(buffer[offset:offset + p.numel()].view_as(p))
                 offset += p.numel()
-            chain.append(_Bucket(group=group, buffer=buffer, params=list(current), views=views))
+            bucket = _Bucket(group=group, buffer=buffer, params=list(current), views=views)
+            if shard:
+                per = padded // dp_size
+                bucket.shard_start = dp_rank * per
+                bucket.shard = buffer[bucket.shard_start:bucket.shard_start + per]
+            chain.append(bucket)
 
         for p in params:
             current.append(p)
@@ -115,6 +137,10 @@ class GradBuckets:
     @property
     def num_buckets(self) -> int:
         return sum(len(chain) for chain in self._chains)
+
+    def buckets(self) -> list[_Bucket]:
+        """Every bucket, in the same order on all ranks of a stage (chain by chain)."""
+        return [bucket for chain in self._chains for bucket in chain]
 
     def set_sync(self, sync: bool) -> None:
         """Whether the coming backward is the last micro-batch's (the one that reduces)."""
@@ -188,8 +214,14 @@ class GradBuckets:
             elif grad.data_ptr() != view.data_ptr():
                 view.copy_(grad)
                 p.grad = view
-        bucket.work = dist.all_reduce(bucket.buffer, op=dist.ReduceOp.SUM, group=bucket.group,
-                                      async_op=True)
+        if bucket.shard is not None:
+            # In place: the output is this rank's own slice of the input (NCCL's documented
+            # in-place form; gloo copies the input first).
+            bucket.work = reduce_scatter_tensor(bucket.shard, bucket.buffer, group=bucket.group,
+                                                async_op=True)
+        else:
+            bucket.work = dist.all_reduce(bucket.buffer, op=dist.ReduceOp.SUM,
+                                          group=bucket.group, async_op=True)
         bucket.launched = True
 
     def finish(self) -> None:

@@ -30,7 +30,9 @@ class OptimizerConfig:
 
 def _no_weight_decay(name: str, param: torch.Tensor) -> bool:
     # Norm weights are 1-D, so the shape rule covers them; the name catches 2-D-stored biases.
-    return param.dim() < 2 or name.endswith(".bias")
+    # A zero1 slice is a flat piece of a model parameter: judge the parameter it comes from.
+    name = name or getattr(param, "source_name", "")
+    return getattr(param, "source_ndim", param.dim()) < 2 or name.endswith(".bias")
 
 
 def _is_plain(param: torch.Tensor) -> bool:

@@ -138,6 +138,7 @@ def build_trainer(model_config: ModelConfig, plan: Plan, model_provider: ModelPr
     data_parallel = DataParallel(stage, ctx, precision=precision.name)
     optimizer = build_optimizer(data_parallel.parameters(), optimizer_config, lr=lr_config.lr,
                                 named_parameters=stage.named_parameters())
+    data_parallel.attach_optimizer(optimizer)  # zero1: all-gather parameters after each step
     # A world-wide collective before the first pipeline transfer: NCCL requires every rank of a
     # group to take part in its first batched p2p call otherwise, which a pipeline never does.
     dist.barrier()
