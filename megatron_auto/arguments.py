@@ -15,8 +15,8 @@ Where the parallel plan comes from (:func:`resolve_plan`):
   with a warning).
 - classic flags (``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
   ``--recompute-*``, ``--use-distributed-optimizer``): a uniform plan through the same runtime
-  path. ``--use-distributed-optimizer`` maps to ``dp_mode="zero2"`` on every layer (gradients
-  and optimizer state sharded over data parallelism, the nearest per-layer flavour).
+  path. ``--use-distributed-optimizer`` maps to ``dp_mode="zero1"`` on every layer (Megatron's
+  distributed optimizer: optimizer state sharded over data parallelism).
 - ``--auto-parallel``: the planner (wired by ``megatron_auto/auto.py`` when present).
 """
 
@@ -119,8 +119,8 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     p.add_argument("--recompute-method", default=None, choices=["uniform", "block"])
     p.add_argument("--recompute-num-layers", type=int, default=None)
     p.add_argument("--use-distributed-optimizer", action="store_true",
-                   help="shard gradients and optimizer state over data parallelism "
-                        "(every layer gets dp_mode zero2)")
+                   help="Megatron's distributed optimizer: shard the optimizer state over "
+                        "data parallelism (every layer gets dp_mode zero1)")
     p.add_argument("--auto-parallel", action="store_true",
                    help="search the per-layer parallel plan (profile, then plan, then train)")
     p.add_argument("--plan", default=None, metavar="FILE", help="train with this plan file")

@@ -50,7 +50,8 @@ def test_classic_flags_build_the_uniform_plan():
                     "--micro-batch-size", "2", "--use-distributed-optimizer"], 8)
     # world 8 = tp 2 x pp 2 x dp 2; 16 / (2 x 2) = 4 micro-batches.
     assert plan.num_microbatches == 4 and plan.pipeline.layers_per_stage == (2, 2)
-    assert all(l.tp == 2 and l.dp_mode == "zero2" and not l.recompute for l in plan.layers)
+    # zero1 = Megatron's distributed optimizer (was zero2 before zero1 existed; issue 13)
+    assert all(l.tp == 2 and l.dp_mode == "zero1" and not l.recompute for l in plan.layers)
     assert plan.vocab.tp == 2 and plan.pipeline.schedule == "1f1b"
 
 

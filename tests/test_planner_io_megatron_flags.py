@@ -15,7 +15,7 @@ def flags_to_kwargs(flags):
     i = 0
     while i < len(flags):
         key = flags[i][2:].replace("-", "_")
-        if key == "use_distributed_optimizer":
+        if key in ("use_distributed_optimizer", "sequence_parallel"):
             out[key] = True
             i += 1
             continue
@@ -32,6 +32,10 @@ def flags_to_kwargs(flags):
          use_distributed_optimizer=True),
     dict(tensor_model_parallel_size=4, pipeline_model_parallel_size=2, micro_batch_size=1,
          recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1),
+    dict(tensor_model_parallel_size=2, pipeline_model_parallel_size=2, micro_batch_size=2,
+         sequence_parallel=True, num_layers_per_virtual_pipeline_stage=2,
+         use_distributed_optimizer=True, recompute_granularity="full", recompute_method="block",
+         recompute_num_layers=1),
     dict(tensor_model_parallel_size=1, pipeline_model_parallel_size=4, micro_batch_size=1,
          recompute_granularity="full", recompute_method="block", recompute_num_layers=1,
          decoder_first_pipeline_num_layers=5),
@@ -54,8 +58,10 @@ def test_flag_semantics_by_hand():
     assert plan.num_microbatches == 8
     assert plan.pipeline.layers_per_stage == (3, 3)
     assert [layer.recompute for layer in plan.layers] == [True, True, False, True, True, False]
-    assert {layer.dp_mode for layer in plan.layers} == {"zero2"}
-    assert plan.vocab == VocabStrategy(tp=2, dp_mode="zero2")
+    # --use-distributed-optimizer is Megatron's distributed optimizer: zero1 (it was zero2
+    # before zero1 existed; changed on purpose, issue 13)
+    assert {layer.dp_mode for layer in plan.layers} == {"zero1"}
+    assert plan.vocab == VocabStrategy(tp=2, dp_mode="zero1")
     assert all(layer.tp == 2 and layer.tp_consecutive for layer in plan.layers)
     # Megatron's pinned first/last stage with an even middle.
     uneven = plan_from_megatron_flags(world_size=4, num_layers=10, global_batch_size=4,
@@ -122,3 +128,35 @@ def test_two_stage_uneven_split_is_expressible():
     assert flags[flags.index("--decoder-last-pipeline-num-layers") + 1] == "2"
     # dp = 4 ranks per stage / tp 1 = 4; micro-batch 16/2 = 8 samples -> 2 per replica.
     assert flags[flags.index("--micro-batch-size") + 1] == "2"
+
+
+def test_sequence_parallel_and_virtual_pipeline_flags():
+    plan = plan_from_megatron_flags(world_size=4, num_layers=8, global_batch_size=8,
+                                    micro_batch_size=2, tensor_model_parallel_size=2,
+                                    pipeline_model_parallel_size=2, sequence_parallel=True,
+                                    num_layers_per_virtual_pipeline_stage=2)
+    assert all(layer.sequence_parallel for layer in plan.layers)
+    assert plan.pipeline.virtual_size == 2 and plan.pipeline.layers_per_stage == (2, 2, 2, 2)
+    # Megatron turns SP off at tp 1; so do we, with a note
+    off = plan_from_megatron_flags(world_size=2, num_layers=4, global_batch_size=4,
+                                   micro_batch_size=2, sequence_parallel=True)
+    assert not any(layer.sequence_parallel for layer in off.layers)
+    assert any("--sequence-parallel is ignored" in n for n in off.search["notes"])
+    with pytest.raises(MegatronFlagError, match=r"--num-layers-per-virtual-pipeline-stage=3: "
+                                                r"--num-layers=8 must be a multiple of"):
+        plan_from_megatron_flags(world_size=2, num_layers=8, global_batch_size=4,
+                                 micro_batch_size=2, pipeline_model_parallel_size=2,
+                                 num_layers_per_virtual_pipeline_stage=3)
+
+
+def test_plans_without_classic_equivalent_name_the_new_reasons():
+    base = plan_from_megatron_flags(world_size=4, num_layers=4, global_batch_size=8,
+                                    micro_batch_size=2, tensor_model_parallel_size=2)
+    some_sp = replace(base, layers=(replace(base.layers[0], sequence_parallel=True),)
+                      + base.layers[1:])
+    flags, reasons = to_megatron_flags(some_sp)
+    assert flags is None and any("sequence_parallel on layers 0 only" in r for r in reasons)
+    zero2 = replace(base, layers=tuple(replace(l, dp_mode="zero2") for l in base.layers),
+                    vocab=replace(base.vocab, dp_mode="zero2"))
+    flags, reasons = to_megatron_flags(zero2)
+    assert flags is None and any("zero2 (sharded gradients) has no classic" in r for r in reasons)

@@ -76,3 +76,16 @@ def test_zero1_is_a_plan_dp_mode_and_reads_back():
     bad = dict(ZERO1_PLANS["zero1-dp4"], layers=[{"tp": 1, "dp_mode": "zero4"}] * 4)
     with pytest.raises(PlanError, match=r"layers\[0\]\.dp_mode='zero4': choose one of ddp, zero1"):
         Plan.from_dict(bad)
+
+
+# ------------------------------------------------------------------------- checkpoints
+def test_zero1_checkpoint_reshards_and_continues_exactly(tmp_path):
+    """Optimizer states of zero1 slices are saved whole and sliced again on load: a checkpoint
+    of a pp=2 zero1 plan (dp=2) continues exactly under a one-stage mixed plan whose zero1
+    layers have other slices (dp=4 and dp=2)."""
+    from test_checkpoint import SPLIT, STEPS, _phase
+    from test_checkpoint import assert_matches_reference as assert_resumed_matches
+
+    _phase(4, ZERO1_PLANS["zero1-pp2-tied"], 0, SPLIT, save_dir=tmp_path)
+    losses, state = _phase(4, ZERO1_PLANS["zero1-mixed"], SPLIT, STEPS, load_dir=tmp_path)
+    assert_resumed_matches(losses, state, "zero1 pp2 -> zero1 mixed")

@@ -3,8 +3,11 @@
 Megatron describes one layout for the whole model: ``--tensor-model-parallel-size`` (TP groups of
 consecutive ranks), ``--pipeline-model-parallel-size`` (stage ``k`` = ranks ``[k*N/pp,
 (k+1)*N/pp)``, the same placement as ours since Megatron's default rank order puts pp outermost),
-data parallelism over the rest, optionally ``--use-distributed-optimizer`` (gradients and
-optimizer state sharded over DP: the closest of our flavours is ``zero2``), and recompute flags.
+data parallelism over the rest, optionally ``--use-distributed-optimizer`` (Megatron's
+distributed optimizer: optimizer state sharded over DP, our ``zero1``), ``--sequence-parallel``
+(every layer ``sequence_parallel``; ignored at tp 1, as Megatron does),
+``--num-layers-per-virtual-pipeline-stage N`` (interleaved 1F1B with chunks of N layers; block
+recompute then counts per chunk), and recompute flags.
 :func:`plan_from_megatron_flags` turns such a flag set into a uniform :class:`Plan`;
 :func:`to_megatron_flags` goes back, or says why a plan has no classic-flag equivalent.
 
@@ -78,6 +81,8 @@ def plan_from_megatron_flags(
         recompute_num_layers: int | None = None,
         decoder_first_pipeline_num_layers: int | None = None,
         decoder_last_pipeline_num_layers: int | None = None,
+        sequence_parallel: bool = False,
+        num_layers_per_virtual_pipeline_stage: int | None = None,
         model: Mapping[str, Any] | None = None) -> Plan:
     """The uniform plan a classic Megatron flag set describes.
 
@@ -102,6 +107,12 @@ def plan_from_megatron_flags(
     num_microbatches = global_batch_size // (micro_batch_size * dp)
     sizes = _stage_sizes(num_layers, pp, decoder_first_pipeline_num_layers,
                          decoder_last_pipeline_num_layers)
+    virtual_size = 1
+    per_chunk = num_layers_per_virtual_pipeline_stage
+    if per_chunk is not None:
+        virtual_size = _virtual_size(num_layers, pp, per_chunk, decoder_first_pipeline_num_layers,
+                                     decoder_last_pipeline_num_layers)
+        sizes = (per_chunk,) * (pp * virtual_size)
     notes: list[str] = []
     recompute = [False] * num_layers
     if recompute_granularity is not None:
@@ -129,18 +140,43 @@ def plan_from_megatron_flags(
                     for j in range(min(k, size)):
                         recompute[start + j] = True
                     start += size
-    dp_mode = "zero2" if use_distributed_optimizer else "ddp"
+    dp_mode = "zero1" if use_distributed_optimizer else "ddp"
     if use_distributed_optimizer:
-        notes.append("--use-distributed-optimizer is modelled as zero2 (gradients and optimizer "
-                     "state sharded over data parallelism)")
+        notes.append("--use-distributed-optimizer is zero1 (Megatron's distributed optimizer: "
+                     "optimizer state sharded over data parallelism)")
+    if sequence_parallel and tp == 1:
+        notes.append("--sequence-parallel is ignored with --tensor-model-parallel-size 1 (as in "
+                     "Megatron-LM)")
+        sequence_parallel = False
     try:
         plan = Plan.uniform(world_size, num_layers, global_batch_size=global_batch_size,
                             num_microbatches=num_microbatches, tp=tp, pp=pp, dp_mode=dp_mode,
                             tp_consecutive=True, recompute=recompute, schedule="1f1b",
-                            layers_per_stage=sizes, model=model)
+                            layers_per_stage=sizes, model=model,
+                            sequence_parallel=sequence_parallel, virtual_size=virtual_size)
     except PlanError as err:
         raise MegatronFlagError(f"classic flags give an invalid plan: {err}") from None
     return replace(plan, search={"source": "megatron-flags", "notes": notes})
+
+
+def _virtual_size(num_layers: int, pp: int, per_chunk: int, first: int | None,
+                  last: int | None) -> int:
+    """``--num-layers-per-virtual-pipeline-stage``: chunks of ``per_chunk`` layers, ``pp`` x v."""
+    flag = "--num-layers-per-virtual-pipeline-stage"
+    if not isinstance(per_chunk, int) or per_chunk < 1:
+        raise MegatronFlagError(f"{flag}={per_chunk!r}: must be a positive integer")
+    if pp < 2:
+        raise MegatronFlagError(f"{flag}={per_chunk}: interleaving needs "
+                                f"--pipeline-model-parallel-size > 1; drop the flag or add stages")
+    if first is not None or last is not None:
+        raise MegatronFlagError(f"{flag}={per_chunk}: cannot be combined with "
+                                f"--decoder-first/last-pipeline-num-layers; use a --plan file for "
+                                f"uneven interleaved chunks")
+    if num_layers % (pp * per_chunk):
+        raise MegatronFlagError(
+            f"{flag}={per_chunk}: --num-layers={num_layers} must be a multiple of "
+            f"--pipeline-model-parallel-size={pp} x {per_chunk} = {pp * per_chunk}")
+    return num_layers // (pp * per_chunk)
 
 
 def to_megatron_flags(plan: Plan) -> tuple[list[str] | None, list[str]]:
@@ -163,7 +199,14 @@ def to_megatron_flags(plan: Plan) -> tuple[list[str] | None, list[str]]:
                        f"the whole model")
     if "zero3" in modes:
         reasons.append("zero3 (sharded parameters) has no classic Megatron flag; its distributed "
-                       "optimizer shards only gradients and optimizer state")
+                       "optimizer shards only the optimizer state (zero1)")
+    if "zero2" in modes:
+        reasons.append("zero2 (sharded gradients) has no classic Megatron flag; its distributed "
+                       "optimizer (--use-distributed-optimizer) is zero1")
+    sp = [i for i, layer in enumerate(layers) if layer.sequence_parallel]
+    if sp and len(sp) < len(layers):
+        reasons.append(f"sequence_parallel on layers {_ranges(sp)} only; Megatron's "
+                       f"--sequence-parallel applies to every layer")
     strided = [i for i, layer in enumerate(layers) if not layer.tp_consecutive
                and 1 < layer.tp < plan.stage_size]
     if strided:
@@ -180,7 +223,13 @@ def to_megatron_flags(plan: Plan) -> tuple[list[str] | None, list[str]]:
     sizes = list(plan.pipeline.layers_per_stage)
     pp = plan.pp_size
     stage_flags: list[str] = []
-    if len(set(sizes)) > 1:
+    if plan.virtual_size > 1:
+        if len(set(sizes)) > 1:
+            reasons.append(f"pipeline.layers_per_stage={sizes}: interleaved chunks of different "
+                           f"sizes; --num-layers-per-virtual-pipeline-stage gives equal chunks")
+        else:
+            stage_flags += ["--num-layers-per-virtual-pipeline-stage", str(sizes[0])]
+    elif len(set(sizes)) > 1:
         middle = sizes[1:-1]
         if not middle:  # two stages: pin both
             stage_flags += ["--decoder-first-pipeline-num-layers", str(sizes[0]),
@@ -201,8 +250,10 @@ def to_megatron_flags(plan: Plan) -> tuple[list[str] | None, list[str]]:
     flags = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp),
              "--micro-batch-size", str(micro), "--global-batch-size", str(plan.global_batch_size)]
     flags += stage_flags
-    if modes == ["zero2"]:
+    if modes == ["zero1"]:
         flags.append("--use-distributed-optimizer")
+    if sp:
+        flags.append("--sequence-parallel")
     flags += recompute_flags
     return flags, []
 
@@ -214,8 +265,8 @@ def _recompute_flags(plan: Plan, reasons: list[str]) -> list[str]:
     if all(flags):
         return ["--recompute-granularity", "full", "--recompute-method", "uniform",
                 "--recompute-num-layers", "1"]
-    # Block method: the same number k of leading layers recomputes in every stage.
-    per_stage = [[flags[i] for i in plan.stage_layer_range(s)] for s in range(plan.pp_size)]
+    # Block method: the same number k of leading layers recomputes in every model chunk.
+    per_stage = [[flags[i] for i in plan.chunk_layer_range(c)] for c in range(plan.num_chunks)]
     leading = []
     for stage_flags in per_stage:
         k = 0

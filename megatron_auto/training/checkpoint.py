@@ -14,7 +14,9 @@ What DCP holds, keyed by plan-independent names (DESIGN §4):
   ranks, the tied word-embedding copy of the last stage) offer the same chunk under the same
   key and DCP's save planner keeps one of them, so every element is written once.
 - ``optimizer.<fqn>.<state>``: AdamW's ``exp_avg``/``exp_avg_sq`` chunked like the parameter,
-  ``step`` as a replicated scalar.
+  ``step`` as a replicated scalar. ``zero1`` layers hold flat slices of them; their states are
+  gathered over the DP group into whole tensors for the checkpoint (so they look like ``ddp``
+  states and reshard to any plan) and sliced back on load.
 - ``rng.rank<r>.<stream>``: this rank's default generator and its dropout streams. They are
   restored only when the loading run has the same plan (same world, same layout): under another
   plan the streams belong to other ranks, so a resharded run keeps its fresh seed-derived ones.
@@ -209,13 +211,14 @@ def _tensor_state(trainer: "Trainer") -> tuple[dict[str, Any], dict[str, tuple[l
     specs = getattr(stage, "shard_specs", None) or {}
     state: dict[str, Any] = {}
     chunks: dict[str, tuple[list[int], list[int]]] = {}
+    zero1 = trainer.data_parallel.zero1.full_state(optimizer)  # collective; {} without zero1
     for fqn, param in stage.named_parameters():
         spec = specs.get(fqn)
         local, offsets, shape = _chunk(param, spec)
         if local.numel() == 0:  # an uneven FSDP2 split left this rank nothing
             continue
         state[f"model.{fqn}"], chunks[f"model.{fqn}"] = local, (offsets, shape)
-        for name, value in optimizer.state.get(param, {}).items():
+        for name, value in (zero1.get(fqn) or optimizer.state.get(param, {})).items():
             if not isinstance(value, torch.Tensor):
                 continue
             key = f"optimizer.{fqn}.{name}"
@@ -353,6 +356,11 @@ def load_checkpoint(trainer: "Trainer", load_dir: str | os.PathLike) -> int:
     state.update(rng)
     with torch.no_grad():
         dcp.load(state, checkpoint_id=path, planner=_ChunkLoadPlanner(chunks))
+        zero1 = trainer.data_parallel.zero1
+        loaded = {piece.fqn: {k.rsplit(".", 1)[1]: v for k, v in state.items()
+                              if k.startswith(f"optimizer.{piece.fqn}.")}
+                  for piece in zero1.pieces}
+        zero1.load_full_state(trainer.optimizer, loaded)  # the slices of the whole states
     if same_plan:
         _set_rng_state(trainer, {k: state[k] for k in rng})
     trainer.iteration = int(info["iteration"])
