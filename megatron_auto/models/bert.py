@@ -81,30 +81,31 @@ class BertStage(TransformerStage):
                 loss_mask: torch.Tensor | None = None, types: torch.Tensor | None = None,
                 padding_mask: torch.Tensor | None = None, is_random: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, sop_weight: Any = None,
-                text: torch.Tensor | None = None
+                text: torch.Tensor | None = None, chunk: int | None = None
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """First stage: ``x`` = token ids (b_m, s) of the whole micro-batch (the dataset's
         ``text``); else the hidden chunk in ``input_layout``. ``types``, ``padding_mask``,
         ``labels`` (-1 where nothing is predicted), ``loss_mask`` and ``is_random`` cover the
         whole micro-batch. Returns the hidden chunk, or ``(loss_sum, num_tokens)`` on the last
         stage (composition in the module docstring). The token ids may also come as the
-        dataset's field name ``text=`` (then ``x`` is None).
+        dataset's field name ``text=`` (then ``x`` is None). ``chunk``: the model chunk to run
+        when the stage holds several (interleaved pipeline).
         """
         if x is None:
             x = text
         if x is None:
             raise ValueError("BertStage.forward needs the input: token ids (x or text=) on the "
                              "first stage, the received hidden chunk elsewhere")
-        if self.is_first_stage:
+        if self.is_first_chunk(chunk):
             vocab = self.vocab_groups
             tokens = batch_chunk(x, vocab)
             pos = None if position_ids is None else batch_chunk(position_ids, vocab)
             tt = None if types is None else batch_chunk(types, vocab)
             hidden, current = self.embedding.embed(tokens, pos, tt), vocab
         else:
-            hidden, current = x, self.input_groups()
-        hidden, current = self.run_layers(hidden, current, position_ids, padding_mask)
-        if not self.is_last_stage:
+            hidden, current = x, self.input_groups(chunk)
+        hidden, current = self.run_layers(hidden, current, position_ids, padding_mask, chunk)
+        if not self.is_last_chunk(chunk):
             return hidden
         if labels is None or loss_mask is None:
             raise ValueError("the last BERT stage needs labels and loss_mask (b_m, s)")

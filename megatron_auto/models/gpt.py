@@ -9,6 +9,11 @@ Activation layouts inside a stage (DESIGN §4): the embedding and head run on th
 (vocab tp, consecutive), layer ``i`` on its own layout; ``relayout`` moves the batch chunks
 between consecutive layouts, and between the embedding / head and the neighbouring layer.
 
+Interleaved pipelines (``pipeline.virtual_size`` v > 1): a stage holds v model chunks
+(``plan.stage_chunks``), all in ``self.layers``; ``forward(x, chunk=c)`` runs model chunk ``c``
+only: the embedding before chunk 0, the head after the last chunk, and the received hidden chunk
+(in the layout of chunk ``c-1``'s last layer) otherwise. Without ``chunk`` the stage is one chunk.
+
 Tied embeddings: with one stage the LM head multiplies by ``embedding.word_embeddings.weight``.
 With several stages the last stage holds its own ``embedding.word_embeddings`` (same FQN, same
 init, no position table) used only as the head; the data-parallel runtime all-reduces its
@@ -104,7 +109,8 @@ class TransformerStage(nn.Module):
         self.rng = RNGTracker(seed, stage=ctx.stage, local_index=ctx.local_index,
                               device=ctx.device)
         plan = ctx.plan
-        self.layer_ids = list(plan.stage_layer_range(ctx.stage))
+        self.layer_ids = plan.stage_layers(ctx.stage)  # every chunk's layers, in model order
+        self.chunk_ids = plan.stage_chunks(ctx.stage)
         self.is_first_stage, self.is_last_stage = ctx.is_first_stage, ctx.is_last_stage
         self.vocab_groups = (ctx.vocab_groups()
                              if self.is_first_stage or self.is_last_stage else None)
@@ -116,14 +122,20 @@ class TransformerStage(nn.Module):
         self.rotary = (RotaryEmbedding(config.head_dim, config.max_position_embeddings,
                                        config.rotary_base)
                        if config.position_embedding_type == "rope" else None)
-        first, last = self.layer_ids[0], self.layer_ids[-1]
-        self.input_layout: Layout | None = None
-        if not self.is_first_stage:
-            prev = plan.layers[first - 1]
-            self.input_layout = make_layout(ctx.stage, prev.tp, prev.tp_consecutive,
-                                            ctx.stage_size)
-        self.output_layout: Layout | None = (None if self.is_last_stage
-                                             else self._layer_groups[last].layout)
+        # Per model chunk: the layout it receives (None: chunk 0 embeds) and sends (None: the
+        # last chunk computes the loss).
+        self._chunk_input: dict[int, Layout | None] = {}
+        self._chunk_output: dict[int, Layout | None] = {}
+        for c in self.chunk_ids:
+            layers = plan.chunk_layer_range(c)
+            prev = plan.layers[layers[0] - 1] if c > 0 else None
+            self._chunk_input[c] = (None if prev is None else
+                                    make_layout(ctx.stage, prev.tp, prev.tp_consecutive,
+                                                ctx.stage_size))
+            self._chunk_output[c] = (None if c == plan.num_chunks - 1
+                                     else self._layer_groups[layers[-1]].layout)
+        self.input_layout = self._chunk_input[self.chunk_ids[0]]
+        self.output_layout = self._chunk_output[self.chunk_ids[-1]]
 
     def _finish_init(self) -> None:
         """Record shard specs, draw the plan-independent init, move to the context's device."""
@@ -136,23 +148,45 @@ class TransformerStage(nn.Module):
         dp = self.ctx.stage_size // layout.tp
         return (microbatch_size // dp, self.config.seq_length, self.config.hidden_size)
 
-    def input_shape(self, microbatch_size: int) -> tuple[int, ...]:
-        """What this stage receives: tokens (b_m, s) on the first stage, else its hidden chunk."""
-        if self.input_layout is None:
-            return (microbatch_size, self.config.seq_length)
-        return self._chunk_shape(microbatch_size, self.input_layout)
+    def _chunk(self, chunk: int | None) -> int:
+        if chunk is None:
+            if len(self.chunk_ids) > 1:
+                raise ValueError(f"stage {self.ctx.stage} holds model chunks {self.chunk_ids}; "
+                                 f"say which one to run (chunk=...)")
+            return self.chunk_ids[0]
+        if chunk not in self._chunk_input:
+            raise ValueError(f"model chunk {chunk} is not on stage {self.ctx.stage} "
+                             f"(its chunks: {self.chunk_ids})")
+        return chunk
 
-    def output_shape(self, microbatch_size: int) -> tuple[int, ...]:
-        """What this stage sends to the next: its hidden chunk; () on the last stage."""
-        if self.output_layout is None:
+    def is_first_chunk(self, chunk: int | None = None) -> bool:
+        """Whether ``chunk`` (default: the stage's only chunk) starts the model (embeds)."""
+        return self._chunk_input[self._chunk(chunk)] is None
+
+    def is_last_chunk(self, chunk: int | None = None) -> bool:
+        """Whether ``chunk`` ends the model (computes the loss)."""
+        return self._chunk_output[self._chunk(chunk)] is None
+
+    def input_shape(self, microbatch_size: int, chunk: int | None = None) -> tuple[int, ...]:
+        """What a chunk receives: tokens (b_m, s) for the first, else its hidden chunk."""
+        layout = self._chunk_input[self._chunk(chunk)]
+        if layout is None:
+            return (microbatch_size, self.config.seq_length)
+        return self._chunk_shape(microbatch_size, layout)
+
+    def output_shape(self, microbatch_size: int, chunk: int | None = None) -> tuple[int, ...]:
+        """What a chunk sends to the next: its hidden chunk; () for the last chunk."""
+        layout = self._chunk_output[self._chunk(chunk)]
+        if layout is None:
             return ()
-        return self._chunk_shape(microbatch_size, self.output_layout)
+        return self._chunk_shape(microbatch_size, layout)
 
     # ---------------------------------------------------------------- forward
     def run_layers(self, hidden: torch.Tensor, current: LayerGroups,
-                   position_ids: torch.Tensor | None, keep_mask: torch.Tensor | None
-                   ) -> tuple[torch.Tensor, LayerGroups]:
-        """Run this stage's layers, re-laying out ``hidden`` whenever the layout changes.
+                   position_ids: torch.Tensor | None, keep_mask: torch.Tensor | None,
+                   chunk: int | None = None) -> tuple[torch.Tensor, LayerGroups]:
+        """Run ``chunk``'s layers (default: the stage's only chunk), re-laying out ``hidden``
+        whenever the layout changes.
 
         ``position_ids`` / ``keep_mask`` cover the whole micro-batch (b_m, s); each layer gets
         the rows of its own batch chunk.
@@ -170,7 +204,7 @@ class TransformerStage(nn.Module):
         if self.rotary is not None:
             rotary_full = self.rotary.tables(seq, position_ids)
         mask_full = None if keep_mask is None else padding_attention_mask(keep_mask, self.causal)
-        for i in self.layer_ids:
+        for i in self.ctx.plan.chunk_layer_range(self._chunk(chunk)):
             groups = self._layer_groups[i]
             hidden = relayout(hidden, current, groups, self.ctx)
             current = groups
@@ -214,9 +248,10 @@ class TransformerStage(nn.Module):
                 return self._layer_groups[layer] if layer is not None else self.vocab_groups
         raise KeyError(f"{fqn}: not a parameter of stage {self.ctx.stage}")
 
-    def input_groups(self) -> LayerGroups:
-        assert self.input_layout is not None
-        return self.ctx.layout_groups(self.input_layout)
+    def input_groups(self, chunk: int | None = None) -> LayerGroups:
+        layout = self._chunk_input[self._chunk(chunk)]
+        assert layout is not None
+        return self.ctx.layout_groups(layout)
 
 
 class GPTStage(TransformerStage):
@@ -240,7 +275,7 @@ class GPTStage(TransformerStage):
 
     def forward(self, x: torch.Tensor, *, labels: torch.Tensor | None = None,
                 loss_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None
+                attention_mask: torch.Tensor | None = None, chunk: int | None = None
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """First stage: ``x`` = token ids (b_m, s) of the whole micro-batch; else the hidden chunk
         (b_m/dp, s, h) in ``input_layout``. ``position_ids``, ``attention_mask`` (a (b_m, s) keep
@@ -248,17 +283,18 @@ class GPTStage(TransformerStage):
 
         Returns the hidden chunk in ``output_layout``, or on the last stage
         ``(loss_sum, num_tokens)``: fp32 sums over this rank's vocab-layout batch chunk of
-        per-token cross entropy times ``loss_mask``, and of ``loss_mask``.
+        per-token cross entropy times ``loss_mask``, and of ``loss_mask``. ``chunk``: the model
+        chunk to run when the stage holds several (interleaved pipeline).
         """
-        if self.is_first_stage:
+        if self.is_first_chunk(chunk):
             vocab = self.vocab_groups
             tokens = batch_chunk(x, vocab)
             pos = None if position_ids is None else batch_chunk(position_ids, vocab)
             hidden, current = self.embedding.embed(tokens, pos), vocab
         else:
-            hidden, current = x, self.input_groups()
-        hidden, current = self.run_layers(hidden, current, position_ids, attention_mask)
-        if not self.is_last_stage:
+            hidden, current = x, self.input_groups(chunk)
+        hidden, current = self.run_layers(hidden, current, position_ids, attention_mask, chunk)
+        if not self.is_last_chunk(chunk):
             return hidden
         if labels is None:
             raise ValueError("the last pipeline stage needs labels (b_m, s) to compute the loss")

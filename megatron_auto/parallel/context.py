@@ -140,8 +140,11 @@ class ParallelContext:
         for i, layer in enumerate(plan.layers):
             stage = plan.stage_of_layer(i)
             seen.add(make_layout(stage, layer.tp, layer.tp_consecutive, n))
-            if stage + 1 < plan.pp_size and i == plan.stage_layer_range(stage)[-1]:
-                seen.add(make_layout(stage + 1, layer.tp, layer.tp_consecutive, n))
+            chunk = plan.chunk_of_layer(i)
+            if chunk + 1 < plan.num_chunks and i == plan.chunk_layer_range(chunk)[-1]:
+                # the next model chunk's stage (the next stage; stage 0 after the last one
+                # when interleaved) receives this layout
+                seen.add(make_layout((chunk + 1) % plan.pp_size, layer.tp, layer.tp_consecutive, n))
         for stage in {0, plan.pp_size - 1}:
             seen.add(make_layout(stage, plan.vocab.tp, True, n))
         return sorted(seen, key=lambda lay: (lay.stage, lay.tp, lay.consecutive))

@@ -1,4 +1,5 @@
-"""Pipeline schedules: non-interleaved 1F1B and GPipe, as plain functions.
+"""Pipeline schedules: non-interleaved 1F1B and GPipe, as plain functions (interleaved 1F1B,
+for plans with ``pipeline.virtual_size > 1``, in :mod:`.interleaved`).
 
 One call of :func:`forward_backward` runs one iteration's forward and backward passes over all
 micro-batches on this rank's stage and leaves the gradients summed in the parameters (after the
@@ -19,6 +20,11 @@ Contracts (DESIGN §4, agreed runtime interfaces):
   data-parallel layer only has to *sum*.
 - ``data_parallel.set_microbatch(k, M)`` is called before the ``k``-th backward of the
   iteration (``k = M - 1`` is the last one), ``data_parallel.finish_grad_sync()`` after all.
+  With interleaving ``k`` counts the backwards of the model chunk being run, so ``k = M - 1`` is
+  each chunk's last backward, the one after which its layers' gradients are complete.
+- Interleaved stages (``virtual_size > 1``) take a ``chunk=c`` keyword (the model chunk to run)
+  in ``stage(x, chunk=c, ...)``, ``stage.input_shape(b, chunk=c)`` and
+  ``stage.output_shape(b, chunk=c)``; chunk 0 gets the tokens, the last chunk returns the loss.
 - Mixed precision: forwards run under ``torch.autocast(device, autocast_dtype)``; activations
   and their gradients travel between stages in ``autocast_dtype`` (fp32 without autocast).
 - Loss parts (addition to the agreed interface, backward compatible): when ``loss_parts`` is a
@@ -78,11 +84,13 @@ class _Stage:
         self.is_first = bool(ctx.is_first_stage)
         self.is_last = bool(ctx.is_last_stage)
         b = ctx.plan.microbatch_size
-        self.input_shape = None if self.is_first else tuple(stage.input_shape(b))
-        self.output_shape = None if self.is_last else tuple(stage.output_shape(b))
+        one_chunk = ctx.plan.virtual_size == 1  # interleaved: shapes are asked per chunk
+        self.input_shape = None if self.is_first or not one_chunk else tuple(stage.input_shape(b))
+        self.output_shape = None if self.is_last or not one_chunk else tuple(stage.output_shape(b))
         self.losses: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.loss_parts = loss_parts
-        self.num_backwards = 0
+        self.num_chunks = ctx.plan.num_chunks
+        self.num_backwards: dict[int | None, int] = {}  # per model chunk (None: not interleaved)
 
     # ------------------------------------------------------------------ p2p
     def recv_forward(self) -> torch.Tensor | None:
@@ -121,18 +129,28 @@ class _Stage:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.ctx.device.type, dtype=self.autocast_dtype)
 
-    def forward(self, index: int, received: torch.Tensor | None) -> Any:
-        """Forward of micro-batch ``index``: the scaled loss on the last stage, else the output."""
+    def ends(self, chunk: int | None) -> tuple[bool, bool]:
+        """(starts the model, ends the model) for ``chunk`` (None: this stage, not interleaved)."""
+        if chunk is None:
+            return self.is_first, self.is_last
+        return chunk == 0, chunk == self.num_chunks - 1
+
+    def forward(self, index: int, received: torch.Tensor | None, chunk: int | None = None) -> Any:
+        """Forward of micro-batch ``index`` (of model ``chunk`` when interleaved): the scaled loss
+        at the end of the model, else the output."""
+        is_first, is_last = self.ends(chunk)
         mb = self.microbatches[index]
         kwargs = {k: v for k, v in mb.items() if k != _FIRST_STAGE_INPUT and k not in _LAST_STAGE_KEYS}
-        if self.is_last:
+        if is_last:
             for key in _LAST_STAGE_KEYS:
                 if key in mb:
                     kwargs[key] = mb[key]
-        x = mb[_FIRST_STAGE_INPUT] if self.is_first else received
+        if chunk is not None:
+            kwargs["chunk"] = chunk
+        x = mb[_FIRST_STAGE_INPUT] if is_first else received
         with self._autocast():
             out = self.stage(x, **kwargs)
-        if not self.is_last:
+        if not is_last:
             # One dtype on the wire; `.to` is a no-op (same tensor) when it already matches.
             return out.to(self.comm_dtype)
         loss_sum, num_tokens = out
@@ -145,16 +163,18 @@ class _Stage:
         return loss_sum * (self.loss_scale / self.total_tokens)
 
     def backward(self, received: torch.Tensor | None, output: torch.Tensor | GradientEdge,
-                 grad_output: torch.Tensor | None) -> torch.Tensor | None:
-        """Backward of one micro-batch; returns the gradient of the received input."""
+                 grad_output: torch.Tensor | None, chunk: int | None = None) -> torch.Tensor | None:
+        """Backward of one micro-batch (of ``chunk``); returns the gradient of the received input."""
+        is_first, is_last = self.ends(chunk)
+        done = self.num_backwards.get(chunk, 0)
         if self.data_parallel is not None:
-            self.data_parallel.set_microbatch(self.num_backwards, self.num_microbatches)
-        self.num_backwards += 1
-        if self.is_last:
+            self.data_parallel.set_microbatch(done, self.num_microbatches)
+        self.num_backwards[chunk] = done + 1
+        if is_last:
             output.backward()
         else:
             torch.autograd.backward(output, grad_tensors=grad_output)
-        if self.is_first:
+        if is_first:
             return None
         grad = received.grad
         if grad is None:
@@ -163,9 +183,9 @@ class _Stage:
             grad = torch.zeros_like(received)
         return grad.to(self.comm_dtype)
 
-    def keep(self, output: Any) -> Any:
+    def keep(self, output: Any, chunk: int | None = None) -> Any:
         """What survives from a sent output until its backward: the autograd edge only."""
-        if self.is_last:
+        if self.ends(chunk)[1]:
             return output
         return get_gradient_edge(output)
 
@@ -193,7 +213,11 @@ def forward_backward(stage: torch.nn.Module, data_parallel: GradSync | None, ctx
                          f"non-zero loss mask; check the dataset's loss_mask")
     run = _Stage(stage, data_parallel, ctx, microbatches, total_tokens, loss_scale,
                  forward_only, autocast_dtype, loss_parts)
-    if forward_only:
+    if ctx.plan.virtual_size > 1:
+        from .interleaved import run_interleaved  # noqa: PLC0415 - it imports this module
+
+        run_interleaved(run)
+    elif forward_only:
         with torch.no_grad():
             _forward_only(run)
     elif schedule == "gpipe":

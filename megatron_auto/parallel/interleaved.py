@@ -1,0 +1,157 @@
+"""Interleaved 1F1B (Megatron's virtual pipeline) for plans with ``pipeline.virtual_size`` v > 1.
+
+The model is cut into ``pp * v`` chunks; chunk ``c`` runs on stage ``c % pp``, so an activation
+visits every stage v times (after the last stage it goes back to stage 0). A stage runs
+``M * v`` forwards and as many backwards per iteration (``M`` micro-batches).
+
+Order (:func:`interleaved_order`, a pure function). Virtual micro-batch ``t`` (0 .. M*v-1) of a
+stage is micro-batch ``(t // (pp*v)) * pp + t % pp`` of its local chunk ``(t // pp) % v`` in
+forward, and of local chunk ``v - 1 - (t // pp) % v`` in backward: micro-batches move in groups
+of ``pp`` through the chunks, which is why ``M`` must be a multiple of ``pp`` (Megatron's rule;
+plan validation says so). Stage ``k`` first runs ``W = 2*(pp - k - 1) + (v - 1)*pp`` warm-up
+forwards (all ``M*v`` when ``M == pp``, as in Megatron), then alternates forward ``W + i`` and
+backward ``i`` (steady state), then runs the remaining backwards (cool-down).
+
+Communication: every send is posted asynchronously right after the compute that produced it
+and waited for at the end of the iteration; a receive is posted when the compute that needs it
+comes up and waited for at once. Because sends never block, a rank only waits for data its
+neighbour produces earlier in the neighbour's own order, and the order above is deadlock-free
+(``tests/test_interleaved.py`` simulates it for many (pp, v, M)). Messages between two ranks
+are matched without ambiguity even when both neighbours are the same rank (pp = 2): every
+message carries a tag unique to (direction, micro-batch, chunk) (gloo matches by tag), and
+gradients travel on their own process group, so each (sender, receiver, group) stream is sent
+and received in the same order (what NCCL, which ignores tags, needs; the forward and the
+backward streams are each produced and consumed in virtual micro-batch order on every stage).
+NCCL is reasoned about here, only gloo is tested.
+
+Memory: like 1F1B, only the received input and the output's autograd edge are kept per
+in-flight (micro-batch, chunk); Megatron's warm-up keeps up to ``W + 1`` of them on stage ``k``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+Op = tuple[bool, int, int]  # (is_forward, micro-batch, model chunk)
+
+_BACKWARD_GROUPS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+
+
+def virtual_microbatch(t: int, pp: int, v: int, stage: int, forward: bool) -> tuple[int, int]:
+    """(micro-batch, model chunk) of a stage's ``t``-th forward (or backward)."""
+    group, within = divmod(t, pp * v)
+    local = within // pp
+    if not forward:
+        local = v - 1 - local
+    return group * pp + within % pp, local * pp + stage
+
+
+def num_warmup(pp: int, v: int, num_microbatches: int, stage: int) -> int:
+    """Forwards stage ``stage`` runs before its first backward (Megatron's count)."""
+    total = num_microbatches * v
+    if num_microbatches == pp:
+        return total
+    return min(2 * (pp - stage - 1) + (v - 1) * pp, total)
+
+
+def interleaved_order(pp: int, v: int, num_microbatches: int, stage: int) -> list[Op]:
+    """The compute order of one stage: warm-up forwards, 1F1B steady state, cool-down."""
+    if num_microbatches % pp:
+        raise ValueError(f"num_microbatches={num_microbatches}: the interleaved schedule needs a "
+                         f"multiple of the pipeline size {pp}")
+    total = num_microbatches * v
+    warmup = num_warmup(pp, v, num_microbatches, stage)
+    fwd = [(True, *virtual_microbatch(t, pp, v, stage, True)) for t in range(total)]
+    bwd = [(False, *virtual_microbatch(t, pp, v, stage, False)) for t in range(total)]
+    order = fwd[:warmup]
+    for i in range(total - warmup):
+        order += [fwd[warmup + i], bwd[i]]
+    return order + bwd[total - warmup:]
+
+
+class _Ring:
+    """Asynchronous p2p with the ring neighbours of an interleaved pipeline."""
+
+    def __init__(self, ctx: Any, dtype: torch.dtype, num_chunks: int) -> None:
+        n, world = ctx.stage_size, ctx.world_size
+        self.next_rank = (ctx.rank + n) % world
+        self.prev_rank = (ctx.rank - n) % world
+        self.device, self.dtype, self.num_chunks = ctx.device, dtype, num_chunks
+        if ctx not in _BACKWARD_GROUPS:  # collective on first use: every rank runs the schedule
+            _BACKWARD_GROUPS[ctx] = dist.new_group(list(range(world)))
+        self.backward_group = _BACKWARD_GROUPS[ctx]
+        self.pending: list[tuple[Any, torch.Tensor]] = []
+
+    def _tag(self, forward: bool, microbatch: int, chunk: int) -> int:
+        return (microbatch * self.num_chunks + chunk) * 2 + (0 if forward else 1)
+
+    def send(self, tensor: torch.Tensor, forward: bool, microbatch: int, chunk: int) -> None:
+        """Post ``tensor`` for ``chunk`` (the receiving model chunk) of ``microbatch``."""
+        if tensor.dtype != self.dtype:
+            raise RuntimeError(f"pipeline p2p: sending a {tensor.dtype} tensor on a {self.dtype} "
+                               f"channel; cast it first")
+        tensor = tensor.detach().contiguous()
+        peer = self.next_rank if forward else self.prev_rank
+        group = None if forward else self.backward_group
+        work = dist.isend(tensor, peer, group=group, tag=self._tag(forward, microbatch, chunk))
+        self.pending.append((work, tensor))
+
+    def recv(self, shape: tuple[int, ...], forward: bool, microbatch: int,
+             chunk: int) -> torch.Tensor:
+        """Receive what ``chunk`` of ``microbatch`` needs: its input (forward) or its output's
+        gradient (backward)."""
+        out = torch.empty(shape, dtype=self.dtype, device=self.device)
+        peer = self.prev_rank if forward else self.next_rank
+        group = None if forward else self.backward_group
+        dist.irecv(out, peer, group=group, tag=self._tag(forward, microbatch, chunk)).wait()
+        return out
+
+    def finish(self) -> None:
+        for work, _ in self.pending:
+            work.wait()
+        self.pending.clear()
+
+
+def run_interleaved(run: Any) -> None:
+    """Run one iteration of interleaved 1F1B with the ``_Stage`` helper ``run`` of pipeline.py."""
+    ctx, plan = run.ctx, run.ctx.plan
+    pp, v, num_mb = plan.pp_size, plan.virtual_size, run.num_microbatches
+    last_chunk = plan.num_chunks - 1
+    b = plan.microbatch_size
+    ring = _Ring(ctx, run.comm_dtype, plan.num_chunks)
+    if run.forward_only:
+        order = [(True, *virtual_microbatch(t, pp, v, ctx.stage, True)) for t in range(num_mb * v)]
+    else:
+        order = interleaved_order(pp, v, num_mb, ctx.stage)
+    inputs: dict[tuple[int, int], Any] = {}
+    outputs: dict[tuple[int, int], Any] = {}
+    try:
+        with torch.no_grad() if run.forward_only else torch.enable_grad():
+            for forward, mb, chunk in order:
+                if forward:
+                    x = None
+                    if chunk > 0:
+                        x = ring.recv(tuple(run.stage.input_shape(b, chunk=chunk)), True, mb, chunk)
+                        if not run.forward_only:
+                            x.requires_grad_()
+                    out = run.forward(mb, x, chunk)
+                    if chunk < last_chunk:
+                        ring.send(out, True, mb, chunk + 1)
+                    if not run.forward_only:
+                        inputs[mb, chunk], outputs[mb, chunk] = x, run.keep(out, chunk)
+                    del out
+                else:
+                    grad_out = None
+                    if chunk < last_chunk:
+                        grad_out = ring.recv(tuple(run.stage.output_shape(b, chunk=chunk)), False,
+                                             mb, chunk)
+                    grad_in = run.backward(inputs.pop((mb, chunk)), outputs.pop((mb, chunk)),
+                                           grad_out, chunk)
+                    if chunk > 0:
+                        ring.send(grad_in, False, mb, chunk - 1)
+    finally:
+        ring.finish()
