@@ -49,6 +49,7 @@ import torch
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from . import p2p
+from .interleaved import run_interleaved
 
 SCHEDULES = ("1f1b", "gpipe")
 # Keys of a micro-batch dict that are not handed to the stage as keyword arguments.
@@ -214,8 +215,6 @@ def forward_backward(stage: torch.nn.Module, data_parallel: GradSync | None, ctx
     run = _Stage(stage, data_parallel, ctx, microbatches, total_tokens, loss_scale,
                  forward_only, autocast_dtype, loss_parts)
     if ctx.plan.virtual_size > 1:
-        from .interleaved import run_interleaved  # noqa: PLC0415 - it imports this module
-
         run_interleaved(run)
     elif forward_only:
         with torch.no_grad():
