@@ -57,6 +57,11 @@ _FIRST_STAGE_INPUT = "tokens"
 _LAST_STAGE_KEYS = ("labels", "loss_mask")
 
 
+def _virtual_size(plan: Any) -> int:
+    """The plan's interleaving degree (plan-like stand-ins without the field: 1)."""
+    return getattr(plan, "virtual_size", 1)
+
+
 class GradSync(Protocol):
     """The part of ``DataParallel`` the schedule drives."""
 
@@ -85,12 +90,13 @@ class _Stage:
         self.is_first = bool(ctx.is_first_stage)
         self.is_last = bool(ctx.is_last_stage)
         b = ctx.plan.microbatch_size
-        one_chunk = ctx.plan.virtual_size == 1  # interleaved: shapes are asked per chunk
+        virtual_size = _virtual_size(ctx.plan)
+        one_chunk = virtual_size == 1  # interleaved: shapes are asked per chunk
         self.input_shape = None if self.is_first or not one_chunk else tuple(stage.input_shape(b))
         self.output_shape = None if self.is_last or not one_chunk else tuple(stage.output_shape(b))
         self.losses: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.loss_parts = loss_parts
-        self.num_chunks = ctx.plan.num_chunks
+        self.num_chunks = ctx.num_stages * virtual_size
         self.num_backwards: dict[int | None, int] = {}  # per model chunk (None: not interleaved)
 
     # ------------------------------------------------------------------ p2p
@@ -214,7 +220,7 @@ def forward_backward(stage: torch.nn.Module, data_parallel: GradSync | None, ctx
                          f"non-zero loss mask; check the dataset's loss_mask")
     run = _Stage(stage, data_parallel, ctx, microbatches, total_tokens, loss_scale,
                  forward_only, autocast_dtype, loss_parts)
-    if ctx.plan.virtual_size > 1:
+    if _virtual_size(ctx.plan) > 1:
         run_interleaved(run)
     elif forward_only:
         with torch.no_grad():
