@@ -28,7 +28,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..parallel.context import LayerGroups, Layout, ParallelContext, make_layout
-from ..parallel.mappings import copy_to_tensor_parallel
+from ..parallel.mappings import copy_to_tensor_parallel, gather_from_sequence, scatter_to_sequence
 from ..parallel.random import REPLICATED, RNGTracker
 from ..parallel.redistribute import batch_chunk, relayout
 from ..parallel.tensor_parallel import (ColumnParallelLinear, VocabParallelEmbedding,
@@ -117,7 +117,8 @@ class TransformerStage(nn.Module):
         self._layer_groups = {i: ctx.layer_groups(i) for i in self.layer_ids}
         self.layers = nn.ModuleDict({
             str(i): TransformerLayer(config, self._layer_groups[i], rng=self.rng,
-                                     causal=self.causal, recompute=plan.layers[i].recompute)
+                                     causal=self.causal, recompute=plan.layers[i].recompute,
+                                     sequence_parallel=plan.layers[i].sequence_parallel)
             for i in self.layer_ids})
         self.rotary = (RotaryEmbedding(config.head_dim, config.max_position_embeddings,
                                        config.rotary_base)
@@ -195,6 +196,12 @@ class TransformerStage(nn.Module):
         receive it so over the p2p hop, and FSDP2 casts a sharded layer's inputs to it anyway, so
         casting the first stage's embedding output too keeps the residual stream's dtype (and
         what relayouts move) independent of the plan.
+
+        Sequence parallelism: consecutive SP layers of one layout pass their sequence chunks
+        (b/dp, s/tp, h) straight on; entering an SP layer from anything else keeps this rank's
+        positions of the replicated activation (no communication), leaving one all-gathers the
+        sequence over the layer's TP group, so relayouts, the head and the stage boundary always
+        see whole-sequence activations.
         """
         device_type = hidden.device.type
         if torch.is_autocast_enabled(device_type):
@@ -204,15 +211,25 @@ class TransformerStage(nn.Module):
         if self.rotary is not None:
             rotary_full = self.rotary.tables(seq, position_ids)
         mask_full = None if keep_mask is None else padding_attention_mask(keep_mask, self.causal)
-        for i in self.ctx.plan.chunk_layer_range(self._chunk(chunk)):
+        split: LayerGroups | None = None  # the SP layout ``hidden`` is split along, if any
+        plan = self.ctx.plan
+        for i in plan.chunk_layer_range(self._chunk(chunk)):
             groups = self._layer_groups[i]
-            hidden = relayout(hidden, current, groups, self.ctx)
+            sp = plan.layers[i].sequence_parallel
+            if split is not None and not (sp and split.layout == groups.layout):
+                hidden, split = gather_from_sequence(hidden, split.tp_group, reduce_grad=False), None
+            if split is None:
+                hidden = relayout(hidden, current, groups, self.ctx)
+                if sp:
+                    hidden, split = scatter_to_sequence(hidden, groups.tp_group), groups
             current = groups
             rotary = rotary_full
             if rotary_full is not None and position_ids is not None:
                 rotary = (batch_chunk(rotary_full[0], groups), batch_chunk(rotary_full[1], groups))
             mask = None if mask_full is None else batch_chunk(mask_full, groups)
             hidden = self.layers[str(i)](hidden, mask, rotary)
+        if split is not None:
+            hidden = gather_from_sequence(hidden, split.tp_group, reduce_grad=False)
         return hidden, current
 
     # Vocab-layout modules after the layers, in the order the last stage runs them.

@@ -14,10 +14,22 @@ then of head 1, ...); the SwiGLU ``linear_fc1.weight`` interleaves rows as
 
 Recompute (``recompute=True``): the layer keeps only its inputs and re-runs its forward in
 backward (``torch.utils.checkpoint``, non-reentrant), replaying the TP-aware dropout streams.
+
+Sequence parallelism (``sequence_parallel=True``, Megatron-SP, tp > 1): the layer's input and
+output, its norms, hidden dropouts and residual adds are this TP rank's sequence chunk
+``(b/dp, s/tp, h)``; the QKV / fc1 projections all-gather the sequence (reduce-scatter in
+backward) and the output projections reduce-scatter it (all-gather in backward). The norm
+weights (and the row-parallel biases) then see only this rank's positions, so their gradients
+are summed over the TP group (``copy_to_tensor_parallel`` on the weights: identity forward,
+all-reduce of the gradient). Hidden dropout draws the mask of the whole ``(b/dp, s, h)``
+activation from the replicated stream, exactly as the layer without SP does, and keeps this
+rank's positions: SP changes no mask, so SP and non-SP layers of one layout train the same
+numbers with dropout on too, and the stream stays in step with the rest of the stage.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import torch
@@ -26,6 +38,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..parallel.context import LayerGroups
+from ..parallel.mappings import copy_to_tensor_parallel
 from ..parallel.random import REPLICATED, TENSOR_PARALLEL, RNGTracker, checkpoint
 from ..parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
@@ -69,11 +82,13 @@ class SelfAttention(nn.Module):
     """Multi-head self-attention over this rank's ``heads/tp`` heads."""
 
     def __init__(self, config: ModelConfig, groups: LayerGroups, rng: RNGTracker | None, *,
-                 causal: bool) -> None:
+                 causal: bool, sequence_parallel: bool = False) -> None:
         super().__init__()
         h = config.hidden_size
-        self.linear_qkv = ColumnParallelLinear(h, 3 * h, groups)
-        self.linear_proj = RowParallelLinear(h, h, groups, input_is_parallel=True)
+        self.linear_qkv = ColumnParallelLinear(h, 3 * h, groups,
+                                               sequence_parallel=sequence_parallel)
+        self.linear_proj = RowParallelLinear(h, h, groups, input_is_parallel=True,
+                                             sequence_parallel=sequence_parallel)
         self.num_local_heads = config.num_attention_heads // groups.tp_size
         self.head_dim = config.head_dim
         self.attention_dropout = config.attention_dropout
@@ -82,8 +97,9 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None,
                 rotary: Rotary = None) -> torch.Tensor:
-        b, s, _ = x.shape
-        qkv = self.linear_qkv(x).view(b, s, self.num_local_heads, 3, self.head_dim)
+        qkv = self.linear_qkv(x)  # (b, s, 3h/tp); the whole sequence also under SP
+        b, s = qkv.shape[:2]
+        qkv = qkv.view(b, s, self.num_local_heads, 3, self.head_dim)
         q, k, v = qkv.permute(3, 0, 2, 1, 4).unbind(0)  # each (b, heads, s, d)
         if rotary is not None:
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
@@ -97,18 +113,21 @@ class SelfAttention(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p,
                                                  is_causal=is_causal)
         out = out.transpose(1, 2).reshape(b, s, self.num_local_heads * self.head_dim)
-        return self.linear_proj(out)  # (b, s, h), summed over the TP group
+        return self.linear_proj(out)  # (b, s, h) summed over the TP group; SP: (b, s/tp, h)
 
 
 class MLP(nn.Module):
     """``fc2(act(fc1(x)))`` with fc1 column-parallel and fc2 row-parallel."""
 
-    def __init__(self, config: ModelConfig, groups: LayerGroups) -> None:
+    def __init__(self, config: ModelConfig, groups: LayerGroups, *,
+                 sequence_parallel: bool = False) -> None:
         super().__init__()
         h, f = config.hidden_size, config.ffn_hidden_size
         self.swiglu = config.activation == "swiglu"
-        self.linear_fc1 = ColumnParallelLinear(h, 2 * f if self.swiglu else f, groups)
-        self.linear_fc2 = RowParallelLinear(f, h, groups, input_is_parallel=True)
+        self.linear_fc1 = ColumnParallelLinear(h, 2 * f if self.swiglu else f, groups,
+                                               sequence_parallel=sequence_parallel)
+        self.linear_fc2 = RowParallelLinear(f, h, groups, input_is_parallel=True,
+                                            sequence_parallel=sequence_parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.linear_fc1(x)
@@ -121,16 +140,23 @@ class MLP(nn.Module):
 
 
 class TransformerLayer(nn.Module):
-    """A pre-norm transformer layer on one layout; input and output (b/dp, s, h) replicated on TP."""
+    """A pre-norm transformer layer on one layout; input and output (b/dp, s, h) replicated on
+    TP, or with ``sequence_parallel`` this TP rank's sequence chunk (b/dp, s/tp, h)."""
 
     def __init__(self, config: ModelConfig, groups: LayerGroups, *, rng: RNGTracker | None = None,
-                 causal: bool = True, recompute: bool = False) -> None:
+                 causal: bool = True, recompute: bool = False,
+                 sequence_parallel: bool = False) -> None:
         super().__init__()
         config.check_tensor_parallel(groups.tp_size, what="layer tp")
+        if sequence_parallel and (groups.tp_size == 1 or config.seq_length % groups.tp_size):
+            raise ValueError(f"sequence_parallel=True: needs tp > 1 dividing --seq-length="
+                             f"{config.seq_length} (tp={groups.tp_size}); change tp or turn SP off")
+        self.sequence_parallel = sequence_parallel
         self.input_layernorm = make_norm(config)
-        self.self_attention = SelfAttention(config, groups, rng, causal=causal)
+        self.self_attention = SelfAttention(config, groups, rng, causal=causal,
+                                            sequence_parallel=sequence_parallel)
         self.pre_mlp_layernorm = make_norm(config)
-        self.mlp = MLP(config, groups)
+        self.mlp = MLP(config, groups, sequence_parallel=sequence_parallel)
         self.hidden_dropout = config.hidden_dropout
         self.recompute = recompute
         self.rng = rng
@@ -139,19 +165,41 @@ class TransformerLayer(nn.Module):
     def _dropout(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.hidden_dropout == 0.0:
             return x
-        if self.rng is None:
-            return F.dropout(x, self.hidden_dropout, training=True)
-        with self.rng.fork(REPLICATED):  # replicated activation: the same mask on all TP ranks
-            return F.dropout(x, self.hidden_dropout, training=True)
+        stream = (self.rng.fork(REPLICATED) if self.rng is not None
+                  else contextlib.nullcontext())
+        if not self.sequence_parallel:
+            with stream:  # replicated activation: the same mask on all TP ranks
+                return F.dropout(x, self.hidden_dropout, training=True)
+        # SP: the whole activation's mask (same draws as without SP), this rank's positions
+        tp, local = self.groups.tp_size, x.shape[1]
+        full = (x.shape[0], local * tp) + tuple(x.shape[2:])
+        with stream:
+            drawn = F.dropout(torch.ones(full, dtype=x.dtype, device=x.device),
+                              self.hidden_dropout, training=True)
+        keep = drawn.narrow(1, self.groups.tp_rank * local, local) != 0  # bool: 1 B saved
+        del drawn
+        return x * keep * (1.0 / (1.0 - self.hidden_dropout))
+
+    def _norm(self, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if not self.sequence_parallel:
+            return norm(x)
+        # this rank's positions only: the weight gradients are summed over the TP group
+        group = self.groups.tp_group
+        weight = copy_to_tensor_parallel(norm.weight, group)
+        if isinstance(norm, nn.LayerNorm):
+            bias = None if norm.bias is None else copy_to_tensor_parallel(norm.bias, group)
+            return F.layer_norm(x, norm.normalized_shape, weight, bias, norm.eps)
+        return F.rms_norm(x, norm.normalized_shape, weight, norm.eps)
 
     def _forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None,
                  rotary: Rotary) -> torch.Tensor:
-        x = x + self._dropout(self.self_attention(self.input_layernorm(x), attn_mask, rotary))
-        return x + self._dropout(self.mlp(self.pre_mlp_layernorm(x)))
+        x = x + self._dropout(self.self_attention(self._norm(self.input_layernorm, x), attn_mask,
+                                                  rotary))
+        return x + self._dropout(self.mlp(self._norm(self.pre_mlp_layernorm, x)))
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None,
                 rotary: Rotary = None) -> torch.Tensor:
-        """``x`` (b/dp, s, h); ``attn_mask`` bool, True = attend, broadcastable to
+        """``x`` (b/dp, s, h), or (b/dp, s/tp, h) with SP; ``attn_mask`` bool, True = attend, broadcastable to
         (b/dp, heads, s, s) (None: causal or full); ``rotary`` (cos, sin) tables or None."""
         if self.recompute and torch.is_grad_enabled():
             return checkpoint(self._forward, self.rng, x, attn_mask, rotary)

@@ -10,7 +10,17 @@ copy_to_tensor_parallel     identity                 all-reduce (sum)
 reduce_from_tensor_parallel all-reduce (sum)         identity
 scatter_to_last_dim         keep own last-dim chunk  all-gather along the last dim
 gather_from_last_dim        all-gather last dim      keep own last-dim chunk
+scatter_to_sequence         keep own sequence chunk  all-gather along the sequence
+gather_from_sequence        all-gather sequence      keep own chunk, or reduce-scatter
+reduce_scatter_to_sequence  reduce-scatter sequence  all-gather along the sequence
 ==========================  =======================  ==============================
+
+The sequence functions serve sequence parallelism (Megatron-SP): activations ``(b, s, h)`` split
+along the sequence (dim 1) over the TP group, TP rank ``r`` holding positions
+``[r*s/tp, (r+1)*s/tp)``. ``gather_from_sequence(x, g, reduce_grad=True)`` is the input of a
+column-parallel layer (every rank's gradient is a partial sum over its shards: reduce-scatter),
+``reduce_grad=False`` the exit to a replicated activation (every rank has the whole gradient:
+keep its chunk). ``reduce_scatter_to_sequence`` replaces a row-parallel layer's all-reduce.
 
 The first two are conjugates: a column-parallel layer copies its replicated input into the TP
 region (its input gradient is the sum of every shard's contribution), a row-parallel layer sums
@@ -24,7 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .comm import all_gather_dim, group_size
+from .comm import all_gather_dim, group_size, reduce_scatter_tensor
 
 
 def _all_reduce(x: torch.Tensor, group: Any) -> torch.Tensor:
@@ -38,6 +48,71 @@ def _split_last(x: torch.Tensor, group: Any) -> torch.Tensor:
     if x.shape[-1] % size:
         raise ValueError(f"last dimension {x.shape[-1]} is not divisible by the group size {size}")
     return x.chunk(size, dim=-1)[dist.get_rank(group)].contiguous()
+
+
+SEQUENCE_DIM = 1  # activations are (b, s, h)
+
+
+def _split_sequence(x: torch.Tensor, group: Any) -> torch.Tensor:
+    size = group_size(group)
+    if x.shape[SEQUENCE_DIM] % size:
+        raise ValueError(f"sequence length {x.shape[SEQUENCE_DIM]} is not divisible by the "
+                         f"tensor-parallel size {size}; sequence parallelism needs it to be")
+    return x.chunk(size, dim=SEQUENCE_DIM)[dist.get_rank(group)].contiguous()
+
+
+def all_gather_sequence(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """(b, s/tp, h) chunks -> (b, s, h) in TP-rank order (no autograd)."""
+    return all_gather_dim(x, group, dim=SEQUENCE_DIM)
+
+
+def reduce_scatter_sequence(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """(b, s, h) partial sums -> this rank's (b, s/tp, h) chunk of their sum (no autograd)."""
+    size = group_size(group)
+    b, s = x.shape[0], x.shape[SEQUENCE_DIM]
+    if s % size:
+        raise ValueError(f"sequence length {s} is not divisible by the tensor-parallel size "
+                         f"{size}; sequence parallelism needs it to be")
+    # (b, s, ...) -> (tp, b, s/tp, ...): each rank's chunk contiguous for the collective
+    chunks = x.reshape(b, size, s // size, *x.shape[2:]).transpose(0, 1).contiguous()
+    out = torch.empty(chunks.shape[1:], dtype=x.dtype, device=x.device)
+    reduce_scatter_tensor(out, chunks.flatten(0, 1), group=group)
+    return out
+
+
+class _ScatterToSequence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        return _split_sequence(x, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return all_gather_sequence(grad, ctx.group), None
+
+
+class _GatherFromSequence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any, reduce_grad: bool) -> torch.Tensor:
+        ctx.group, ctx.reduce_grad = group, reduce_grad
+        return all_gather_sequence(x, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        if ctx.reduce_grad:
+            return reduce_scatter_sequence(grad, ctx.group), None, None
+        return _split_sequence(grad, ctx.group), None, None
+
+
+class _ReduceScatterToSequence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        return reduce_scatter_sequence(x, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return all_gather_sequence(grad, ctx.group), None
 
 
 class _CopyToTensorParallel(torch.autograd.Function):
@@ -101,3 +176,19 @@ def scatter_to_last_dim(x: torch.Tensor, group: Any) -> torch.Tensor:
 def gather_from_last_dim(x: torch.Tensor, group: Any) -> torch.Tensor:
     """All-gather along the last dimension; keep this rank's chunk of the gradient in backward."""
     return x if group_size(group) == 1 else _GatherFromLastDim.apply(x, group)
+
+
+def scatter_to_sequence(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """Keep this rank's sequence chunk of a replicated (b, s, h); all-gather the gradient."""
+    return x if group_size(group) == 1 else _ScatterToSequence.apply(x, group)
+
+
+def gather_from_sequence(x: torch.Tensor, group: Any, *, reduce_grad: bool) -> torch.Tensor:
+    """All-gather sequence chunks into (b, s, h); backward reduce-scatters the gradient
+    (``reduce_grad``: each rank's is a partial sum) or keeps this rank's chunk of it."""
+    return x if group_size(group) == 1 else _GatherFromSequence.apply(x, group, reduce_grad)
+
+
+def reduce_scatter_to_sequence(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """Sum partial (b, s, h) over the group, keep this rank's sequence chunk; all-gather back."""
+    return x if group_size(group) == 1 else _ReduceScatterToSequence.apply(x, group)

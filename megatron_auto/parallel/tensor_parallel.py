@@ -6,6 +6,13 @@ only its TP shard: a contiguous chunk ``tp_rank`` of the global weight along the
 Parameters are allocated uninitialised; the model's plan-independent init fills them.
 
 With ``tp_size == 1`` the layers are a plain ``F.linear`` / ``F.embedding`` with no extra copies.
+
+Sequence parallelism (``sequence_parallel=True``, Megatron-SP, needs ``tp_size > 1``): the
+column-parallel input and the row-parallel output are split along the sequence (b, s/tp, h).
+The column-parallel layer all-gathers its input (backward: reduce-scatter of the input
+gradient) and saves only the local chunk, gathering it again in backward for the weight
+gradient; the row-parallel layer reduce-scatters instead of all-reducing, and its replicated
+bias, now added to a sequence chunk, has its gradient summed over the TP group.
 """
 
 from __future__ import annotations
@@ -18,8 +25,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .context import LayerGroups
-from .mappings import (copy_to_tensor_parallel, gather_from_last_dim, reduce_from_tensor_parallel,
-                       scatter_to_last_dim)
+from .mappings import (all_gather_sequence, copy_to_tensor_parallel, gather_from_last_dim,
+                       reduce_from_tensor_parallel, reduce_scatter_sequence,
+                       reduce_scatter_to_sequence, scatter_to_last_dim)
 
 
 def _divide(total: int, parts: int, what: str) -> int:
@@ -29,20 +37,62 @@ def _divide(total: int, parts: int, what: str) -> int:
     return total // parts
 
 
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    device_type = x.device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return x.dtype
+
+
+class _SequenceParallelColumnLinear(torch.autograd.Function):
+    """``gather_sequence(x) @ W^T + b`` saving only the local (b, s/tp, in) input.
+
+    Runs in the autocast dtype by hand (autocast does not reach inside a custom function's
+    backward); gradients go back in the dtypes of the inputs.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                group: Any) -> torch.Tensor:
+        dtype = _compute_dtype(x)
+        xc, wc = x.to(dtype), weight.to(dtype)
+        bc = None if bias is None else bias.to(dtype)
+        ctx.group, ctx.has_bias = group, bias is not None
+        ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
+        ctx.save_for_backward(xc, wc)
+        with torch.autocast(x.device.type, enabled=False):
+            return F.linear(all_gather_sequence(xc, group), wc, bc)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        x, weight = ctx.saved_tensors
+        grad = grad.to(weight.dtype)
+        full = all_gather_sequence(x, ctx.group)  # (b, s, in), gathered again
+        grad_x = reduce_scatter_sequence(grad.matmul(weight), ctx.group)
+        flat = grad.flatten(0, -2)  # (b*s, out/tp)
+        grad_w = flat.t().matmul(full.flatten(0, -2))
+        grad_b = flat.sum(0) if ctx.has_bias else None
+        x_dtype, w_dtype, b_dtype = ctx.dtypes
+        return (grad_x.to(x_dtype), grad_w.to(w_dtype),
+                None if grad_b is None else grad_b.to(b_dtype), None)
+
+
 class ColumnParallelLinear(nn.Module):
     """``y = x A^T + b`` with ``A`` (out, in) split along its rows (output features).
 
     Input ``(..., in)`` replicated on the TP group; output ``(..., out/tp)`` (this rank's output
-    features) or, with ``gather_output``, the full ``(..., out)``.
+    features) or, with ``gather_output``, the full ``(..., out)``. With ``sequence_parallel``
+    the input is this rank's sequence chunk ``(b, s/tp, in)`` and the output ``(b, s, out/tp)``.
     """
 
     def __init__(self, in_features: int, out_features: int, groups: LayerGroups, *,
-                 bias: bool = True, gather_output: bool = False,
+                 bias: bool = True, gather_output: bool = False, sequence_parallel: bool = False,
                  device: torch.device | None = None, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.tp_group, self.tp_size, self.tp_rank = groups.tp_group, groups.tp_size, groups.tp_rank
         self.gather_output = gather_output
+        self.sequence_parallel = sequence_parallel and self.tp_size > 1
         local = _divide(out_features, self.tp_size, "output features")
         self.weight = nn.Parameter(torch.empty(local, in_features, device=device, dtype=dtype))
         self.bias = (nn.Parameter(torch.empty(local, device=device, dtype=dtype))
@@ -52,7 +102,10 @@ class ColumnParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
             return F.linear(x, self.weight, self.bias)
-        y = F.linear(copy_to_tensor_parallel(x, self.tp_group), self.weight, self.bias)
+        if self.sequence_parallel:
+            y = _SequenceParallelColumnLinear.apply(x, self.weight, self.bias, self.tp_group)
+        else:
+            y = F.linear(copy_to_tensor_parallel(x, self.tp_group), self.weight, self.bias)
         return gather_from_last_dim(y, self.tp_group) if self.gather_output else y
 
     def extra_repr(self) -> str:
@@ -65,16 +118,19 @@ class RowParallelLinear(nn.Module):
 
     Input ``(..., in/tp)`` when ``input_is_parallel`` (the usual case after a column-parallel
     layer), else the full ``(..., in)`` which is split here. Output ``(..., out)`` summed over the
-    TP group; the bias is replicated and added once after the sum.
+    TP group; the bias is replicated and added once after the sum. With ``sequence_parallel``
+    the output is this rank's sequence chunk ``(b, s/tp, out)`` of the sum.
     """
 
     def __init__(self, in_features: int, out_features: int, groups: LayerGroups, *,
                  bias: bool = True, input_is_parallel: bool = True,
+                 sequence_parallel: bool = False,
                  device: torch.device | None = None, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.tp_group, self.tp_size, self.tp_rank = groups.tp_group, groups.tp_size, groups.tp_rank
         self.input_is_parallel = input_is_parallel
+        self.sequence_parallel = sequence_parallel and self.tp_size > 1
         local = _divide(in_features, self.tp_size, "input features")
         self.weight = nn.Parameter(torch.empty(out_features, local, device=device, dtype=dtype))
         self.bias = (nn.Parameter(torch.empty(out_features, device=device, dtype=dtype))
@@ -86,6 +142,11 @@ class RowParallelLinear(nn.Module):
             return F.linear(x, self.weight, self.bias)
         if not self.input_is_parallel:
             x = scatter_to_last_dim(x, self.tp_group)
+        if self.sequence_parallel:
+            y = reduce_scatter_to_sequence(F.linear(x, self.weight), self.tp_group)
+            # each rank adds the bias to its own positions: sum its gradient over the group
+            return y if self.bias is None else y + copy_to_tensor_parallel(self.bias,
+                                                                           self.tp_group)
         y = reduce_from_tensor_parallel(F.linear(x, self.weight), self.tp_group)
         return y if self.bias is None else y + self.bias
 
