@@ -33,6 +33,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..parallel.context import LayerGroups, Layout, ParallelContext, make_layout
+from ..plan import Plan, PlanError
 from ..parallel.random import REPLICATED, RNGTracker
 from ..parallel.redistribute import batch_chunk, relayout
 from ..vision_config import VisionConfig
@@ -61,6 +62,17 @@ def patchify(images: torch.Tensor, patch: int) -> torch.Tensor:
     b, c, h, w = images.shape
     x = images.reshape(b, c, h // patch, patch, w // patch, patch)
     return x.permute(0, 2, 4, 1, 3, 5).reshape(b, (h // patch) * (w // patch), c * patch * patch)
+
+
+def _refuse_unsupported(plan: Plan) -> None:
+    """Vision stages run neither sequence parallelism nor the interleaved schedule yet."""
+    if plan.virtual_size != 1:
+        raise PlanError(f"plan field pipeline.virtual_size={plan.virtual_size}: the vision "
+                        f"models run only non-interleaved schedules; use virtual_size 1")
+    for i, layer in enumerate(plan.layers):
+        if layer.sequence_parallel:
+            raise PlanError(f"plan field layers[{i}].sequence_parallel=True: the vision models "
+                            f"do not run sequence parallelism yet; set it to false")
 
 
 class PatchEmbedding(nn.Module):
@@ -124,6 +136,7 @@ class VisionStage(nn.Module, abc.ABC):
         self.rng = RNGTracker(seed, stage=ctx.stage, local_index=ctx.local_index,
                               device=ctx.device)
         plan = ctx.plan
+        _refuse_unsupported(plan)
         self.layer_ids = list(plan.stage_layer_range(ctx.stage))
         self.is_first_stage, self.is_last_stage = ctx.is_first_stage, ctx.is_last_stage
         self.vocab_groups = (ctx.vocab_groups()
