@@ -134,3 +134,12 @@ def test_sequence_parallel_round_trips_and_plain_files_stay_as_they_were():
     assert [l.sequence_parallel for l in plan.layers] == [True, True, False, True]
     assert Plan.from_dict(plan.to_dict()) == plan
     assert "sequence_parallel" not in plan.to_dict()["layers"][2]
+
+
+def test_vision_stages_refuse_sp_and_interleaving_clearly():
+    from megatron_auto.models.vit import _refuse_unsupported
+
+    with pytest.raises(PlanError, match=r"layers\[0\]\.sequence_parallel=True: the vision"):
+        _refuse_unsupported(Plan.from_dict(SP_PLANS["sp-all-tp2"]))
+    with pytest.raises(PlanError, match=r"pipeline\.virtual_size=2: the vision models"):
+        _refuse_unsupported(Plan.from_dict(SP_PLANS["sp-interleaved"]))
