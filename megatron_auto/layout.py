@@ -219,3 +219,56 @@ def all_layouts(stage_size: int) -> list[Layout]:
                 out.append(make_layout(tp, False, stage_size))
         tp *= 2
     return sorted(out)
+
+
+# --------------------------------------------------------------------- a layer's TP collectives
+def layer_tp_collectives(layout: Layout, stage_size: int, activation_bytes: float, *,
+                         sequence_parallel: bool, norm_tensor_bytes: Sequence[float] = (),
+                         row_bias_bytes: Sequence[float] = (), recompute: bool = False
+                         ) -> tuple[tuple[Collective, ...], tuple[Collective, ...]]:
+    """``(forward, backward)`` TP collectives of one rank for one micro-batch of a transformer
+    layer (``models/transformer.py``), on the layer's TP group.
+
+    ``activation_bytes``: the layer's whole-sequence activation on one rank, ``(b/dp, s, h)``
+    in the compute dtype. Without SP the two row-parallel outputs are all-reduced in forward
+    and the two column-parallel input gradients in backward. With ``sequence_parallel`` (see
+    ``docs/runtime.md``) forward all-gathers the two column-parallel inputs and reduce-scatters
+    the two row-parallel outputs; backward all-gathers the two row-parallel output gradients,
+    all-gathers the two saved column-parallel inputs again (for the weight gradients) and
+    reduce-scatters their input gradients, and all-reduces the gradient of every norm weight /
+    bias (``norm_tensor_bytes``, one entry per tensor) and row-parallel bias
+    (``row_bias_bytes``), which then saw only this rank's positions. ``recompute``: backward
+    first re-runs the forward up to the last tensor it needs (``torch.utils.checkpoint`` stops
+    early), i.e. every forward collective but the last (the MLP output's, whose result only
+    feeds the residual add). Nothing with ``tp == 1``.
+    """
+    if layout.tp == 1:
+        return (), ()
+    consecutive = tp_group_consecutive(layout)
+
+    def c(kind: str, nbytes: float) -> Collective:
+        return Collective(kind, layout.tp, consecutive, float(nbytes))
+
+    if not sequence_parallel:
+        forward = (c("all_reduce", activation_bytes),) * 2
+        backward = (c("all_reduce", activation_bytes),) * 2
+    else:
+        forward = (c("all_gather", activation_bytes), c("reduce_scatter", activation_bytes)) * 2
+        backward = ((c("all_gather", activation_bytes),) * 2
+                    + (c("all_gather", activation_bytes), c("reduce_scatter", activation_bytes)) * 2
+                    + tuple(c("all_reduce", n) for n in (*norm_tensor_bytes, *row_bias_bytes)))
+    return forward, (forward[:-1] if recompute else ()) + backward
+
+
+def sequence_parallel_boundary_collectives(layout: Layout, activation_bytes: float, *,
+                                           entering: bool
+                                           ) -> tuple[tuple[Collective, ...], tuple[Collective, ...]]:
+    """``(forward, backward)`` collectives where an activation enters a run of SP layers of
+    ``layout`` (keep this rank's positions; backward all-gathers the gradient) or leaves it
+    (all-gather the sequence; backward keeps this rank's positions). Consecutive SP layers of
+    one layout pass their chunks on with neither."""
+    if layout.tp == 1:
+        return (), ()
+    gather = (Collective("all_gather", layout.tp, tp_group_consecutive(layout),
+                         float(activation_bytes)),)
+    return ((), gather) if entering else (gather, ())
