@@ -20,12 +20,15 @@ A relayout from ``src`` to ``dst`` (:func:`relayout_step`) is what the runtime
 
 - if both layouts give every rank the same slice: nothing;
 - if every rank's ``dst`` slice lies inside its ``src`` slice: a local slice, no communication;
+- if the ``src`` slices held by each rank's ``dst`` TP group are, in TP order, exactly its
+  ``dst`` slice (from ``tp = 1`` into consecutive TP, for instance): one all-gather over that
+  group, which moves only the new slice;
 - otherwise one all-gather over the rank's ``src`` DP group (which holds one replica of every
   ``src`` slice, in slice order: the whole micro-batch), then the ``dst`` slice of it.
 
 Backward re-lays the gradient out the other way (``dst`` to ``src``): every ``dst`` holder has
 the complete gradient of its slice (TP layers all-reduce input gradients), so that is again a
-relayout, local or a gather over the ``dst`` DP group. :func:`relayout_collectives` lists the
+relayout by the same rule. :func:`relayout_collectives` lists the
 collectives of both directions.
 """
 
@@ -143,16 +146,18 @@ def relayout_is_local(src: Layout, dst: Layout, stage_size: int) -> bool:
 class RelayoutStep:
     """What one rank does to move its ``src`` slice to its ``dst`` slice (one direction).
 
-    ``gather``: all-gather over this rank's ``src`` DP group first (``gather_group`` its local
-    indices, in gather order), which yields the whole micro-batch. Then keep part ``keep_index``
-    of ``keep_count`` equal parts of what the rank holds (``(0, 1)`` with no gather: the input
-    itself, nothing to do).
+    ``gather``: all-gather first over ``gather_on`` (``"src_dp"``: the rank's ``src`` DP group,
+    which yields the whole micro-batch; ``"dst_tp"``: its ``dst`` TP group, whose members' ``src``
+    slices make up exactly its ``dst`` slice), ``gather_group`` the group's local indices in
+    gather order. Then keep part ``keep_index`` of ``keep_count`` equal parts of what the rank
+    holds (``(0, 1)``: all of it; with no gather, the input itself, nothing to do).
     """
 
     gather: bool
     gather_group: tuple[int, ...]
     keep_index: int
     keep_count: int
+    gather_on: str = ""
 
     @property
     def is_identity(self) -> bool:
@@ -160,10 +165,28 @@ class RelayoutStep:
 
 
 @functools.lru_cache(maxsize=None)
-def relayout_step(src: Layout, dst: Layout, stage_size: int, local_index: int) -> RelayoutStep:
-    """The runtime's relayout for rank ``local_index``: identity, local slice or gather+slice.
+def _dst_tp_gather_delivers(src: Layout, dst: Layout, stage_size: int) -> bool:
+    """True when, for every rank, the ``src`` slices of its ``dst`` TP group, in TP order, are
+    its ``dst`` slice (from ``tp = 1``, e.g., into consecutive TP: then a gather over that small
+    group moves ``b/dp_dst`` samples instead of the whole micro-batch)."""
+    groups = tp_group_ranks(range(stage_size), dst.tp, dst.consecutive)
+    for j in range(stage_size):
+        i_dst, n_dst = batch_slice(j, stage_size, dst)
+        members = groups[i_dst]
+        held = [batch_slice(g, stage_size, src) for g in members]
+        if any(n_src != n_dst * len(members) for _, n_src in held):
+            return False
+        if [i for i, _ in held] != [i_dst * len(members) + k for k in range(len(members))]:
+            return False
+    return True
 
-    The branch depends only on the two layouts, so every rank of the stage takes the same one.
+
+@functools.lru_cache(maxsize=None)
+def relayout_step(src: Layout, dst: Layout, stage_size: int, local_index: int) -> RelayoutStep:
+    """The runtime's relayout for rank ``local_index``: identity, local slice, or a gather (over
+    the ``dst`` TP group when that delivers exactly the new slice, else over the ``src`` DP
+    group) followed by the slice. The branch depends only on the two layouts, so every rank of
+    the stage takes the same one.
     """
     i_src, n_src = batch_slice(local_index, stage_size, src)
     i_dst, n_dst = batch_slice(local_index, stage_size, dst)
@@ -172,9 +195,18 @@ def relayout_step(src: Layout, dst: Layout, stage_size: int, local_index: int) -
     if relayout_is_local(src, dst, stage_size):
         parts = n_dst // n_src
         return RelayoutStep(False, (), i_dst % parts, parts)
+    if _dst_tp_gather_delivers(src, dst, stage_size):
+        group = tp_group_ranks(range(stage_size), dst.tp, dst.consecutive)[i_dst]
+        return RelayoutStep(True, tuple(group), 0, 1, "dst_tp")
     tp_rank = tp_dp_rank(local_index, stage_size, src.tp, src.consecutive)[0]
     group = dp_group_ranks(range(stage_size), src.tp, src.consecutive)[tp_rank]
-    return RelayoutStep(True, tuple(group), i_dst, n_dst)
+    return RelayoutStep(True, tuple(group), i_dst, n_dst, "src_dp")
+
+
+def gathered_fraction(src: Layout, step: RelayoutStep, stage_size: int) -> float:
+    """The part of the micro-batch a gathering step's output holds (its members' ``src``
+    slices); 0 without a gather."""
+    return len(step.gather_group) / dp_size(src, stage_size) if step.gather else 0.0
 
 
 @dataclass(frozen=True)
@@ -197,8 +229,10 @@ def _one_way(src: Layout, dst: Layout, stage_size: int,
     step = relayout_step(src, dst, stage_size, 0)
     if not step.gather:
         return ()
-    return (Collective("all_gather", len(step.gather_group), dp_group_consecutive(src),
-                       float(microbatch_bytes)),)
+    consecutive = (tp_group_consecutive(dst) if step.gather_on == "dst_tp"
+                   else dp_group_consecutive(src))
+    return (Collective("all_gather", len(step.gather_group), consecutive,
+                       microbatch_bytes * gathered_fraction(src, step, stage_size)),)
 
 
 def relayout_collectives(src: Layout, dst: Layout, stage_size: int, microbatch_bytes: float

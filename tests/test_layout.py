@@ -93,10 +93,16 @@ def test_relayout_step_delivers_every_ranks_new_slice(n: int) -> None:
 
 def test_relayout_collectives_hand_cases() -> None:
     fwd, bwd = relayout_collectives(Layout(1, True), Layout(2, True), 4, 800.0)
-    # tp1 -> tp2: gather the whole micro-batch over tp1's DP group (the stage); back: a slice
+    # tp1 -> tp2: each tp2 pair {2d, 2d+1} holds quarters 2d, 2d+1 = half d: gather that half
+    # (400 B) over the pair; back: a slice
     assert [(c.kind, c.group_size, c.consecutive, c.nbytes) for c in fwd] == \
-        [("all_gather", 4, True, 800.0)]
+        [("all_gather", 2, True, 400.0)]
     assert bwd == ()
+    # tp1 -> strided tp2: the pair {j, j+2} holds quarters j, j+2, not a half: the whole
+    # micro-batch over tp1's DP group (the stage)
+    fwd, _ = relayout_collectives(Layout(1, True), Layout(2, False), 4, 800.0)
+    assert [(c.group_size, c.consecutive, c.nbytes) for c in fwd] == [(4, True, 800.0)]
+    assert relayout_step(Layout(1, True), Layout(2, True), 4, 3).gather_group == (2, 3)
     fwd, bwd = relayout_collectives(Layout(2, True), Layout(2, False), 4, 800.0)
     # consecutive tp2's DP groups are {0,2},{1,3} (strided); strided tp2's are {0,1},{2,3}
     assert [(c.group_size, c.consecutive) for c in fwd] == [(2, False)]

@@ -230,14 +230,18 @@ def test_vocab_parallel_loss_all_reduces_are_charged_in_forward():
 def test_relayout_cost_prices_each_direction_on_its_own_group():
     # 4 ranks, b_m = 8 samples of 50 B: the whole micro-batch is 400 B.
     c, n = FakeCluster(), 4
-    # tp1 -> tp2: forward gathers over tp1's DP group (the 4 ranks): 3/4 x 400 / 1e4 = 0.03 s;
-    # backward only slices (each tp1 quarter lies inside its tp2 half). Transient: the gathered
-    # 400 B beside the kept 200 B half.
+    # tp1 -> tp2: forward gathers each rank's half (200 B) over its tp2 pair, which holds its
+    # two quarters: 1/2 x 200 / 1e4 = 0.01 s; backward only slices (each tp1 quarter lies inside
+    # its tp2 half). Transient: the gathered half (it is the result, no copy).
     up = relayout_cost(c, Layout(1, True), Layout(2, True), 8, 50.0, n)
-    assert (up.forward, up.backward) == (pytest.approx(0.03), 0.0)
-    assert up.transient_bytes == pytest.approx(600)
+    assert (up.forward, up.backward) == (pytest.approx(0.01), 0.0)
+    assert up.transient_bytes == pytest.approx(200)
     down = relayout_cost(c, Layout(2, True), Layout(1, True), 8, 50.0, n)
-    assert (down.forward, down.backward) == (0.0, pytest.approx(0.03))
+    assert (down.forward, down.backward) == (0.0, pytest.approx(0.01))
+    # tp1 -> strided tp2: a pair {j, j+2} does not hold a half, so the whole micro-batch is
+    # gathered over tp1's DP group (the stage): 3/4 x 400 / 1e4 = 0.03 s, beside the kept half
+    wide = relayout_cost(c, Layout(1, True), Layout(2, False), 8, 50.0, n)
+    assert (wide.forward, wide.transient_bytes) == (pytest.approx(0.03), pytest.approx(600))
     # tp2 consecutive -> strided: both ways a gather over a 2-rank DP group: 1/2 x 400 / 1e4
     swap = relayout_cost(c, Layout(2, True), Layout(2, False), 8, 50.0, n)
     assert (swap.forward, swap.backward) == (pytest.approx(0.02), pytest.approx(0.02))
@@ -246,7 +250,7 @@ def test_relayout_cost_prices_each_direction_on_its_own_group():
     # Across a stage boundary: the sender's tp2 half (200 B) hops each way (0.02 s), then the
     # receiver re-lays it out like any relayout.
     hop = stage_boundary_cost(c, Layout(2, True), Layout(1, True), 8, 50.0, n, pp=2)
-    assert (hop.forward, hop.backward) == (pytest.approx(0.02), pytest.approx(0.05))
+    assert (hop.forward, hop.backward) == (pytest.approx(0.02), pytest.approx(0.03))
 
 
 class RecordingCluster(FakeCluster):

@@ -2,8 +2,9 @@
 
 What moves is decided by :func:`megatron_auto.layout.relayout_step`, the rule the cost model
 prices too: nothing when both layouts give every rank the same batch slice; a local slice when
-every rank's new slice lies inside its old one; otherwise one all-gather over the rank's source
-DP group (one replica of every source slice: the whole micro-batch), then the new slice of it.
+every rank's new slice lies inside its old one; one all-gather over the rank's new TP group when
+its members' old slices make up exactly the new one; otherwise one all-gather over the rank's
+source DP group (one replica of every source slice: the whole micro-batch), then the new slice.
 Backward is the same rule applied to the gradient the other way (``dst`` to ``src``).
 
 A result that is a slice is copied (the slice alone, ``b/dp`` samples), in forward and in
@@ -31,10 +32,13 @@ def _relayout_data(x: torch.Tensor, src: Any, dst: Any, local_index: int,
         return x
     if step.gather:
         x = x.contiguous()
-        full = torch.empty((len(step.gather_group) * x.shape[0],) + tuple(x.shape[1:]),
-                           dtype=x.dtype, device=x.device)
-        all_gather_into_tensor(full, x, group=src.dp_group)
-        x = full
+        out = torch.empty((len(step.gather_group) * x.shape[0],) + tuple(x.shape[1:]),
+                          dtype=x.dtype, device=x.device)
+        group = dst.tp_group if step.gather_on == "dst_tp" else src.dp_group
+        all_gather_into_tensor(out, x, group=group)
+        if step.keep_count == 1:
+            return out  # exactly the new slice, in a buffer of its own
+        x = out
     per = x.shape[0] // step.keep_count
     return x[step.keep_index * per:(step.keep_index + 1) * per].clone()
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..layout import Layout, relayout_step
+from ..layout import Layout, gathered_fraction, relayout_step
 from .profiles import EmbeddingProfile, LayerTypeProfile
 
 MASTER_BYTES = 4
@@ -205,8 +205,10 @@ def _move_bytes(src: Layout, dst: Layout, microbatch_bytes: float, stage_size: i
     step = relayout_step(src, dst, stage_size, 0)  # every rank takes the same branch
     if step.is_identity:
         return 0.0
-    kept = microbatch_bytes / (stage_size // dst.tp)  # the slice copied out (a new tensor)
-    return kept + (microbatch_bytes if step.gather else 0.0)
+    gathered = microbatch_bytes * gathered_fraction(src, step, stage_size)
+    if step.gather and step.keep_count == 1:
+        return gathered  # the gathered buffer is the new slice itself
+    return gathered + microbatch_bytes / (stage_size // dst.tp)  # plus the slice copied out
 
 
 def relayout_memory(old: Layout, new: Layout, microbatch_size: int, bytes_per_sample: float,

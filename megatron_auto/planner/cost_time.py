@@ -239,10 +239,11 @@ def relayout_cost(cluster: Any, old: Layout, new: Layout, microbatch_size: int,
     """What the runtime's relayout of one micro-batch from ``old`` to ``new`` costs.
 
     The collectives are :func:`megatron_auto.layout.relayout_collectives`, the ones
-    ``parallel/redistribute.py`` issues: forward, an all-gather of the whole micro-batch
-    (``microbatch_size * bytes_per_sample``) over the ``old`` DP group unless every rank's new
-    slice lies inside its old one; backward, the same rule from ``new`` to ``old`` over the
-    ``new`` DP group. A local slice is free.
+    ``parallel/redistribute.py`` issues: in forward, unless every rank's new slice lies inside
+    its old one (a free local slice), one all-gather: of the new slice over the ``new`` TP group
+    when its members' old slices make it up exactly (from ``tp = 1``), else of the whole
+    micro-batch (``microbatch_size * bytes_per_sample``) over the ``old`` DP group; in
+    backward, the same rule for the gradient from ``new`` to ``old``.
     """
     forward, backward = relayout_collectives(old, new, stage_size,
                                              microbatch_size * bytes_per_sample)
