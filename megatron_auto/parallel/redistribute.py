@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..layout import relayout_step
+from ..layout import relayout_step, slice_bounds
 from .comm import all_gather_into_tensor
 from .context import Layout
 
@@ -87,5 +87,5 @@ def batch_chunk(x: torch.Tensor, groups: Any) -> torch.Tensor:
     if x.shape[0] % groups.dp_size:
         raise ValueError(f"micro-batch of {x.shape[0]} samples is not divisible by the "
                          f"{groups.dp_size} data-parallel replicas of layout {groups.layout}")
-    per = x.shape[0] // groups.dp_size
-    return x[groups.dp_rank * per:(groups.dp_rank + 1) * per]
+    start, stop = slice_bounds(groups.dp_rank, groups.dp_size, x.shape[0])
+    return x[start:stop]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..layout import Layout, gathered_fraction, relayout_step
+from ..layout import Layout, dp_size, gathered_fraction, relayout_step
 from .profiles import EmbeddingProfile, LayerTypeProfile
 
 MASTER_BYTES = 4
@@ -208,7 +208,7 @@ def _move_bytes(src: Layout, dst: Layout, microbatch_bytes: float, stage_size: i
     gathered = microbatch_bytes * gathered_fraction(src, step, stage_size)
     if step.gather and step.keep_count == 1:
         return gathered  # the gathered buffer is the new slice itself
-    return gathered + microbatch_bytes / (stage_size // dst.tp)  # plus the slice copied out
+    return gathered + microbatch_bytes / dp_size(dst, stage_size)  # plus the slice copied out
 
 
 def relayout_memory(old: Layout, new: Layout, microbatch_size: int, bytes_per_sample: float,

@@ -167,7 +167,11 @@ def stage_collectives(plan: Plan, spec: ModelSpec, profile: ModelProfile, precis
     :func:`evaluate_plan` prices them: both directions of every :func:`stage_moves` relayout and
     the per-micro-batch ZeRO gathers and reduce-scatters ``m`` times; ``zero2``'s gather and the
     ``ddp`` all-reduce once (``cost_time.dp_collectives`` of every layer and of the vocab).
-    Not listed: TP all-reduces, p2p hops, the tied-embedding and scalar all-reduces."""
+    Not listed: TP all-reduces, p2p hops, the tied-embedding and scalar all-reduces.
+
+    Known gap: the vocab part is one unit here, while the runtime shards the embedding, the final
+    norm and an untied head as separate FSDP2 units (one gather / reduce-scatter each; the
+    profile does not split the head's parameters into those parts)."""
     n, m = plan.stage_size, plan.num_microbatches
     out: Counter[Collective] = Counter()
     for move in stage_moves(plan, spec, profile, stage):
