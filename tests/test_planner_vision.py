@@ -72,8 +72,7 @@ def test_analytic_profile_charges_window_attention_per_window():
     assert layer_flops + head + embed == pytest.approx(cfg.forward_flops_per_sample())
 
 
-@pytest.mark.parametrize("cfg", [VIT_BASE, swin("tiny"), swin("huge")], ids=["vit-b16", "swin-t",
-                                                                             "swin-huge"])
+@pytest.mark.parametrize("cfg", [VIT_BASE, swin("tiny")], ids=["vit-b16", "swin-t"])
 def test_search_gives_plans_the_runtime_accepts(cfg):
     spec = ModelSpec.from_model_config(cfg)
     cluster = get_cluster("a100-40g-1x8")

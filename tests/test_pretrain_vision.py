@@ -88,3 +88,39 @@ def test_shape_mistakes_exit_2_with_one_error_line(capfd, flags, message):
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith(message), err[-2000:]
     assert "Traceback" not in err
+
+
+def test_swin_checkpoint_resumes_under_another_plan(tmp_path):
+    # Saved by one process, resumed on 2 ranks with TP 2 (the relative position bias table is
+    # then split by heads): the resumed run continues where the first stopped.
+    shape = ["--vision-backbone-type", "swin", "--mock-data", "--img-h", "16", "--img-w", "16",
+             "--patch-dim", "2", "--swin-embed-dim", "16", "--swin-depths", "2,2",
+             "--swin-num-heads", "2,4", "--swin-window-size", "4", "--num-classes", "4",
+             "--global-batch-size", "4", "--log-interval", "1", "--eval-iters", "0",
+             "--lr-decay-style", "constant"]
+    ckpt = tmp_path / "ckpt"
+    full, first, resumed = (tmp_path / n for n in ("full.jsonl", "first.jsonl", "resumed.jsonl"))
+    assert run_distributed(_main_worker, 1, shape + ["--train-iters", "3", "--metrics-file",
+                                                     str(full)]) == [0]
+    assert run_distributed(_main_worker, 1, shape + ["--train-iters", "1", "--save", str(ckpt),
+                                                     "--metrics-file", str(first)]) == [0]
+    assert run_distributed(_main_worker, 2, shape + [
+        "--train-iters", "3", "--load", str(ckpt), "--tensor-model-parallel-size", "2",
+        "--metrics-file", str(resumed)]) == [0, 0]
+    want = [r["lm_loss"] for r in _records(full)][1:]
+    got = [r["lm_loss"] for r in _records(resumed)]
+    assert got == pytest.approx(want, rel=1e-5)
+
+
+def test_checkpoint_of_another_backbone_is_refused(tmp_path, capfd):
+    ckpt = tmp_path / "ckpt"
+    vit = ["--mock-data", "--img-h", "8", "--img-w", "8", "--patch-dim", "2", "--num-layers",
+           "2", "--hidden-size", "16", "--num-attention-heads", "2", "--global-batch-size", "2",
+           "--train-iters", "1", "--eval-iters", "0"]
+    assert run_distributed(_main_worker, 1, vit + ["--save", str(ckpt)]) == [0]
+    capfd.readouterr()
+    assert run_distributed(_main_worker, 1, vit[:-4] + ["--img-h", "16", "--train-iters", "2",
+                                                        "--eval-iters", "0", "--load",
+                                                        str(ckpt)]) == [2]
+    err = capfd.readouterr().err
+    assert "the checkpoint's model has img_h=8 but this run has img_h=16; set --img-h" in err

@@ -63,6 +63,7 @@ from torch.distributed.tensor import DTensor
 
 from ..atomicfile import atomic_write
 from ..config import ModelConfig
+from ..vision_config import BACKBONES, VisionConfig
 from .logging import get_logger
 
 if TYPE_CHECKING:
@@ -75,6 +76,14 @@ VERSION = 1
 
 #: model-config fields that decide parameter names and shapes (or what they mean), with the flag
 #: that sets each one; a checkpoint loads only into a model that agrees on all of them.
+VISION_SHAPE_FIELDS = {
+    "model_type": "--vision-backbone-type", "img_h": "--img-h", "img_w": "--img-w",
+    "patch_dim": "--patch-dim", "num_channels": "--num-channels", "num_classes": "--num-classes",
+    "num_layers": "--num-layers / --swin-depths", "hidden_size": "--hidden-size",
+    "num_attention_heads": "--num-attention-heads", "ffn_hidden_size": "--ffn-hidden-size",
+    "swin_embed_dim": "--swin-embed-dim", "swin_depths": "--swin-depths",
+    "swin_num_heads": "--swin-num-heads", "swin_window_size": "--swin-window-size",
+}
 SHAPE_FIELDS = {
     "num_layers": "--num-layers", "hidden_size": "--hidden-size",
     "num_attention_heads": "--num-attention-heads", "ffn_hidden_size": "--ffn-hidden-size",
@@ -305,8 +314,21 @@ def read_info(load_dir: str | os.PathLike) -> tuple[str, dict[str, Any]]:
 
 def check_model_matches(saved: dict[str, Any], config: ModelConfig, where: str) -> None:
     """Raise CheckpointError naming the first shape field on which ``saved`` and ``config`` differ."""
-    saved_config = ModelConfig.from_dict(saved)
-    for name, flag in SHAPE_FIELDS.items():
+    fields = SHAPE_FIELDS
+    if isinstance(config, VisionConfig):  # an image classifier: its own shape fields
+        unused = (("hidden_size", "num_attention_heads", "ffn_hidden_size")
+                  if config.model_type == "swin" else ("swin_embed_dim", "swin_depths",
+                                                        "swin_num_heads", "swin_window_size"))
+        fields = {k: v for k, v in VISION_SHAPE_FIELDS.items() if k not in unused}
+        if saved.get("model_type") not in BACKBONES:
+            raise CheckpointError(f"--load={where}: the checkpoint holds a "
+                                  f"{saved.get('model_type')} model, this run trains a "
+                                  f"{config.model_type} classifier; load a checkpoint of this "
+                                  f"model")
+        saved_config = VisionConfig.from_dict(saved)
+    else:
+        saved_config = ModelConfig.from_dict(saved)
+    for name, flag in fields.items():
         old, new = getattr(saved_config, name), getattr(config, name)
         if old != new:
             raise CheckpointError(
