@@ -143,3 +143,15 @@ def test_vision_stages_refuse_sp_and_interleaving_clearly():
         _refuse_unsupported(Plan.from_dict(SP_PLANS["sp-all-tp2"]))
     with pytest.raises(PlanError, match=r"pipeline\.virtual_size=2: the vision models"):
         _refuse_unsupported(Plan.from_dict(SP_PLANS["sp-interleaved"]))
+
+
+def test_checkpoint_moves_between_sp_interleaved_and_plain_plans(tmp_path):
+    """Names and global shapes do not depend on SP or interleaving: a checkpoint of an
+    interleaved SP plan continues exactly under a non-interleaved plan with other SP layers and
+    a zero1 layer (resharded, compared with the uninterrupted one-process run)."""
+    from test_checkpoint import SPLIT, STEPS, _phase
+    from test_checkpoint import assert_matches_reference as assert_resumed_matches
+
+    _phase(4, SP_PLANS["sp-interleaved"], 0, SPLIT, save_dir=tmp_path)
+    losses, state = _phase(4, SP_PLANS["sp-pp2-boundary"], SPLIT, STEPS, load_dir=tmp_path)
+    assert_resumed_matches(losses, state, "sp interleaved -> sp pp2 with zero1")
