@@ -155,3 +155,18 @@ def test_checkpoint_moves_between_sp_interleaved_and_plain_plans(tmp_path):
     _phase(4, SP_PLANS["sp-interleaved"], 0, SPLIT, save_dir=tmp_path)
     losses, state = _phase(4, SP_PLANS["sp-pp2-boundary"], SPLIT, STEPS, load_dir=tmp_path)
     assert_resumed_matches(losses, state, "sp interleaved -> sp pp2 with zero1")
+
+
+def test_bert_with_sp_layers_matches_one_process():
+    """BERT (padding mask, token types, both heads) with SP next to a non-SP layer: forward
+    loss and every gradient equal the one-process stage's (test_bert_model's check)."""
+    from megatron_auto.plan import LayerStrategy
+    from test_bert_model import CONFIG as BERT_CONFIG
+    from test_bert_model import _reference, _worker
+    from test_gpt_model import check_against_reference
+    from test_gpt_model import plan_of as stage_plan_of
+
+    base = stage_plan_of(2, [(2, True, False)] * BERT_CONFIG.num_layers, vocab_tp=2)
+    plan = replace(base, layers=(LayerStrategy(tp=2, sequence_parallel=True),
+                                 LayerStrategy(tp=2)))
+    check_against_reference(run_distributed(_worker, 2, plan, BERT_CONFIG), _reference())
