@@ -170,3 +170,24 @@ def test_bert_with_sp_layers_matches_one_process():
     plan = replace(base, layers=(LayerStrategy(tp=2, sequence_parallel=True),
                                  LayerStrategy(tp=2)))
     check_against_reference(run_distributed(_worker, 2, plan, BERT_CONFIG), _reference())
+
+
+def test_bf16_with_sp_zero1_and_interleaving_trains():
+    """bf16 autocast through the SP linears (they cast by hand), zero1 and the interleaved
+    schedule: losses finite, falling on a repeated batch, the first one the fp32 loss up to
+    bf16 rounding, fp32 master parameters."""
+    import math
+
+    from test_equivalence import reference
+
+    plan = plan_of(4, [layer(tp=2, sp=True, dp_mode="zero1"), layer(tp=2),
+                       layer(tp=2, sp=True, recompute=True), layer(tp=2, sp=True)],
+                   layers_per_stage=(1, 1, 1, 1), virtual_size=2, num_microbatches=2,
+                   vocab_tp=2, vocab_dp_mode="zero1")
+    (results, state), = run_plans(4, [plan], steps=6, precision={"bf16": True}, lr=1e-2,
+                                  same_batch=True)
+    losses = [r["lm_loss"] for r in results]
+    assert all(math.isfinite(x) for x in losses)
+    assert losses[-1] < losses[0] - 0.1, losses
+    assert losses[0] == pytest.approx(reference()[0][0]["lm_loss"], rel=2e-2)
+    assert all(v.dtype == torch.float32 for v in state.values())
