@@ -35,10 +35,18 @@ def _int_list(flag: str):
     return parse
 
 
-def add_vision_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Image, backbone and Swin shape flags; sets the script's ViT defaults."""
+def add_vision_args(parser: argparse.ArgumentParser, *, backbone_flag: bool = True,
+                    script_defaults: bool = True) -> argparse.ArgumentParser:
+    """Image, backbone and Swin shape flags.
+
+    ``backbone_flag`` adds ``--vision-backbone-type`` (the CLI names the backbone with its
+    ``--model-type`` instead); ``script_defaults`` replaces the transformer flags' GPT defaults
+    by the vision script's (:data:`VIT_DEFAULTS`); the CLI, which serves GPT too, applies them
+    in :func:`apply_vit_defaults` instead.
+    """
     g = parser.add_argument_group("vision")
-    g.add_argument("--vision-backbone-type", default="vit", choices=list(BACKBONES))
+    if backbone_flag:
+        g.add_argument("--vision-backbone-type", default="vit", choices=list(BACKBONES))
     g.add_argument("--img-h", type=int, default=32)
     g.add_argument("--img-w", type=int, default=32)
     g.add_argument("--patch-dim", type=int, default=4)
@@ -54,8 +62,17 @@ def add_vision_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="heads per stage, e.g. 3,6,12,24")
     g.add_argument("--swin-window-size", type=int, default=None,
                    help=f"default: {DEFAULT_SWIN['swin_window_size']} (presets: 7)")
-    parser.set_defaults(**VIT_DEFAULTS)
+    if script_defaults:
+        parser.set_defaults(**VIT_DEFAULTS)
     return parser
+
+
+def apply_vit_defaults(args: argparse.Namespace, parser_defaults: dict) -> None:
+    """Give every transformer flag left at ``parser_defaults`` (the GPT defaults) the vision
+    script's default, so that the CLI describes the model the script would train."""
+    for dest, value in VIT_DEFAULTS.items():
+        if getattr(args, dest) == parser_defaults.get(dest):
+            setattr(args, dest, value)
 
 
 def _swin_shape(args: argparse.Namespace) -> dict:
@@ -72,11 +89,13 @@ def _swin_shape(args: argparse.Namespace) -> dict:
 
 def vision_config_from_args(args: argparse.Namespace) -> VisionConfig:
     """The :class:`VisionConfig` the flags describe; ``ConfigError`` names a bad flag."""
-    if args.swin_backbone_type is not None and args.vision_backbone_type != "swin":
+    backbone = getattr(args, "vision_backbone_type", None) or args.model_type
+    if args.swin_backbone_type is not None and backbone != "swin":
         raise ConfigError(f"--swin-backbone-type={args.swin_backbone_type}: needs "
-                          f"--vision-backbone-type swin; add it or drop the preset")
+                          f"--vision-backbone-type swin (megatron-auto: --model-type swin); "
+                          f"add it or drop the preset")
     return VisionConfig(
-        model_type=args.vision_backbone_type, img_h=args.img_h, img_w=args.img_w,
+        model_type=backbone, img_h=args.img_h, img_w=args.img_w,
         patch_dim=args.patch_dim, num_channels=args.num_channels, num_classes=args.num_classes,
         num_layers=args.num_layers, hidden_size=args.hidden_size,
         num_attention_heads=args.num_attention_heads, ffn_hidden_size=args.ffn_hidden_size,
