@@ -17,8 +17,10 @@ import torch
 from torch import nn
 
 from megatron_auto.config import ModelConfig
-from megatron_auto.training.data import DataConfig, DataSource, collate
-from megatron_auto.training.pretrain import TaskSpec, pretrain
+from megatron_auto.run_config import DataConfig
+from megatron_auto.training.data import DataSource, collate
+from megatron_auto.training.pretrain import launch
+from megatron_auto.training.trainer import TaskSpec
 
 # Entries of BertStage.last_losses that the loop sums over micro-batches and ranks.
 LOSS_PARTS = ("mlm_loss_sum", "sop_loss_sum", "num_tokens", "num_samples")
@@ -72,7 +74,7 @@ BERT_TASK = TaskSpec(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return pretrain(model_provider, datasets_provider, batch_fn, argv=argv, task=BERT_TASK)
+    return launch(model_provider, datasets_provider, batch_fn, argv=argv, task=BERT_TASK)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@
     torchrun --nproc-per-node 8 pretrain_gpt.py --plan plan.json --data-path PREFIX \\
         --tokenizer-type GPT2BPETokenizer --vocab-file vocab.json --merge-file merges.txt
 
-Only the three GPT-specific providers live here; the loop is ``megatron_auto.training.pretrain``.
+Only the three GPT-specific providers live here; the flags are converted once into a
+``RunConfig`` and the run is ``megatron_auto.training.pretrain``.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import torch
 from torch import nn
 
 from megatron_auto.config import ModelConfig
-from megatron_auto.training.data import DataConfig, DataSource, collate
-from megatron_auto.training.pretrain import pretrain
+from megatron_auto.run_config import DataConfig
+from megatron_auto.training.data import DataSource, collate
+from megatron_auto.training.pretrain import launch
 
 
 def model_provider(config: ModelConfig, ctx: Any, seed: int) -> nn.Module:
@@ -51,7 +53,7 @@ def batch_fn(items: Sequence[dict]) -> dict[str, torch.Tensor]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return pretrain(model_provider, datasets_provider, batch_fn, argv=argv)
+    return launch(model_provider, datasets_provider, batch_fn, argv=argv)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@
 Data: ``--mock-data`` (random images), ``--data-path TRAIN [VALID]`` (image folders, one
 sub-folder per class), or nothing (the embedded pattern set). Same plan, checkpoint and logging
 flags as ``pretrain_gpt.py``; the log shows ``lm loss`` (cross entropy) and ``accuracy``.
-Only the vision providers live here; the loop is ``megatron_auto.training.pretrain``.
+Only the vision providers and the vision flags' conversion live here; the run is
+``megatron_auto.training.pretrain``.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ import torch
 from torch import nn
 
 from megatron_auto.arguments import build_parser
-from megatron_auto.training.data import DataConfig, DataSource, collate
-from megatron_auto.training.pretrain import TaskSpec, pretrain
+from megatron_auto.run_config import DataConfig
+from megatron_auto.training.data import DataSource, collate
+from megatron_auto.training.pretrain import launch
+from megatron_auto.training.trainer import TaskSpec
 from megatron_auto.vision_arguments import add_vision_args, vision_config_from_args
 from megatron_auto.vision_config import VisionConfig
 
@@ -71,15 +74,15 @@ def named_losses(sums: dict[str, float]) -> dict[str, float]:
     return {"accuracy": sums["correct"] / max(sums["num_samples"], 1.0)}
 
 
-VISION_TASK = TaskSpec(config_from_args=vision_config_from_args,
-                       loss_part_keys=("correct", "num_samples"), named_losses=named_losses)
+VISION_TASK = TaskSpec(text_data=False, loss_part_keys=("correct", "num_samples"),
+                       named_losses=named_losses)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = add_vision_args(build_parser("Train a ViT or Swin image classifier with a "
                                           "per-layer parallel plan."))
-    return pretrain(model_provider, datasets_provider, batch_fn, argv=argv, parser=parser,
-                    task=VISION_TASK)
+    return launch(model_provider, datasets_provider, batch_fn, argv=argv, parser=parser,
+                  model_config_from_args=vision_config_from_args, task=VISION_TASK)
 
 
 if __name__ == "__main__":

@@ -92,7 +92,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     from megatron_auto.models.gpt import GPTStage
-    from megatron_auto.training.pretrain import build_trainer, train_step
+    from megatron_auto.training.trainer import build_trainer, train_step
 
     os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                        "MASTER_PORT": os.environ.get("MASTER_PORT", "29533")})

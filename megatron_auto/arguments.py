@@ -1,23 +1,21 @@
-"""Command-line flags (Megatron-LM names) and their conversion into typed configuration.
+"""Command-line flags (Megatron-LM names), converted once into a :class:`RunConfig`.
 
-This is the only module that knows argparse for training flags (STYLE principle 7): entry
-scripts call :func:`parse_args`, then the ``*_config_from_args`` converters, and everything
-below works on dataclasses. The ``megatron-auto`` CLI reuses :func:`add_model_args` and
-:func:`model_config_from_args`.
+This is the only module that knows argparse for training flags (STYLE principle 7): an entry
+point calls :func:`parse_run_config` on its argv and hands the result to
+``training.pretrain.pretrain()``; nothing below sees an argparse namespace. The ``megatron-auto``
+CLI reuses the flag groups (:func:`add_model_args`) and the converters
+(:func:`model_config_from_args`, :func:`classic_layout_from_args`) on its own parsers.
 
 Defaults describe the embedded run (``torchrun --standalone --nproc-per-node 2 pretrain_gpt.py``
 with no other flag): a 4-layer, 256-wide GPT on the corpus shipped with the package.
 
-Where the parallel plan comes from (:func:`resolve_plan`):
+Where the parallel plan comes from is decided in the same parse (``plan_source.py``):
+``--plan FILE``, ``--auto-parallel`` (the layout flags the user typed become
+:class:`SearchPins`: the layout flags default to ``None`` so that a typed value, even one equal
+to Megatron's default, is told apart from an absent one without re-parsing), or the classic
+flags (a uniform plan).
 
-- ``--plan FILE``: the file rules; its ``global_batch_size`` and ``num_microbatches`` set the
-  batch (``--global-batch-size``, when given, must equal it; ``--micro-batch-size`` is ignored
-  with a warning).
-- classic flags (``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
-  ``--recompute-*``, ``--use-distributed-optimizer``): a uniform plan through the same runtime
-  path. ``--use-distributed-optimizer`` maps to ``dp_mode="zero1"`` on every layer (Megatron's
-  distributed optimizer: optimizer state sharded over data parallelism).
-- ``--auto-parallel``: the planner (wired by ``megatron_auto/auto.py`` when present).
+Pure: no torch, so the planning CLI starts fast.
 """
 
 from __future__ import annotations
@@ -25,27 +23,26 @@ from __future__ import annotations
 import argparse
 import os
 import warnings
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
-from .config import ConfigError, ModelConfig
-from .parallel.optimizer import OptimizerConfig
-from .plan import Plan, PlanError
-from .planner.megatron_flags import MegatronFlagError, plan_from_megatron_flags
-from .training.data import DataConfig
-from .training.logging import LoggingConfig
-from .training.lr_scheduler import LRConfig
-from .training.precision import PrecisionConfig
+from .config import ArgumentError, ConfigError, ModelConfig
+from .run_config import (DEFAULT_GLOBAL_BATCH_SIZE, CheckpointConfig, ClassicLayout, DataConfig,
+                         LoggingConfig, LRConfig, OptimizerConfig, PlanFile, PrecisionConfig,
+                         RunConfig, SearchPins, TrainingConfig, resolve_precision)
+
+__all__ = ["DEFAULT_GLOBAL_BATCH_SIZE", "DEFAULT_MOCK_VOCAB_SIZE", "ArgumentError",
+           "ConfigError", "add_model_args", "build_parser", "classic_layout_from_args",
+           "model_config_from_args", "parse_run_config", "run_config_from_args"]
 
 # Model vocabulary when neither a tokenizer nor --vocab-size says otherwise (mock data).
 DEFAULT_MOCK_VOCAB_SIZE = 8192
 
-
-# The global batch when --global-batch-size is not given (training, --auto-parallel, the CLI).
-DEFAULT_GLOBAL_BATCH_SIZE = 8
-
-
-class ArgumentError(ConfigError):
-    """An invalid flag combination; the message names the flag, its value and the fix."""
+# Megatron's values of the layout flags: typed next to --plan, these are no conflict.
+_LAYOUT_DEFAULTS = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
+                    "use_distributed_optimizer": False, "recompute_granularity": None,
+                    "recompute_method": None, "recompute_num_layers": None,
+                    "decoder_first_pipeline_num_layers": None,
+                    "decoder_last_pipeline_num_layers": None}
 
 
 # ----------------------------------------------------------------------------- flag groups
@@ -111,8 +108,9 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--hysteresis", type=int, default=2)
 
     p = parser.add_argument_group("parallelism")
-    p.add_argument("--tensor-model-parallel-size", type=int, default=1)
-    p.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    # Default None (= 1): a typed value pins the choice for --auto-parallel.
+    p.add_argument("--tensor-model-parallel-size", type=int, default=None, help="default: 1")
+    p.add_argument("--pipeline-model-parallel-size", type=int, default=None, help="default: 1")
     p.add_argument("--decoder-first-pipeline-num-layers", type=int, default=None)
     p.add_argument("--decoder-last-pipeline-num-layers", type=int, default=None)
     p.add_argument("--recompute-granularity", default=None, choices=["full", "selective"])
@@ -173,14 +171,21 @@ def build_parser(description: str = "Train a GPT with a per-layer parallel plan.
     return parser
 
 
-def parse_args(argv: Sequence[str] | None = None,
-               parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
-    """Parse and check flags that need no world size (see :func:`check_args`)."""
+def parse_run_config(argv: Sequence[str] | None = None,
+                     parser: argparse.ArgumentParser | None = None, *,
+                     model_config_from_args: Callable[[argparse.Namespace], Any] | None = None
+                     ) -> RunConfig:
+    """The :class:`RunConfig` of ``argv`` (default ``sys.argv[1:]``), checked.
+
+    ``parser`` extends :func:`build_parser` with a script's own flags and
+    ``model_config_from_args`` converts them into its model config (the vision classifiers'
+    ``VisionConfig``); by default the model is this module's :class:`ModelConfig`.
+    Raises ``ConfigError`` (``ArgumentError`` for flag combinations) naming the flag, its value
+    and the fix; argparse itself exits with status 2 on unknown flags.
+    """
     args = (parser or build_parser()).parse_args(argv)
-    # Which flags were typed (not defaulted) matters to --auto-parallel (they pin choices).
-    args.argv_ = list(argv) if argv is not None else None
     check_args(args)
-    return args
+    return run_config_from_args(args, model_config_from_args or model_config_from_args_default)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -190,8 +195,7 @@ def _fail(flag: str, value: object, fix: str) -> None:
 
 def check_args(args: argparse.Namespace) -> None:
     """Reject contradictory flags at start, naming the flag, its value and the fix."""
-    if args.bf16 and args.fp16:
-        _fail("--bf16", True, "cannot be combined with --fp16; choose one precision")
+    resolve_precision(args.bf16, args.fp16)
     if args.mock_data and args.data_path:
         _fail("--data-path", " ".join(args.data_path),
               "cannot be combined with --mock-data; drop one of them")
@@ -212,13 +216,12 @@ def check_args(args: argparse.Namespace) -> None:
         _fail("--lr", args.lr, "must be positive")
     if not 0 <= args.min_lr <= args.lr:
         _fail("--min-lr", args.min_lr, f"must be between 0 and --lr={args.lr}")
-    if args.lr_warmup_iters is None:
-        args.lr_warmup_iters = args.train_iters // 10
-    if args.lr_warmup_iters < 0:
-        _fail("--lr-warmup-iters", args.lr_warmup_iters, "must be >= 0")
+    warmup = _warmup_iters(args)
+    if warmup < 0:
+        _fail("--lr-warmup-iters", warmup, "must be >= 0")
     decay_iters = args.lr_decay_iters if args.lr_decay_iters is not None else args.train_iters
-    if args.lr_decay_style != "constant" and args.lr_warmup_iters > decay_iters:
-        _fail("--lr-warmup-iters", args.lr_warmup_iters,
+    if args.lr_decay_style != "constant" and warmup > decay_iters:
+        _fail("--lr-warmup-iters", warmup,
               f"must not exceed --lr-decay-iters={decay_iters} (default --train-iters)")
     if args.clip_grad < 0:
         _fail("--clip-grad", args.clip_grad, "must be >= 0 (0 disables clipping)")
@@ -245,6 +248,18 @@ def check_args(args: argparse.Namespace) -> None:
     if args.tokenizer_type is not None and not (args.data_path or args.mock_data):
         _fail("--tokenizer-type", args.tokenizer_type,
               "needs --data-path (the embedded default brings its own tokenizer)")
+    if args.plan:
+        for flag, default in _LAYOUT_DEFAULTS.items():
+            value = getattr(args, flag)
+            if value is not None and value != default:
+                _fail("--" + flag.replace("_", "-"), value,
+                      f"conflicts with --plan {args.plan}, which sets the layout (tp, pp, dp "
+                      f"mode, recompute per layer); drop the flag or edit the plan")
+
+
+def _warmup_iters(args: argparse.Namespace) -> int:
+    """--lr-warmup-iters, default 10% of --train-iters."""
+    return args.lr_warmup_iters if args.lr_warmup_iters is not None else args.train_iters // 10
 
 
 # ----------------------------------------------------------------------------- converters
@@ -268,122 +283,67 @@ def model_config_from_args(args: argparse.Namespace, vocab_size: int | None = No
         untie_embeddings_and_output_weights=args.untie_embeddings_and_output_weights)
 
 
-def optimizer_config_from_args(args: argparse.Namespace) -> OptimizerConfig:
-    return OptimizerConfig(weight_decay=args.weight_decay, adam_beta1=args.adam_beta1,
-                           adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
-                           clip_grad=args.clip_grad)
+def model_config_from_args_default(args: argparse.Namespace) -> ModelConfig:
+    """The language models' :class:`ModelConfig` (the flags' vocabulary or the mock default)."""
+    return model_config_from_args(args)
 
 
-def lr_config_from_args(args: argparse.Namespace) -> LRConfig:
+def run_config_from_args(args: argparse.Namespace,
+                         model_config_from_args: Callable[[argparse.Namespace], Any] | None = None
+                         ) -> RunConfig:
+    """Every component's dataclass from a namespace :func:`check_args` accepted."""
     decay_iters = args.lr_decay_iters if args.lr_decay_iters is not None else args.train_iters
-    return LRConfig(lr=args.lr, min_lr=args.min_lr, decay_style=args.lr_decay_style,
-                    warmup_iters=args.lr_warmup_iters, decay_iters=decay_iters,
+    return RunConfig(
+        model=(model_config_from_args or model_config_from_args_default)(args),
+        data=DataConfig(data_path=tuple(args.data_path or ()), mock_data=args.mock_data,
+                        split=args.split, tokenizer_type=args.tokenizer_type,
+                        tokenizer_model=args.tokenizer_model, vocab_file=args.vocab_file,
+                        merge_file=args.merge_file, vocab_size=args.vocab_size,
+                        eod_mask_loss=args.eod_mask_loss, cache_dir=args.data_cache_path),
+        optimizer=OptimizerConfig(weight_decay=args.weight_decay, adam_beta1=args.adam_beta1,
+                                  adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
+                                  clip_grad=args.clip_grad),
+        lr=LRConfig(lr=args.lr, min_lr=args.min_lr, decay_style=args.lr_decay_style,
+                    warmup_iters=_warmup_iters(args), decay_iters=decay_iters,
                     wsd_decay_iters=args.lr_wsd_decay_iters,
-                    wsd_decay_style=args.lr_wsd_decay_style)
+                    wsd_decay_style=args.lr_wsd_decay_style),
+        precision=PrecisionConfig(bf16=args.bf16, fp16=args.fp16, loss_scale=args.loss_scale,
+                                  initial_loss_scale=args.initial_loss_scale,
+                                  min_loss_scale=args.min_loss_scale,
+                                  loss_scale_window=args.loss_scale_window,
+                                  hysteresis=args.hysteresis),
+        logging=LoggingConfig(log_interval=args.log_interval, metrics_file=args.metrics_file),
+        training=TrainingConfig(train_iters=args.train_iters, eval_interval=args.eval_interval,
+                                eval_iters=args.eval_iters, seed=args.seed),
+        checkpoint=CheckpointConfig(save=args.save, load=args.load,
+                                    save_interval=args.save_interval),
+        plan_source=plan_source_from_args(args), plan_out=args.plan_out)
 
 
-def precision_config_from_args(args: argparse.Namespace) -> PrecisionConfig:
-    return PrecisionConfig(bf16=args.bf16, fp16=args.fp16, loss_scale=args.loss_scale,
-                           initial_loss_scale=args.initial_loss_scale,
-                           min_loss_scale=args.min_loss_scale,
-                           loss_scale_window=args.loss_scale_window, hysteresis=args.hysteresis)
-
-
-def data_config_from_args(args: argparse.Namespace) -> DataConfig:
-    return DataConfig(data_path=tuple(args.data_path or ()), mock_data=args.mock_data,
-                      split=args.split, tokenizer_type=args.tokenizer_type,
-                      tokenizer_model=args.tokenizer_model, vocab_file=args.vocab_file,
-                      merge_file=args.merge_file, vocab_size=args.vocab_size,
-                      eod_mask_loss=args.eod_mask_loss, cache_dir=args.data_cache_path)
-
-
-def logging_config_from_args(args: argparse.Namespace) -> LoggingConfig:
-    return LoggingConfig(log_interval=args.log_interval, metrics_file=args.metrics_file)
-
-
-def training_config_from_args(args: argparse.Namespace) -> "TrainingConfig":
-    from .training.pretrain import TrainingConfig  # noqa: PLC0415 - pretrain imports this module
-
-    return TrainingConfig(train_iters=args.train_iters, eval_interval=args.eval_interval,
-                          eval_iters=args.eval_iters, seed=args.seed)
-
-
-# ----------------------------------------------------------------------------- the plan
-def resolve_plan(args: argparse.Namespace, model_config: ModelConfig, world_size: int) -> Plan:
-    """The plan this run trains with: from ``--plan``, ``--auto-parallel`` or classic flags.
-
-    Every error is an ``ArgumentError``/``PlanError`` whose message names the flag or plan field.
-    """
-    if args.auto_parallel:
-        return _auto_plan(args, model_config, world_size)
+def plan_source_from_args(args: argparse.Namespace) -> PlanFile | ClassicLayout | SearchPins:
+    """``--plan``, ``--auto-parallel`` (with the pins typed in this parse) or the classic flags."""
     if args.plan:
-        return _plan_from_file(args, model_config, world_size)
-    return plan_from_classic_flags(args, model_config, world_size)
+        return PlanFile(args.plan, global_batch_size=args.global_batch_size,
+                        micro_batch_size=args.micro_batch_size)
+    if args.auto_parallel:
+        return SearchPins(tensor_model_parallel_size=args.tensor_model_parallel_size,
+                          pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+                          global_batch_size=args.global_batch_size,
+                          micro_batch_size=args.micro_batch_size,
+                          use_distributed_optimizer=args.use_distributed_optimizer,
+                          recompute_granularity=args.recompute_granularity,
+                          cluster=args.cluster, memory_budget_gb=args.memory_budget_gb)
+    return classic_layout_from_args(args)
 
 
-def _auto_plan(args: argparse.Namespace, model_config: ModelConfig, world_size: int) -> Plan:
-    from . import auto  # noqa: PLC0415 - profiler and planner are heavy; only this path needs them
-
-    return auto.plan_for_run(args, model_config, world_size)
-
-
-def _plan_from_file(args: argparse.Namespace, model_config: ModelConfig, world_size: int) -> Plan:
-    plan = Plan.load(args.plan)
-    if plan.world_size != world_size:
-        raise PlanError(f"--plan {args.plan}: plan field world_size={plan.world_size} but this run "
-                        f"has {world_size} ranks; launch with --nproc-per-node x nodes = "
-                        f"{plan.world_size} or make a plan for {world_size} ranks")
-    plan.validate(model_config)
-    if args.global_batch_size is not None and args.global_batch_size != plan.global_batch_size:
-        _fail("--global-batch-size", args.global_batch_size,
-              f"differs from the plan's global_batch_size={plan.global_batch_size} in "
-              f"{args.plan}; drop --global-batch-size or make a plan for this batch size")
-    if args.micro_batch_size is not None:
-        warnings.warn(f"--micro-batch-size={args.micro_batch_size} is ignored with --plan: each "
-                      f"layer's micro-batch follows from the plan (global_batch_size "
-                      f"{plan.global_batch_size} / num_microbatches {plan.num_microbatches} / dp)",
-                      stacklevel=2)
-    layout_flags = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
-                    "use_distributed_optimizer": False, "recompute_granularity": None,
-                    "recompute_method": None, "recompute_num_layers": None,
-                    "decoder_first_pipeline_num_layers": None,
-                    "decoder_last_pipeline_num_layers": None}
-    for flag, default in layout_flags.items():
-        if getattr(args, flag) != default:
-            _fail("--" + flag.replace("_", "-"), getattr(args, flag),
-                  f"conflicts with --plan {args.plan}, which sets the layout (tp, pp, dp mode, "
-                  f"recompute per layer); drop the flag or edit the plan")
-    return plan
-
-
-def plan_from_classic_flags(args: argparse.Namespace, model_config: ModelConfig,
-                            world_size: int) -> Plan:
-    """The uniform plan of Megatron's layout flags (unset sizes count as 1); shared by the
-    pretrain scripts and ``megatron-auto evaluate``."""
-    tp = args.tensor_model_parallel_size or 1
-    model_config.check_tensor_parallel(tp)
-    model_config.check_vocab_parallel(tp, what="--tensor-model-parallel-size")
-    pp = args.pipeline_model_parallel_size or 1
-    if pp > model_config.num_layers:
-        _fail("--pipeline-model-parallel-size", pp,
-              f"exceeds --num-layers={model_config.num_layers}; every stage needs a layer")
-    global_batch = args.global_batch_size if args.global_batch_size is not None \
-        else DEFAULT_GLOBAL_BATCH_SIZE
-    micro_batch = args.micro_batch_size
-    if micro_batch is None:
-        # Default: the largest of 4, 2, 1 that splits each replica's share of the batch.
-        per_replica = global_batch // max(1, world_size // (tp * pp))
-        micro_batch = next(d for d in (4, 2, 1) if per_replica % d == 0 or d == 1)
-    try:
-        return plan_from_megatron_flags(
-            world_size=world_size, num_layers=model_config.num_layers,
-            global_batch_size=global_batch, micro_batch_size=micro_batch,
-            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-            use_distributed_optimizer=args.use_distributed_optimizer,
-            recompute_granularity=args.recompute_granularity,
-            recompute_method=args.recompute_method,
-            recompute_num_layers=args.recompute_num_layers,
-            decoder_first_pipeline_num_layers=args.decoder_first_pipeline_num_layers,
-            decoder_last_pipeline_num_layers=args.decoder_last_pipeline_num_layers)
-    except MegatronFlagError as err:
-        raise ArgumentError(str(err)) from None
+def classic_layout_from_args(args: argparse.Namespace) -> ClassicLayout:
+    """Megatron's layout and batch flags (the pretrain scripts' and ``megatron-auto``'s)."""
+    return ClassicLayout(
+        tensor_model_parallel_size=args.tensor_model_parallel_size,
+        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+        global_batch_size=args.global_batch_size, micro_batch_size=args.micro_batch_size,
+        use_distributed_optimizer=args.use_distributed_optimizer,
+        recompute_granularity=args.recompute_granularity,
+        recompute_method=args.recompute_method, recompute_num_layers=args.recompute_num_layers,
+        decoder_first_pipeline_num_layers=args.decoder_first_pipeline_num_layers,
+        decoder_last_pipeline_num_layers=args.decoder_last_pipeline_num_layers)

@@ -5,6 +5,12 @@ Every subcommand takes the pretrain scripts' model flags (Megatron-LM names, fro
 one line naming the flag or field, the value and the fix, and exits with status 2 (no traceback).
 
 ``main(argv)`` returns the exit status, so tests call it in-process.
+
+The planning commands (``plan``, ``evaluate``, ``explain``, ``import-galvatron``) never import
+torch: this module, the flag converters (``arguments.py``), the plan makers
+(``plan_source.py``), the planning inputs (``planning.py``) and the planner are pure, and the
+profiler subcommands import their torch-heavy parts only in their handlers. The planner inputs
+are built by ``planning.planning_inputs``, the same function ``--auto-parallel`` uses.
 """
 
 from __future__ import annotations
@@ -16,15 +22,20 @@ import math
 import sys
 from typing import Any, Sequence
 
-from .arguments import (DEFAULT_GLOBAL_BATCH_SIZE, add_model_args, model_config_from_args,
-                        plan_from_classic_flags)
+from .arguments import (DEFAULT_GLOBAL_BATCH_SIZE, add_model_args, classic_layout_from_args,
+                        model_config_from_args)
 from .config import ModelConfig
 from .plan import Plan
+from .plan_source import plan_from_classic_flags
+from .planner import galvatron, report
 from .planner.hardware import GB, ClusterSpec
 from .planner.megatron_flags import to_megatron_flags
 from .planner.model_spec import ModelSpec, TrainingSpec
 from .planner.presets import PRESET_NAMES, get_cluster
-from .planner import report
+from .planner.profiles import ModelProfile
+from .planner.search import SearchOptions, evaluate, search
+from .planning import PlanningInputs, planning_inputs
+from .run_config import resolve_precision
 from .profiler.cli import (add_calibrate_parser, add_profile_hardware_parser,
                            add_profile_model_parser)
 
@@ -44,11 +55,14 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
                         help="gpt (causal decoder, default) or bert (encoder)")
 
 
-def _model_dests(parser: argparse.ArgumentParser) -> tuple[str, ...]:
-    """Destinations of the model flags (those of the "model" group, plus --model-type)."""
-    dests = [a.dest for group in parser._action_groups if group.title == "model"
-             for a in group._group_actions]
-    return tuple(dests) + ("model_type",)
+def _model_flag_defaults() -> dict[str, Any]:
+    """Every model flag's destination and default (a parser of the model flags alone)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_model_flags(parser)
+    return vars(parser.parse_args([]))
+
+
+MODEL_FLAG_DEFAULTS = _model_flag_defaults()
 
 
 def model_config_from_flags(args: argparse.Namespace) -> ModelConfig:
@@ -95,21 +109,9 @@ def _add_plan_source(parser: argparse.ArgumentParser) -> None:
 
 
 # ------------------------------------------------------------------------------ shared setup
-@dataclasses.dataclass
-class _Setup:
-    config: ModelConfig
-    spec: ModelSpec
-    training: TrainingSpec
-    cluster: ClusterSpec
-    profile: Any
-    budget: int
-
-
 def _precision(args: argparse.Namespace, recorded: str | None = None) -> str:
     """--bf16 / --fp16, else the precision a plan file recorded, else fp32 (Megatron's default)."""
-    if args.bf16 and args.fp16:
-        raise CliError("--bf16 and --fp16 given together: choose one precision")
-    return "bf16" if args.bf16 else "fp16" if args.fp16 else (recorded or "fp32")
+    return resolve_precision(args.bf16, args.fp16, recorded or "fp32")  # type: ignore[return-value]
 
 
 def _recorded(args: argparse.Namespace) -> dict[str, Any]:
@@ -135,36 +137,24 @@ def _cluster(args: argparse.Namespace) -> ClusterSpec:
 
 
 def _setup(args: argparse.Namespace, global_batch_size: int | None = None,
-           config: ModelConfig | None = None) -> _Setup:
+           config: ModelConfig | None = None) -> PlanningInputs:
+    """The planner's inputs from the flags (and a plan file's record of its search)."""
     config = config or model_config_from_flags(args)
-    spec = ModelSpec.from_model_config(config)
-    batch = global_batch_size or args.global_batch_size or DEFAULT_GLOBAL_BATCH
-    if batch < 1:
-        raise CliError(f"--global-batch-size={batch}: must be a positive integer")
-    training = TrainingSpec(global_batch_size=batch,
-                            precision=_precision(args, _recorded(args).get("precision")))
     cluster = _cluster(args)
-    try:
-        budget = cluster.budget_bytes(args.memory_budget_gb)
-    except ValueError as err:
-        raise CliError(str(err)) from None
-    if args.memory_budget_gb is not None:
-        if budget > cluster.device_memory_bytes:
-            print(f"warning: --memory-budget-gb={args.memory_budget_gb} exceeds the "
-                  f"{cluster.device_memory_bytes / GB:.1f} GB of a {cluster.device_name}",
-                  file=sys.stderr)
-    from .planner.profiles import ModelProfile, analytic_profile  # noqa: PLC0415
-    if args.model_profile:
-        profile = ModelProfile.load(args.model_profile)
-        profile.check_matches(spec, training.precision)
-    else:
-        profile = analytic_profile(spec, training, cluster)
-    return _Setup(config, spec, training, cluster, profile, budget)
+    profile = ModelProfile.load(args.model_profile) if args.model_profile else None
+    inputs = planning_inputs(
+        config, cluster, precision=_precision(args, _recorded(args).get("precision")),
+        global_batch_size=global_batch_size or args.global_batch_size or DEFAULT_GLOBAL_BATCH,
+        memory_budget_gb=args.memory_budget_gb, profile=profile)
+    if inputs.budget_bytes > cluster.device_memory_bytes:
+        print(f"warning: --memory-budget-gb={args.memory_budget_gb} exceeds the "
+              f"{cluster.device_memory_bytes / GB:.1f} GB of a {cluster.device_name}",
+              file=sys.stderr)
+    return inputs
 
 
 def _model_flags_given(args: argparse.Namespace) -> bool:
-    parser = args.parser_
-    return any(getattr(args, dest) != parser.get_default(dest) for dest in args.model_dests_)
+    return any(getattr(args, dest) != default for dest, default in MODEL_FLAG_DEFAULTS.items())
 
 
 def _plan_and_model(args: argparse.Namespace, world_size: int) -> tuple[Plan, ModelConfig]:
@@ -195,13 +185,12 @@ def _given_plan(args: argparse.Namespace, world_size: int, config: ModelConfig) 
     if len(sources) > 1 or (sources and classic):
         given = ["--" + s.replace("_", "-") for s in sources + classic]
         raise CliError(f"{' and '.join(given)} given together: choose one plan source")
+    if not sources:  # made and validated by the classic flags' plan maker
+        return plan_from_classic_flags(classic_layout_from_args(args), config, world_size)
     if args.plan:
         plan = Plan.load(args.plan)
-    elif args.galvatron_config:
-        from .planner.galvatron import plan_from_galvatron_config  # noqa: PLC0415
-        plan = plan_from_galvatron_config(args.galvatron_config, world_size=world_size)
     else:
-        plan = plan_from_classic_flags(args, config, world_size)
+        plan = galvatron.plan_from_galvatron_config(args.galvatron_config, world_size=world_size)
     if plan.world_size != world_size:
         raise CliError(f"plan world_size={plan.world_size} but the cluster has {world_size} "
                        f"devices; choose the matching --cluster")
@@ -212,14 +201,12 @@ def _given_plan(args: argparse.Namespace, world_size: int, config: ModelConfig) 
     return plan
 
 
-def _evaluate(setup: _Setup, plan: Plan) -> Any:
-    from .planner.search import evaluate  # noqa: PLC0415 - planner core, imported on use
-
+def _evaluate(setup: PlanningInputs, plan: Plan) -> Any:
     return evaluate(plan, setup.spec, setup.training, setup.cluster, setup.profile,
-                    memory_budget_bytes=setup.budget)
+                    memory_budget_bytes=setup.budget_bytes)
 
 
-def _explain_text(setup: _Setup, plan: Plan, estimate: Any, title: str = "Plan") -> str:
+def _explain_text(setup: PlanningInputs, plan: Plan, estimate: Any, title: str = "Plan") -> str:
     names = [setup.spec.layer_type(i).name for i in range(setup.spec.num_layers)] \
         if len(setup.spec.layer_types) > 1 else None
     return report.render_explain(plan, estimate.to_dict(), getattr(estimate, "per_layer", ()),
@@ -233,7 +220,6 @@ _OPTION_FLAGS = {"space": "--search-space", "time_limit_s": "--time-limit",
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .planner.search import SearchOptions, search  # noqa: PLC0415 - planner core
     setup = _setup(args)
     options = SearchOptions(
         pp=args.pipeline_model_parallel_size, tp=args.tensor_model_parallel_size,
@@ -247,7 +233,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         for field_name, flag in _OPTION_FLAGS.items():
             text = text.replace(f"search option {field_name}=", f"{flag}=")
         raise CliError(text) from None
-    result = search(setup.spec, setup.training, setup.cluster, setup.profile, setup.budget,
+    result = search(setup.spec, setup.training, setup.cluster, setup.profile, setup.budget_bytes,
                     options)
     # Record what the estimate assumed, so evaluate/explain --plan need no repeated flags.
     plan = dataclasses.replace(result.plan, search={
@@ -288,7 +274,6 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_import_galvatron(args: argparse.Namespace) -> int:
-    from .planner import galvatron  # noqa: PLC0415
     did = []
     if bool(args.computation) != bool(args.memory):
         raise CliError("--computation and --memory go together (both Galvatron model profile "
@@ -393,7 +378,6 @@ def build_parser() -> argparse.ArgumentParser:
                            allow_abbrev=False)
         _add_common(q)
         _add_plan_source(q)
-        q.set_defaults(parser_=q, model_dests_=_model_dests(q))
         if name == "evaluate":
             q.add_argument("--json", action="store_true",
                            help="print the estimate as JSON (the plan file's estimate fields)")

@@ -1,7 +1,8 @@
 """Model configuration shared by the runtime, the profiler and the planner.
 
 Only plain data lives here (no torch, no torch.distributed), so that every layer of the package
-can import it. Argparse is converted into these dataclasses once, in ``arguments.py``.
+can import it. Argparse is converted into these dataclasses once, in ``arguments.py``; the
+other components' settings are in ``run_config.py``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ MODEL_TYPES = ("gpt", "bert")
 
 class ConfigError(ValueError):
     """An invalid configuration; the message names the field, the value and the fix."""
+
+
+class ArgumentError(ConfigError):
+    """An invalid flag combination; the message names the flag, its value and the fix."""
 
 
 def pad_vocab_size(vocab_size: int, divisible_by: int) -> int:

@@ -1,7 +1,8 @@
-"""Flags → configs → plan: the mapping, and a clear message for every invalid combination."""
+"""Flags → RunConfig → plan: the mapping, and a clear message for every invalid combination."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 
@@ -10,34 +11,37 @@ import pytest
 from megatron_auto import arguments
 from megatron_auto.config import ConfigError
 from megatron_auto.plan import Plan, PlanError
+from megatron_auto.plan_source import make_plan
+from megatron_auto.run_config import ClassicLayout, PlanFile, SearchPins
 
 
 def resolve(argv, world_size):
-    args = arguments.parse_args(argv)
-    return arguments.resolve_plan(args, arguments.model_config_from_args(args), world_size)
+    run = arguments.parse_run_config(argv)
+    return make_plan(run.plan_source, run.model, world_size)
 
 
 # ------------------------------------------------------------------------------ mapping
 def test_defaults_are_the_embedded_small_gpt():
-    args = arguments.parse_args([])
-    cfg = arguments.model_config_from_args(args, vocab_size=8000)
+    run = arguments.parse_run_config([])
+    cfg = dataclasses.replace(run.model, vocab_size=8000)  # what the embedded tokenizer sets
     assert (cfg.num_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.seq_length) == (4, 256, 4, 128)
     assert cfg.vocab_size == 8000 and cfg.padded_vocab_size == 8064
-    plan = arguments.resolve_plan(args, cfg, 2)
+    assert isinstance(run.plan_source, ClassicLayout)
+    plan = make_plan(run.plan_source, cfg, 2)
     # 8 samples over dp=2 replicas with micro-batches of 4: 1 micro-batch.
     assert (plan.global_batch_size, plan.num_microbatches, plan.pp_size) == (8, 1, 1)
-    assert args.lr_warmup_iters == 10  # 10% of the 100 default iterations
+    assert run.lr.warmup_iters == 10  # 10% of the 100 default iterations
+    assert run.data.source == "embedded" and run.checkpoint.save is None
 
 
 def test_model_flags_map_onto_model_config():
-    args = arguments.parse_args(["--num-layers", "3", "--hidden-size", "64", "--num-attention-heads",
+    cfg = arguments.parse_run_config(["--num-layers", "3", "--hidden-size", "64", "--num-attention-heads",
                                  "8", "--ffn-hidden-size", "96", "--seq-length", "32",
                                  "--max-position-embeddings", "64", "--vocab-size", "1000",
                                  "--swiglu", "--normalization", "RMSNorm",
                                  "--position-embedding-type", "rope",
                                  "--untie-embeddings-and-output-weights", "--hidden-dropout", "0",
-                                 "--attention-dropout", "0.05"])
-    cfg = arguments.model_config_from_args(args)
+                                 "--attention-dropout", "0.05"]).model
     assert cfg.activation == "swiglu" and cfg.normalization == "rmsnorm"
     assert cfg.position_embedding_type == "rope" and cfg.untie_embeddings_and_output_weights
     assert (cfg.ffn_hidden_size, cfg.max_position_embeddings, cfg.vocab_size) == (96, 64, 1000)
@@ -146,7 +150,7 @@ PARSE_ERRORS = [
 @pytest.mark.parametrize("argv,message", PARSE_ERRORS)
 def test_contradictory_flags_fail_at_parse_time(argv, message):
     with pytest.raises(arguments.ArgumentError) as info:
-        arguments.parse_args(argv)
+        arguments.parse_run_config(argv)
     assert message in str(info.value)
 
 
@@ -172,25 +176,51 @@ def test_plan_file_errors_name_the_problem(tmp_path):
         resolve(["--plan", str(tmp_path / "missing.json")], 2)
 
 
-def test_config_converters_carry_the_flags():
-    args = arguments.parse_args(["--fp16", "--loss-scale", "64", "--lr-decay-style", "WSD",
-                                 "--lr-wsd-decay-iters", "20", "--train-iters", "200",
-                                 "--clip-grad", "0", "--adam-beta2", "0.95", "--mock-data",
-                                 "--vocab-size", "512", "--metrics-file", "m.jsonl"])
+def test_run_config_carries_the_flags():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        prec = arguments.precision_config_from_args(args)
-        lr = arguments.lr_config_from_args(args)
+        run = arguments.parse_run_config(["--fp16", "--loss-scale", "64", "--lr-decay-style", "WSD",
+                                 "--lr-wsd-decay-iters", "20", "--train-iters", "200",
+                                 "--clip-grad", "0", "--adam-beta2", "0.95", "--mock-data",
+                                          "--vocab-size", "512", "--metrics-file", "m.jsonl",
+                                          "--save", "ckpt", "--save-interval", "7",
+                                          "--plan-out", "p.json"])
+    prec, lr = run.precision, run.lr
     assert prec.fp16 and prec.loss_scale == 64 and prec.name == "fp16"
     assert (lr.decay_style, lr.decay_iters, lr.wsd_decay_iters) == ("WSD", 200, 20)
-    opt = arguments.optimizer_config_from_args(args)
+    opt = run.optimizer
     assert opt.clip_grad == 0 and opt.adam_beta2 == 0.95
-    data = arguments.data_config_from_args(args)
+    data = run.data
     assert data.source == "mock" and data.vocab_size == 512
-    assert arguments.logging_config_from_args(args).metrics_file == "m.jsonl"
-    assert arguments.training_config_from_args(args).train_iters == 200
+    assert run.model.vocab_size == 512
+    assert run.logging.metrics_file == "m.jsonl"
+    assert run.training.train_iters == 200
+    assert (run.checkpoint.save, run.checkpoint.save_interval) == ("ckpt", 7)
+    assert run.plan_out == "p.json"
 
 
 def test_planner_only_flags_warn_without_auto_parallel():
     with pytest.warns(UserWarning, match="--memory-budget-gb=40.0 only guides --auto-parallel"):
-        arguments.parse_args(["--memory-budget-gb", "40"])
+        arguments.parse_run_config(["--memory-budget-gb", "40"])
+
+
+# ------------------------------------------------------------------------------ plan source
+def test_plan_source_is_decided_in_the_same_parse(tmp_path):
+    path = write_plan(tmp_path)
+    source = arguments.parse_run_config(["--plan", path, "--global-batch-size", "8"]).plan_source
+    assert source == PlanFile(path, global_batch_size=8)
+    classic = arguments.parse_run_config(["--tensor-model-parallel-size", "2"]).plan_source
+    assert isinstance(classic, ClassicLayout) and classic.tensor_model_parallel_size == 2
+    assert classic.pipeline_model_parallel_size is None  # not typed: counts as 1
+
+
+def test_typed_layout_flags_become_search_pins_even_at_megatron_defaults():
+    pins = arguments.parse_run_config(
+        ["--auto-parallel", "--tensor-model-parallel-size", "1", "--bf16", "--num-layers", "2",
+         "--cluster", "a100-40g-1x8", "--memory-budget-gb", "20"]).plan_source
+    # TP 1 equals Megatron's default but was typed, so it pins; PP was not typed: searched.
+    assert pins == SearchPins(tensor_model_parallel_size=1, cluster="a100-40g-1x8",
+                              memory_budget_gb=20.0)
+    free = arguments.parse_run_config(["--auto-parallel"]).plan_source
+    assert free == SearchPins()
+

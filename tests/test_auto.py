@@ -3,57 +3,50 @@
 import pytest
 
 from megatron_auto import arguments
-from megatron_auto.auto import AutoParallelError, explicit_flags, plan_for_run, search_options_for
+from megatron_auto.auto import AutoParallelError, plan_for_run, search_options_for
 from megatron_auto.config import ModelConfig
 
 MODEL = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
          "--seq-length", "32", "--max-position-embeddings", "32", "--vocab-size", "512"]
 
 
-def _args(extra):
-    argv = ["--auto-parallel", *MODEL, *extra]
-    args = arguments.build_parser().parse_args(argv)
-    args.argv_ = argv
-    return args
-
-
-def test_explicit_flags_sees_only_what_was_typed():
-    parser = arguments.build_parser()
-    typed = explicit_flags(["--tensor-model-parallel-size", "1", "--bf16", "--num-layers", "2"],
-                           parser)
-    # The TP flag equals its default (1) but was typed, so it pins; --pipeline... was not typed.
-    assert {"tensor_model_parallel_size", "bf16", "num_layers"} <= typed
-    assert "pipeline_model_parallel_size" not in typed
-    assert "seed" not in typed
+def _pins(extra):
+    """The search pins of ``--auto-parallel MODEL extra`` (the training scripts' parse)."""
+    return arguments.parse_run_config(["--auto-parallel", *MODEL, *extra]).plan_source
 
 
 def test_pinned_flags_become_search_options():
-    args = _args(["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+    pins = _pins(["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
                   "--micro-batch-size", "2", "--global-batch-size", "16",
                   "--use-distributed-optimizer"])
-    explicit = explicit_flags(args.argv_, arguments.build_parser())
-    opts = search_options_for(args, explicit, world_size=8, global_batch_size=16)
+    opts = search_options_for(pins, world_size=8)
     # dp = 8 / (2*2) = 2; micro-batches = 16 / (2 * 2) = 4
     assert (opts.tp, opts.pp, opts.num_microbatches) == (2, 2, 4)
     assert opts.dp_modes == ("zero2",)
-    free = search_options_for(_args([]), set(), world_size=8, global_batch_size=16)
+    free = search_options_for(_pins(["--global-batch-size", "16"]), world_size=8)
     assert (free.tp, free.pp, free.num_microbatches) == (None, None, None)
+    assert free.dp_modes == ("ddp", "zero2", "zero3")
+
+
+def test_a_typed_default_still_pins():
+    # --tensor-model-parallel-size 1 equals Megatron's default but was typed: it pins tp=1.
+    opts = search_options_for(_pins(["--tensor-model-parallel-size", "1"]), world_size=8)
+    assert (opts.tp, opts.pp) == (1, None)
 
 
 def test_micro_batch_that_does_not_divide_is_rejected():
-    args = _args(["--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1",
+    pins = _pins(["--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1",
                   "--micro-batch-size", "3", "--global-batch-size", "16"])
-    explicit = explicit_flags(args.argv_, arguments.build_parser())
     with pytest.raises(AutoParallelError, match="--micro-batch-size=3"):
-        search_options_for(args, explicit, world_size=2, global_batch_size=16)
+        search_options_for(pins, world_size=2)
 
 
 def test_plan_for_run_on_a_preset_cluster_respects_pins_and_budget():
-    args = _args(["--cluster", "a100-40g-1x8", "--global-batch-size", "16",
+    pins = _pins(["--cluster", "a100-40g-1x8", "--global-batch-size", "16",
                   "--pipeline-model-parallel-size", "2"])
     config = ModelConfig(num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32,
                          max_position_embeddings=32, vocab_size=512)
-    plan = plan_for_run(args, config, world_size=8)
+    plan = plan_for_run(pins, config, world_size=8)
     assert plan.world_size == 8 and plan.pp_size == 2 and plan.global_batch_size == 16
     assert plan.estimate is not None
     assert plan.estimate["stages"][0]["peak_memory_bytes"] <= 40e9
@@ -61,26 +54,25 @@ def test_plan_for_run_on_a_preset_cluster_respects_pins_and_budget():
 
 
 def test_budget_below_the_reserve_is_rejected():
-    args = _args(["--cluster", "a100-40g-1x8", "--memory-budget-gb", "0.5"])
+    pins = _pins(["--cluster", "a100-40g-1x8", "--memory-budget-gb", "0.5"])
     config = ModelConfig(num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32,
                          max_position_embeddings=32, vocab_size=512)
     with pytest.raises(AutoParallelError, match="--memory-budget-gb=0.5: not above the framework reserve"):
-        plan_for_run(args, config, world_size=8)
+        plan_for_run(pins, config, world_size=8)
 
 
 def test_infeasible_budget_reports_the_minimum():
     # GPT-2-medium-like model, batch 512 on 8 A100s: 2 GB cannot hold it.
-    args = _args(["--cluster", "a100-40g-1x8", "--memory-budget-gb", "2",
+    pins = _pins(["--cluster", "a100-40g-1x8", "--memory-budget-gb", "2",
                   "--global-batch-size", "512"])
     config = ModelConfig(num_layers=24, hidden_size=1024, num_attention_heads=16,
                          seq_length=1024, vocab_size=50257)
     with pytest.raises(AutoParallelError, match="least memory any plan"):
-        plan_for_run(args, config, world_size=8)
+        plan_for_run(pins, config, world_size=8)
 
 
 def test_auto_parallel_with_plan_is_rejected(tmp_path):
-    args = _args(["--plan", str(tmp_path / "p.json")])
-    config = ModelConfig(num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32,
-                         max_position_embeddings=32, vocab_size=512)
-    with pytest.raises(AutoParallelError, match="--plan"):
-        plan_for_run(args, config, world_size=8)
+    # Rejected where the flags are converted, before any rank profiles anything.
+    with pytest.raises(arguments.ArgumentError,
+                       match="--plan=.*cannot be combined with --auto-parallel"):
+        _pins(["--plan", str(tmp_path / "p.json")])

@@ -40,7 +40,7 @@ TP2 = plan_of(2, [layer(tp=2)] * 4, vocab_tp=2)
 
 def _trainer(plan_dict, config_dict=None):
     from megatron_auto.models.gpt import GPTStage
-    from megatron_auto.training.pretrain import build_trainer
+    from megatron_auto.training.trainer import build_trainer
 
     return build_trainer(
         ModelConfig.from_dict(config_dict or CONFIG.to_dict()), Plan.from_dict(plan_dict),
@@ -54,7 +54,7 @@ def _phase_worker(rank, world_size, plan_dict, first_step, last_step, load_dir, 
     """Build a fresh trainer, optionally load, train steps [first_step, last_step), optionally save."""
     from megatron_auto.models.init import gather_full_state
     from megatron_auto.training.checkpoint import load_checkpoint, save_checkpoint
-    from megatron_auto.training.pretrain import train_step
+    from megatron_auto.training.trainer import train_step
 
     trainer = _trainer(plan_dict)
     if load_dir:

@@ -59,7 +59,7 @@ def plan_of(world_size, layers, *, layers_per_stage=None, num_microbatches=2, sc
 def _train_worker(rank, world_size, plan_dicts, steps, precision, lr, config_dict, same_batch):
     from megatron_auto.models.gpt import GPTStage
     from megatron_auto.models.init import gather_full_state
-    from megatron_auto.training.pretrain import build_trainer, train_step
+    from megatron_auto.training.trainer import build_trainer, train_step
 
     config = ModelConfig.from_dict(config_dict)
     out = []

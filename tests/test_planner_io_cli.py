@@ -158,7 +158,7 @@ def test_import_galvatron_then_evaluate(capsys, tmp_path):
      "world size 8"),
     (["evaluate", *SMALL, "--hidden-size", "250"], "--hidden-size=250: must be divisible by"),
     (["evaluate", *SMALL, "--memory-budget-gb", "-1"], "--memory-budget-gb=-1.0: must be positive"),
-    (["evaluate", *SMALL, "--bf16", "--fp16"], "--bf16 and --fp16 given together"),
+    (["evaluate", *SMALL, "--bf16", "--fp16"], "--bf16=True: cannot be combined with --fp16"),
     (["plan", *SMALL, "--memory-budget-gb", "1"],
      "--memory-budget-gb=1.0: not above the framework reserve of 1.61 GB"),
     (["evaluate", *SMALL, "--plan", "missing.json"], "--plan missing.json: cannot read the file"),

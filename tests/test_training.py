@@ -17,7 +17,7 @@ from megatron_auto.training.logging import format_iteration_line
 from megatron_auto.training.lr_scheduler import LRConfig, lr_at, set_lr
 from megatron_auto.training.metrics import MetricsWriter, model_flops_per_token
 from megatron_auto.parallel.optimizer import OptimizerConfig, build_optimizer, param_groups
-from megatron_auto.training.precision import LossScaler, PrecisionConfig, unscale_
+from megatron_auto.training.precision import LossScaler, PrecisionConfig, autocast_dtype, unscale_
 
 
 # ----------------------------------------------------------------------------- LR schedules
@@ -86,8 +86,9 @@ def test_static_and_non_fp16_scales_stay_fixed():
     static.update(True)
     assert static.scale == 128.0 and not static.dynamic
     assert LossScaler(PrecisionConfig(bf16=True)).scale == 1.0
-    assert PrecisionConfig(bf16=True).autocast_dtype == torch.bfloat16
-    assert PrecisionConfig().autocast_dtype is None
+    assert autocast_dtype(PrecisionConfig(bf16=True)) == torch.bfloat16
+    assert autocast_dtype(PrecisionConfig(fp16=True)) == torch.float16
+    assert autocast_dtype(PrecisionConfig()) is None
     with pytest.raises(ValueError, match="--bf16=True: cannot be combined with --fp16"):
         PrecisionConfig(bf16=True, fp16=True)
 

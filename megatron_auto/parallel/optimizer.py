@@ -12,20 +12,14 @@ single-process reference and every plan agree.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Iterable
 
 import torch
 from torch import nn
 
+from ..run_config import OptimizerConfig
 
-@dataclass(frozen=True)
-class OptimizerConfig:
-    weight_decay: float = 0.01
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    clip_grad: float = 1.0  # global gradient-norm clip; 0 disables it
+__all__ = ["OptimizerConfig", "build_optimizer", "param_groups"]
 
 
 def _no_weight_decay(name: str, param: torch.Tensor) -> bool:

@@ -47,7 +47,7 @@ import dataclasses
 import json
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -63,11 +63,12 @@ from torch.distributed.tensor import DTensor
 
 from ..atomicfile import atomic_write
 from ..config import ModelConfig
+from ..parallel.context import ParallelContext
+from ..parallel.data_parallel import DataParallel
+from ..plan import Plan
 from ..vision_config import BACKBONES, VisionConfig
+from .precision import LossScaler
 from .logging import get_logger
-
-if TYPE_CHECKING:
-    from .pretrain import Trainer
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 INFO_FILE = "checkpoint_info.json"
@@ -95,6 +96,22 @@ SHAPE_FIELDS = {
     "model_type": "the entry script (pretrain_gpt.py / pretrain_bert.py)",
     "bert_binary_head": "--bert-no-binary-head", "num_tokentypes": "the entry script",
 }
+
+
+class TrainingState(Protocol):
+    """What a checkpoint saves and restores (``trainer.Trainer`` is one; this module needs no
+    more than these attributes, so it does not import the trainer)."""
+
+    ctx: ParallelContext
+    plan: Plan
+    model_config: ModelConfig
+    stage: torch.nn.Module
+    data_parallel: DataParallel
+    optimizer: torch.optim.Optimizer
+    scaler: LossScaler
+    iteration: int
+    consumed_samples: int
+    skipped_iterations: int
 
 
 class CheckpointError(ValueError):
@@ -213,7 +230,7 @@ class _ChunkLoadPlanner(DefaultLoadPlanner):
         return super().lookup_tensor(index)
 
 
-def _tensor_state(trainer: "Trainer") -> tuple[dict[str, Any], dict[str, tuple[list[int], list[int]]]]:
+def _tensor_state(trainer: TrainingState) -> tuple[dict[str, Any], dict[str, tuple[list[int], list[int]]]]:
     """Model and optimizer entries of this rank (sharing storage with the live tensors), and
     the global chunk of each parameter-shaped one."""
     stage, optimizer = trainer.stage, trainer.optimizer
@@ -239,7 +256,7 @@ def _tensor_state(trainer: "Trainer") -> tuple[dict[str, Any], dict[str, tuple[l
     return state, chunks
 
 
-def _rng_state(trainer: "Trainer") -> dict[str, torch.Tensor]:
+def _rng_state(trainer: TrainingState) -> dict[str, torch.Tensor]:
     rank = dist.get_rank()
     out = {f"rng.rank{rank}.cpu": torch.get_rng_state()}
     if trainer.ctx.device.type == "cuda":
@@ -251,7 +268,7 @@ def _rng_state(trainer: "Trainer") -> dict[str, torch.Tensor]:
     return out
 
 
-def _set_rng_state(trainer: "Trainer", state: dict[str, torch.Tensor]) -> None:
+def _set_rng_state(trainer: TrainingState, state: dict[str, torch.Tensor]) -> None:
     prefix = f"rng.rank{dist.get_rank()}."
     torch.set_rng_state(state[prefix + "cpu"])
     if prefix + "cuda" in state:
@@ -264,7 +281,7 @@ def _set_rng_state(trainer: "Trainer", state: dict[str, torch.Tensor]) -> None:
 
 
 # ----------------------------------------------------------------------------------- save
-def save_checkpoint(trainer: "Trainer", save_dir: str | os.PathLike) -> str:
+def save_checkpoint(trainer: TrainingState, save_dir: str | os.PathLike) -> str:
     """Collective: write ``save_dir/iter_<iteration>`` and then point ``latest`` at it.
 
     Call between iterations (gradients are not saved). Returns the iteration directory.
@@ -361,7 +378,7 @@ def _init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
             p.grad = next(grads)
 
 
-def load_checkpoint(trainer: "Trainer", load_dir: str | os.PathLike) -> int:
+def load_checkpoint(trainer: TrainingState, load_dir: str | os.PathLike) -> int:
     """Collective: restore the latest checkpoint under ``load_dir`` into ``trainer``.
 
     Works under any plan for the same model (see the module docstring). Returns the iteration.

@@ -22,23 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-
-@dataclass(frozen=True)
-class DataConfig:
-    data_path: tuple[str, ...] = ()
-    mock_data: bool = False
-    split: str = "969,30,1"
-    tokenizer_type: str | None = None
-    tokenizer_model: str | None = None
-    vocab_file: str | None = None
-    merge_file: str | None = None
-    vocab_size: int | None = None
-    eod_mask_loss: bool = False
-    cache_dir: str | None = None
-
-    @property
-    def source(self) -> str:
-        return "mock" if self.mock_data else "files" if self.data_path else "embedded"
+from ..run_config import DataConfig
 
 
 @dataclass

@@ -9,20 +9,14 @@ from __future__ import annotations
 
 import logging
 import sys
-from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+from ..run_config import LoggingConfig
+
+__all__ = ["LOGGER_NAME", "LoggingConfig", "format_eval_line", "format_iteration_line",
+           "get_logger", "setup_logging"]
+
 LOGGER_NAME = "megatron_auto"
-
-
-@dataclass(frozen=True)
-class LoggingConfig:
-    log_interval: int = 10
-    metrics_file: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.log_interval < 1:
-            raise ValueError(f"--log-interval={self.log_interval}: must be a positive integer")
 
 
 def get_logger(name: str = LOGGER_NAME) -> logging.Logger:

@@ -18,38 +18,12 @@ from an iteration count:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
-DECAY_STYLES = ("constant", "linear", "cosine", "WSD")
-WSD_DECAY_STYLES = ("linear", "cosine", "exponential", "minus_sqrt")
+from ..run_config import DECAY_STYLES, WSD_DECAY_STYLES, LRConfig
 
-
-@dataclass(frozen=True)
-class LRConfig:
-    lr: float = 1e-3
-    min_lr: float = 0.0
-    decay_style: str = "cosine"
-    warmup_iters: int = 0
-    decay_iters: int = 100
-    wsd_decay_iters: int | None = None  # default: 10% of the decay horizon
-    wsd_decay_style: str = "linear"
-
-    def __post_init__(self) -> None:
-        if self.decay_style not in DECAY_STYLES:
-            raise ValueError(f"--lr-decay-style={self.decay_style}: choose one of "
-                             f"{', '.join(DECAY_STYLES)}")
-        if self.wsd_decay_style not in WSD_DECAY_STYLES:
-            raise ValueError(f"--lr-wsd-decay-style={self.wsd_decay_style}: choose one of "
-                             f"{', '.join(WSD_DECAY_STYLES)}")
-        if self.decay_style != "constant" and self.decay_iters < 1:
-            raise ValueError(f"--lr-decay-iters={self.decay_iters}: must be a positive integer")
-        if self.decay_style == "WSD" and self.wsd_decay_iters is not None and not (
-                0 < self.wsd_decay_iters <= self.decay_iters - self.warmup_iters):
-            raise ValueError(
-                f"--lr-wsd-decay-iters={self.wsd_decay_iters}: must be in 1.."
-                f"{self.decay_iters - self.warmup_iters} (--lr-decay-iters minus warm-up)")
+__all__ = ["DECAY_STYLES", "WSD_DECAY_STYLES", "LRConfig", "lr_at", "set_lr"]
 
 
 def _decay_coefficient(style: str, ratio: float) -> float:

@@ -15,33 +15,18 @@ afterwards:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Iterable
 
 import torch
 
+from ..run_config import PrecisionConfig
 
-@dataclass(frozen=True)
-class PrecisionConfig:
-    bf16: bool = False
-    fp16: bool = False
-    loss_scale: float | None = None  # static scale; None = dynamic
-    initial_loss_scale: float = 2.0 ** 32
-    min_loss_scale: float = 1.0
-    loss_scale_window: int = 1000
-    hysteresis: int = 2
+__all__ = ["LossScaler", "PrecisionConfig", "autocast_dtype", "unscale_"]
 
-    def __post_init__(self) -> None:
-        if self.bf16 and self.fp16:
-            raise ValueError("--bf16=True: cannot be combined with --fp16; choose one precision")
 
-    @property
-    def name(self) -> str:
-        return "bf16" if self.bf16 else "fp16" if self.fp16 else "fp32"
-
-    @property
-    def autocast_dtype(self) -> torch.dtype | None:
-        return torch.bfloat16 if self.bf16 else torch.float16 if self.fp16 else None
+def autocast_dtype(config: PrecisionConfig) -> torch.dtype | None:
+    """The ``torch.autocast`` dtype of ``config`` (``None``: fp32, no autocast)."""
+    return torch.bfloat16 if config.bf16 else torch.float16 if config.fp16 else None
 
 
 class LossScaler:

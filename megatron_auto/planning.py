@@ -1,0 +1,57 @@
+"""The planner's inputs for one model on one cluster, built the same way for every caller.
+
+``megatron-auto plan/evaluate/explain`` and ``--auto-parallel`` (``auto.py``) both call
+:func:`planning_inputs`, so a plan searched by the CLI and a plan searched at the start of a
+training run see the same model spec, precision, profile and memory budget. What differs is only
+where the cluster and the model profile come from, which the caller decides and passes in: a
+preset, a file or a measurement (``auto.py`` measures on the spot; the CLI reads
+``--model-profile``); without a profile the analytic one is derived from the shapes and the
+cluster's peak FLOP/s.
+
+Pure (the planner's data types, no torch), so the planning CLI starts without torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import ArgumentError, ModelConfig
+from .planner.hardware import ClusterSpec
+from .planner.model_spec import ModelSpec, TrainingSpec
+from .planner.profiles import ModelProfile, analytic_profile
+
+
+@dataclass(frozen=True)
+class PlanningInputs:
+    """Everything ``planner.search.search`` / ``evaluate`` take besides the options."""
+
+    config: ModelConfig
+    spec: ModelSpec
+    training: TrainingSpec
+    cluster: ClusterSpec
+    profile: ModelProfile
+    budget_bytes: int
+
+
+def planning_inputs(config: ModelConfig, cluster: ClusterSpec, *, precision: str,
+                    global_batch_size: int, memory_budget_gb: float | None = None,
+                    profile: ModelProfile | None = None) -> PlanningInputs:
+    """Spec, training spec, profile and per-device budget of ``config`` on ``cluster``.
+
+    ``profile`` (measured or imported) must describe this model at this ``precision`` (checked,
+    ``ProfileError`` naming the mismatch); ``None`` takes the analytic profile.
+    ``memory_budget_gb`` ``None`` is the device's memory. Raises ``ArgumentError`` for a
+    non-positive batch and ``ClusterError`` for a budget that leaves nothing for the model,
+    both naming the flag.
+    """
+    if global_batch_size < 1:
+        raise ArgumentError(f"--global-batch-size={global_batch_size}: must be a positive integer")
+    spec = ModelSpec.from_model_config(config)
+    training = TrainingSpec(global_batch_size=global_batch_size, precision=precision)
+    budget = cluster.budget_bytes(memory_budget_gb)
+    if profile is None:
+        profile = analytic_profile(spec, training, cluster)
+    else:
+        profile.check_matches(spec, precision)
+    return PlanningInputs(config=config, spec=spec, training=training, cluster=cluster,
+                          profile=profile, budget_bytes=budget)

@@ -1,0 +1,229 @@
+"""What one training run is told to do: typed, frozen, torch-free (STYLE principle 7).
+
+``arguments.parse_run_config(argv)`` makes one :class:`RunConfig` from the command line at the
+entry point; ``training.pretrain.pretrain()`` takes it, and everything below sees only these
+dataclasses (never an argparse namespace). Each component's settings are its own dataclass:
+
+- :class:`~megatron_auto.config.ModelConfig` (``config.py``): the model shape and numerics;
+- :class:`DataConfig`: data source and tokenizer; :class:`OptimizerConfig`; :class:`LRConfig`;
+  :class:`PrecisionConfig`; :class:`LoggingConfig`; :class:`TrainingConfig` (iterations,
+  evaluation, seed); :class:`CheckpointConfig`;
+- the plan source: a :class:`PlanFile`, the :class:`ClassicLayout` flags, or the search with
+  the choices the user pinned (:class:`SearchPins`); ``plan_source.make_plan`` and
+  ``auto.plan_for_run`` make the plan from it.
+
+No module here imports torch, so the ``megatron-auto`` planning commands, which read the same
+flags, start without it. :func:`resolve_precision` is the one rule from ``--bf16``/``--fp16``
+to a precision name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import ArgumentError, ModelConfig
+
+__all__ = ["DEFAULT_GLOBAL_BATCH_SIZE", "CheckpointConfig", "DataConfig", "LRConfig",
+           "LoggingConfig", "OptimizerConfig", "PrecisionConfig", "RunConfig", "TrainingConfig",
+           "resolve_precision", "PlanFile", "ClassicLayout", "SearchPins"]
+
+
+def resolve_precision(bf16: bool, fp16: bool, default: str | None = "fp32") -> str | None:
+    """``bf16``/``fp16`` when that flag is set, else ``default`` (e.g. the precision a plan file
+    recorded; ``fp32``, Megatron's default, when nothing says otherwise).
+
+    Raises ``ArgumentError`` (a ``ConfigError``) when both flags are set.
+    """
+    if bf16 and fp16:
+        raise ArgumentError("--bf16=True: cannot be combined with --fp16; choose one precision")
+    return "bf16" if bf16 else "fp16" if fp16 else default
+
+
+# ----------------------------------------------------------------------------- components
+@dataclass(frozen=True)
+class PrecisionConfig:
+    """Compute precision and fp16 loss scaling (``training/precision.py`` applies it)."""
+
+    bf16: bool = False
+    fp16: bool = False
+    loss_scale: float | None = None  # static scale; None = dynamic
+    initial_loss_scale: float = 2.0 ** 32
+    min_loss_scale: float = 1.0
+    loss_scale_window: int = 1000
+    hysteresis: int = 2
+
+    def __post_init__(self) -> None:
+        resolve_precision(self.bf16, self.fp16)
+
+    @property
+    def name(self) -> str:
+        """``fp32``, ``bf16`` or ``fp16`` (the planner's and the profiles' precision names)."""
+        return resolve_precision(self.bf16, self.fp16)  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW hyper-parameters and the gradient clip (``parallel/optimizer.py`` builds it)."""
+
+    weight_decay: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0  # global gradient-norm clip; 0 disables it
+
+
+DECAY_STYLES = ("constant", "linear", "cosine", "WSD")
+WSD_DECAY_STYLES = ("linear", "cosine", "exponential", "minus_sqrt")
+
+
+@dataclass(frozen=True)
+class LRConfig:
+    """The learning-rate schedule (``training/lr_scheduler.py`` evaluates it)."""
+
+    lr: float = 1e-3
+    min_lr: float = 0.0
+    decay_style: str = "cosine"
+    warmup_iters: int = 0
+    decay_iters: int = 100
+    wsd_decay_iters: int | None = None  # default: 10% of the decay horizon
+    wsd_decay_style: str = "linear"
+
+    def __post_init__(self) -> None:
+        if self.decay_style not in DECAY_STYLES:
+            raise ValueError(f"--lr-decay-style={self.decay_style}: choose one of "
+                             f"{', '.join(DECAY_STYLES)}")
+        if self.wsd_decay_style not in WSD_DECAY_STYLES:
+            raise ValueError(f"--lr-wsd-decay-style={self.wsd_decay_style}: choose one of "
+                             f"{', '.join(WSD_DECAY_STYLES)}")
+        if self.decay_style != "constant" and self.decay_iters < 1:
+            raise ValueError(f"--lr-decay-iters={self.decay_iters}: must be a positive integer")
+        if self.decay_style == "WSD" and self.wsd_decay_iters is not None and not (
+                0 < self.wsd_decay_iters <= self.decay_iters - self.warmup_iters):
+            raise ValueError(
+                f"--lr-wsd-decay-iters={self.wsd_decay_iters}: must be in 1.."
+                f"{self.decay_iters - self.warmup_iters} (--lr-decay-iters minus warm-up)")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the training data comes from and its tokenizer (``training/data.py`` resolves it)."""
+
+    data_path: tuple[str, ...] = ()
+    mock_data: bool = False
+    split: str = "969,30,1"
+    tokenizer_type: str | None = None
+    tokenizer_model: str | None = None
+    vocab_file: str | None = None
+    merge_file: str | None = None
+    vocab_size: int | None = None
+    eod_mask_loss: bool = False
+    cache_dir: str | None = None
+
+    @property
+    def source(self) -> str:
+        return "mock" if self.mock_data else "files" if self.data_path else "embedded"
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    log_interval: int = 10
+    metrics_file: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.log_interval < 1:
+            raise ValueError(f"--log-interval={self.log_interval}: must be a positive integer")
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    train_iters: int = 100
+    eval_interval: int = 50
+    eval_iters: int = 5
+    seed: int = 1234
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """``--save DIR`` every ``save_interval`` iterations (and at the end); ``--load DIR``."""
+
+    save: str | None = None
+    load: str | None = None
+    save_interval: int | None = None
+
+
+# ----------------------------------------------------------------------------- plan sources
+# The global batch when --global-batch-size is not given (training, --auto-parallel, the CLI).
+DEFAULT_GLOBAL_BATCH_SIZE = 8
+
+
+@dataclass(frozen=True)
+class PlanFile:
+    """``--plan FILE``; the batch flags are only checked against (or ignored for) the file's."""
+
+    path: str
+    global_batch_size: int | None = None
+    micro_batch_size: int | None = None
+
+
+@dataclass(frozen=True)
+class ClassicLayout:
+    """Megatron's layout flags; ``None`` sizes count as 1, ``None`` batches take the defaults
+    (global :data:`DEFAULT_GLOBAL_BATCH_SIZE`; micro the largest of 4, 2, 1 that splits each
+    replica's share)."""
+
+    tensor_model_parallel_size: int | None = None
+    pipeline_model_parallel_size: int | None = None
+    global_batch_size: int | None = None
+    micro_batch_size: int | None = None
+    use_distributed_optimizer: bool = False
+    recompute_granularity: str | None = None
+    recompute_method: str | None = None
+    recompute_num_layers: int | None = None
+    decoder_first_pipeline_num_layers: int | None = None
+    decoder_last_pipeline_num_layers: int | None = None
+
+
+@dataclass(frozen=True)
+class SearchPins:
+    """``--auto-parallel``: the choices the user typed (``None``: not typed, the planner
+    chooses), found in the same parse as every other flag; plus the hardware to plan for."""
+
+    tensor_model_parallel_size: int | None = None
+    pipeline_model_parallel_size: int | None = None
+    global_batch_size: int | None = None
+    micro_batch_size: int | None = None
+    use_distributed_optimizer: bool = False
+    recompute_granularity: str | None = None
+    cluster: str | None = None
+    memory_budget_gb: float | None = None
+
+    @property
+    def batch(self) -> int:
+        return self.global_batch_size or DEFAULT_GLOBAL_BATCH_SIZE
+
+
+
+# ----------------------------------------------------------------------------- the run
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one training run needs from its command line, converted once.
+
+    ``model`` is a :class:`ModelConfig` whose ``vocab_size`` is the flags' (``--vocab-size`` or
+    the mock default; the run replaces it by its tokenizer's), or the model config of a family
+    with its own flags (the vision classifiers' ``VisionConfig``). ``plan_source`` says where the plan comes from; the plan itself needs
+    the world size and is made (and validated, once) when the run starts.
+    The batch flags travel with the plan source, which is what uses them (a plan file's own
+    batch rules; the search treats a typed value as a pin).
+    """
+
+    model: Any = field(default_factory=ModelConfig)  # ModelConfig, or e.g. a VisionConfig
+    data: DataConfig = DataConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    lr: LRConfig = LRConfig()
+    precision: PrecisionConfig = PrecisionConfig()
+    logging: LoggingConfig = LoggingConfig()
+    training: TrainingConfig = TrainingConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    plan_source: PlanFile | ClassicLayout | SearchPins = ClassicLayout()
+    plan_out: str | None = None
