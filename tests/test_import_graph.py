@@ -5,8 +5,8 @@ the top (a function-level import that closes a cycle is still a cycle; it only h
 run time). Layers, bottom to top (docs/architecture.md):
 
     base         plan, layout, config, run_config,  pure: no torch, import only each other
-                 vision_config, jsonfile,
-                 atomicfile, plots
+                 arguments, vision_config,          (arguments: argparse -> RunConfig, which
+                 jsonfile, atomicfile, plots        the entry points and training.pretrain use)
     planner      planner.*                          pure (numpy): base only
     parallel     parallel.*                         torch runtime: base only
     data         data.*                             datasets and tokenizers: base only
@@ -16,7 +16,7 @@ run time). Layers, bottom to top (docs/architecture.md):
     profiler     profiler.*                         on models, parallel and the planner
     auto         auto                               joins the profiler and the planner
     training     training.*                         the loop, on everything below
-    entry        arguments, cli, the package        argparse and console scripts, on top
+    entry        cli, the package                   the console script, on top
 
 planner and parallel sit side by side and never import each other; nothing imports upward.
 A lazy (function-level) import of a package module must load something the module's own
@@ -44,7 +44,7 @@ TOP_LEVEL_LAYERS = {
     "plan": "base", "layout": "base", "config": "base", "run_config": "base",
     "jsonfile": "base", "atomicfile": "base", "plots": "base", "vision_config": "base",
     "planning": "plan_inputs", "plan_source": "plan_inputs",
-    "auto": "auto", "arguments": "entry", "vision_arguments": "entry", "cli": "entry",
+    "arguments": "base", "auto": "auto", "vision_arguments": "entry", "cli": "entry",
     "": "entry",
 }
 PACKAGE_LAYERS = {"planner": "planner", "parallel": "parallel", "data": "data",
@@ -67,17 +67,6 @@ TORCH_FREE_LAYERS = ("base", "planner", "plan_inputs")
 # Not a layer of their own but promised torch-free at import: the profiler's subcommands are
 # registered by `megatron-auto`, whose planning commands must not pay for torch.
 TORCH_FREE_EXTRA = ("profiler.cli",)
-
-# Edges of the cycle arguments <-> auto <-> training.pretrain <-> training.checkpoint, which the
-# RunConfig work (issue 10 item 2) is breaking; tolerated only by the xfail test below.
-PENDING_EDGES = {
-    ("arguments", "training.pretrain"), ("arguments", "auto"), ("auto", "arguments"),
-    ("training.checkpoint", "training.pretrain"), ("training.pretrain", "arguments"),
-}
-
-# Files the same work is rewriting; their function-level imports are checked by an xfail test.
-PENDING_FILES = {"auto", "cli", "arguments", "training.pretrain", "training.checkpoint"}
-
 
 @dataclass(frozen=True)
 class Import:
@@ -252,10 +241,6 @@ def upward_imports(edges: dict[str, set[str]]) -> list[str]:
     return bad
 
 
-def _without_pending(edges: dict[str, set[str]]) -> dict[str, set[str]]:
-    return {m: {t for t in ts if (m, t) not in PENDING_EDGES} for m, ts in edges.items()}
-
-
 # --------------------------------------------------------------------------------- the tests
 def test_every_module_is_in_a_layer():
     assert len(MODULES) > 50  # the walk found the package
@@ -263,22 +248,14 @@ def test_every_module_is_in_a_layer():
         assert layer_of(m) in BELOW
 
 
-def test_no_cycle_beyond_the_pending_edges():
-    found = cycles(_without_pending(_edges()))
+def test_no_cycle():
+    found = cycles(_edges())
     assert not found, "import cycles: " + "; ".join(" <-> ".join(map(_name, c)) for c in found)
 
 
-def test_no_import_runs_against_the_layers_beyond_the_pending_edges():
-    bad = upward_imports(_without_pending(_edges()))
+def test_no_import_runs_against_the_layers():
+    bad = upward_imports(_edges())
     assert not bad, "imports against the layers (DESIGN §2):\n" + "\n".join(bad)
-
-
-@pytest.mark.xfail(strict=False, reason="arguments <-> auto <-> training.pretrain <-> "
-                   "training.checkpoint: being broken by the RunConfig work (issue 10 item 2)")
-def test_no_cycle_and_no_upward_import_at_all():
-    edges = _edges()
-    assert not cycles(edges)
-    assert not upward_imports(edges)
 
 
 def test_the_checks_catch_a_cycle_and_an_upward_import():
@@ -337,15 +314,8 @@ def _lazy_import_problems(modules: list[str]) -> list[str]:
 
 
 def test_lazy_imports_load_something_new_and_say_what():
-    problems = _lazy_import_problems(sorted(set(MODULES) - PENDING_FILES))
+    problems = _lazy_import_problems(sorted(MODULES))
     assert not problems, "\n".join(problems)
-
-
-@pytest.mark.xfail(strict=False, reason="auto.py, cli.py, arguments.py, training/pretrain.py "
-                   "and training/checkpoint.py are being rewritten by the RunConfig work "
-                   "(issue 10 item 2)")
-def test_lazy_imports_of_the_files_being_rewritten():
-    assert not _lazy_import_problems(sorted(PENDING_FILES & set(MODULES)))
 
 
 def test_pure_modules_import_without_torch():

@@ -62,7 +62,7 @@ def _train_worker(rank, world_size, config_dict, plan_dicts, steps):
     from megatron_auto.models.vision import build_vision_stage
     from megatron_auto.training.lr_scheduler import LRConfig
     from megatron_auto.parallel.optimizer import OptimizerConfig
-    from megatron_auto.training.pretrain import build_trainer, train_step
+    from megatron_auto.training.trainer import build_trainer, train_step
 
     config = VisionConfig.from_dict(config_dict)
     if isinstance(plan_dicts, tuple) and plan_dicts[0] == "auto":  # ("auto", argv)

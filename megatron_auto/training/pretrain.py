@@ -24,6 +24,7 @@ import argparse
 import dataclasses
 import math
 import os
+import socket
 import sys
 import time
 from typing import Any, Callable, Sequence
@@ -63,8 +64,6 @@ def _init_distributed() -> torch.device:
 
 
 def _free_port() -> int:
-    import socket  # noqa: PLC0415
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
