@@ -95,5 +95,5 @@ def test_calibrate_bad_flags(tmp_path):
         _run(["calibrate", "--cluster", "a100-40g-1x2"])  # --run is required
     with pytest.raises(ValueError, match="--skip-iterations -1"):
         _run(["calibrate", "--run", "m", "p", "--cluster", "x", "--skip-iterations", "-1"])
-    with pytest.raises(ValueError, match="--bf16 and --fp16"):
+    with pytest.raises(ValueError, match="--bf16=True: cannot be combined with --fp16"):
         _run(["calibrate", "--run", "m", "p", "--cluster", "x", "--bf16", "--fp16"])

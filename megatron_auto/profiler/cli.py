@@ -26,6 +26,7 @@ import os
 from typing import Any, Callable
 
 from ..config import ModelConfig
+from ..run_config import resolve_precision
 from ..planner.calibrate import calibrate_files
 from ..planner.hardware import ClusterSpec
 
@@ -68,13 +69,8 @@ and activation scale to peak_memory_bytes (least squares; docs/profiling.md)."""
 
 
 def _precision(args: argparse.Namespace, default: str | None) -> str | None:
-    if getattr(args, "bf16", False) and getattr(args, "fp16", False):
-        raise ValueError("--bf16 and --fp16 given together: choose one precision")
-    if getattr(args, "bf16", False):
-        return "bf16"
-    if getattr(args, "fp16", False):
-        return "fp16"
-    return default
+    """The package's one precision rule (``run_config.resolve_precision``) on these flags."""
+    return resolve_precision(getattr(args, "bf16", False), getattr(args, "fp16", False), default)
 
 
 # --------------------------------------------------------------------------- profile-model
@@ -112,14 +108,12 @@ def add_profile_model_parser(
 
 def cmd_profile_model(args: argparse.Namespace) -> int:
     """Measure (or reuse from the cache) the model profile and print a summary."""
-    import torch  # noqa: PLC0415 - lazy: torch (seconds to import), only when measuring
-
+    from ..parallel.device import resolve_device  # noqa: PLC0415 - lazy: torch (seconds to import), only when measuring
     from .model_profiler import ModelProfilerConfig, lookup_or_measure  # noqa: PLC0415 - lazy: torch and the models
 
     config = args.model_config_from_flags_(args)
     precision = _precision(args, "fp32")
-    if args.device is not None and args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {args.device}: CUDA is not available here; use --device cpu")
+    resolve_device(args.device)  # a --device that does not exist here stops before measuring
     settings = ModelProfilerConfig(batch_sizes=tuple(args.batch_sizes or ()),
                                    warmup_iters=args.warmup_iters, iters=args.iters)
     found = lookup_or_measure(config, precision, args.device, args.cache_dir, config=settings,
