@@ -160,7 +160,7 @@ def _step_worker(rank: int, world_size: int, precision: dict[str, bool]) -> list
     from megatron_auto.models.gpt import GPTStage
     from megatron_auto.training.lr_scheduler import LRConfig
     from megatron_auto.training.precision import PrecisionConfig
-    from megatron_auto.training.pretrain import build_trainer, train_step
+    from megatron_auto.training.trainer import build_trainer, train_step
 
     trainer = build_trainer(CONFIG, PLAN, lambda cfg, ctx, seed: GPTStage(cfg, ctx, seed=seed),
                             lr_config=LRConfig(lr=1e-3, decay_style="constant"),
