@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 
 from .config import ArgumentError, ConfigError, ModelConfig
 from .run_config import (DEFAULT_GLOBAL_BATCH_SIZE, CheckpointConfig, ClassicLayout, DataConfig,
-                         LoggingConfig, LRConfig, OptimizerConfig, PlanFile, PrecisionConfig,
+                         ExperimentLogConfig, LoggingConfig, LRConfig, OptimizerConfig, PlanFile, PrecisionConfig,
                          RunConfig, SearchPins, TrainingConfig, resolve_precision)
 
 __all__ = ["DEFAULT_GLOBAL_BATCH_SIZE", "DEFAULT_MOCK_VOCAB_SIZE", "ArgumentError",
@@ -161,6 +161,16 @@ def add_logging_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                         "another plan or world size (it is resharded)")
     g.add_argument("--save-interval", type=int, default=None, metavar="N",
                    help="iterations between checkpoints (needs --save)")
+    t = parser.add_argument_group("TensorBoard and Weights & Biases (the metrics-file records)")
+    t.add_argument("--tensorboard-dir", default=None, metavar="DIR")
+    t.add_argument("--tensorboard-log-interval", type=int, default=1, metavar="N",
+                   help="keep the training records of every N-th iteration")
+    t.add_argument("--log-timers-to-tensorboard", action="store_true")
+    t.add_argument("--log-memory-to-tensorboard", action="store_true")
+    t.add_argument("--log-validation-ppl-to-tensorboard", action="store_true")
+    t.add_argument("--wandb-project", default=None)
+    t.add_argument("--wandb-exp-name", default=None)
+    t.add_argument("--wandb-save-dir", default=None, metavar="DIR")
     return parser
 
 
@@ -313,6 +323,14 @@ def run_config_from_args(args: argparse.Namespace,
                                   loss_scale_window=args.loss_scale_window,
                                   hysteresis=args.hysteresis),
         logging=LoggingConfig(log_interval=args.log_interval, metrics_file=args.metrics_file),
+        experiment_log=ExperimentLogConfig(
+            tensorboard_dir=args.tensorboard_dir,
+            tensorboard_log_interval=args.tensorboard_log_interval,
+            log_timers_to_tensorboard=args.log_timers_to_tensorboard,
+            log_memory_to_tensorboard=args.log_memory_to_tensorboard,
+            log_validation_ppl_to_tensorboard=args.log_validation_ppl_to_tensorboard,
+            wandb_project=args.wandb_project, wandb_exp_name=args.wandb_exp_name,
+            wandb_save_dir=args.wandb_save_dir),
         training=TrainingConfig(train_iters=args.train_iters, eval_interval=args.eval_interval,
                                 eval_iters=args.eval_iters, seed=args.seed),
         checkpoint=CheckpointConfig(save=args.save, load=args.load,

@@ -6,7 +6,8 @@ dataclasses (never an argparse namespace). Each component's settings are its own
 
 - :class:`~megatron_auto.config.ModelConfig` (``config.py``): the model shape and numerics;
 - :class:`DataConfig`: data source and tokenizer; :class:`OptimizerConfig`; :class:`LRConfig`;
-  :class:`PrecisionConfig`; :class:`LoggingConfig`; :class:`TrainingConfig` (iterations,
+  :class:`PrecisionConfig`; :class:`LoggingConfig`; :class:`ExperimentLogConfig` (TensorBoard,
+  W&B); :class:`TrainingConfig` (iterations,
   evaluation, seed); :class:`CheckpointConfig`;
 - the plan source: a :class:`PlanFile`, the :class:`ClassicLayout` flags, or the search with
   the choices the user pinned (:class:`SearchPins`); ``plan_source.make_plan`` and
@@ -24,7 +25,8 @@ from typing import Any
 
 from .config import ArgumentError, ModelConfig
 
-__all__ = ["DEFAULT_GLOBAL_BATCH_SIZE", "CheckpointConfig", "DataConfig", "LRConfig",
+__all__ = ["DEFAULT_GLOBAL_BATCH_SIZE", "CheckpointConfig", "DataConfig", "ExperimentLogConfig",
+           "ExperimentLogError", "LRConfig",
            "LoggingConfig", "OptimizerConfig", "PrecisionConfig", "RunConfig", "TrainingConfig",
            "resolve_precision", "PlanFile", "ClassicLayout", "SearchPins"]
 
@@ -135,6 +137,37 @@ class LoggingConfig:
             raise ValueError(f"--log-interval={self.log_interval}: must be a positive integer")
 
 
+class ExperimentLogError(ArgumentError):
+    """A logging flag that cannot work here; the message names the flag and the fix."""
+
+
+@dataclass(frozen=True)
+class ExperimentLogConfig:
+    """The TensorBoard and W&B flags (Megatron-LM names); ``training/experiment_log.py`` writes
+    the metrics records to them."""
+
+    tensorboard_dir: str | None = None
+    tensorboard_log_interval: int = 1
+    log_timers_to_tensorboard: bool = False
+    log_memory_to_tensorboard: bool = False
+    log_validation_ppl_to_tensorboard: bool = False
+    wandb_project: str | None = None
+    wandb_exp_name: str | None = None
+    wandb_save_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.tensorboard_log_interval < 1:
+            raise ExperimentLogError(
+                f"--tensorboard-log-interval={self.tensorboard_log_interval}: must be a positive "
+                f"integer (e.g. 1)")
+        if self.wandb_project is not None and not self.wandb_project.strip():
+            raise ExperimentLogError("--wandb-project='': give a project name, or drop the flag")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.tensorboard_dir or self.wandb_project)
+
+
 @dataclass(frozen=True)
 class TrainingConfig:
     train_iters: int = 100
@@ -223,6 +256,7 @@ class RunConfig:
     lr: LRConfig = LRConfig()
     precision: PrecisionConfig = PrecisionConfig()
     logging: LoggingConfig = LoggingConfig()
+    experiment_log: ExperimentLogConfig = ExperimentLogConfig()
     training: TrainingConfig = TrainingConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     plan_source: PlanFile | ClassicLayout | SearchPins = ClassicLayout()

@@ -133,3 +133,34 @@ def test_bert_on_the_embedded_corpus_learns(tmp_path, monkeypatch):
     first = sum(r["mlm_loss"] for r in records[:3]) / 3
     last = sum(r["mlm_loss"] for r in records[-3:]) / 3
     assert last < first - 1.0, (first, last)
+
+
+def test_tensorboard_flags_reach_the_event_files(tmp_path):
+    # --tensorboard-dir gets exactly the metrics-file records (rank 0 of 2 writes them).
+    accumulator = pytest.importorskip(
+        "tensorboard.backend.event_processing.event_accumulator",
+        reason="the tensorboard package is the 'test' extra's; install it to run this test")
+    metrics, tb = tmp_path / "m.jsonl", tmp_path / "tb"
+    argv = ["--mock-data", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+            "--seq-length", "16", "--vocab-size", "128", "--train-iters", "4", "--log-interval", "1",
+            "--eval-interval", "2", "--eval-iters", "1", "--metrics-file", str(metrics),
+            "--tensorboard-dir", str(tb), "--tensorboard-log-interval", "2",
+            "--log-validation-ppl-to-tensorboard"]
+    assert run_distributed(_main_worker, 2, argv) == [0, 0]
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    acc = accumulator.EventAccumulator(str(tb))
+    acc.Reload()
+    loss = [(e.step, e.value) for e in acc.Scalars("train/lm_loss")]
+    want = [(r["iteration"], r["lm_loss"]) for r in records
+            if "split" not in r and r["iteration"] % 2 == 0]
+    assert [s for s, _ in loss] == [2, 4]
+    assert [v for _, v in loss] == pytest.approx([v for _, v in want], rel=1e-6)
+    assert [e.step for e in acc.Scalars("valid/ppl")] == [2, 4]
+
+
+def test_bad_experiment_log_flag_exits_2(capsys):
+    import pretrain_gpt
+
+    assert pretrain_gpt.main(["--tensorboard-log-interval", "0"]) == 2
+    assert "error: --tensorboard-log-interval=0: must be a positive integer" in \
+        capsys.readouterr().err

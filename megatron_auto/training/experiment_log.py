@@ -23,41 +23,15 @@ from __future__ import annotations
 import importlib
 import math
 import os
-from dataclasses import dataclass
 from typing import Any, Mapping, Protocol
+
+from ..run_config import ExperimentLogConfig, ExperimentLogError
+
+__all__ = ["ExperimentLog", "ExperimentLogConfig", "ExperimentLogError", "TensorBoardSink",
+           "WandbSink", "record_scalars"]
 
 MEMORY_FIELDS = ("peak_memory_bytes", "predicted_peak_memory_bytes")
 TIMER_PREFIX = "timers_"
-
-
-class ExperimentLogError(ValueError):
-    """A logging flag that cannot work here; the message names the flag and the fix."""
-
-
-@dataclass(frozen=True)
-class ExperimentLogConfig:
-    """The TensorBoard and W&B flags (Megatron-LM names), converted once at the entry point."""
-
-    tensorboard_dir: str | None = None
-    tensorboard_log_interval: int = 1
-    log_timers_to_tensorboard: bool = False
-    log_memory_to_tensorboard: bool = False
-    log_validation_ppl_to_tensorboard: bool = False
-    wandb_project: str | None = None
-    wandb_exp_name: str | None = None
-    wandb_save_dir: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.tensorboard_log_interval < 1:
-            raise ExperimentLogError(
-                f"--tensorboard-log-interval={self.tensorboard_log_interval}: must be a positive "
-                f"integer (e.g. 1)")
-        if self.wandb_project is not None and not self.wandb_project.strip():
-            raise ExperimentLogError("--wandb-project='': give a project name, or drop the flag")
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.tensorboard_dir or self.wandb_project)
 
 
 class Sink(Protocol):

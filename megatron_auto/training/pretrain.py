@@ -15,7 +15,7 @@ vocabulary), makes the plan from the run's plan source (validated once, where it
 ``plan_source.make_plan`` for a file or the classic flags, ``auto.plan_for_run`` for the
 search), builds the trainer (``trainer.py``), restores a checkpoint, and loops: one
 :func:`~megatron_auto.training.trainer.train_step` per iteration, Megatron's console lines, the
-``--metrics-file`` records, evaluation and checkpoints.
+``--metrics-file`` records (also to TensorBoard / W&B when asked), evaluation and checkpoints.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from ..plan_source import make_plan
 from ..run_config import RunConfig, SearchPins
 from . import checkpoint
 from .data import DataError, DataSource, load_global_batch, prepare_data_source
+from .experiment_log import ExperimentLog, ExperimentLogError
 from .logging import format_eval_line, format_iteration_line, get_logger, setup_logging
 from .metrics import (MetricsWriter, device_peak_tflops, format_prediction_line,
                       model_flops_per_token, predicted_metrics)
@@ -143,7 +144,11 @@ def pretrain(config: RunConfig, model_provider: ModelProvider,
     train_ds, valid_ds, _ = datasets_provider(
         config.data, source, model_config, train_config.seed,
         train_config.train_iters * gbs, num_evals * train_config.eval_iters * gbs, 0)
-    last_saved = _train_loop(trainer, config, train_ds, valid_ds, batch_fn)
+    experiment_log = _experiment_log(config, rank)
+    try:
+        last_saved = _train_loop(trainer, config, train_ds, valid_ds, batch_fn, experiment_log)
+    finally:
+        experiment_log.close()
     # At the end, unless the last interval saved it or nothing was trained (a resumed run that
     # had already reached --train-iters must not rewrite the checkpoint it loaded).
     if ckpt.save and trainer.iteration > start_iteration and last_saved != trainer.iteration:
@@ -151,8 +156,28 @@ def pretrain(config: RunConfig, model_provider: ModelProvider,
     return trainer
 
 
+def _experiment_log(config: RunConfig, rank: int) -> ExperimentLog:
+    """Rank 0's TensorBoard / W&B sinks; a sink that cannot start stops every rank alike (rank 0
+    alone would otherwise leave the others waiting in the first collective). Collective when
+    a sink is configured."""
+    settings = config.experiment_log
+    if not settings.enabled:
+        return ExperimentLog(settings, enabled=False)
+    log, error = ExperimentLog(settings, enabled=False), None
+    if rank == 0:
+        try:
+            log = ExperimentLog(settings, enabled=True, run_config=dataclasses.asdict(config))
+        except ExperimentLogError as err:
+            error = str(err)
+    box = [error]
+    dist.broadcast_object_list(box, src=0)
+    if box[0] is not None:
+        raise ExperimentLogError(box[0])
+    return log
+
+
 def _train_loop(trainer: Trainer, config: RunConfig, train_ds: Any, valid_ds: Any,
-                batch_fn: BatchFn) -> int | None:
+                batch_fn: BatchFn, experiment_log: ExperimentLog) -> int | None:
     """Iterate up to --train-iters; returns the iteration of the last checkpoint it saved."""
     log = get_logger()
     ctx, plan, cfg = trainer.ctx, trainer.plan, trainer.model_config
@@ -233,6 +258,7 @@ def _train_loop(trainer: Trainer, config: RunConfig, train_ds: Any, valid_ds: An
                 log.info(format_prediction_line(metrics))
                 compared = True
             writer.write(metrics)
+            experiment_log.write(metrics)
             window.clear()
             window_extras.clear()
         if valid_ds is not None and train_config.eval_iters > 0 and it % train_config.eval_interval == 0:
@@ -244,7 +270,9 @@ def _train_loop(trainer: Trainer, config: RunConfig, train_ds: Any, valid_ds: An
             loss = evaluate(trainer, batches)
             ppl = math.exp(min(loss, 20.0))
             log.info(format_eval_line(it, loss, ppl))
-            writer.write({"iteration": it, "split": "valid", "lm_loss": loss, "ppl": ppl})
+            record = {"iteration": it, "split": "valid", "lm_loss": loss, "ppl": ppl}
+            writer.write(record)
+            experiment_log.write(record)
         if save.save and save.save_interval and it % save.save_interval == 0:
             checkpoint.save_checkpoint(trainer, save.save)
             last_saved = it
