@@ -52,9 +52,13 @@ def _auto_plans(world_size, config, argv):
     from megatron_auto.arguments import build_parser
     from megatron_auto.vision_arguments import add_vision_args
 
-    args = add_vision_args(build_parser()).parse_args(argv)
-    args.argv_ = list(argv)
-    return [auto.plan_for_run(args, config, world_size).to_dict()]
+    from megatron_auto.arguments import parse_run_config
+    from megatron_auto.vision_arguments import vision_config_from_args
+
+    run = parse_run_config(argv, add_vision_args(build_parser()),
+                           model_config_from_args=vision_config_from_args)
+    return [auto.plan_for_run(run.plan_source, config, world_size,
+                              precision=run.precision.name).to_dict()]
 
 
 def _train_worker(rank, world_size, config_dict, plan_dicts, steps):
