@@ -287,9 +287,9 @@ def _max_over_ranks(value: int, device: torch.device) -> int:
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     from ..auto import AutoParallelError  # noqa: PLC0415 - lazy: the profilers and the planner
-    from ..data import IndexedDatasetError  # noqa: PLC0415 - lazy: the data package (tokenizers)
+    from ..data import DataInputError  # noqa: PLC0415 - lazy: the data package (tokenizers)
 
-    return (ConfigError, PlanError, DataError, IndexedDatasetError, AutoParallelError,
+    return (ConfigError, PlanError, DataError, DataInputError, AutoParallelError,
             checkpoint.CheckpointError)
 
 
