@@ -229,8 +229,10 @@ class Plan:
     def stage_layer_range(self, stage: int) -> range:
         """The contiguous layers of ``stage``; only without interleaving (else see stage_layers)."""
         if self.virtual_size != 1:
-            raise ValueError(f"stage_layer_range: pipeline.virtual_size={self.virtual_size} "
-                             f"gives a stage several chunks; use stage_layers / chunk_layer_range")
+            # Callers that only know contiguous stages (the cost model, so far) say so clearly.
+            raise PlanError(f"plan field pipeline.virtual_size={self.virtual_size}: interleaved "
+                            f"plans are trained by the runtime but not priced by the cost model "
+                            f"yet; evaluate the plan with virtual_size 1")
         return self.chunk_layer_range(stage)
 
     def chunk_of_layer(self, layer: int) -> int:

@@ -174,3 +174,11 @@ def test_virtual_size_round_trips_and_v1_files_stay_as_they_were():
     plain = plan_of(2, [layer()] * 4, layers_per_stage=(2, 2))
     assert "virtual_size" not in plain["pipeline"]
     assert Plan.from_dict(plain).virtual_size == 1
+
+
+def test_callers_of_contiguous_stages_refuse_interleaved_plans_clearly():
+    """The cost model asks for contiguous stages; an interleaved plan says why it cannot."""
+    plan = Plan.from_dict(INTERLEAVED_PLANS["pp2-v2-uneven"][1])
+    with pytest.raises(PlanError, match=r"pipeline\.virtual_size=2: interleaved plans are "
+                                        r"trained by the runtime but not priced"):
+        plan.stage_layer_range(0)
