@@ -25,6 +25,8 @@ from typing import Any, Sequence
 from .arguments import (DEFAULT_GLOBAL_BATCH_SIZE, add_model_args, classic_layout_from_args,
                         model_config_from_args)
 from .config import ModelConfig
+from .vision_arguments import add_vision_args, apply_vit_defaults, vision_config_from_args
+from .vision_config import BACKBONES, VisionConfig
 from .plan import Plan
 from .plan_source import plan_from_classic_flags
 from .planner import galvatron, report
@@ -51,8 +53,10 @@ class CliError(ValueError):
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
     """The pretrain scripts' model shape flags (Megatron-LM names) plus ``--model-type``."""
     add_model_args(parser)
-    parser.add_argument("--model-type", default="gpt", choices=["gpt", "bert"],
-                        help="gpt (causal decoder, default) or bert (encoder)")
+    parser.add_argument("--model-type", default="gpt", choices=["gpt", "bert", *BACKBONES],
+                        help="gpt (causal decoder, default), bert (encoder), or an image "
+                             "classifier: vit or swin (with pretrain_vision_classify.py's flags)")
+    add_vision_args(parser, backbone_flag=False, script_defaults=False)
 
 
 def _model_flag_defaults() -> dict[str, Any]:
@@ -66,7 +70,12 @@ MODEL_FLAG_DEFAULTS = _model_flag_defaults()
 
 
 def model_config_from_flags(args: argparse.Namespace) -> ModelConfig:
-    """``ModelConfig`` from the model flags, through the pretrain scripts' converter."""
+    """``ModelConfig`` from the model flags, through the pretrain scripts' converter (a
+    ``VisionConfig`` for ``--model-type vit|swin``, with the vision script's defaults)."""
+    if args.model_type in BACKBONES:
+        vision = argparse.Namespace(**vars(args))
+        apply_vit_defaults(vision, MODEL_FLAG_DEFAULTS)
+        return vision_config_from_args(vision)
     cfg = model_config_from_args(args)
     if args.model_type == "bert":
         cfg = dataclasses.replace(cfg, model_type="bert", num_tokentypes=2)
@@ -167,7 +176,9 @@ def _plan_and_model(args: argparse.Namespace, world_size: int) -> tuple[Plan, Mo
         plan = Plan.load(args.plan)
         if plan.model and set(plan.model) >= {"num_layers", "hidden_size", "num_attention_heads"}:
             try:
-                config = ModelConfig.from_dict(plan.model)
+                config = (VisionConfig.from_dict(plan.model)
+                          if plan.model.get("model_type") in BACKBONES
+                          else ModelConfig.from_dict(plan.model))
             except (TypeError, ValueError) as err:
                 raise CliError(f"--plan {args.plan}: its model record does not describe a model "
                                f"({err}); give the model flags") from None
