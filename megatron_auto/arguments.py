@@ -106,6 +106,11 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--min-loss-scale", type=float, default=1.0)
     g.add_argument("--loss-scale-window", type=int, default=1000)
     g.add_argument("--hysteresis", type=int, default=2)
+    g.add_argument("--compile", action="store_true",
+                   help="torch.compile each transformer layer (the schedule stays eager)")
+    g.add_argument("--compile-backend", default="inductor",
+                   help="torch.compile backend for --compile: inductor (default), aot_eager, "
+                        "eager")
 
     p = parser.add_argument_group("parallelism")
     # Default None (= 1): a typed value pins the choice for --auto-parallel.
@@ -332,7 +337,8 @@ def run_config_from_args(args: argparse.Namespace,
             wandb_project=args.wandb_project, wandb_exp_name=args.wandb_exp_name,
             wandb_save_dir=args.wandb_save_dir),
         training=TrainingConfig(train_iters=args.train_iters, eval_interval=args.eval_interval,
-                                eval_iters=args.eval_iters, seed=args.seed),
+                                eval_iters=args.eval_iters, seed=args.seed,
+                                compile_backend=args.compile_backend if args.compile else None),
         checkpoint=CheckpointConfig(save=args.save, load=args.load,
                                     save_interval=args.save_interval),
         plan_source=plan_source_from_args(args), plan_out=args.plan_out)

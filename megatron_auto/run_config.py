@@ -42,6 +42,10 @@ def resolve_precision(bf16: bool, fp16: bool, default: str | None = "fp32") -> s
     return "bf16" if bf16 else "fp16" if fp16 else default
 
 
+# torch.compile backends --compile accepts (models/compile.py uses them).
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
+
+
 # ----------------------------------------------------------------------------- components
 @dataclass(frozen=True)
 class PrecisionConfig:
@@ -174,6 +178,12 @@ class TrainingConfig:
     eval_interval: int = 50
     eval_iters: int = 5
     seed: int = 1234
+    compile_backend: str | None = None  # --compile: torch.compile backend; None = eager
+
+    def __post_init__(self) -> None:
+        if self.compile_backend is not None and self.compile_backend not in COMPILE_BACKENDS:
+            raise ArgumentError(f"--compile-backend={self.compile_backend}: unknown; choose one "
+                                f"of {', '.join(COMPILE_BACKENDS)}")
 
 
 @dataclass(frozen=True)

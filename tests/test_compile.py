@@ -78,3 +78,42 @@ def test_inductor_without_a_compiler_warns_once_and_stays_eager(monkeypatch, cap
         assert compile_layers([torch.nn.Linear(2, 2)], "inductor", torch.device("cpu")) == 0
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "needs a C++ compiler" in warnings[0]
+
+
+def _train(rank, world_size, argv):
+    import pretrain_gpt
+
+    return pretrain_gpt.main(argv)
+
+
+def test_compile_flag_trains_the_eager_losses_with_zero3_tp_and_recompute(tmp_path):
+    import json
+
+    from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy
+
+    plan = Plan(world_size=2, global_batch_size=4, num_microbatches=2,
+                pipeline=PipelineSpec(1, "1f1b", (2,)), vocab=VocabStrategy(tp=2),
+                layers=(LayerStrategy(tp=2, recompute=True), LayerStrategy(tp=1, dp_mode="zero3")))
+    plan.save(tmp_path / "plan.json")
+    losses = {}
+    for name, extra in (("eager", []), ("compiled", ["--compile", "--compile-backend",
+                                                      "aot_eager"])):
+        metrics = tmp_path / f"{name}.jsonl"
+        argv = ["--mock-data", "--num-layers", "2", "--hidden-size", "32",
+                "--num-attention-heads", "4", "--seq-length", "16", "--vocab-size", "128",
+                "--train-iters", "3", "--log-interval", "1", "--hidden-dropout", "0",
+                "--attention-dropout", "0", "--eval-iters", "0", "--plan",
+                str(tmp_path / "plan.json"), "--metrics-file", str(metrics), *extra]
+        assert run_distributed(_train, 2, argv) == [0, 0]
+        losses[name] = [json.loads(line)["lm_loss"] for line in metrics.read_text().splitlines()]
+    assert len(losses["eager"]) == 3
+    torch.testing.assert_close(torch.tensor(losses["compiled"]), torch.tensor(losses["eager"]),
+                               rtol=1e-5, atol=0)
+
+
+def test_unknown_compile_backend_flag_is_one_error_line(capsys):
+    import pretrain_gpt
+
+    assert pretrain_gpt.main(["--mock-data", "--compile", "--compile-backend", "tvm"]) == 2
+    assert ("error: --compile-backend=tvm: unknown; choose one of inductor, aot_eager, eager"
+            in capsys.readouterr().err)

@@ -26,9 +26,9 @@ from typing import Iterable
 import torch
 from torch import nn
 
-logger = logging.getLogger(__name__)
+from ..run_config import COMPILE_BACKENDS as BACKENDS
 
-BACKENDS = ("inductor", "aot_eager", "eager")
+logger = logging.getLogger(__name__)
 
 
 class CompileError(ValueError):

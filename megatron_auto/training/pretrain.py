@@ -135,7 +135,8 @@ def pretrain(config: RunConfig, model_provider: ModelProvider,
              f"{model_config.num_parameters() / 1e6:.2f} M parameters; data: {source.kind}")
     trainer = build_trainer(model_config, plan, model_provider, optimizer_config=config.optimizer,
                             lr_config=config.lr, precision=config.precision,
-                            seed=train_config.seed, device=device, task=task)
+                            seed=train_config.seed, device=device, task=task,
+                            compile_backend=train_config.compile_backend)
     if ckpt.load:
         checkpoint.load_checkpoint(trainer, ckpt.load)
     start_iteration = trainer.iteration

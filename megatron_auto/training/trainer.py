@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..config import ModelConfig
+from ..models.compile import compile_layers
 from ..parallel.context import ParallelContext
 from ..parallel.data_parallel import DataParallel
 from ..parallel.optimizer import build_optimizer
@@ -106,7 +107,8 @@ def build_trainer(model_config: ModelConfig, plan: Plan, model_provider: ModelPr
                   optimizer_config: OptimizerConfig = OptimizerConfig(),
                   lr_config: LRConfig = LRConfig(),
                   precision: PrecisionConfig = PrecisionConfig(), seed: int = 1234,
-                  device: torch.device | None = None, task: TaskSpec = GPT_TASK) -> Trainer:
+                  device: torch.device | None = None, task: TaskSpec = GPT_TASK,
+                  compile_backend: str | None = None) -> Trainer:
     """Collective: build context, stage, data parallelism and optimizer for ``plan``.
 
     ``plan`` must be valid for ``model_config``: every maker of plans (``plan_source.make_plan``,
@@ -115,6 +117,8 @@ def build_trainer(model_config: ModelConfig, plan: Plan, model_provider: ModelPr
     ctx = ParallelContext(plan, device=device)
     torch.manual_seed(seed)
     stage = model_provider(model_config, ctx, seed)
+    if compile_backend is not None:  # before data parallelism: FSDP2's hooks get traced too
+        compile_layers(stage.layers.values(), compile_backend, ctx.device)
     data_parallel = DataParallel(stage, ctx, precision=precision.name)
     optimizer = build_optimizer(data_parallel.parameters(), optimizer_config, lr=lr_config.lr,
                                 named_parameters=stage.named_parameters())
