@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import sys
 from typing import Any, Sequence
 
@@ -28,6 +29,7 @@ from .config import ModelConfig
 from .vision_arguments import add_vision_args, apply_vit_defaults, vision_config_from_args
 from .vision_config import BACKBONES, VisionConfig
 from .plan import Plan
+from .plots import plot_metrics, plot_plan
 from .plan_source import plan_from_classic_flags
 from .planner import galvatron, report
 from .planner.hardware import GB, ClusterSpec
@@ -280,7 +282,28 @@ def cmd_explain(args: argparse.Namespace) -> int:
     cluster = _cluster(args)
     plan, config = _plan_and_model(args, cluster.world_size)
     setup = _setup(args, global_batch_size=plan.global_batch_size, config=config)
-    print(_explain_text(setup, plan, _evaluate(setup, plan)), end="")
+    estimate = _evaluate(setup, plan)
+    print(_explain_text(setup, plan, estimate), end="")
+    if args.plot:
+        plot_plan(plan, args.plot, estimate.to_dict(), setup.budget_bytes)
+        print(f"\nplot written to {args.plot}")
+    return 0
+
+
+def cmd_plot_metrics(args: argparse.Namespace) -> int:
+    records = []
+    with open(args.metrics_file, encoding="utf-8") as fh:
+        for number, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise CliError(f"{args.metrics_file}:{number}: not a JSON object ({err.msg}); "
+                               f"pass the file written by --metrics-file") from None
+    out = args.output or os.path.splitext(args.metrics_file)[0] + ".png"
+    plot_metrics(records, out)
+    print(f"plot written to {out}")
     return 0
 
 
@@ -389,6 +412,10 @@ def build_parser() -> argparse.ArgumentParser:
                            allow_abbrev=False)
         _add_common(q)
         _add_plan_source(q)
+        if name == "explain":
+            q.add_argument("--plot", default=None, metavar="FILE",
+                           help="also draw the per-layer strategy map and per-stage memory and "
+                                "time (.png/.pdf/.svg; needs matplotlib, the 'plots' extra)")
         if name == "evaluate":
             q.add_argument("--json", action="store_true",
                            help="print the estimate as JSON (the plan file's estimate fields)")
@@ -424,6 +451,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--world-size", type=int, default=None, help="default: from the file name")
     g.add_argument("--plan-out", metavar="FILE")
     r.set_defaults(func=cmd_import_galvatron)
+
+    m = sub.add_parser("plot-metrics", help="plot a --metrics-file: loss, throughput, predicted "
+                                            "against measured time and memory",
+                       allow_abbrev=False)
+    m.add_argument("metrics_file", metavar="METRICS.jsonl")
+    m.add_argument("--output", "-o", default=None, metavar="FILE",
+                   help="image to write (default: the metrics file with .png)")
+    m.set_defaults(func=cmd_plot_metrics)
     _add_profiler_subcommands(sub)
     return parser
 

@@ -93,3 +93,26 @@ def test_missing_matplotlib_is_named(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(PlotError, match=r"pip install 'megatron_auto\[plots\]'"):
         plot_plan(PLAN, "x.png", ESTIMATE)
+
+
+def test_cli_explain_plot_and_plot_metrics(tmp_path, capsys):
+    from matplotlib.image import imread
+
+    from megatron_auto.cli import main
+
+    plan = Plan.uniform(8, 4, global_batch_size=16, num_microbatches=2, tp=2, pp=2)
+    plan.save(tmp_path / "plan.json")
+    model = ["--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "4",
+             "--seq-length", "128"]
+    assert main(["explain", "--plan", str(tmp_path / "plan.json"), *model, "--cluster",
+                 "a100-40g-1x8", "--plot", str(tmp_path / "plan.png")]) == 0
+    assert "plot written to" in capsys.readouterr().out
+    assert imread(str(tmp_path / "plan.png")).shape[0] > 500
+    metrics = tmp_path / "m.jsonl"
+    metrics.write_text("\n".join(
+        f'{{"iteration": {i}, "lm_loss": {7 - i / 10}, "samples_per_s": 10}}' for i in (1, 2, 3)))
+    assert main(["plot-metrics", str(metrics)]) == 0
+    assert imread(str(tmp_path / "m.png")).shape[1] > 500
+    metrics.write_text("{not json\n")
+    assert main(["plot-metrics", str(metrics)]) == 2
+    assert "m.jsonl:1: not a JSON object" in capsys.readouterr().err
