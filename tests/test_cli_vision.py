@@ -45,3 +45,15 @@ def test_bad_vision_shape_is_one_line_exit_2(capsys):
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--swin-window-size=3: must divide stage 1's 8x8 feature map" in err[0]
+
+
+def test_profile_model_measures_every_swin_layer_type(tmp_path, capsys):
+    flags = ["profile-model", "--model-type", "swin", "--img-h", "16", "--img-w", "16",
+             "--patch-dim", "2", "--swin-embed-dim", "16", "--swin-depths", "2,2",
+             "--swin-num-heads", "2,4", "--swin-window-size", "4", "--num-classes", "5",
+             "--batch-sizes", "2", "3", "--iters", "1", "--warmup-iters", "0",
+             "--cache-dir", str(tmp_path), "--device", "cpu"]
+    assert main(flags) == 0
+    out = capsys.readouterr().out
+    for name in ("swin1", "swin2_merge", "swin2"):
+        assert f"layer {name}: " in out

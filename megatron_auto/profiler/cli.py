@@ -116,24 +116,29 @@ def cmd_profile_model(args: argparse.Namespace) -> int:
     resolve_device(args.device)  # a --device that does not exist here stops before measuring
     settings = ModelProfilerConfig(batch_sizes=tuple(args.batch_sizes or ()),
                                    warmup_iters=args.warmup_iters, iters=args.iters)
-    found = lookup_or_measure(config, precision, args.device, args.cache_dir, config=settings,
-                              force=args.force)
+    measure = lookup_or_measure
+    if getattr(config, "model_type", None) in ("vit", "swin"):  # an image classifier
+        from .vision_profiler import lookup_or_measure_vision as measure  # noqa: PLC0415 - lazy: the vision models
+    found = measure(config, precision, args.device, args.cache_dir, config=settings,
+                    force=args.force)
     profile, cached = found.profile, not found.measured
     if args.out:
         profile.save(args.out)
     if args.json:
         print(json.dumps(profile.to_dict(), indent=2))
         return 0
-    lt = profile.layer_types[config.model_type]
     emb = profile.embedding
     print(f"model profile ({profile.precision}, {profile.metadata.get('device', '?')}"
           f"{', from the cache' if cached else ''})")
-    print(f"  layer: {lt.parameter_count:,} parameters; forward {lt.forward_time_per_sample_s * 1e3:.3f}"
-          f" ms/sample + {lt.forward_time_constant_s * 1e3:.3f} ms; backward x"
-          f"{lt.backward_forward_ratio:.2f}")
-    print(f"  layer activations per sample: {lt.activation_replicated_bytes / 2**20:.2f} MiB "
-          f"replicated + {lt.activation_split_bytes / 2**20:.2f} MiB split by tp; recompute keeps "
-          f"{lt.recompute_bytes_per_sample / 2**20:.2f} MiB")
+    for name, lt in profile.layer_types.items():  # one type (GPT, BERT, ViT) or several (Swin)
+        label = "layer" if len(profile.layer_types) == 1 else f"layer {name}"
+        print(f"  {label}: {lt.parameter_count:,} parameters; forward "
+              f"{lt.forward_time_per_sample_s * 1e3:.3f} ms/sample + "
+              f"{lt.forward_time_constant_s * 1e3:.3f} ms; backward x"
+              f"{lt.backward_forward_ratio:.2f}")
+        print(f"  {label} activations per sample: {lt.activation_replicated_bytes / 2**20:.2f} "
+              f"MiB replicated + {lt.activation_split_bytes / 2**20:.2f} MiB split by tp; "
+              f"recompute keeps {lt.recompute_bytes_per_sample / 2**20:.2f} MiB")
     print(f"  head: forward {emb.head_forward_time_per_sample_s * 1e3:.3f} ms/sample; logits "
           f"transient {emb.head_transient_split_bytes / 2**20:.2f} MiB/sample (split by vocab tp)")
     if args.out:
