@@ -42,7 +42,10 @@ _LAYOUT_DEFAULTS = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_si
                     "use_distributed_optimizer": False, "recompute_granularity": None,
                     "recompute_method": None, "recompute_num_layers": None,
                     "decoder_first_pipeline_num_layers": None,
-                    "decoder_last_pipeline_num_layers": None}
+                    "decoder_last_pipeline_num_layers": None, "sequence_parallel": False,
+                    "num_layers_per_virtual_pipeline_stage": None}
+# Classic layout flags --auto-parallel does not search yet (the cost model does not price them).
+_NOT_SEARCHED = ("sequence_parallel", "num_layers_per_virtual_pipeline_stage")
 
 
 # ----------------------------------------------------------------------------- flag groups
@@ -124,6 +127,7 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     p.add_argument("--use-distributed-optimizer", action="store_true",
                    help="Megatron's distributed optimizer: shard the optimizer state over "
                         "data parallelism (every layer gets dp_mode zero1)")
+    add_sp_and_virtual_pipeline_args(p)
     p.add_argument("--auto-parallel", action="store_true",
                    help="search the per-layer parallel plan (profile, then plan, then train)")
     p.add_argument("--plan", default=None, metavar="FILE", help="train with this plan file")
@@ -344,12 +348,29 @@ def run_config_from_args(args: argparse.Namespace,
         plan_source=plan_source_from_args(args), plan_out=args.plan_out)
 
 
+def add_sp_and_virtual_pipeline_args(group: Any) -> None:
+    """Megatron's ``--sequence-parallel`` and ``--num-layers-per-virtual-pipeline-stage`` (the
+    pretrain scripts' and ``megatron-auto``'s classic layout)."""
+    group.add_argument("--sequence-parallel", action="store_true",
+                       help="Megatron-SP on every layer: norms, dropout and residuals split "
+                            "along the sequence over the TP group (ignored with TP 1)")
+    group.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None,
+                       metavar="N", help="interleaved 1F1B: model chunks of N layers, "
+                                         "pp x v of them (needs pp > 1)")
+
+
 def plan_source_from_args(args: argparse.Namespace) -> PlanFile | ClassicLayout | SearchPins:
     """``--plan``, ``--auto-parallel`` (with the pins typed in this parse) or the classic flags."""
     if args.plan:
         return PlanFile(args.plan, global_batch_size=args.global_batch_size,
                         micro_batch_size=args.micro_batch_size)
     if args.auto_parallel:
+        for flag in _NOT_SEARCHED:
+            value = getattr(args, flag, None)
+            if value:
+                _fail("--" + flag.replace("_", "-"), value,
+                      "--auto-parallel does not search sequence parallelism or interleaving "
+                      "yet; drop the flag, or give the layout with classic flags or --plan")
         return SearchPins(tensor_model_parallel_size=args.tensor_model_parallel_size,
                           pipeline_model_parallel_size=args.pipeline_model_parallel_size,
                           global_batch_size=args.global_batch_size,
@@ -370,4 +391,7 @@ def classic_layout_from_args(args: argparse.Namespace) -> ClassicLayout:
         recompute_granularity=args.recompute_granularity,
         recompute_method=args.recompute_method, recompute_num_layers=args.recompute_num_layers,
         decoder_first_pipeline_num_layers=args.decoder_first_pipeline_num_layers,
-        decoder_last_pipeline_num_layers=args.decoder_last_pipeline_num_layers)
+        decoder_last_pipeline_num_layers=args.decoder_last_pipeline_num_layers,
+        sequence_parallel=getattr(args, "sequence_parallel", False),
+        num_layers_per_virtual_pipeline_stage=getattr(
+            args, "num_layers_per_virtual_pipeline_stage", None))

@@ -23,7 +23,8 @@ import os
 import sys
 from typing import Any, Sequence
 
-from .arguments import (DEFAULT_GLOBAL_BATCH_SIZE, add_model_args, classic_layout_from_args,
+from .arguments import (DEFAULT_GLOBAL_BATCH_SIZE, add_model_args,
+                        add_sp_and_virtual_pipeline_args, classic_layout_from_args,
                         model_config_from_args)
 from .config import ModelConfig
 from .vision_arguments import add_vision_args, apply_vit_defaults, vision_config_from_args
@@ -117,6 +118,7 @@ def _add_plan_source(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--recompute-num-layers", type=int, default=None)
     g.add_argument("--decoder-first-pipeline-num-layers", type=int, default=None)
     g.add_argument("--decoder-last-pipeline-num-layers", type=int, default=None)
+    add_sp_and_virtual_pipeline_args(g)
 
 
 # ------------------------------------------------------------------------------ shared setup

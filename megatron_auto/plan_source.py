@@ -8,7 +8,8 @@ flags by ``arguments.parse_run_config``:
   ``--micro-batch-size`` is ignored with a warning);
 - :class:`ClassicLayout` (Megatron's ``--tensor-model-parallel-size``,
   ``--pipeline-model-parallel-size``, ``--recompute-*``, ``--use-distributed-optimizer``): a
-  uniform plan through the same runtime path; ``--use-distributed-optimizer`` maps to
+  uniform plan through the same runtime path (with ``--sequence-parallel`` and
+  ``--num-layers-per-virtual-pipeline-stage`` too); ``--use-distributed-optimizer`` maps to
   ``dp_mode="zero1"`` on every layer (Megatron's distributed optimizer: optimizer state sharded
   over data parallelism);
 - :class:`SearchPins` (``--auto-parallel``): the planner, with every layout flag the user typed
@@ -88,7 +89,9 @@ def plan_from_classic_flags(layout: ClassicLayout, model_config: ModelConfig,
             recompute_method=layout.recompute_method,
             recompute_num_layers=layout.recompute_num_layers,
             decoder_first_pipeline_num_layers=layout.decoder_first_pipeline_num_layers,
-            decoder_last_pipeline_num_layers=layout.decoder_last_pipeline_num_layers)
+            decoder_last_pipeline_num_layers=layout.decoder_last_pipeline_num_layers,
+            sequence_parallel=layout.sequence_parallel,
+            num_layers_per_virtual_pipeline_stage=layout.num_layers_per_virtual_pipeline_stage)
     except MegatronFlagError as err:
         raise ArgumentError(str(err)) from None
     plan.validate(model_config)

@@ -225,6 +225,8 @@ class ClassicLayout:
     recompute_num_layers: int | None = None
     decoder_first_pipeline_num_layers: int | None = None
     decoder_last_pipeline_num_layers: int | None = None
+    sequence_parallel: bool = False  # --sequence-parallel: every layer (ignored at tp 1)
+    num_layers_per_virtual_pipeline_stage: int | None = None  # interleaved 1F1B chunks
 
 
 @dataclass(frozen=True)

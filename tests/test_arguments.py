@@ -224,3 +224,33 @@ def test_typed_layout_flags_become_search_pins_even_at_megatron_defaults():
     free = arguments.parse_run_config(["--auto-parallel"]).plan_source
     assert free == SearchPins()
 
+
+
+def test_sequence_parallel_and_virtual_pipeline_flags_build_the_plan():
+    plan = resolve(["--num-layers", "8", "--tensor-model-parallel-size", "2",
+                    "--pipeline-model-parallel-size", "2", "--global-batch-size", "16",
+                    "--micro-batch-size", "2", "--sequence-parallel",
+                    "--num-layers-per-virtual-pipeline-stage", "2"], 8)
+    assert all(l.sequence_parallel and l.tp == 2 for l in plan.layers)
+    assert plan.pipeline.virtual_size == 2 and plan.pipeline.layers_per_stage == (2, 2, 2, 2)
+    assert plan.num_microbatches == 4
+
+
+@pytest.mark.parametrize("flags,match", [
+    (["--num-layers-per-virtual-pipeline-stage", "3", "--pipeline-model-parallel-size", "2"],
+     r"--num-layers-per-virtual-pipeline-stage=3: --num-layers=4 must be a multiple of"),
+    (["--num-layers-per-virtual-pipeline-stage", "1"],
+     r"--num-layers-per-virtual-pipeline-stage=1: interleaving needs "
+     r"--pipeline-model-parallel-size > 1"),
+])
+def test_bad_virtual_pipeline_flags_name_the_flag(flags, match):
+    with pytest.raises(ValueError, match=match):
+        resolve(["--num-layers", "4", "--global-batch-size", "8", *flags], 2)
+
+
+def test_sp_and_interleaving_are_not_searched_yet():
+    from megatron_auto.arguments import ArgumentError, parse_run_config
+
+    with pytest.raises(ArgumentError, match=r"--sequence-parallel=True: --auto-parallel does "
+                                            r"not search sequence parallelism"):
+        parse_run_config(["--auto-parallel", "--sequence-parallel"])
