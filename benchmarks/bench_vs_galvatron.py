@@ -206,9 +206,10 @@ def _stage_for_galvatron(case: dict[str, Any], files: dict[str, Path], dest: Pat
 
 
 def run_galvatron(python: Path, case: dict[str, Any], staged: dict[str, str], budget: int,
-                  work: Path, keep: Path | None) -> dict[str, Any]:
+                  work: Path, keep: Path | None, timeout: float | None) -> dict[str, Any]:
     """Galvatron's search in its own process; with ``keep``, its result (times and plan) is
-    stored there and a stored one is reused (its time does not depend on our code)."""
+    stored there and a stored one is reused (its time does not depend on our code). Stopped
+    after ``timeout`` seconds, its time is only a lower bound (``timed_out``)."""
     record = keep / f"{case['dir']}_{budget}GB.json" if keep else None
     if record is not None and record.exists():
         return {**json.loads(record.read_text()), "reused": True}
@@ -232,10 +233,16 @@ def run_galvatron(python: Path, case: dict[str, Any], staged: dict[str, str], bu
                                 "model_args": {"hidden_size": case["layers"][0]["hidden_size"],
                                                "seq_length": case["layers"][0]["seq_len"]}}))
     t0 = time.perf_counter()
-    proc = _run([str(python), "-c", _DRIVER, str(spec)], cwd=work, env=_env())
-    wall = time.perf_counter() - t0
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("GALVATRON_RESULT ")][-1]
-    result = {"wall_s": wall, **json.loads(line.split(" ", 1)[1])}
+    try:
+        proc = _run([str(python), "-c", _DRIVER, str(spec)], cwd=work, env=_env(),
+                    timeout=timeout)
+    except subprocess.TimeoutExpired:
+        result: dict[str, Any] = {"wall_s": time.perf_counter() - t0, "search_s": float("nan"),
+                                  "config": None, "timed_out": True}
+    else:
+        wall = time.perf_counter() - t0
+        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("GALVATRON_RESULT ")][-1]
+        result = {"wall_s": wall, **json.loads(line.split(" ", 1)[1])}
     if record is not None:
         if result["config"]:
             kept = keep / f"{case['dir']}_{budget}GB_{Path(result['config']).name}"
@@ -307,7 +314,7 @@ def evaluate_ours(case: dict[str, Any], profile: Path, cluster: Path, budget: in
 
 def _throughput(est: dict[str, Any]) -> str:
     if "error" in est:
-        return f"refused ({est['error'][:80]})"
+        return f"none ({est['error'][:80]})"
     fits = "" if est.get("feasible", True) else " (over budget)"
     return f"{est['samples_per_s']:.2f}{fits}"
 
@@ -320,6 +327,9 @@ def main() -> None:
                         help="only these budgets of the chosen cases")
     parser.add_argument("--galvatron-venv", type=Path, default=None,
                         help="build (or reuse) Galvatron's venv here instead of a throwaway one")
+    parser.add_argument("--galvatron-timeout", type=float, default=None, metavar="SECONDS",
+                        help="stop a Galvatron search after this long (its time and the ratio "
+                             "are then printed as lower bounds)")
     parser.add_argument("--keep-galvatron", type=Path, default=None, metavar="DIR",
                         help="store Galvatron's results (times, plans) in DIR and reuse stored "
                              "ones: re-measure ours after a change without re-running it")
@@ -345,17 +355,22 @@ def main() -> None:
             staged = _stage_for_galvatron(case, files, work / "staged")
             import_s, profile, cluster = import_ours(case, files, work)
             for budget in [b for b in case["budgets"] if not args.budgets or b in args.budgets]:
-                g = run_galvatron(python, case, staged, budget, work, args.keep_galvatron)
+                g = run_galvatron(python, case, staged, budget, work, args.keep_galvatron,
+                                  args.galvatron_timeout)
                 plan_s, search_s, plan = plan_ours(case, profile, cluster, budget, work)
                 ours_s = import_s + plan_s
                 est_ours = evaluate_ours(case, profile, cluster, budget, ["--plan", str(plan)])
                 est_g = (evaluate_ours(case, profile, cluster, budget,
                                        ["--galvatron-config", g["config"]])
-                         if g["config"] else {"error": "Galvatron found no plan"})
+                         if g["config"] else {"error": "stopped" if g.get("timed_out")
+                                              else "Galvatron found no plan"})
                 reused = " stored" if g.get("reused") else ""
-                print(f"| {case['label']} | {budget} GB | {g['wall_s']:.1f} ({g['search_s']:.1f})"
-                      f"{reused} | {import_s:.1f} + {plan_s:.1f} = {ours_s:.1f} ({search_s:.2f}) "
-                      f"| x{g['wall_s'] / ours_s:.1f} (x{g['wall_s'] / plan_s:.1f}) | "
+                more = "> " if g.get("timed_out") else ""
+                g_txt = (f"> {g['wall_s']:.0f} (stopped)" if more
+                         else f"{g['wall_s']:.1f} ({g['search_s']:.1f})")
+                print(f"| {case['label']} | {budget} GB | {g_txt}{reused} | "
+                      f"{import_s:.1f} + {plan_s:.1f} = {ours_s:.1f} ({search_s:.2f}) "
+                      f"| {more}x{g['wall_s'] / ours_s:.1f} ({more}x{g['wall_s'] / plan_s:.1f}) | "
                       f"{_throughput(est_g)} / {_throughput(est_ours)} |", flush=True)
 
 if __name__ == "__main__":
