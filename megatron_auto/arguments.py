@@ -21,6 +21,7 @@ Pure: no torch, so the planning CLI starts fast.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import warnings
 from typing import Any, Callable, Sequence
@@ -167,7 +168,12 @@ def add_logging_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                         "every --save-interval iterations and at the end")
     g.add_argument("--load", default=None, metavar="DIR",
                    help="resume from DIR's latest checkpoint; it may have been saved under "
-                        "another plan or world size (it is resharded)")
+                        "another plan or world size (it is resharded). A missing or empty DIR "
+                        "starts from scratch, so '--save D --load D' serves the first launch "
+                        "and every restart")
+    g.add_argument("--distributed-timeout-minutes", type=float, default=10.0, metavar="MIN",
+                   help="collective timeout: a rank waiting this long on a dead peer stops "
+                        "(default 10, as Megatron)")
     g.add_argument("--save-interval", type=int, default=None, metavar="N",
                    help="iterations between checkpoints (needs --save)")
     t = parser.add_argument_group("TensorBoard and Weights & Biases (the metrics-file records)")
@@ -258,8 +264,13 @@ def check_args(args: argparse.Namespace) -> None:
                   "needs --save DIR (where the checkpoints go); add it or drop --save-interval")
         if args.save_interval < 1:
             _fail("--save-interval", args.save_interval, "must be a positive integer")
-    if args.load is not None and not os.path.isdir(args.load):
-        _fail("--load", args.load, "no such directory; give the --save directory of an earlier run")
+    if args.load is not None and os.path.exists(args.load) and not os.path.isdir(args.load):
+        _fail("--load", args.load, "is a file, not a directory; give the --save directory of an "
+              "earlier run")
+    if not (math.isfinite(args.distributed_timeout_minutes)
+            and args.distributed_timeout_minutes > 0):
+        _fail("--distributed-timeout-minutes", args.distributed_timeout_minutes,
+              "must be a positive number of minutes (e.g. 10)")
     for flag in ("memory_budget_gb", "cluster"):
         if getattr(args, flag) is not None and not args.auto_parallel:
             warnings.warn(f"--{flag.replace('_', '-')}={getattr(args, flag)} only guides "
@@ -343,6 +354,7 @@ def run_config_from_args(args: argparse.Namespace,
         training=TrainingConfig(train_iters=args.train_iters, eval_interval=args.eval_interval,
                                 eval_iters=args.eval_iters, seed=args.seed,
                                 compile_backend=args.compile_backend if args.compile else None),
+        distributed_timeout_minutes=args.distributed_timeout_minutes,
         checkpoint=CheckpointConfig(save=args.save, load=args.load,
                                     save_interval=args.save_interval),
         plan_source=plan_source_from_args(args), plan_out=args.plan_out)

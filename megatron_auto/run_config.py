@@ -271,5 +271,6 @@ class RunConfig:
     experiment_log: ExperimentLogConfig = ExperimentLogConfig()
     training: TrainingConfig = TrainingConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    distributed_timeout_minutes: float = 10.0  # collective timeout (Megatron's flag)
     plan_source: PlanFile | ClassicLayout | SearchPins = ClassicLayout()
     plan_out: str | None = None

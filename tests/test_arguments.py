@@ -141,7 +141,10 @@ PARSE_ERRORS = [
     (["--normalization", "BatchNorm"], "--normalization=BatchNorm: choose LayerNorm or RMSNorm"),
     (["--save-interval", "2"], "--save-interval=2: needs --save DIR"),
     (["--save", "ckpt", "--save-interval", "0"], "--save-interval=0: must be a positive integer"),
-    (["--load", "/nonexistent/ckpt"], "--load=/nonexistent/ckpt: no such directory"),
+    # A missing --load directory starts from scratch (test_checkpoint); a file cannot serve.
+    (["--load", __file__], f"--load={__file__}: is a file, not a directory"),
+    (["--distributed-timeout-minutes", "0"], "--distributed-timeout-minutes=0.0: must be a "
+                                             "positive number of minutes"),
     (["--tokenizer-type", "NullTokenizer"], "--tokenizer-type=NullTokenizer: needs --data-path"),
     (["--eval-iters", "-1"], "--eval-iters=-1: must be >= 0"),
 ]

@@ -212,12 +212,33 @@ def test_pretrain_gpt_saves_every_interval_and_resumes(tmp_path):
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
 
 
-def test_pretrain_gpt_load_errors_exit_2(tmp_path, capfd):
+def test_one_command_serves_the_first_launch_and_the_restart(tmp_path, capfd):
+    # Changed on purpose (issue 12): a missing or empty --load directory used to be an error;
+    # now it starts from scratch, as Megatron does, so `--save D --load D` is restartable.
+    ckpt, m1, m2, full = tmp_path / "ckpt", tmp_path / "m1", tmp_path / "m2", tmp_path / "full"
+    same = SMALL + ["--save", str(ckpt), "--load", str(ckpt), "--save-interval", "2"]
+    assert run_distributed(_main_worker, 1, same + ["--train-iters", "2",
+                                                     "--metrics-file", str(m1)]) == [0]
+    assert f"--load={ckpt}: no finished checkpoint there yet; starting from scratch" in \
+        capfd.readouterr().out
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    assert run_distributed(_main_worker, 1, same + ["--train-iters", "4",
+                                                     "--metrics-file", str(m2)]) == [0]
+    assert run_distributed(_main_worker, 1, SMALL + ["--train-iters", "4",
+                                                      "--metrics-file", str(full)]) == [0]
+    resumed, straight = _losses(m2), _losses(full)
+    assert sorted(resumed) == [3, 4] and sorted(_losses(m1)) == [1, 2]
+    for it in (1, 2):
+        assert _losses(m1)[it] == pytest.approx(straight[it], rel=RTOL), it
+    for it in (3, 4):
+        assert resumed[it] == pytest.approx(straight[it], rel=RTOL), it
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert run_distributed(_main_worker, 1, SMALL + ["--train-iters", "2", "--load",
-                                                      str(empty)]) == [2]
-    assert f"error: --load={empty}: holds no checkpoint" in capfd.readouterr().err
+    assert run_distributed(_main_worker, 1, SMALL + ["--train-iters", "1", "--load",
+                                                      str(empty)]) == [0]
+
+
+def test_pretrain_gpt_load_errors_exit_2(tmp_path, capfd):
     ckpt = tmp_path / "ckpt"
     assert run_distributed(_main_worker, 1, SMALL + ["--train-iters", "2", "--save",
                                                       str(ckpt)]) == [0]

@@ -122,6 +122,13 @@ def iteration_dir(root: str | os.PathLike, iteration: int) -> str:
     return os.path.join(os.fspath(root), f"iter_{iteration:07d}")
 
 
+def has_checkpoint(root: str | os.PathLike) -> bool:
+    """Whether ``root`` records a finished save (its ``latest`` file). A missing or empty
+    directory, or one holding only an interrupted save, has none: training starts from scratch
+    there, as Megatron does, so one ``--save D --load D`` command serves every restart."""
+    return os.path.isfile(os.path.join(os.fspath(root), LATEST_FILE))
+
+
 def latest_iteration(root: str | os.PathLike) -> int:
     """The iteration of the last complete checkpoint under ``root``; CheckpointError if none."""
     root = os.fspath(root)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import math
 import os
 import socket
@@ -51,15 +52,18 @@ DatasetsProvider = Callable[..., tuple[Any, Any, Any]]
 BatchFn = Callable[[Sequence[dict]], dict[str, torch.Tensor]]
 
 
-def _init_distributed() -> torch.device:
-    """Join the torchrun world (or make a one-rank world for plain `python script.py`)."""
+def _init_distributed(timeout_minutes: float) -> torch.device:
+    """Join the torchrun world (or make a one-rank world for plain `python script.py`).
+
+    ``timeout_minutes`` bounds every collective: a rank whose peer died stops with an error
+    instead of hanging (torchrun then restarts the job when ``--max-restarts`` allows)."""
     if not dist.is_initialized():
         if "RANK" not in os.environ:
             os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
                                "MASTER_ADDR": "127.0.0.1"})
             os.environ.setdefault("MASTER_PORT", str(_free_port()))
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend)
+        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=timeout_minutes))
     select_local_cuda_device()
     return resolve_device()
 
@@ -109,7 +113,7 @@ def pretrain(config: RunConfig, model_provider: ModelProvider,
     :func:`launch` turns them into one line and exit status 2.
     """
     log = get_logger()
-    device = _init_distributed()
+    device = _init_distributed(config.distributed_timeout_minutes)
     rank, world_size = dist.get_rank(), dist.get_world_size()
     setup_logging(rank)
     train_config, ckpt = config.training, config.checkpoint
@@ -123,7 +127,10 @@ def pretrain(config: RunConfig, model_provider: ModelProvider,
         source = DataSource(kind=config.data.source, data_prefix=list(config.data.data_path))
     if task.model_overrides:
         model_config = dataclasses.replace(model_config, **task.model_overrides)
-    if ckpt.load:  # fail before building anything when the checkpoint cannot serve this model
+    resume = bool(ckpt.load) and checkpoint.has_checkpoint(ckpt.load)
+    if ckpt.load and not resume:
+        log.info(f"> --load={ckpt.load}: no finished checkpoint there yet; starting from scratch")
+    if resume:  # fail before building anything when the checkpoint cannot serve this model
         _, info = checkpoint.read_info(ckpt.load)
         checkpoint.check_model_matches(info["model"], model_config, ckpt.load)
     plan = _plan_for_run(config, model_config, world_size)
@@ -137,7 +144,7 @@ def pretrain(config: RunConfig, model_provider: ModelProvider,
                             lr_config=config.lr, precision=config.precision,
                             seed=train_config.seed, device=device, task=task,
                             compile_backend=train_config.compile_backend)
-    if ckpt.load:
+    if resume:
         checkpoint.load_checkpoint(trainer, ckpt.load)
     start_iteration = trainer.iteration
     gbs = plan.global_batch_size
