@@ -6,10 +6,11 @@ each call, FSDP2 calls them directly) and records each call's kind, group ranks 
 1. Every ordered pair of layouts of a 2-, 4- and 8-rank stage (4 + 16 + 36 pairs): what
    ``relayout`` issues in forward and in backward equals ``layout.relayout_collectives``, and
    pricing what was recorded gives ``cost_time.relayout_cost``.
-2. One training step of a 2-stage GPT whose layers mix ``zero3`` (with and without recompute),
-   ``zero2``, ``ddp`` and TP degrees, in fp32 and bf16: the all-gathers and reduce-scatters of
-   each rank (relayouts at the embedding, between layers, across the stage boundary and into the
-   head, and FSDP2's own) equal ``cost_model.stage_collectives``, kind, group, bytes and count.
+2. One training step of a GPT whose layers mix ``zero3`` (with and without recompute),
+   ``zero2``, ``ddp`` and TP degrees, on two 2-rank stages (fp32 and bf16) and on one (bf16):
+   the all-gathers and reduce-scatters of each rank (relayouts at the embedding, between
+   layers, across the stage boundary and into the head, and FSDP2's own) equal
+   ``cost_model.stage_collectives``, kind, group, bytes and count.
 """
 
 from __future__ import annotations
@@ -152,17 +153,25 @@ LAYERS = (LayerStrategy(tp=1, dp_mode="zero3"), LayerStrategy(tp=2),
           LayerStrategy(tp=1, dp_mode="zero2"),
           LayerStrategy(tp=1, dp_mode="zero3", recompute=True),
           LayerStrategy(tp=1, dp_mode="zero3"))
-PLAN = Plan(world_size=4, global_batch_size=8, num_microbatches=2,
-            pipeline=PipelineSpec(2, "1f1b", (2, 3)), vocab=VocabStrategy(tp=2), layers=LAYERS)
+PLANS = {
+    "pp2": Plan(world_size=4, global_batch_size=8, num_microbatches=2,
+                pipeline=PipelineSpec(2, "1f1b", (2, 3)), vocab=VocabStrategy(tp=2),
+                layers=LAYERS),
+    # One stage: embedding -> first layer and last layer -> head on the same ranks.
+    "pp1": Plan(world_size=2, global_batch_size=8, num_microbatches=2,
+                pipeline=PipelineSpec(1, "1f1b", (5,)), vocab=VocabStrategy(tp=2),
+                layers=LAYERS[1:] + LAYERS[:1]),
+}
 
 
-def _step_worker(rank: int, world_size: int, precision: dict[str, bool]) -> list[Any]:
+def _step_worker(rank: int, world_size: int, plan_name: str,
+                 precision: dict[str, bool]) -> list[Any]:
     from megatron_auto.models.gpt import GPTStage
     from megatron_auto.training.lr_scheduler import LRConfig
     from megatron_auto.training.precision import PrecisionConfig
     from megatron_auto.training.trainer import build_trainer, train_step
 
-    trainer = build_trainer(CONFIG, PLAN, lambda cfg, ctx, seed: GPTStage(cfg, ctx, seed=seed),
+    trainer = build_trainer(CONFIG, PLANS[plan_name], lambda cfg, ctx, seed: GPTStage(cfg, ctx, seed=seed),
                             lr_config=LRConfig(lr=1e-3, decay_style="constant"),
                             precision=PrecisionConfig(**precision), seed=1234)
     gen = torch.Generator().manual_seed(7)
@@ -175,24 +184,27 @@ def _step_worker(rank: int, world_size: int, precision: dict[str, bool]) -> list
     return calls
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_training_step_gathers_and_scatters_what_the_cost_model_prices(precision: str) -> None:
+@pytest.mark.parametrize("plan_name,precision", [("pp2", "fp32"), ("pp2", "bf16"),
+                                                 ("pp1", "bf16")])
+def test_training_step_gathers_and_scatters_what_the_cost_model_prices(plan_name: str,
+                                                                      precision: str) -> None:
     from megatron_auto.planner import ModelSpec, TrainingSpec
     from megatron_auto.planner.cost_model import stage_collectives
     from megatron_auto.planner.profiles import analytic_profile
     from planner_fakes import FakeCluster
 
     flags = {"bf16": True} if precision == "bf16" else {}
-    per_rank = run_distributed(_step_worker, 4, flags)
+    plan = PLANS[plan_name]
+    per_rank = run_distributed(_step_worker, plan.world_size, plan_name, flags)
     spec = ModelSpec.from_model_config(CONFIG)
     # hidden_bytes_per_sample in the compute dtype: what the residual stream carries
     profile = analytic_profile(spec, TrainingSpec(8, precision), FakeCluster())
     as_called = {"all_gather": "all_gather", "zero_gather": "all_gather",
                  "zero_scatter": "reduce_scatter"}
     for rank, calls in enumerate(per_rank):
-        stage = PLAN.stage_of_rank(rank)
+        stage = plan.stage_of_rank(rank)
         priced: Counter = Counter()
-        for c, count in stage_collectives(PLAN, spec, profile, precision, stage).items():
+        for c, count in stage_collectives(plan, spec, profile, precision, stage).items():
             if c.kind in as_called:  # all-reduces are not listed (TP, DDP buckets, tied, norms)
                 priced[(as_called[c.kind], c.group_size, c.consecutive, c.nbytes)] += count
         issued = Counter((kind, len(ranks), _is_block(ranks), float(nbytes))

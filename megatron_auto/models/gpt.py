@@ -192,10 +192,11 @@ class TransformerStage(nn.Module):
         ``position_ids`` / ``keep_mask`` cover the whole micro-batch (b_m, s); each layer gets
         the rows of its own batch chunk.
 
-        Under autocast the hidden state enters in the compute dtype on every stage: later stages
-        receive it so over the p2p hop, and FSDP2 casts a sharded layer's inputs to it anyway, so
-        casting the first stage's embedding output too keeps the residual stream's dtype (and
-        what relayouts move) independent of the plan.
+        Under autocast the hidden state is in the compute dtype wherever it leaves a layer's
+        inside: at the first stage's embedding output, before every layer and on the way out
+        (later stages receive it so over the p2p hop, FSDP2 casts a sharded layer's inputs to it
+        anyway, while a TP layer's fp32 row-parallel bias would promote its output to fp32). The
+        residual stream's dtype, and what relayouts move, thus never depend on the plan.
 
         Sequence parallelism: consecutive SP layers of one layout pass their sequence chunks
         (b/dp, s/tp, h) straight on; entering an SP layer from anything else keeps this rank's
@@ -204,8 +205,8 @@ class TransformerStage(nn.Module):
         see whole-sequence activations.
         """
         device_type = hidden.device.type
-        if torch.is_autocast_enabled(device_type):
-            hidden = hidden.to(torch.get_autocast_dtype(device_type))
+        dtype = (torch.get_autocast_dtype(device_type)
+                 if torch.is_autocast_enabled(device_type) else None)
         seq = hidden.shape[1]
         rotary_full = None
         if self.rotary is not None:
@@ -218,6 +219,8 @@ class TransformerStage(nn.Module):
             sp = plan.layers[i].sequence_parallel
             if split is not None and not (sp and split.layout == groups.layout):
                 hidden, split = gather_from_sequence(hidden, split.tp_group, reduce_grad=False), None
+            if dtype is not None:
+                hidden = hidden.to(dtype)  # a no-op when it already is
             if split is None:
                 hidden = relayout(hidden, current, groups, self.ctx)
                 if sp:
@@ -228,6 +231,8 @@ class TransformerStage(nn.Module):
                 rotary = (batch_chunk(rotary_full[0], groups), batch_chunk(rotary_full[1], groups))
             mask = None if mask_full is None else batch_chunk(mask_full, groups)
             hidden = self.layers[str(i)](hidden, mask, rotary)
+        if dtype is not None:
+            hidden = hidden.to(dtype)
         if split is not None:
             hidden = gather_from_sequence(hidden, split.tp_group, reduce_grad=False)
         return hidden, current
