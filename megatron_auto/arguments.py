@@ -45,6 +45,9 @@ _LAYOUT_DEFAULTS = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_si
                     "decoder_first_pipeline_num_layers": None,
                     "decoder_last_pipeline_num_layers": None, "sequence_parallel": False,
                     "num_layers_per_virtual_pipeline_stage": None}
+# Float flags whose non-finite value (inf, nan: argparse's float() accepts both) is rejected.
+_FINITE_FLAGS = ("lr", "min_lr", "clip_grad", "weight_decay", "adam_beta1", "adam_beta2",
+                 "adam_eps", "loss_scale", "memory_budget_gb")
 # Classic layout flags --auto-parallel does not search yet (the cost model does not price them).
 _NOT_SEARCHED = ("sequence_parallel", "num_layers_per_virtual_pipeline_stage")
 
@@ -237,6 +240,10 @@ def check_args(args: argparse.Namespace) -> None:
         value = getattr(args, flag)
         if value is not None and value < 1:
             _fail("--" + flag.replace("_", "-"), value, "must be a positive integer")
+    for flag in _FINITE_FLAGS:  # nan passes every comparison below, inf most of them
+        value = getattr(args, flag, None)
+        if value is not None and not math.isfinite(value):
+            _fail("--" + flag.replace("_", "-"), value, "must be a finite number")
     if args.lr <= 0:
         _fail("--lr", args.lr, "must be positive")
     if not 0 <= args.min_lr <= args.lr:

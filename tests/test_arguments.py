@@ -147,6 +147,14 @@ PARSE_ERRORS = [
                                              "positive number of minutes"),
     (["--tokenizer-type", "NullTokenizer"], "--tokenizer-type=NullTokenizer: needs --data-path"),
     (["--eval-iters", "-1"], "--eval-iters=-1: must be >= 0"),
+    # Non-finite values: nan passes no comparison, so each is named by its own flag.
+    (["--lr", "nan"], "--lr=nan: must be a finite number"),
+    (["--lr", "inf"], "--lr=inf: must be a finite number"),
+    (["--min-lr", "nan"], "--min-lr=nan: must be a finite number"),
+    (["--clip-grad", "inf"], "--clip-grad=inf: must be a finite number"),
+    (["--weight-decay", "nan"], "--weight-decay=nan: must be a finite number"),
+    (["--auto-parallel", "--memory-budget-gb", "inf"],
+     "--memory-budget-gb=inf: must be a finite number"),
 ]
 
 

@@ -158,6 +158,10 @@ def test_import_galvatron_then_evaluate(capsys, tmp_path):
      "world size 8"),
     (["evaluate", *SMALL, "--hidden-size", "250"], "--hidden-size=250: must be divisible by"),
     (["evaluate", *SMALL, "--memory-budget-gb", "-1"], "--memory-budget-gb=-1.0: must be positive"),
+    (["plan", *SMALL, "--memory-budget-gb", "inf"], "--memory-budget-gb=inf: must be positive "
+                                                      "and finite"),
+    (["evaluate", *SMALL, "--memory-budget-gb", "nan"], "--memory-budget-gb=nan: must be positive "
+                                                        "and finite"),
     (["evaluate", *SMALL, "--bf16", "--fp16"], "--bf16=True: cannot be combined with --fp16"),
     (["plan", *SMALL, "--memory-budget-gb", "1"],
      "--memory-budget-gb=1.0: not above the framework reserve of 1.61 GB"),

@@ -170,9 +170,10 @@ class ClusterSpec:
         """
         if memory_budget_gb is None:
             return self.device_memory_bytes
-        if not memory_budget_gb > 0:
+        # inf would overflow int() below; nan fails the comparison.
+        if not (memory_budget_gb > 0 and math.isfinite(memory_budget_gb)):
             raise ClusterError(f"--memory-budget-gb={memory_budget_gb}: must be positive "
-                               f"(GB per device)")
+                               f"and finite (GB per device)")
         budget = int(memory_budget_gb * GB)
         if budget <= self.memory_reserve_bytes:
             raise ClusterError(
