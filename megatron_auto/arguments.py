@@ -105,6 +105,9 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--adam-beta2", type=float, default=0.999)
     g.add_argument("--adam-eps", type=float, default=1e-8)
     g.add_argument("--clip-grad", type=float, default=1.0, help="0 disables clipping")
+    g.add_argument("--check-for-nan-in-loss-and-grad", action="store_true",
+                   help="stop the run (exit 2) when an iteration's loss or gradients are inf/nan, "
+                        "naming the iteration and the rank; fp16 overflow skips stay skips")
     g.add_argument("--bf16", action="store_true")
     g.add_argument("--fp16", action="store_true")
     g.add_argument("--loss-scale", type=float, default=None,
@@ -360,7 +363,8 @@ def run_config_from_args(args: argparse.Namespace,
             wandb_save_dir=args.wandb_save_dir),
         training=TrainingConfig(train_iters=args.train_iters, eval_interval=args.eval_interval,
                                 eval_iters=args.eval_iters, seed=args.seed,
-                                compile_backend=args.compile_backend if args.compile else None),
+                                compile_backend=args.compile_backend if args.compile else None,
+                                check_for_nan_in_loss_and_grad=args.check_for_nan_in_loss_and_grad),
         distributed_timeout_minutes=args.distributed_timeout_minutes,
         checkpoint=CheckpointConfig(save=args.save, load=args.load,
                                     save_interval=args.save_interval),

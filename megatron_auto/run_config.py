@@ -179,6 +179,7 @@ class TrainingConfig:
     eval_iters: int = 5
     seed: int = 1234
     compile_backend: str | None = None  # --compile: torch.compile backend; None = eager
+    check_for_nan_in_loss_and_grad: bool = False  # stop on a non-finite loss or gradient
 
     def __post_init__(self) -> None:
         if self.compile_backend is not None and self.compile_backend not in COMPILE_BACKENDS:

@@ -46,7 +46,8 @@ from .logging import format_eval_line, format_iteration_line, get_logger, setup_
 from .metrics import (MetricsWriter, device_peak_tflops, format_prediction_line,
                       model_flops_per_token, predicted_metrics)
 from .precision import autocast_dtype
-from .trainer import GPT_TASK, ModelProvider, TaskSpec, Trainer, build_trainer, evaluate, train_step
+from .trainer import (GPT_TASK, ModelProvider, NonFiniteError, TaskSpec, Trainer, build_trainer,
+                      evaluate, train_step)
 
 DatasetsProvider = Callable[..., tuple[Any, Any, Any]]
 BatchFn = Callable[[Sequence[dict]], dict[str, torch.Tensor]]
@@ -143,7 +144,8 @@ def pretrain(config: RunConfig, model_provider: ModelProvider,
     trainer = build_trainer(model_config, plan, model_provider, optimizer_config=config.optimizer,
                             lr_config=config.lr, precision=config.precision,
                             seed=train_config.seed, device=device, task=task,
-                            compile_backend=train_config.compile_backend)
+                            compile_backend=train_config.compile_backend,
+                            check_for_nan=train_config.check_for_nan_in_loss_and_grad)
     if resume:
         checkpoint.load_checkpoint(trainer, ckpt.load)
     start_iteration = trainer.iteration
@@ -298,7 +300,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from ..data import DataInputError  # noqa: PLC0415 - lazy: the data package (tokenizers)
 
     return (ConfigError, PlanError, DataError, DataInputError, AutoParallelError,
-            checkpoint.CheckpointError)
+            checkpoint.CheckpointError, NonFiniteError)
 
 
 def launch(model_provider: ModelProvider, datasets_provider: DatasetsProvider,

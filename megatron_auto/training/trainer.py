@@ -5,7 +5,8 @@ rank's pipeline stage (from the entry script's ``model_provider``), data paralle
 optimizer. :func:`train_step` runs one iteration: zero gradients, set the learning rate, split
 the global batch into the plan's micro-batches, run the pipeline schedule (forward, backward,
 data-parallel gradient sync), unscale fp16 gradients, compute/clip the global gradient norm,
-skip the step when it is inf/nan on any rank (fp16), optimizer step, and reduce the loss over
+skip the step when it is inf/nan on any rank (fp16) or, with
+``--check-for-nan-in-loss-and-grad``, stop the run on a non-finite loss or gradient, optimizer step, and reduce the loss over
 the world. :func:`evaluate` is the forward-only twin.
 
 Tests drive :func:`build_trainer` + :func:`train_step` directly, so they exercise exactly the
@@ -64,6 +65,13 @@ class TaskSpec:
 GPT_TASK = TaskSpec()
 
 
+class NonFiniteError(ValueError):
+    """``--check-for-nan-in-loss-and-grad``: the loss or the gradient norm of an iteration was
+    inf/nan. Raised on every rank alike (the decision is all-reduced), before the optimizer
+    step, so the run stops instead of training on garbage; the entry point prints it as one
+    ``error:`` line and exits 2."""
+
+
 
 @dataclass
 class Trainer:
@@ -84,6 +92,7 @@ class Trainer:
     skipped_iterations: int = 0
     history: list[dict] = field(default_factory=list)
     task: TaskSpec = GPT_TASK
+    check_for_nan: bool = False  # --check-for-nan-in-loss-and-grad
 
     @property
     def reads_data(self) -> bool:
@@ -108,7 +117,8 @@ def build_trainer(model_config: ModelConfig, plan: Plan, model_provider: ModelPr
                   lr_config: LRConfig = LRConfig(),
                   precision: PrecisionConfig = PrecisionConfig(), seed: int = 1234,
                   device: torch.device | None = None, task: TaskSpec = GPT_TASK,
-                  compile_backend: str | None = None) -> Trainer:
+                  compile_backend: str | None = None,
+                  check_for_nan: bool = False) -> Trainer:
     """Collective: build context, stage, data parallelism and optimizer for ``plan``.
 
     ``plan`` must be valid for ``model_config``: every maker of plans (``plan_source.make_plan``,
@@ -129,7 +139,7 @@ def build_trainer(model_config: ModelConfig, plan: Plan, model_provider: ModelPr
     return Trainer(ctx=ctx, plan=plan, model_config=model_config, stage=stage,
                    data_parallel=data_parallel, optimizer=optimizer,
                    optimizer_config=optimizer_config, lr_config=lr_config, precision=precision,
-                   scaler=LossScaler(precision), task=task)
+                   scaler=LossScaler(precision), task=task, check_for_nan=check_for_nan)
 
 
 def _microbatches(trainer: Trainer, batch: dict[str, torch.Tensor] | None) -> tuple[list[dict], float]:
@@ -170,6 +180,8 @@ def train_step(trainer: Trainer, batch: dict[str, torch.Tensor] | None) -> StepR
                               loss_parts=parts)
     params = list(trainer.data_parallel.parameters())
     unscale_(params, scale)
+    if trainer.check_for_nan:  # before clipping: a nan norm would spread nan to every rank's grads
+        _check_finite(trainer, iteration, losses, params)
     grad_norm = float(trainer.data_parallel.clip_grad_norm_(trainer.optimizer_config.clip_grad))
     # The norm is already global; the flag all-reduce makes the skip decision identical on every
     # rank even if a future norm implementation were only group-local.
@@ -186,6 +198,38 @@ def train_step(trainer: Trainer, batch: dict[str, torch.Tensor] | None) -> StepR
     trainer.consumed_samples += trainer.plan.global_batch_size
     return StepResult(lm_loss=lm_loss, num_tokens=tokens, grad_norm=grad_norm, skipped=skipped,
                       lr=lr, loss_scale=scale, extra_losses=_named_losses(trainer, parts))
+
+
+def _local(grad: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a gradient (FSDP2's are sharded DTensors)."""
+    return grad.to_local() if hasattr(grad, "to_local") else grad
+
+
+def _check_finite(trainer: Trainer, iteration: int, losses: list[tuple[float, float]],
+                  params: list[nn.Parameter]) -> None:
+    """Collective: raise :class:`NonFiniteError` naming the iteration, the ranks and what was
+    not finite (the loss of this rank's micro-batches, or its gradients).
+
+    Under fp16 a non-finite gradient is the loss scaler's business (the step is skipped and the
+    scale backs off, as Megatron), so only the loss is checked there.
+    """
+    world, rank, device = trainer.ctx.world_size, trainer.ctx.rank, trainer.ctx.device
+    flags = torch.zeros(2 * world, dtype=torch.float32, device=device)
+    if not all(math.isfinite(loss) for loss, _ in losses):
+        flags[rank] = 1.0
+    if not trainer.precision.fp16:
+        grads = [_local(p.grad) for p in params if p.grad is not None]
+        if grads and not bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()):
+            flags[world + rank] = 1.0
+    dist.all_reduce(flags)
+    bad = flags.tolist()
+    for what, offset in (("loss", 0), ("grad norm", world)):
+        ranks = [r for r in range(world) if bad[offset + r]]
+        if ranks:
+            raise NonFiniteError(
+                f"--check-for-nan-in-loss-and-grad: iteration {iteration}: {what} is not finite "
+                f"(inf/nan) on rank{'s' if len(ranks) > 1 else ''} "
+                f"{', '.join(map(str, ranks))}; lower --lr, or check the data and the model")
 
 
 def _named_losses(trainer: Trainer, parts: list[dict]) -> dict[str, float]:
