@@ -48,6 +48,8 @@ _LAYOUT_DEFAULTS = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_si
 # Float flags whose non-finite value (inf, nan: argparse's float() accepts both) is rejected.
 _FINITE_FLAGS = ("lr", "min_lr", "clip_grad", "weight_decay", "adam_beta1", "adam_beta2",
                  "adam_eps", "loss_scale", "memory_budget_gb")
+# Data flags that only matter when a tokenizer is built (not with --mock-data).
+_TOKENIZER_FLAGS = ("tokenizer_type", "tokenizer_model", "vocab_file", "merge_file")
 # Classic layout flags --auto-parallel does not search yet (the cost model does not price them).
 _NOT_SEARCHED = ("sequence_parallel", "num_layers_per_virtual_pipeline_stage")
 
@@ -285,6 +287,12 @@ def check_args(args: argparse.Namespace) -> None:
         if getattr(args, flag) is not None and not args.auto_parallel:
             warnings.warn(f"--{flag.replace('_', '-')}={getattr(args, flag)} only guides "
                           f"--auto-parallel and is ignored without it", stacklevel=2)
+    if args.mock_data:  # random token ids: the vocabulary is --vocab-size, no tokenizer is built
+        given = [f"--{flag.replace('_', '-')}={getattr(args, flag)}" for flag in _TOKENIZER_FLAGS
+                 if getattr(args, flag) is not None]
+        if given:
+            warnings.warn(f"{' '.join(given)}: ignored with --mock-data (random token ids; the "
+                          f"vocabulary is --vocab-size)", stacklevel=2)
     if args.tokenizer_type is not None and not (args.data_path or args.mock_data):
         _fail("--tokenizer-type", args.tokenizer_type,
               "needs --data-path (the embedded default brings its own tokenizer)")

@@ -215,6 +215,20 @@ def test_planner_only_flags_warn_without_auto_parallel():
         arguments.parse_run_config(["--memory-budget-gb", "40"])
 
 
+def test_tokenizer_flags_warn_once_with_mock_data():
+    with pytest.warns(UserWarning) as record:
+        run = arguments.parse_run_config(["--mock-data", "--tokenizer-type", "GPT2BPETokenizer",
+                                          "--vocab-file", "v.json", "--merge-file", "m.txt"])
+    messages = [str(w.message) for w in record]
+    assert messages == ["--tokenizer-type=GPT2BPETokenizer --vocab-file=v.json "
+                        "--merge-file=m.txt: ignored with --mock-data (random token ids; the "
+                        "vocabulary is --vocab-size)"]
+    assert run.data.source == "mock"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        arguments.parse_run_config(["--mock-data", "--vocab-size", "512"])
+
+
 # ------------------------------------------------------------------------------ plan source
 def test_plan_source_is_decided_in_the_same_parse(tmp_path):
     path = write_plan(tmp_path)

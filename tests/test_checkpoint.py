@@ -232,6 +232,15 @@ def test_one_command_serves_the_first_launch_and_the_restart(tmp_path, capfd):
         assert _losses(m1)[it] == pytest.approx(straight[it], rel=RTOL), it
     for it in (3, 4):
         assert resumed[it] == pytest.approx(straight[it], rel=RTOL), it
+    # A third launch of the same command has nothing left to do, and says so in one line.
+    capfd.readouterr()
+    assert run_distributed(_main_worker, 1, same + ["--train-iters", "4"]) == [0]
+    out = capfd.readouterr().out
+    assert out.count("nothing left to train") == 1
+    assert (f"--load={ckpt}: the checkpoint is at iteration 4, --train-iters=4: nothing left to "
+            f"train; raise --train-iters to continue") in out
+    assert "iteration        " not in out  # no training line
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
     empty = tmp_path / "empty"
     empty.mkdir()
     assert run_distributed(_main_worker, 1, SMALL + ["--train-iters", "1", "--load",

@@ -97,6 +97,14 @@ def test_plan_searches_writes_and_explains(capsys, tmp_path):
     assert code == 2 and "plan world_size=8 but the cluster has 16 devices" in err
 
 
+def test_plan_without_plan_out_says_where_it_wrote(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, "plan", *SMALL, "--memory-budget-gb", "8", "--quiet")
+    assert code == 0, err
+    assert out.rstrip().splitlines()[-1] == "plan written to plan.json"
+    assert Plan.load(tmp_path / "plan.json").num_layers == 4
+
+
 def test_plan_with_an_impossible_budget_states_the_minimum(capsys, tmp_path):
     model = ["--num-layers", "4", "--hidden-size", "1024", "--num-attention-heads", "16",
              "--seq-length", "512", "--vocab-size", "50000", "--global-batch-size", "64"]

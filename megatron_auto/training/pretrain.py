@@ -149,6 +149,10 @@ def pretrain(config: RunConfig, model_provider: ModelProvider,
     if resume:
         checkpoint.load_checkpoint(trainer, ckpt.load)
     start_iteration = trainer.iteration
+    if start_iteration >= train_config.train_iters:
+        log.info(f"> --load={ckpt.load}: the checkpoint is at iteration {start_iteration}, "
+                 f"--train-iters={train_config.train_iters}: nothing left to train; raise "
+                 f"--train-iters to continue")
     gbs = plan.global_batch_size
     num_evals = train_config.train_iters // train_config.eval_interval
     train_ds, valid_ds, _ = datasets_provider(
