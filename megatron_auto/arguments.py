@@ -31,8 +31,8 @@ from .run_config import (DEFAULT_GLOBAL_BATCH_SIZE, CheckpointConfig, ClassicLay
                          ExperimentLogConfig, LoggingConfig, LRConfig, OptimizerConfig, PlanFile, PrecisionConfig,
                          RunConfig, SearchPins, TrainingConfig, resolve_precision)
 
-__all__ = ["DEFAULT_GLOBAL_BATCH_SIZE", "DEFAULT_MOCK_VOCAB_SIZE", "ArgumentError",
-           "ConfigError", "add_model_args", "build_parser", "classic_layout_from_args",
+__all__ = ["DEFAULT_GLOBAL_BATCH_SIZE", "DEFAULT_MOCK_VOCAB_SIZE", "IGNORED_MEGATRON_FLAGS",
+           "ArgumentError", "ConfigError", "add_ignored_megatron_args", "add_model_args", "build_parser", "classic_layout_from_args",
            "model_config_from_args", "parse_run_config", "run_config_from_args"]
 
 # Model vocabulary when neither a tokenizer nor --vocab-size says otherwise (mock data).
@@ -48,6 +48,47 @@ _LAYOUT_DEFAULTS = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_si
 # Float flags whose non-finite value (inf, nan: argparse's float() accepts both) is rejected.
 _FINITE_FLAGS = ("lr", "min_lr", "clip_grad", "weight_decay", "adam_beta1", "adam_beta2",
                  "adam_eps", "loss_scale", "memory_budget_gb")
+# Megatron-LM flags that a Megatron launch script passes and that change nothing here (kernel
+# fusions, overlap and implementation switches this runtime has no variant of, data-loader
+# knobs): accepted so the script runs, and named in one warning. Flag -> its value's metavar
+# (None: a switch) and its choices (None: any). Never list a flag this project implements or
+# means to (--sequence-parallel, --transformer-impl transformer_engine, --fp8-format,
+# --disable-bias-linear, --openai-gelu, --group-query-attention, --num-query-groups, ...):
+# ignoring those would train another model than asked. Listed in docs/training.md.
+IGNORED_MEGATRON_FLAGS: dict[str, tuple[str | None, tuple[str, ...] | None]] = {
+    "--use-mcore-models": (None, None),
+    "--use-flash-attn": (None, None),
+    "--no-masked-softmax-fusion": (None, None),
+    "--no-bias-gelu-fusion": (None, None),
+    "--no-bias-swiglu-fusion": (None, None),
+    "--no-bias-dropout-fusion": (None, None),
+    "--no-rope-fusion": (None, None),
+    "--no-gradient-accumulation-fusion": (None, None),
+    "--no-async-tensor-model-parallel-allreduce": (None, None),
+    "--overlap-grad-reduce": (None, None),
+    "--overlap-param-gather": (None, None),
+    "--no-persist-layer-norm": (None, None),
+    "--attention-softmax-in-fp32": (None, None),
+    "--accumulate-allreduce-grads-in-fp32": (None, None),
+    "--use-cpu-initialization": (None, None),
+    "--no-create-attention-mask-in-dataloader": (None, None),
+    "--manual-gc": (None, None),
+    "--log-throughput": (None, None),
+    # The backend follows the device (NCCL on CUDA, gloo on CPU).
+    "--distributed-backend": ("BACKEND", ("nccl", "gloo")),
+    "--num-workers": ("N", None),
+    "--dataloader-type": ("TYPE", ("single", "cyclic", "external")),
+    # Only the local implementation is ours: transformer_engine is refused by the choices.
+    "--transformer-impl": ("IMPL", ("local",)),
+    "--attention-backend": ("BACKEND", None),
+    "--timing-log-level": ("N", None),
+}
+
+
+def _ignored_dest(flag: str) -> str:
+    return "ignored_" + flag.lstrip("-").replace("-", "_")
+
+
 # Data flags that only matter when a tokenizer is built (not with --mock-data).
 _TOKENIZER_FLAGS = ("tokenizer_type", "tokenizer_model", "vocab_file", "merge_file")
 # Classic layout flags --auto-parallel does not search yet (the cost model does not price them).
@@ -197,9 +238,25 @@ def add_logging_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     return parser
 
 
+def add_ignored_megatron_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """:data:`IGNORED_MEGATRON_FLAGS`; an absent one leaves no attribute (``SUPPRESS``), so the
+    namespace tells exactly which were typed."""
+    g = parser.add_argument_group("Megatron-LM flags accepted and ignored (one warning names "
+                                  "them)")
+    for flag, (metavar, choices) in IGNORED_MEGATRON_FLAGS.items():
+        if metavar is None:
+            g.add_argument(flag, dest=_ignored_dest(flag), action="store_true",
+                           default=argparse.SUPPRESS, help="no effect here")
+        else:
+            g.add_argument(flag, dest=_ignored_dest(flag), metavar=metavar, choices=choices,
+                           default=argparse.SUPPRESS, help="no effect here")
+    return parser
+
+
 def build_parser(description: str = "Train a GPT with a per-layer parallel plan.") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description, allow_abbrev=False)
-    for add in (add_model_args, add_training_args, add_data_args, add_logging_args):
+    for add in (add_model_args, add_training_args, add_data_args, add_logging_args,
+                add_ignored_megatron_args):
         add(parser)
     return parser
 
@@ -229,6 +286,12 @@ def _fail(flag: str, value: object, fix: str) -> None:
 def check_args(args: argparse.Namespace) -> None:
     """Reject contradictory flags at start, naming the flag, its value and the fix."""
     resolve_precision(args.bf16, args.fp16)
+    ignored = [flag if metavar is None else f"{flag}={getattr(args, _ignored_dest(flag))}"
+               for flag, (metavar, _) in IGNORED_MEGATRON_FLAGS.items()
+               if hasattr(args, _ignored_dest(flag))]
+    if ignored:
+        warnings.warn(f"Megatron-LM flags ignored (no effect in megatron_auto; see "
+                      f"docs/training.md): {' '.join(ignored)}", stacklevel=2)
     if args.mock_data and args.data_path:
         _fail("--data-path", " ".join(args.data_path),
               "cannot be combined with --mock-data; drop one of them")

@@ -229,6 +229,65 @@ def test_tokenizer_flags_warn_once_with_mock_data():
         arguments.parse_run_config(["--mock-data", "--vocab-size", "512"])
 
 
+# ------------------------------------------------------------------------------ Megatron flags
+IGNORED_ARGV = ["--use-mcore-models", "--use-flash-attn", "--no-masked-softmax-fusion",
+                "--no-bias-gelu-fusion", "--no-bias-dropout-fusion",
+                "--no-gradient-accumulation-fusion", "--overlap-grad-reduce",
+                "--overlap-param-gather", "--distributed-backend", "nccl", "--num-workers", "2",
+                "--dataloader-type", "cyclic", "--no-async-tensor-model-parallel-allreduce",
+                "--transformer-impl", "local"]
+
+
+def test_megatron_flags_without_effect_are_accepted_with_one_warning():
+    base = ["--num-layers", "2", "--tensor-model-parallel-size", "2"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plain = arguments.parse_run_config(base)
+    with pytest.warns(UserWarning) as record:
+        run = arguments.parse_run_config(base + IGNORED_ARGV)
+    assert [str(w.message) for w in record] == [
+        "Megatron-LM flags ignored (no effect in megatron_auto; see docs/training.md): "
+        "--use-mcore-models --use-flash-attn --no-masked-softmax-fusion --no-bias-gelu-fusion "
+        "--no-bias-dropout-fusion --no-gradient-accumulation-fusion "
+        "--no-async-tensor-model-parallel-allreduce --overlap-grad-reduce "
+        "--overlap-param-gather --distributed-backend=nccl --num-workers=2 "
+        "--dataloader-type=cyclic --transformer-impl=local"]
+    assert run == plain  # they change nothing
+
+
+@pytest.mark.parametrize("argv", [["--no-such-megatron-flag"],
+                                  ["--transformer-impl", "transformer_engine"],
+                                  ["--distributed-backend", "mpi"]])
+def test_unknown_flags_and_values_still_fail(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        arguments.parse_run_config(argv)
+    assert info.value.code == 2 and "error:" in capsys.readouterr().err
+
+
+# Flags this project implements or that open issues will: ignoring one would train another model.
+IMPLEMENTED_OR_PLANNED = ("--sequence-parallel", "--num-layers-per-virtual-pipeline-stage",
+                          "--fp8-format", "--disable-bias-linear", "--openai-gelu",
+                          "--group-query-attention", "--num-query-groups", "--swiglu",
+                          "--use-distributed-optimizer", "--recompute-granularity", "--bf16",
+                          "--fp16", "--untie-embeddings-and-output-weights")
+
+
+def test_implemented_or_planned_flags_are_never_ignored():
+    assert not set(IMPLEMENTED_OR_PLANNED) & set(arguments.IGNORED_MEGATRON_FLAGS)
+    # --transformer-impl is ignored only with the value "local".
+    assert arguments.IGNORED_MEGATRON_FLAGS["--transformer-impl"][1] == ("local",)
+
+
+def test_docs_list_exactly_the_ignored_flags():
+    import pathlib
+    import re
+
+    docs = (pathlib.Path(__file__).parents[1] / "docs" / "training.md").read_text()
+    section = docs.split("### Megatron-LM flags accepted and ignored", 1)[1].split("\n#", 1)[0]
+    listed = re.findall(r"^\| `(--[a-z0-9-]+)`", section, flags=re.M)
+    assert listed == list(arguments.IGNORED_MEGATRON_FLAGS)
+
+
 # ------------------------------------------------------------------------------ plan source
 def test_plan_source_is_decided_in_the_same_parse(tmp_path):
     path = write_plan(tmp_path)
