@@ -1,6 +1,25 @@
-import os
-import sys
+"""Test tiers (pytest.ini registers the markers; README "Development" shows the commands).
 
-# Tests import the package from the checkout and the helpers in this folder.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+Every test carries exactly one tier marker, ``pure``, ``single`` or ``multirank`` (a module's
+``pytestmark`` or a marker on the test), so that ``pytest -m "pure and not exhaustive"`` runs
+the torch-free tests in seconds and nothing is left out of a tier by accident. ``exhaustive``
+comes on top of ``pure`` for the whole-search enumerations.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+TIERS = ("pure", "single", "multirank")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    wrong = []
+    for item in items:
+        tiers = sorted({m.name for m in item.iter_markers() if m.name in TIERS})
+        if len(tiers) != 1:
+            wrong.append(f"{item.nodeid}: {tiers or 'no tier'}")
+    if wrong:
+        raise pytest.UsageError(
+            "every test needs exactly one tier marker (pure, single or multirank; see "
+            "tests/conftest.py):\n  " + "\n  ".join(wrong))

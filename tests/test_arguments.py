@@ -21,6 +21,7 @@ def resolve(argv, world_size):
 
 
 # ------------------------------------------------------------------------------ mapping
+@pytest.mark.pure
 def test_defaults_are_the_embedded_small_gpt():
     run = arguments.parse_run_config([])
     cfg = dataclasses.replace(run.model, vocab_size=8000)  # what the embedded tokenizer sets
@@ -34,6 +35,7 @@ def test_defaults_are_the_embedded_small_gpt():
     assert run.data.source == "embedded" and run.checkpoint.save is None
 
 
+@pytest.mark.pure
 def test_model_flags_map_onto_model_config():
     cfg = arguments.parse_run_config(["--num-layers", "3", "--hidden-size", "64", "--num-attention-heads",
                                  "8", "--ffn-hidden-size", "96", "--seq-length", "32",
@@ -48,6 +50,7 @@ def test_model_flags_map_onto_model_config():
     assert (cfg.hidden_dropout, cfg.attention_dropout) == (0.0, 0.05)
 
 
+@pytest.mark.pure
 def test_classic_flags_build_the_uniform_plan():
     plan = resolve(["--num-layers", "4", "--tensor-model-parallel-size", "2",
                     "--pipeline-model-parallel-size", "2", "--global-batch-size", "16",
@@ -59,6 +62,7 @@ def test_classic_flags_build_the_uniform_plan():
     assert plan.vocab.tp == 2 and plan.pipeline.schedule == "1f1b"
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("flags,expected", [
     (["--recompute-granularity", "full", "--recompute-method", "uniform"], [True] * 4),
     (["--recompute-granularity", "full", "--recompute-method", "block",
@@ -81,6 +85,7 @@ def write_plan(tmp_path, world_size=2, gbs=8, mb=2, name="plan.json", **override
     return str(path)
 
 
+@pytest.mark.pure
 def test_plan_file_rules_the_batch(tmp_path):
     path = write_plan(tmp_path)
     plan = resolve(["--plan", path], 2)
@@ -89,6 +94,7 @@ def test_plan_file_rules_the_batch(tmp_path):
     assert resolve(["--plan", path, "--global-batch-size", "8"], 2).global_batch_size == 8
 
 
+@pytest.mark.pure
 def test_plan_file_warns_that_micro_batch_size_is_ignored(tmp_path):
     path = write_plan(tmp_path)
     with pytest.warns(UserWarning, match="--micro-batch-size=3 is ignored with --plan"):
@@ -121,6 +127,7 @@ ERROR_CASES = [
 ]
 
 
+@pytest.mark.single
 @pytest.mark.parametrize("argv,world_size,error,message", ERROR_CASES)
 def test_invalid_model_or_parallel_flags_fail_with_the_flag_named(argv, world_size, error, message):
     with pytest.raises(error) as info:
@@ -158,6 +165,7 @@ PARSE_ERRORS = [
 ]
 
 
+@pytest.mark.single
 @pytest.mark.parametrize("argv,message", PARSE_ERRORS)
 def test_contradictory_flags_fail_at_parse_time(argv, message):
     with pytest.raises(arguments.ArgumentError) as info:
@@ -165,6 +173,7 @@ def test_contradictory_flags_fail_at_parse_time(argv, message):
     assert message in str(info.value)
 
 
+@pytest.mark.pure
 def test_plan_file_errors_name_the_problem(tmp_path):
     path = write_plan(tmp_path)
     with pytest.raises(PlanError, match="world_size=2 but this run has 4 ranks"):
@@ -187,6 +196,7 @@ def test_plan_file_errors_name_the_problem(tmp_path):
         resolve(["--plan", str(tmp_path / "missing.json")], 2)
 
 
+@pytest.mark.pure
 def test_run_config_carries_the_flags():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -210,6 +220,7 @@ def test_run_config_carries_the_flags():
     assert run.plan_out == "p.json"
 
 
+@pytest.mark.pure
 def test_planner_only_flags_warn_without_auto_parallel():
     with pytest.warns(UserWarning, match="--memory-budget-gb=40.0 only guides --auto-parallel"):
         arguments.parse_run_config(["--memory-budget-gb", "40"])
@@ -289,6 +300,7 @@ def test_docs_list_exactly_the_ignored_flags():
 
 
 # ------------------------------------------------------------------------------ plan source
+@pytest.mark.pure
 def test_plan_source_is_decided_in_the_same_parse(tmp_path):
     path = write_plan(tmp_path)
     source = arguments.parse_run_config(["--plan", path, "--global-batch-size", "8"]).plan_source
@@ -298,6 +310,7 @@ def test_plan_source_is_decided_in_the_same_parse(tmp_path):
     assert classic.pipeline_model_parallel_size is None  # not typed: counts as 1
 
 
+@pytest.mark.pure
 def test_typed_layout_flags_become_search_pins_even_at_megatron_defaults():
     pins = arguments.parse_run_config(
         ["--auto-parallel", "--tensor-model-parallel-size", "1", "--bf16", "--num-layers", "2",
@@ -310,6 +323,7 @@ def test_typed_layout_flags_become_search_pins_even_at_megatron_defaults():
 
 
 
+@pytest.mark.pure
 def test_sequence_parallel_and_virtual_pipeline_flags_build_the_plan():
     plan = resolve(["--num-layers", "8", "--tensor-model-parallel-size", "2",
                     "--pipeline-model-parallel-size", "2", "--global-batch-size", "16",
@@ -320,6 +334,7 @@ def test_sequence_parallel_and_virtual_pipeline_flags_build_the_plan():
     assert plan.num_microbatches == 4
 
 
+@pytest.mark.single
 @pytest.mark.parametrize("flags,match", [
     (["--num-layers-per-virtual-pipeline-stage", "3", "--pipeline-model-parallel-size", "2"],
      r"--num-layers-per-virtual-pipeline-stage=3: --num-layers=4 must be a multiple of"),
@@ -332,6 +347,7 @@ def test_bad_virtual_pipeline_flags_name_the_flag(flags, match):
         resolve(["--num-layers", "4", "--global-batch-size", "8", *flags], 2)
 
 
+@pytest.mark.pure
 def test_sp_and_interleaving_are_not_searched_yet():
     from megatron_auto.arguments import ArgumentError, parse_run_config
 

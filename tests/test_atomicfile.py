@@ -10,6 +10,8 @@ import pytest
 from megatron_auto.atomicfile import AtomicFile, atomic_open, atomic_write
 from megatron_auto.jsonfile import read_json, write_json
 
+pytestmark = pytest.mark.pure
+
 
 def test_atomic_write_replaces_the_whole_file_and_leaves_nothing_else(tmp_path):
     path = tmp_path / "latest.txt"

@@ -6,6 +6,8 @@ from megatron_auto import arguments
 from megatron_auto.auto import AutoParallelError, plan_for_run, search_options_for
 from megatron_auto.config import ModelConfig
 
+pytestmark = pytest.mark.single
+
 MODEL = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
          "--seq-length", "32", "--max-position-embeddings", "32", "--vocab-size", "512"]
 

@@ -14,6 +14,8 @@ import pytest
 
 from dist_utils import run_distributed
 
+pytestmark = pytest.mark.multirank
+
 MODEL = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
          "--seq-length", "32", "--max-position-embeddings", "32", "--vocab-size", "512",
          "--hidden-dropout", "0", "--attention-dropout", "0", "--global-batch-size", "16",

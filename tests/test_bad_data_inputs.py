@@ -70,6 +70,7 @@ CASE_NAMES = ["empty dataset", "empty training split", "token ids past the vocab
               "blend weight not finite", "blend mixing weights and prefixes"]
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("case", CASE_NAMES)
 def test_bad_data_input_is_one_error_line(tmp_path, case):
     argv, expected = _cases(tmp_path)[case]
@@ -87,6 +88,7 @@ def _tok():
     return TokenizerArgs("NullTokenizer", vocab_size=50)
 
 
+@pytest.mark.single
 @pytest.mark.parametrize("content", ["", "\n\n  \n"], ids=["empty file", "blank lines"])
 def test_preprocess_refuses_an_input_without_documents(tmp_path, content):
     src = tmp_path / "in.jsonl"
@@ -96,6 +98,7 @@ def test_preprocess_refuses_an_input_without_documents(tmp_path, content):
     assert os.listdir(tmp_path) == ["in.jsonl"]  # nothing written, no temporary left
 
 
+@pytest.mark.single
 def test_preprocess_refuses_documents_without_tokens(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text("\n".join(json.dumps({"text": ""}) for _ in range(3)) + "\n")
@@ -104,6 +107,7 @@ def test_preprocess_refuses_documents_without_tokens(tmp_path):
     assert os.listdir(tmp_path) == ["in.jsonl"]
 
 
+@pytest.mark.single
 def test_preprocess_of_a_missing_input_leaves_no_temporary_file(tmp_path):
     with pytest.raises(FileNotFoundError):
         preprocess_jsonl(str(tmp_path / "missing.jsonl"), str(tmp_path / "out"), _tok())

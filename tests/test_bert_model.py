@@ -18,6 +18,8 @@ from megatron_auto.models.init import gather_full_state
 from megatron_auto.parallel.context import ParallelContext
 from test_gpt_model import BATCH, check_against_reference, finish_grad_sync, plan_of
 
+pytestmark = pytest.mark.multirank
+
 CONFIG = ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64,
                      seq_length=8, vocab_size=60, make_vocab_size_divisible_by=32,
                      hidden_dropout=0.0, attention_dropout=0.0, model_type="bert",

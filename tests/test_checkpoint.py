@@ -106,6 +106,7 @@ def assert_matches_reference(losses, state, label):
 
 
 # ------------------------------------------------------------------------------ resume
+@pytest.mark.multirank
 def test_resume_one_process_equals_uninterrupted_run(tmp_path):
     first, _ = _phase(1, ONE, 0, SPLIT, save_dir=tmp_path)
     assert first == pytest.approx(reference()[0][:SPLIT], rel=RTOL)
@@ -128,6 +129,7 @@ RESHARD_CASES = {
 }
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("name", list(RESHARD_CASES))
 def test_checkpoint_loads_under_another_plan_and_continues_exactly(tmp_path, name):
     save_world, save_plan, load_world, load_plan = RESHARD_CASES[name]
@@ -136,6 +138,7 @@ def test_checkpoint_loads_under_another_plan_and_continues_exactly(tmp_path, nam
     assert_matches_reference(losses, state, name)
 
 
+@pytest.mark.multirank
 def test_tied_embedding_saved_once_with_pp2(tmp_path):
     from torch.distributed.checkpoint import FileSystemReader
 
@@ -148,6 +151,7 @@ def test_tied_embedding_saved_once_with_pp2(tmp_path):
 
 
 # ------------------------------------------------------------------------- bad inputs
+@pytest.mark.single
 def test_load_from_a_directory_without_checkpoint_fails_clearly(tmp_path):
     from megatron_auto.training.checkpoint import CheckpointError, latest_iteration, read_info
 
@@ -161,6 +165,7 @@ def test_load_from_a_directory_without_checkpoint_fails_clearly(tmp_path):
         latest_iteration(tmp_path)
 
 
+@pytest.mark.single
 def test_checkpoint_of_another_model_shape_is_rejected():
     from megatron_auto.training.checkpoint import CheckpointError, check_model_matches
 
@@ -191,6 +196,7 @@ def _losses(path):
     return {r["iteration"]: r["lm_loss"] for r in map(json.loads, open(path).read().splitlines())}
 
 
+@pytest.mark.multirank
 def test_pretrain_gpt_saves_every_interval_and_resumes(tmp_path):
     ckpt, m1, m2, full = tmp_path / "ckpt", tmp_path / "m1", tmp_path / "m2", tmp_path / "full"
     # Two ranks with TP 2 (dropout on: the same plan restores the RNG streams too).
@@ -212,6 +218,7 @@ def test_pretrain_gpt_saves_every_interval_and_resumes(tmp_path):
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
 
 
+@pytest.mark.multirank
 def test_one_command_serves_the_first_launch_and_the_restart(tmp_path, capfd):
     # Changed on purpose (issue 12): a missing or empty --load directory used to be an error;
     # now it starts from scratch, as Megatron does, so `--save D --load D` is restartable.
@@ -247,6 +254,7 @@ def test_one_command_serves_the_first_launch_and_the_restart(tmp_path, capfd):
                                                       str(empty)]) == [0]
 
 
+@pytest.mark.multirank
 def test_pretrain_gpt_load_errors_exit_2(tmp_path, capfd):
     ckpt = tmp_path / "ckpt"
     assert run_distributed(_main_worker, 1, SMALL + ["--train-iters", "2", "--save",
@@ -261,6 +269,7 @@ def test_pretrain_gpt_load_errors_exit_2(tmp_path, capfd):
         capfd.readouterr().err
 
 
+@pytest.mark.single
 def test_loss_scaler_state_round_trips():
     from megatron_auto.training.precision import LossScaler, PrecisionConfig
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 
 from megatron_auto.cli import main
@@ -12,6 +14,7 @@ SWIN_T = ["--model-type", "swin", "--swin-backbone-type", "tiny", "--img-h", "22
           "224", "--num-classes", "1000", "--cluster", "a100-40g-1x8", "--bf16"]
 
 
+@pytest.mark.pure
 def test_plan_then_evaluate_and_explain_a_swin_plan(tmp_path, capsys):
     out = tmp_path / "swin.json"
     assert main(["plan", *SWIN_T, "--global-batch-size", "64", "--plan-out", str(out),
@@ -30,6 +33,7 @@ def test_plan_then_evaluate_and_explain_a_swin_plan(tmp_path, capsys):
     assert "swin1" in capsys.readouterr().out
 
 
+@pytest.mark.pure
 def test_evaluate_a_classic_vit_layout(capsys):
     flags = ["--model-type", "vit", "--img-h", "224", "--img-w", "224", "--patch-dim", "16",
              "--num-layers", "12", "--hidden-size", "768", "--num-attention-heads", "12",
@@ -39,6 +43,7 @@ def test_evaluate_a_classic_vit_layout(capsys):
     assert json.loads(capsys.readouterr().out)["iteration_time_s"] > 0
 
 
+@pytest.mark.pure
 def test_bad_vision_shape_is_one_line_exit_2(capsys):
     code = main(["plan", "--model-type", "swin", "--img-h", "32", "--img-w", "32",
                  "--swin-window-size", "3", "--plan-out", "unused.json"])
@@ -47,6 +52,7 @@ def test_bad_vision_shape_is_one_line_exit_2(capsys):
     assert len(err) == 1 and "--swin-window-size=3: must divide stage 1's 8x8 feature map" in err[0]
 
 
+@pytest.mark.single
 def test_profile_model_measures_every_swin_layer_type(tmp_path, capsys):
     flags = ["profile-model", "--model-type", "swin", "--img-h", "16", "--img-w", "16",
              "--patch-dim", "2", "--swin-embed-dim", "16", "--swin-depths", "2,2",

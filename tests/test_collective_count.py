@@ -30,6 +30,8 @@ from megatron_auto.config import ModelConfig
 from megatron_auto.layout import Layout, all_layouts, relayout_collectives
 from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy
 
+pytestmark = pytest.mark.multirank
+
 # kind recorded for each wrapped function (reduce-scatters record their input, the unsharded
 # size, like the cost model; gathers their output)
 WRAPPED = {"all_gather_single": "all_gather", "all_gather_into_tensor": "all_gather",

@@ -38,6 +38,7 @@ def _step(rank, world_size, backend, layers, config=CONFIG):
 MIXED = [(2, True, False), (1, True, True), (2, True, False), (1, True, False)]
 
 
+@pytest.mark.multirank
 def test_aot_eager_layers_match_eager_under_tp_and_recompute():
     eager = run_distributed(_step, 2, None, MIXED)
     compiled = run_distributed(_step, 2, "aot_eager", MIXED)
@@ -51,6 +52,7 @@ def test_aot_eager_layers_match_eager_under_tp_and_recompute():
                                        msg=name)
 
 
+@pytest.mark.multirank
 @pytest.mark.skipif(inductor_unavailable_reason(torch.device("cpu")) is not None,
                     reason=f"inductor cannot build CPU kernels here: "
                            f"{inductor_unavailable_reason(torch.device('cpu'))}")
@@ -65,12 +67,14 @@ def test_inductor_layer_matches_eager():
         torch.testing.assert_close(grads[name], grads_ref[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
+@pytest.mark.single
 def test_unknown_backend_is_named():
     with pytest.raises(CompileError, match="--compile-backend=tvm: unknown; choose one of "
                                            "inductor, aot_eager, eager"):
         resolve_backend("tvm", torch.device("cpu"))
 
 
+@pytest.mark.single
 def test_inductor_without_a_compiler_warns_once_and_stays_eager(monkeypatch, caplog):
     monkeypatch.setenv("CXX", "no-such-compiler")
     monkeypatch.setattr("shutil.which", lambda name: None)
@@ -86,6 +90,7 @@ def _train(rank, world_size, argv):
     return pretrain_gpt.main(argv)
 
 
+@pytest.mark.multirank
 def test_compile_flag_trains_the_eager_losses_with_zero3_tp_and_recompute(tmp_path):
     import json
 
@@ -111,6 +116,7 @@ def test_compile_flag_trains_the_eager_losses_with_zero3_tp_and_recompute(tmp_pa
                                rtol=1e-5, atol=0)
 
 
+@pytest.mark.single
 def test_unknown_compile_backend_flag_is_one_error_line(capsys):
     import pretrain_gpt
 

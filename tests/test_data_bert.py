@@ -8,6 +8,8 @@ import pytest
 from megatron_auto.data import IndexedDataset, IndexedDatasetBuilder, MockBertDataset, build_train_valid_test_datasets
 from megatron_auto.data.bert_dataset import IGNORE_LABEL, BertDataset
 
+pytestmark = pytest.mark.pure
+
 SPECIAL = dict(pad=0, cls=1, sep=2, mask=3, eod=4)
 PERIOD = 5  # "." in the document-level test
 

@@ -19,6 +19,8 @@ from megatron_auto.data.blended_dataset import build_blending_indices
 from megatron_auto.data.builder import split_document_ranges
 from megatron_auto.data.gpt_dataset import make_gpt_item
 
+pytestmark = pytest.mark.pure
+
 
 def write_docs(prefix, lengths, start=0, sentences=1):
     """Documents of the given lengths whose tokens are consecutive ints from ``start``."""

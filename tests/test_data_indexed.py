@@ -8,6 +8,8 @@ import pytest
 
 from megatron_auto.data.indexed_dataset import IndexedDataset, IndexedDatasetBuilder, IndexedDatasetError
 
+pytestmark = pytest.mark.pure
+
 # Written from DESIGN.md §5.4 / Megatron-LM's published layout, independently of the module.
 MAGIC = b"MMIDIDX\x00\x00"
 CODES = {np.dtype(np.uint8): 1, np.dtype(np.int8): 2, np.dtype(np.int16): 3, np.dtype(np.int32): 4,

@@ -29,6 +29,8 @@ from megatron_auto.parallel.tensor_parallel import (ColumnParallelLinear, RowPar
                                                     vocab_parallel_cross_entropy)
 from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy
 
+pytestmark = pytest.mark.multirank
+
 D, F_HID, VOCAB, SEQ = 8, 16, 32, 3
 TOL = dict(rtol=1e-5, atol=1e-6)
 

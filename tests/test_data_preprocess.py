@@ -1,5 +1,7 @@
 """tools/preprocess_data.py end to end, sentence splitting, and the embedded default corpus."""
 
+import pytest
+
 import gzip
 import importlib.util
 import json
@@ -24,6 +26,7 @@ def write_jsonl(path, records):
             f.write(json.dumps(r) + "\n")
 
 
+@pytest.mark.single
 def test_null_tokenizer_end_to_end_with_workers(tmp_path, capsys):
     records = [{"text": " ".join(str((7 * i + k) % 50) for k in range(i % 5)), "title": str(i)} for i in range(40)]
     write_jsonl(tmp_path / "in.jsonl", records)
@@ -49,6 +52,7 @@ def test_null_tokenizer_end_to_end_with_workers(tmp_path, capsys):
             assert a == open(f"{outs[2]}_{key}_document{ext}", "rb").read()
 
 
+@pytest.mark.single
 def test_split_sentences_sentencepiece(tmp_path):
     text = "The first sentence. The second one! A third? Yes."
     write_jsonl(tmp_path / "in.jsonl", [{"text": text}, {"text": "Only one"}])
@@ -62,11 +66,13 @@ def test_split_sentences_sentencepiece(tmp_path):
     assert [tok.detokenize(ds[i].tolist()) for i in range(4)] == split_sentences(text)
 
 
+@pytest.mark.single
 def test_regex_sentence_splitter():
     assert split_sentences("Hi there. (See below.) 3 cats! e.g. this.\n\nNext para", use_nltk=False) == [
         "Hi there.", "(See below.)", "3 cats! e.g. this.", "Next para"]  # no cut before lower case
 
 
+@pytest.mark.single
 def test_errors_are_clear(tmp_path, capsys):
     write_jsonl(tmp_path / "in.jsonl", [{"body": "x"}])
     args = ["--output-prefix", str(tmp_path / "o"), "--tokenizer-type", "NullTokenizer", "--vocab-size", "5"]
@@ -83,6 +89,7 @@ def test_errors_are_clear(tmp_path, capsys):
     assert "list.jsonl:1: a JSON list, not an object" in capsys.readouterr().err
 
 
+@pytest.mark.single
 def test_embedded_corpus_and_tokenizer(tmp_path):
     prefix, model = embedded_dataset(cache_dir=str(tmp_path))
     ds = IndexedDataset(prefix)
@@ -107,6 +114,7 @@ def _rank_builds_embedded_and_gpt(rank, world_size, cache_dir):
     return prefix, [train[i]["tokens"].tolist() for i in (0, 57, 199)], valid[3]["labels"].tolist()
 
 
+@pytest.mark.multirank
 def test_embedded_and_indices_built_by_concurrent_ranks(tmp_path):
     results = run_distributed(_rank_builds_embedded_and_gpt, 2, str(tmp_path))
     assert results[0] == results[1]

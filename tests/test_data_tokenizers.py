@@ -24,6 +24,7 @@ def gpt2(tmp_path):
     return build_tokenizer("GPT2BPETokenizer", vocab_file=str(vocab), merge_file=str(merges))
 
 
+@pytest.mark.pure
 def test_bytes_to_unicode_is_gpt2_table():
     table = bytes_to_unicode()
     assert len(set(table.values())) == 256
@@ -32,6 +33,7 @@ def test_bytes_to_unicode_is_gpt2_table():
     assert table[0] == chr(256)
 
 
+@pytest.mark.pure
 def test_gpt2_bpe_hand_computed(gpt2):
     ids = {t: i for i, t in enumerate(BPE_VOCAB)}
     assert gpt2.tokenize("hello world") == [ids["hello"], ids["Ġworld"]]
@@ -45,6 +47,7 @@ def test_gpt2_bpe_hand_computed(gpt2):
     assert gpt2.eod == ids["<|endoftext|>"] and gpt2.vocab_size == len(BPE_VOCAB)
 
 
+@pytest.mark.pure
 def test_gpt2_bpe_errors(gpt2, tmp_path):
     with pytest.raises(ValueError, match="not in the vocab; vocab.json and merges.txt do not belong"):
         gpt2.tokenize("xyz")
@@ -65,6 +68,7 @@ def vocab_txt(tmp_path):
     return str(path)
 
 
+@pytest.mark.pure
 def test_wordpiece_hand_computed(vocab_txt):
     tok = build_tokenizer("BertWordPieceLowerCase", vocab_file=vocab_txt)
     ids = {t: i for i, t in enumerate(WP_VOCAB)}
@@ -77,11 +81,13 @@ def test_wordpiece_hand_computed(vocab_txt):
     assert cased.tokenize("The the THE") == [ids["The"], ids["the"], ids["[UNK]"]]
 
 
+@pytest.mark.pure
 def test_basic_tokenizer_cjk_controls_punctuation():
     # NUL and U+200B (a format character) are dropped; CJK ideographs become words.
     assert basic_tokenize("a\x00b\u200bc 中文x $5.", lower_case=False) == ["abc", "中", "文", "x", "$", "5", "."]
 
 
+@pytest.mark.pure
 def test_wordpiece_missing_specials(tmp_path):
     path = tmp_path / "v.txt"
     path.write_text("a\nb\n")
@@ -89,6 +95,7 @@ def test_wordpiece_missing_specials(tmp_path):
         build_tokenizer("BertWordPieceCase", vocab_file=str(path))
 
 
+@pytest.mark.pure
 def test_sentencepiece_shipped_model_round_trip():
     tok = build_tokenizer("SentencePieceTokenizer", tokenizer_model=embedded_tokenizer_model())
     for text in ["Return the absolute path of *path*.", "  indented\n\tcode(x=1)  ", "é 中文 ☃ \x01"]:
@@ -101,6 +108,7 @@ def test_sentencepiece_shipped_model_round_trip():
         gpt.cls
 
 
+@pytest.mark.pure
 def test_sentencepiece_trained_in_test_appends_missing_specials(tmp_path):
     spm = pytest.importorskip("sentencepiece")
     corpus = tmp_path / "c.txt"
@@ -115,6 +123,7 @@ def test_sentencepiece_trained_in_test_appends_missing_specials(tmp_path):
     assert tok.detokenize([tok.cls] + ids) == "<CLS>the lazy fox"
 
 
+@pytest.mark.pure
 def test_null_tokenizer():
     tok = build_tokenizer("NullTokenizer", vocab_size=100)
     assert tok.tokenize("1 2  99") == [1, 2, 99] and tok.detokenize([1, 2, 99]) == "1 2 99"
@@ -125,6 +134,7 @@ def test_null_tokenizer():
         build_tokenizer("NullTokenizer")
 
 
+@pytest.mark.pure
 def test_unknown_type_and_missing_files(tmp_path):
     with pytest.raises(ValueError, match="--tokenizer-type='GPT3'.*GPT2BPETokenizer"):
         build_tokenizer("GPT3")
@@ -132,6 +142,7 @@ def test_unknown_type_and_missing_files(tmp_path):
         build_tokenizer("SentencePieceTokenizer", tokenizer_model=str(tmp_path / "none.model"))
 
 
+@pytest.mark.single
 @pytest.mark.skipif(importlib.util.find_spec("tokenizers") is None, reason="tokenizers not installed")
 def test_huggingface_tokenizer_json(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -145,6 +156,7 @@ def test_huggingface_tokenizer_json(tmp_path):
     assert (ours.eod, ours.pad, ours.cls, ours.sep, ours.mask, ours.vocab_size) == (3, 1, 2, 3, 4, 7)
 
 
+@pytest.mark.pure
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is not None, reason="transformers installed")
 def test_huggingface_tokenizer_absent_is_clear():
     with pytest.raises(ImportError, match="needs the `transformers` package"):

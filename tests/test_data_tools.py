@@ -1,11 +1,15 @@
 """tools/build_embedded_corpus.py and tools/train_tokenizer.py on tiny inputs."""
 
+import pytest
+
 import gzip
 import importlib.util
 import json
 import os
 
 from megatron_auto.data import build_tokenizer
+
+pytestmark = pytest.mark.pure
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -12,6 +12,7 @@ from megatron_auto.data.vision import (ImageFolderDataset, MockImageDataset, Pat
                                        load_image)
 
 
+@pytest.mark.pure
 def test_mock_images_are_deterministic_per_index():
     a, b = MockImageDataset(3, 8, 6, 4, 10, seed=1), MockImageDataset(3, 8, 6, 4, 10, seed=1)
     assert len(a) == 10
@@ -22,6 +23,7 @@ def test_mock_images_are_deterministic_per_index():
     assert {int(a[i]["labels"]) for i in range(10)} <= set(range(4))
 
 
+@pytest.mark.pure
 def test_pattern_set_is_deterministic_and_covers_every_class():
     ds = PatternImageDataset(3, 16, 16, 10, 500, seed=3)
     labels = [int(ds[i]["labels"]) for i in range(200)]
@@ -30,6 +32,7 @@ def test_pattern_set_is_deterministic_and_covers_every_class():
     assert not np.array_equal(ds[5]["images"], PatternImageDataset(3, 16, 16, 10, 500, 4)[5]["images"])
 
 
+@pytest.mark.pure
 def test_pattern_classes_are_separable_by_their_mean_colour():
     # What makes the embedded set learnable in a few dozen steps: nearest class-mean colour
     # (estimated on 300 images) classifies 200 fresh ones almost perfectly.
@@ -44,6 +47,7 @@ def test_pattern_classes_are_separable_by_their_mean_colour():
     assert (pred == yt).mean() > 0.9
 
 
+@pytest.mark.pure
 def test_pattern_kinds_differ_in_orientation():
     ds = PatternImageDataset(1, 16, 16, 5, 10, seed=0)
     horizontal, vertical = ds.pattern(0, 2.0, 0.3), ds.pattern(1, 2.0, 0.3)
@@ -61,6 +65,7 @@ def _folder(tmp_path, classes=("cat", "dog"), per_class=2):
     return root
 
 
+@pytest.mark.pure
 def test_image_folder_reads_npy_with_class_per_subfolder_and_resizes(tmp_path):
     root = _folder(tmp_path)
     (root / "dog" / "notes.txt").write_text("not an image")
@@ -71,6 +76,7 @@ def test_image_folder_reads_npy_with_class_per_subfolder_and_resizes(tmp_path):
     np.testing.assert_allclose(item["images"], 2 * 61 / 255 - 1, rtol=1e-6)
 
 
+@pytest.mark.pure
 def test_image_folder_keeps_float_chw_arrays(tmp_path):
     root = tmp_path / "d"
     (root / "a").mkdir(parents=True)
@@ -80,6 +86,7 @@ def test_image_folder_keeps_float_chw_arrays(tmp_path):
     np.testing.assert_allclose(item["images"], 2 * array - 1, rtol=1e-6)
 
 
+@pytest.mark.pure
 def test_image_folder_reads_png_with_pillow(tmp_path):
     Image = pytest.importorskip("PIL.Image", reason="Pillow is optional; .npy is always read")
     root = tmp_path / "d"
@@ -90,6 +97,7 @@ def test_image_folder_reads_png_with_pillow(tmp_path):
     np.testing.assert_allclose(item["images"][1:], -1.0)
 
 
+@pytest.mark.pure
 def test_png_without_pillow_names_the_file_and_the_fix(tmp_path, monkeypatch):
     path = tmp_path / "a.png"
     path.write_bytes(b"\x89PNG")
@@ -106,6 +114,7 @@ def test_png_without_pillow_names_the_file_and_the_fix(tmp_path, monkeypatch):
         load_image(str(path), 3)
 
 
+@pytest.mark.single
 @pytest.mark.parametrize("case, message", [
     ("missing", r"--data-path=.*nope: no such directory"),
     ("no-classes", r"no class sub-folders; put each class's images in its own sub-folder"),

@@ -4,6 +4,8 @@ import torch.distributed as dist
 
 from dist_utils import run_distributed
 
+pytestmark = pytest.mark.multirank
+
 
 def _allreduce(rank, world_size):
     t = torch.tensor([float(rank + 1)])

@@ -22,6 +22,8 @@ from megatron_auto.training.lr_scheduler import LRConfig
 from megatron_auto.parallel.optimizer import OptimizerConfig
 from megatron_auto.training.precision import PrecisionConfig
 
+pytestmark = pytest.mark.multirank
+
 CONFIG = ModelConfig(num_layers=4, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64,
                      seq_length=16, vocab_size=60, make_vocab_size_divisible_by=16,
                      hidden_dropout=0.0, attention_dropout=0.0)

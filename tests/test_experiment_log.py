@@ -24,6 +24,7 @@ RECORDS = [
 ]
 
 
+@pytest.mark.pure
 def test_field_selection_follows_the_flags():
     plain = record_scalars(RECORDS[0], ExperimentLogConfig(tensorboard_dir="x"))
     assert plain["train/lm_loss"] == 6.5 and plain["train/predicted_iteration_time_s"] == 0.45
@@ -48,6 +49,7 @@ def _tensorboard_scalars(log_dir):
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
+@pytest.mark.single
 def test_tensorboard_event_files_hold_the_metrics(tmp_path):
     pytest.importorskip("tensorboard", reason="the tensorboard package is the 'test' extra's")
     config = ExperimentLogConfig(tensorboard_dir=str(tmp_path / "tb"), tensorboard_log_interval=2,
@@ -67,6 +69,7 @@ def test_tensorboard_event_files_hold_the_metrics(tmp_path):
     assert "train/timers_forward_s" not in scalars
 
 
+@pytest.mark.pure
 def test_disabled_rank_writes_nothing(tmp_path):
     log = ExperimentLog(ExperimentLogConfig(tensorboard_dir=str(tmp_path / "tb")), enabled=False)
     log.write(RECORDS[0])
@@ -103,6 +106,7 @@ def _wandb_history(run_file):
     return rows
 
 
+@pytest.mark.pure
 def test_wandb_offline_run_holds_the_metrics(tmp_path, monkeypatch):
     pytest.importorskip("wandb", reason="the wandb package is the 'test' extra's")
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -120,11 +124,13 @@ def test_wandb_offline_run_holds_the_metrics(tmp_path, monkeypatch):
     assert [r["valid/lm_loss"] for r in rows if "valid/lm_loss" in r] == [5.9]
 
 
+@pytest.mark.pure
 def test_bad_flags_are_named():
     with pytest.raises(ExperimentLogError, match="--tensorboard-log-interval=0"):
         ExperimentLogConfig(tensorboard_dir="x", tensorboard_log_interval=0)
 
 
+@pytest.mark.single
 def test_unwritable_tensorboard_dir_is_named(tmp_path):
     pytest.importorskip("tensorboard", reason="the tensorboard package is the 'test' extra's")
     blocker = tmp_path / "file"
@@ -133,6 +139,7 @@ def test_unwritable_tensorboard_dir_is_named(tmp_path):
         ExperimentLog(ExperimentLogConfig(tensorboard_dir=str(blocker / "tb")), enabled=True)
 
 
+@pytest.mark.pure
 def test_missing_package_is_named(monkeypatch):
     import sys
 

@@ -22,6 +22,8 @@ from megatron_auto.models.init import gather_full_state
 from megatron_auto.parallel.context import ParallelContext
 from megatron_auto.plan import LayerStrategy, Plan, PipelineSpec, VocabStrategy
 
+pytestmark = pytest.mark.multirank
+
 TOL = dict(rtol=1e-5, atol=1e-7)
 CONFIG = ModelConfig(num_layers=4, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64,
                      seq_length=8, vocab_size=100, make_vocab_size_divisible_by=32,

@@ -36,6 +36,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.pure
+
 PACKAGE = "megatron_auto"
 ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 

@@ -50,6 +50,7 @@ def _simulate(pp: int, v: int, num_mb: int) -> int:
     return rounds
 
 
+@pytest.mark.single
 @pytest.mark.parametrize("pp,v", [(2, 2), (2, 3), (3, 2), (4, 2), (4, 3)])
 @pytest.mark.parametrize("groups", [1, 2, 3])
 def test_order_runs_every_chunk_once_and_never_deadlocks(pp, v, groups):
@@ -69,6 +70,7 @@ def test_order_runs_every_chunk_once_and_never_deadlocks(pp, v, groups):
     _simulate(pp, v, num_mb)
 
 
+@pytest.mark.single
 def test_warmup_counts_by_hand():
     # pp=4, v=2, M=8: stage k warms up 2*(4-k-1) + (2-1)*4 forwards
     assert [num_warmup(4, 2, 8, k) for k in range(4)] == [10, 8, 6, 4]
@@ -143,6 +145,7 @@ def interleaved_results():
     return dict(zip(names, _run(4, [INTERLEAVED_PLANS[n][1] for n in names])))
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("name", list(INTERLEAVED_PLANS))
 def test_interleaved_plan_matches_one_process(interleaved_results, name):
     results, state = interleaved_results[name]
@@ -150,6 +153,7 @@ def test_interleaved_plan_matches_one_process(interleaved_results, name):
 
 
 # ------------------------------------------------------------------------- bad input
+@pytest.mark.single
 def test_bad_interleaved_plans_name_the_field_and_the_fix():
     good = plan10(4, [layer()] * 10, (3, 2, 1, 4))
     with pytest.raises(PlanError, match=r"pipeline\.virtual_size=3: layers_per_stage lists 4 "
@@ -166,6 +170,7 @@ def test_bad_interleaved_plans_name_the_field_and_the_fix():
         Plan.from_dict(dict(good, pipeline=dict(good["pipeline"], virtual_size=0)))
 
 
+@pytest.mark.single
 def test_virtual_size_round_trips_and_v1_files_stay_as_they_were():
     plan = Plan.from_dict(INTERLEAVED_PLANS["pp4-v2-uneven"][1])
     assert plan.virtual_size == 2 and plan.num_chunks == 8
@@ -176,6 +181,7 @@ def test_virtual_size_round_trips_and_v1_files_stay_as_they_were():
     assert Plan.from_dict(plain).virtual_size == 1
 
 
+@pytest.mark.single
 def test_callers_of_contiguous_stages_refuse_interleaved_plans_clearly():
     """The cost model asks for contiguous stages; an interleaved plan says why it cannot."""
     plan = Plan.from_dict(INTERLEAVED_PLANS["pp2-v2-uneven"][1])

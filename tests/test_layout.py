@@ -10,6 +10,8 @@ from megatron_auto.layout import (Layout, all_layouts, batch_slice, dp_group_ran
                                   vocab_layout)
 from megatron_auto.plan import LayerStrategy
 
+pytestmark = pytest.mark.pure
+
 SIZES = (1, 2, 4, 8, 16)
 
 

@@ -115,6 +115,7 @@ def _pipeline_worker(rank, world_size, layers_per_stage, schedule, cases, autoca
 CASES = [(1, 4, 0), (3, 6, 1), (6, 6, 2)]  # (micro-batches, global batch, seed): 1, < and > stages
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("layers_per_stage,world_size", [((3,), 1), ((3, 1), 4), ((1, 2, 1, 1), 4)])
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
 def test_schedule_matches_one_process(layers_per_stage, world_size, schedule):
@@ -139,6 +140,7 @@ def test_schedule_matches_one_process(layers_per_stage, world_size, schedule):
         assert seen == set(ref_grads)  # every parameter lives on some stage
 
 
+@pytest.mark.multirank
 def test_bf16_autocast_pipeline_close_to_fp32():
     per_rank = run_distributed(_pipeline_worker, 2, (2, 1), "1f1b", [(2, 4, 3)], torch.bfloat16)
     ref_loss, ref_grads = reference((2, 1), 4, 3)
@@ -151,6 +153,7 @@ def test_bf16_autocast_pipeline_close_to_fp32():
             torch.testing.assert_close(grad, ref_grads[name], rtol=0.1, atol=2e-2)
 
 
+@pytest.mark.single
 def test_forward_only_returns_losses_without_gradients():
     stage = ToyStage(range(2), 2, True, True)
     ctx = SimpleNamespace(stage=0, num_stages=1, is_first_stage=True, is_last_stage=True,
@@ -166,6 +169,7 @@ def test_forward_only_returns_losses_without_gradients():
     assert sum(l for l, _ in losses) / sum(t for _, t in losses) == pytest.approx(ref_loss, rel=1e-6)
 
 
+@pytest.mark.single
 def test_loss_scale_multiplies_gradients():
     ctx = SimpleNamespace(stage=0, num_stages=1, is_first_stage=True, is_last_stage=True,
                           prev_rank=None, next_rank=None, device=torch.device("cpu"),
@@ -180,6 +184,7 @@ def test_loss_scale_multiplies_gradients():
     torch.testing.assert_close(grads[1], grads[0] * 1024.0)
 
 
+@pytest.mark.single
 @pytest.mark.parametrize("kwargs,message", [
     ({"schedule": "interleaved", "total_tokens": 1.0}, "schedule='interleaved'"),
     ({"schedule": "1f1b", "total_tokens": 0.0}, "total_tokens=0.0"),
@@ -193,6 +198,7 @@ def test_bad_arguments_raise_clear_errors(kwargs, message):
                          total_tokens=1.0)
 
 
+@pytest.mark.single
 def test_loss_parts_are_collected_per_microbatch():
     class WithParts(ToyStage):
         def forward(self, x, *, sop_weight, **kwargs):

@@ -14,6 +14,8 @@ from megatron_auto.planner.cost_time import (embedding_time, layer_time, overlap
 
 from planner_fakes import FakeCluster, round_profile
 
+pytestmark = pytest.mark.pure
+
 SPEC2 = ModelSpec.uniform(2, 64, 4, 16, 64, name="gpt")
 
 

@@ -9,6 +9,8 @@ import pytest
 
 from megatron_auto.planner.dp import LayerOptions, solve_stage
 
+pytestmark = pytest.mark.pure
+
 
 def opts(mem, cost, cls, aux=None):
     mem = np.asarray(mem, dtype=np.int64)

@@ -20,6 +20,8 @@ from megatron_auto.planner.presets import get_cluster
 from megatron_auto.planner.profiles import ModelProfile
 from megatron_auto.planner.search import evaluate
 
+pytestmark = pytest.mark.pure
+
 MB = 2**20
 CLUSTER = get_cluster("a100-40g-1x8")
 BF16 = TrainingSpec(global_batch_size=64, precision="bf16")

@@ -9,6 +9,8 @@ import pytest
 
 from megatron_auto.planner.partition import choose_partition, improve, min_max_partition
 
+pytestmark = pytest.mark.pure
+
 
 def compositions(n, k):
     for cuts in itertools.combinations(range(1, n), k - 1):

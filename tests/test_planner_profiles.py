@@ -12,6 +12,8 @@ from megatron_auto.planner import (LayerType, ModelProfile, ModelSpec, ProfileEr
 
 from planner_fakes import FakeCluster, round_profile
 
+pytestmark = pytest.mark.pure
+
 
 def test_from_model_config_gpt_and_bert():
     cfg = ModelConfig(num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=16,

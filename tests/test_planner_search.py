@@ -15,6 +15,8 @@ from megatron_auto.planner import (BASELINE_SPACES, InfeasibleError, LayerType, 
 
 from planner_fakes import FakeCluster, round_profile
 
+pytestmark = pytest.mark.pure
+
 CLUSTER = FakeCluster(devices_per_node=4, bandwidth=2e4)
 SPEC = ModelSpec.uniform(6, 64, 4, 16, 64, name="gpt")
 QUIET = dict(show_progress=False, memory_step_bytes=256)

@@ -11,6 +11,8 @@ from megatron_auto.planner import ModelSpec, SearchOptions, TrainingSpec, analyt
 from megatron_auto.planner.presets import get_cluster
 from megatron_auto.vision_config import SWIN_PRESETS, VisionConfig
 
+pytestmark = pytest.mark.pure
+
 
 def swin(preset: str, img: int = 224) -> VisionConfig:
     embed, depths, heads = SWIN_PRESETS[preset]

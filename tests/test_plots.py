@@ -8,6 +8,8 @@ from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy
 from megatron_auto.plots import (PlotError, draw_stage_memory, draw_stage_time,
                                  draw_strategy_map, plot_metrics, plot_plan)
 
+pytestmark = pytest.mark.pure
+
 pytest.importorskip("matplotlib", reason="plots are the optional 'plots' extra (matplotlib); "
                                          "the 'test' extra installs it")
 

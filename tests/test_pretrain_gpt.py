@@ -25,6 +25,7 @@ def _env() -> dict[str, str]:
     return env
 
 
+@pytest.mark.multirank
 def test_torchrun_command_writes_ten_metrics_lines(tmp_path):
     metrics = tmp_path / "m.jsonl"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
@@ -49,6 +50,7 @@ def _main_worker(rank, world_size, argv):
     return code
 
 
+@pytest.mark.multirank
 def test_forked_ranks_pipeline_run_with_plan_file_and_eval(tmp_path):
     from megatron_auto.plan import Plan
 
@@ -69,6 +71,7 @@ def test_forked_ranks_pipeline_run_with_plan_file_and_eval(tmp_path):
     assert Plan.load(tmp_path / "used.json") == plan
 
 
+@pytest.mark.single
 def test_bad_plan_file_exits_2_without_traceback(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"format": "megatron_auto.plan", "version": 1, "world_size": 1,
@@ -86,6 +89,7 @@ def test_bad_plan_file_exits_2_without_traceback(tmp_path):
     assert "error: --plan" in proc.stderr and "num_microbatches=3" in proc.stderr
 
 
+@pytest.mark.single
 def test_bad_flags_exit_2_with_message(capsys):
     import pretrain_gpt
 
@@ -99,6 +103,7 @@ def _bert_worker(rank, world_size, argv):
     return pretrain_bert.main(argv)
 
 
+@pytest.mark.multirank
 def test_bert_entry_logs_mlm_and_sop_losses(tmp_path):
     # The BERT script shares the loop; pp=2 also checks that middle/last stages get the batch.
     metrics = tmp_path / "bert.jsonl"
@@ -117,6 +122,7 @@ def test_bert_entry_logs_mlm_and_sop_losses(tmp_path):
         assert r["peak_memory_bytes"] > 0
 
 
+@pytest.mark.multirank
 def test_bert_on_the_embedded_corpus_learns(tmp_path, monkeypatch):
     # No data flags: the shipped corpus, split into sentences for sentence pairs, and its
     # SentencePiece vocabulary. A small BERT must lower its masked-LM loss within 30 steps.
@@ -135,6 +141,7 @@ def test_bert_on_the_embedded_corpus_learns(tmp_path, monkeypatch):
     assert last < first - 1.0, (first, last)
 
 
+@pytest.mark.multirank
 def test_tensorboard_flags_reach_the_event_files(tmp_path):
     # --tensorboard-dir gets exactly the metrics-file records (rank 0 of 2 writes them).
     accumulator = pytest.importorskip(
@@ -158,6 +165,7 @@ def test_tensorboard_flags_reach_the_event_files(tmp_path):
     assert [e.step for e in acc.Scalars("valid/ppl")] == [2, 4]
 
 
+@pytest.mark.single
 def test_bad_experiment_log_flag_exits_2(capsys):
     import pretrain_gpt
 

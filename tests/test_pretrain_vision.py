@@ -21,6 +21,7 @@ def _records(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.multirank
 def test_embedded_default_trains_loss_falls_and_accuracy_rises(tmp_path):
     # The embedded default (no data flag, default ViT) on 2 ranks; fewer iterations than the
     # default run and no evaluation, to keep the test short.
@@ -37,6 +38,7 @@ def test_embedded_default_trains_loss_falls_and_accuracy_rises(tmp_path):
     assert sum(r["accuracy"] for r in records[:5]) / 5 < 0.4
 
 
+@pytest.mark.multirank
 def test_swin_from_flags_pipelined_over_two_stages(tmp_path):
     metrics = tmp_path / "m.jsonl"
     argv = ["--vision-backbone-type", "swin", "--mock-data", "--img-h", "16", "--img-w", "16",
@@ -60,6 +62,7 @@ def _config(*flags):
     return vision_config_from_args(add_vision_args(build_parser()).parse_args(list(flags)))
 
 
+@pytest.mark.single
 def test_presets_and_shape_flags():
     huge = _config("--vision-backbone-type", "swin", "--swin-backbone-type", "huge",
                    "--img-h", "224", "--img-w", "224")
@@ -77,6 +80,7 @@ def test_presets_and_shape_flags():
         _config("--swin-backbone-type", "tiny")
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("flags, message", [
     (["--img-h", "30"], "error: --img-h=30: must be divisible by --patch-dim=4"),
     (["--vision-backbone-type", "swin", "--swin-window-size", "3"],
@@ -90,6 +94,7 @@ def test_shape_mistakes_exit_2_with_one_error_line(capfd, flags, message):
     assert "Traceback" not in err
 
 
+@pytest.mark.multirank
 def test_swin_checkpoint_resumes_under_another_plan(tmp_path):
     # Saved by one process, resumed on 2 ranks with TP 2 (the relative position bias table is
     # then split by heads): the resumed run continues where the first stopped.
@@ -112,6 +117,7 @@ def test_swin_checkpoint_resumes_under_another_plan(tmp_path):
     assert got == pytest.approx(want, rel=1e-5)
 
 
+@pytest.mark.multirank
 def test_checkpoint_of_another_backbone_is_refused(tmp_path, capfd):
     ckpt = tmp_path / "ckpt"
     vit = ["--mock-data", "--img-h", "8", "--img-w", "8", "--patch-dim", "2", "--num-layers",

@@ -27,6 +27,7 @@ def _run(argv: list[str]) -> int:
     return args.func(args)
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("command", ["profile-model", "profile-hardware", "calibrate"])
 def test_help_has_examples(command, capsys):
     with pytest.raises(SystemExit):
@@ -35,6 +36,7 @@ def test_help_has_examples(command, capsys):
     assert "examples:" in out and ("megatron-auto" in out or "torchrun" in out)
 
 
+@pytest.mark.single
 def test_profile_model_writes_and_then_reuses(tmp_path, capsys):
     out = tmp_path / "p.json"
     argv = ["profile-model", *TINY_FLAGS, "--device", "cpu", "--cache-dir", str(tmp_path / "c"),
@@ -48,6 +50,7 @@ def test_profile_model_writes_and_then_reuses(tmp_path, capsys):
     assert ModelProfile.load(out) == profile
 
 
+@pytest.mark.single
 def test_profile_hardware_single_process(tmp_path, capsys):
     out = tmp_path / "cluster.json"
     assert _run(["profile-hardware", "--out", str(out), "--message-sizes", "4096", "8192",
@@ -57,6 +60,7 @@ def test_profile_hardware_single_process(tmp_path, capsys):
     assert "not measured (one process)" in capsys.readouterr().out
 
 
+@pytest.mark.pure
 def test_calibrate_command_end_to_end(tmp_path, capsys):
     from megatron_auto.config import ModelConfig
     from megatron_auto.plan import Plan
@@ -90,6 +94,7 @@ def test_calibrate_command_end_to_end(tmp_path, capsys):
         fitted["memory_reserve_bytes"], abs=1)
 
 
+@pytest.mark.pure
 def test_calibrate_bad_flags(tmp_path):
     with pytest.raises(SystemExit):
         _run(["calibrate", "--cluster", "a100-40g-1x2"])  # --run is required

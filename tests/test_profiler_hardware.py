@@ -21,6 +21,7 @@ QUICK = hp.HardwareProfilerConfig(message_sizes=(4096, 65536), warmup_iters=1, i
 
 
 # ------------------------------------------------------------------------------- pure parts
+@pytest.mark.single
 def test_fit_recovers_latency_and_bandwidth():
     # t = 50 us + x / 2 GB/s, sampled exactly at three sizes.
     xs = [1e4, 1e6, 4e6]
@@ -30,6 +31,7 @@ def test_fit_recovers_latency_and_bandwidth():
     assert bw == pytest.approx(2e9, rel=1e-6)
 
 
+@pytest.mark.single
 def test_fit_with_noise_that_breaks_the_slope_falls_back_to_the_largest_message():
     # Larger message measured faster (noise): no positive slope; 4e6 B in 2 ms -> 2 GB/s.
     latency, bw = cb.fit_latency_bandwidth([1e6, 4e6], [3e-3, 2e-3])
@@ -37,6 +39,7 @@ def test_fit_with_noise_that_breaks_the_slope_falls_back_to_the_largest_message(
     assert latency == pytest.approx(3e-3)
 
 
+@pytest.mark.single
 def test_fit_rejects_bad_inputs():
     with pytest.raises(ValueError, match="matching, non-empty"):
         cb.fit_latency_bandwidth([1.0, 2.0], [1.0])
@@ -44,6 +47,7 @@ def test_fit_rejects_bad_inputs():
         cb.fit_latency_bandwidth([1.0, 2.0], [0.0, 1.0])
 
 
+@pytest.mark.single
 def test_bus_factors_follow_the_ring_formulas():
     assert cb.bus_factor("allreduce", 4) == pytest.approx(1.5)  # 2 * 3/4
     assert cb.bus_factor("allgather", 4) == pytest.approx(0.75)
@@ -52,6 +56,7 @@ def test_bus_factors_follow_the_ring_formulas():
         cb.bus_factor("alltoall", 2)
 
 
+@pytest.mark.single
 def test_partitions_and_shapes():
     assert hp.partition_groups(8, 2, True) == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert hp.partition_groups(8, 2, False) == [[0, 4], [1, 5], [2, 6], [3, 7]]
@@ -62,6 +67,7 @@ def test_partitions_and_shapes():
     assert hp.nodes_of([0, 4], 2) == 2 and hp.nodes_of([0, 1], 2) == 1
 
 
+@pytest.mark.single
 def test_known_gpu_keeps_spec_peak_and_measures_efficiency():
     profile = hp.HardwareProfile(world_size=1, devices_per_node=1,
                                  device_name="NVIDIA H100 80GB HBM3",
@@ -73,6 +79,7 @@ def test_known_gpu_keeps_spec_peak_and_measures_efficiency():
     assert spec.flops("bf16") == pytest.approx(0.5 * 989e12)
 
 
+@pytest.mark.single
 def test_cpu_measured_rate_is_the_peak():
     profile = hp.HardwareProfile(world_size=1, devices_per_node=1, device_name="cpu-x86_64",
                                  device_memory_bytes=8 * 2**30, backend="none",
@@ -82,6 +89,7 @@ def test_cpu_measured_rate_is_the_peak():
     assert spec.overlap_slowdown == 1.0
 
 
+@pytest.mark.single
 def test_inter_node_bandwidth_is_busbw_per_member_per_node():
     # A 4-rank group over 2 nodes (2 members per node) at 3 GB/s busbw -> 1.5 GB/s per device.
     comm = [hp.CommResult("allreduce", 2, True, 1, [1], [1.0], busbw=8e9, latency_s=1e-5),
@@ -97,6 +105,7 @@ def test_inter_node_bandwidth_is_busbw_per_member_per_node():
     assert spec.allreduce_busbw_table == {(2, True): 8e9, (4, True): 3e9}
 
 
+@pytest.mark.single
 def test_bad_config_names_the_flag():
     with pytest.raises(ValueError, match=r"--message-sizes \[0\]"):
         hp.HardwareProfilerConfig(message_sizes=(0,))
@@ -118,6 +127,7 @@ def _profile_rank(rank: int, world_size: int, out: str, devices_per_node: int | 
             "spanned": {(r.op, r.group_size, r.consecutive): r.nodes_spanned for r in profile.comm}}
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_profile_on_gloo_ranks_writes_a_loadable_cluster(tmp_path, world_size):
     out = tmp_path / "cluster.json"
@@ -139,6 +149,7 @@ def test_profile_on_gloo_ranks_writes_a_loadable_cluster(tmp_path, world_size):
     assert json.loads(out.read_text())["format"] == "megatron_auto.cluster"
 
 
+@pytest.mark.single
 def test_zero_and_optimizer_rows_are_fitted_into_the_cluster():
     # Rows made from known lines: gather 1 ms + (1/2) S / 1 GB/s, scatter 2 ms + (1/2) S / 0.5
     # GB/s over 2 ranks; the step 0.5 ms + 10 ns per parameter.
@@ -157,6 +168,7 @@ def test_zero_and_optimizer_rows_are_fitted_into_the_cluster():
     assert spec.optimizer_time_per_parameter_s == pytest.approx(1e-8)
 
 
+@pytest.mark.multirank
 def test_node_boundaries_mark_groups_that_cross_nodes(tmp_path):
     # 4 ranks pretending to be 2 nodes x 2: strided pairs {0,2},{1,3} and the 4-group cross.
     out = tmp_path / "cluster.json"
@@ -176,10 +188,12 @@ def _bad_node_size(rank: int, world_size: int):
     return True
 
 
+@pytest.mark.multirank
 def test_devices_per_node_must_divide_the_world():
     assert run_distributed(_bad_node_size, 4) == [True] * 4
 
 
+@pytest.mark.single
 def test_single_process_profile_without_distributed(tmp_path):
     assert not torch.distributed.is_initialized()
     spec = hp.profile_hardware(QUICK).to_cluster_spec(name="solo")
@@ -194,6 +208,7 @@ def _cli_rank(rank: int, world_size: int, out: str, raw: str):
     return pcli.profile_hardware_from_args(args).name
 
 
+@pytest.mark.multirank
 def test_torchrun_entry_writes_cluster_and_raw_timings(tmp_path):
     out, raw = tmp_path / "c.json", tmp_path / "raw.json"
     assert run_distributed(_cli_rank, 2, str(out), str(raw)) == ["bench", "bench"]

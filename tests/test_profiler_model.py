@@ -31,6 +31,7 @@ def tiny_profile() -> ModelProfile:
     return mp.profile_model(TINY, "fp32", "cpu", config=QUICK)
 
 
+@pytest.mark.single
 def test_profile_is_valid_and_matches_the_model(tiny_profile):
     spec = ModelSpec.from_model_config(TINY)
     tiny_profile.check_matches(spec, "fp32")
@@ -45,6 +46,7 @@ def test_profile_is_valid_and_matches_the_model(tiny_profile):
     assert tiny_profile.source == "measured"
 
 
+@pytest.mark.single
 def test_activation_bytes_are_positive_and_recompute_keeps_less(tiny_profile):
     lt = tiny_profile.layer_types["gpt"]
     assert lt.activation_replicated_bytes > 0 and lt.activation_split_bytes > 0
@@ -65,6 +67,7 @@ def test_activation_bytes_are_positive_and_recompute_keeps_less(tiny_profile):
     assert lt.hidden_bytes_per_sample == 4 * S * H and lt.weight_copy_bytes_per_parameter == 0
 
 
+@pytest.mark.single
 def test_bf16_profile_counts_weight_copies():
     cfg = ModelConfig(num_layers=1, hidden_size=64, num_attention_heads=4, seq_length=32,
                       vocab_size=128, hidden_dropout=0.0, attention_dropout=0.0)
@@ -92,6 +95,7 @@ def _tp2_saved_bytes(rank: int, world_size: int, cfg_dict: dict) -> int:
     return meter.total_bytes
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
 def test_tp_split_derivation_matches_a_real_tp2_layer(dropout):
     # The tp=1 split/replicated attribution predicts what a TP=2 rank keeps; measure it. The
@@ -106,6 +110,7 @@ def test_tp_split_derivation_matches_a_real_tp2_layer(dropout):
 
 
 # ------------------------------------------------------------------------------------ cache
+@pytest.mark.single
 def test_cache_reuses_the_profile_without_measuring(tmp_path):
     first = mp.lookup_or_measure(TINY, "fp32", "cpu", str(tmp_path), config=QUICK)
     assert first.measured
@@ -126,6 +131,7 @@ def test_cache_reuses_the_profile_without_measuring(tmp_path):
     assert len(list(tmp_path.glob("*.json"))) == 2
 
 
+@pytest.mark.single
 def test_damaged_or_foreign_cache_files_are_misses(tmp_path):
     key = mp.profile_cache_key(TINY, "fp32", "cpu", QUICK)
     path = profile_cache.cache_path(key, tmp_path)
@@ -136,6 +142,7 @@ def test_damaged_or_foreign_cache_files_are_misses(tmp_path):
     assert profile_cache.cache_path(other, tmp_path) != path
 
 
+@pytest.mark.single
 def test_cache_dir_from_environment(monkeypatch, tmp_path):
     monkeypatch.setenv(profile_cache.CACHE_ENV, str(tmp_path / "c"))
     assert profile_cache.default_cache_dir() == tmp_path / "c"
@@ -144,6 +151,7 @@ def test_cache_dir_from_environment(monkeypatch, tmp_path):
 
 
 # ------------------------------------------------------------------------------- bad inputs
+@pytest.mark.single
 def test_bad_inputs_name_the_flag():
     with pytest.raises(ValueError, match="--precision 'fp8'"):
         mp.profile_model(TINY, "fp8", "cpu", config=QUICK)
@@ -153,6 +161,7 @@ def test_bad_inputs_name_the_flag():
         mp.ModelProfilerConfig(batch_sizes=(1, 1))
 
 
+@pytest.mark.single
 def test_fit_line_hand_checked():
     assert mp.fit_line([1, 2, 4], [3.0, 5.0, 9.0]) == pytest.approx((2.0, 1.0))
     # Negative intercept from noise -> line through the origin: sum(xy)/sum(x^2) = 20.5/21.

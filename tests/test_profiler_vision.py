@@ -10,6 +10,8 @@ from megatron_auto.profiler.model_profiler import ModelProfilerConfig
 from megatron_auto.profiler.vision_profiler import lookup_or_measure_vision, profile_vision_model
 from megatron_auto.vision_config import VisionConfig
 
+pytestmark = pytest.mark.single
+
 QUICK = ModelProfilerConfig(batch_sizes=(2, 3), warmup_iters=0, iters=1)
 SWIN = VisionConfig(model_type="swin", img_h=16, img_w=16, patch_dim=2, swin_embed_dim=16,
                     swin_depths=(2, 2), swin_num_heads=(2, 4), swin_window_size=4, num_classes=5)

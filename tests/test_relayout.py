@@ -41,11 +41,13 @@ def _worker(rank: int, world_size: int) -> list[str]:
     return checked
 
 
+@pytest.mark.multirank
 def test_relayout_all_pairs_on_four_ranks() -> None:
     results = run_distributed(_worker, 4)
     assert len(results[0]) == 16
 
 
+@pytest.mark.single
 def test_batch_chunk_rejects_indivisible_batch() -> None:
     class G:
         dp_size, dp_rank, layout = 4, 1, Layout(0, 1, True)

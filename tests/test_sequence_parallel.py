@@ -47,12 +47,14 @@ def sp_results():
     return dict(zip(names, run_plans(4, [SP_PLANS[n] for n in names])))
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("name", list(SP_PLANS))
 def test_sequence_parallel_plan_matches_one_process(sp_results, name):
     results, state = sp_results[name]
     assert_matches_reference(results, state, name)
 
 
+@pytest.mark.multirank
 def test_dropout_masks_are_the_same_with_and_without_sp():
     """Dropout on: an SP plan draws exactly the masks of the same layout without SP."""
     config = replace(CONFIG, hidden_dropout=0.1, attention_dropout=0.1)
@@ -99,6 +101,7 @@ def _saved_bytes_worker(rank, world_size, sp):
             "total": meter.total_bytes}
 
 
+@pytest.mark.multirank
 def test_sp_divides_the_replicated_activations_by_tp():
     """The profile splits a layer's saved activations into a TP-split part S and a replicated
     part R (norm inputs, residual stream, column-parallel inputs, the output); SP keeps R/tp:
@@ -111,6 +114,7 @@ def test_sp_divides_the_replicated_activations_by_tp():
 
 
 # -------------------------------------------------------------------------- bad input
+@pytest.mark.single
 def test_sequence_parallel_needs_tp_above_one():
     bad = plan_of(2, [layer(tp=2)] * 3 + [layer(tp=2)], vocab_tp=2)
     bad["layers"][2] = {"tp": 1, "sequence_parallel": True}
@@ -120,6 +124,7 @@ def test_sequence_parallel_needs_tp_above_one():
         Plan.from_dict(bad)
 
 
+@pytest.mark.single
 def test_sequence_parallel_needs_the_sequence_divisible_by_tp():
     plan = Plan.from_dict(plan_of(4, [layer(tp=4, sp=True)] * 4, vocab_tp=4))
     odd = ModelConfig.from_dict(dict(CONFIG.to_dict(), seq_length=18,
@@ -129,6 +134,7 @@ def test_sequence_parallel_needs_the_sequence_divisible_by_tp():
         plan.check_model(odd)
 
 
+@pytest.mark.single
 def test_sequence_parallel_round_trips_and_plain_files_stay_as_they_were():
     plan = Plan.from_dict(SP_PLANS["sp-some-mixed"])
     assert [l.sequence_parallel for l in plan.layers] == [True, True, False, True]
@@ -136,6 +142,7 @@ def test_sequence_parallel_round_trips_and_plain_files_stay_as_they_were():
     assert "sequence_parallel" not in plan.to_dict()["layers"][2]
 
 
+@pytest.mark.single
 def test_vision_stages_refuse_sp_and_interleaving_clearly():
     from megatron_auto.models.vit import _refuse_unsupported
 
@@ -145,6 +152,7 @@ def test_vision_stages_refuse_sp_and_interleaving_clearly():
         _refuse_unsupported(Plan.from_dict(SP_PLANS["sp-interleaved"]))
 
 
+@pytest.mark.single
 def test_checkpoint_moves_between_sp_interleaved_and_plain_plans(tmp_path):
     """Names and global shapes do not depend on SP or interleaving: a checkpoint of an
     interleaved SP plan continues exactly under a non-interleaved plan with other SP layers and
@@ -157,6 +165,7 @@ def test_checkpoint_moves_between_sp_interleaved_and_plain_plans(tmp_path):
     assert_resumed_matches(losses, state, "sp interleaved -> sp pp2 with zero1")
 
 
+@pytest.mark.multirank
 def test_bert_with_sp_layers_matches_one_process():
     """BERT (padding mask, token types, both heads) with SP next to a non-SP layer: forward
     loss and every gradient equal the one-process stage's (test_bert_model's check)."""
@@ -172,6 +181,7 @@ def test_bert_with_sp_layers_matches_one_process():
     check_against_reference(run_distributed(_worker, 2, plan, BERT_CONFIG), _reference())
 
 
+@pytest.mark.multirank
 def test_bf16_with_sp_zero1_and_interleaving_trains():
     """bf16 autocast through the SP linears (they cast by hand), zero1 and the interleaved
     schedule: losses finite, falling on a repeated batch, the first one the fp32 loss up to

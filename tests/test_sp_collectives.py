@@ -15,6 +15,8 @@ from megatron_auto.layout import (layer_tp_collectives, make_layout,
 from test_collective_count import recording
 from test_equivalence import CONFIG, layer, plan_of
 
+pytestmark = pytest.mark.multirank
+
 B, S, H = 2, 16, 32
 
 

@@ -56,11 +56,13 @@ def four_rank_results():
     return dict(zip(names, run_plans(CONFIG, 4, [FOUR_RANK_PLANS[n] for n in names])))
 
 
+@pytest.mark.multirank
 def test_tensor_parallel_two_ranks_matches_one_process():
     (result,) = run_plans(CONFIG, 2, [plan_of(2, [layer(tp=2)] * 6, vocab_tp=2)])
     assert_same(reference(), result, "swin tp2")
 
 
+@pytest.mark.multirank
 def test_auto_parallel_plan_on_four_ranks_matches_one_process():
     ((result, plan),) = run_plans(CONFIG, 4, ("auto", AUTO_ARGV))
     assert plan["world_size"] == 4 and plan["global_batch_size"] == 8
@@ -68,11 +70,13 @@ def test_auto_parallel_plan_on_four_ranks_matches_one_process():
     assert_same(reference(), result, f"swin --auto-parallel plan {plan['layers']}")
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("name", list(FOUR_RANK_PLANS))
 def test_four_rank_plan_matches_one_process(four_rank_results, name):
     assert_same(reference(), four_rank_results[name], f"swin {name}")
 
 
+@pytest.mark.multirank
 def test_reference_state_has_the_swin_shapes():
     results, state = reference()
     assert results[-1]["loss"] != results[0]["loss"]
@@ -86,6 +90,7 @@ def test_reference_state_has_the_swin_shapes():
     assert sum(v.numel() for v in state.values()) == CONFIG.num_parameters()
 
 
+@pytest.mark.single
 def test_stage_shapes_windows_and_shifts():
     stages = CONFIG.swin_stages()
     assert [(s.grid_h, s.hidden_size, s.num_heads, s.window, s.shift) for s in stages] == [
@@ -95,6 +100,7 @@ def test_stage_shapes_windows_and_shifts():
     assert CONFIG.layer_output_shape(1) == (64, 16) and CONFIG.layer_output_shape(2) == (16, 32)
 
 
+@pytest.mark.single
 def test_window_partition_round_trips():
     x = torch.randn(2, 6, 4, 3)
     windows = window_partition(x, 2)
@@ -104,6 +110,7 @@ def test_window_partition_round_trips():
     torch.testing.assert_close(window_reverse(windows, 2, 6, 4), x)
 
 
+@pytest.mark.single
 def test_shift_mask_separates_tokens_the_roll_brought_together():
     h = w = 4
     window, shift = 2, 1
@@ -122,6 +129,7 @@ def test_shift_mask_separates_tokens_the_roll_brought_together():
     assert shifted_window_mask(h, w, window, 0).abs().sum() == 0
 
 
+@pytest.mark.single
 def test_relative_position_index_counts_each_offset_once_per_pair():
     idx = relative_position_index(3)  # (9, 9) over a 3x3 window
     assert idx.shape == (9, 9) and idx.min() == 0 and idx.max() == 24
@@ -129,6 +137,7 @@ def test_relative_position_index_counts_each_offset_once_per_pair():
     assert idx[0, 8] == 0 and idx[8, 0] == 24  # (-2, -2) and (+2, +2)
 
 
+@pytest.mark.single
 def test_window_size_not_dividing_the_feature_map_is_one_line_error():
     with pytest.raises(ConfigError) as err:
         VisionConfig(model_type="swin", img_h=48, img_w=48, patch_dim=4, swin_window_size=5,
@@ -139,12 +148,14 @@ def test_window_size_not_dividing_the_feature_map_is_one_line_error():
     assert "choose one of 1, 2, 3, 4, 6, 12" in msg
 
 
+@pytest.mark.single
 def test_heads_must_divide_each_stage_width():
     with pytest.raises(ConfigError, match=r"--swin-num-heads=2,5: stage 2 has width 32 .* heads must divide; choose"):
         VisionConfig(model_type="swin", img_h=16, img_w=16, patch_dim=2, swin_embed_dim=16,
                      swin_depths=(1, 1), swin_num_heads=(2, 5), swin_window_size=2)
 
 
+@pytest.mark.single
 def test_per_layer_tp_check_follows_each_stage():
     from megatron_auto.plan import Plan, PlanError
 
@@ -156,10 +167,12 @@ def test_per_layer_tp_check_follows_each_stage():
         bad.validate(CONFIG)
 
 
+@pytest.mark.multirank
 def test_same_loss_and_gradients_as_a_plain_pytorch_swin():
     assert_matches_plain_pytorch(CONFIG)
 
 
+@pytest.mark.multirank
 def test_plain_pytorch_check_sees_a_wrong_shift_mask(monkeypatch):
     # The cross-check must be able to fail: without the shift mask the losses differ.
     import megatron_auto.models.swin as swin

@@ -116,16 +116,19 @@ def _vocab_worker(rank: int, world_size: int) -> None:
     torch.testing.assert_close(mine.grad, _chunk(ref_logits.grad, -1, g), **TOL)
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_linear_layers_match_unsharded(world_size: int) -> None:
     run_distributed(_linear_worker, world_size)
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_vocab_embedding_and_cross_entropy_match_unsharded(world_size: int) -> None:
     run_distributed(_vocab_worker, world_size)
 
 
+@pytest.mark.single
 def test_cross_entropy_single_rank_path_and_bf16_logits() -> None:
     gen = torch.Generator().manual_seed(2)
     logits = torch.randn(3, 11, generator=gen).to(torch.bfloat16)
@@ -135,6 +138,7 @@ def test_cross_entropy_single_rank_path_and_bf16_logits() -> None:
     torch.testing.assert_close(loss, F.cross_entropy(logits.float(), target, reduction="none"))
 
 
+@pytest.mark.multirank
 def test_bad_tensor_parallel_sizes_are_named() -> None:
     def worker(rank: int, world_size: int) -> None:
         g = _groups(world_size)
@@ -160,6 +164,7 @@ def _rng_worker(rank: int, world_size: int) -> dict:
     return {"rep": rep, "rep2": rep2, "sharded": sharded}
 
 
+@pytest.mark.multirank
 def test_rng_streams_replicated_vs_per_rank() -> None:
     results = run_distributed(_rng_worker, 2)
     assert torch.equal(results[0]["rep"], results[1]["rep"])
@@ -171,6 +176,7 @@ def test_rng_streams_replicated_vs_per_rank() -> None:
         assert torch.equal(torch.rand(4), results[0]["sharded"])
 
 
+@pytest.mark.single
 def test_checkpoint_replays_dropout_masks() -> None:
     def block(x: torch.Tensor, tracker: RNGTracker) -> torch.Tensor:
         with tracker.fork(TENSOR_PARALLEL):
@@ -213,5 +219,6 @@ def _comm_worker(rank: int, world_size: int) -> None:
         assert cat.shape == (2, world_size) and cat[0].tolist() == list(map(float, range(world_size)))
 
 
+@pytest.mark.multirank
 def test_comm_shim_gathers_and_scatters_without_warnings() -> None:
     run_distributed(_comm_worker, 2)

@@ -8,11 +8,15 @@ holds afterwards.
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+pytestmark = pytest.mark.pure
 
 REPO = Path(__file__).resolve().parents[1]
 

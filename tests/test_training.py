@@ -19,6 +19,8 @@ from megatron_auto.training.metrics import MetricsWriter, model_flops_per_token
 from megatron_auto.parallel.optimizer import OptimizerConfig, build_optimizer, param_groups
 from megatron_auto.training.precision import LossScaler, PrecisionConfig, autocast_dtype, unscale_
 
+pytestmark = pytest.mark.single
+
 
 # ----------------------------------------------------------------------------- LR schedules
 @pytest.mark.parametrize("style,iteration,expected", [

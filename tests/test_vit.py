@@ -44,11 +44,13 @@ def four_rank_results():
     return dict(zip(names, run_plans(CONFIG, 4, [FOUR_RANK_PLANS[n] for n in names])))
 
 
+@pytest.mark.multirank
 def test_tensor_parallel_two_ranks_matches_one_process():
     (result,) = run_plans(CONFIG, 2, [plan_of(2, [layer(tp=2)] * 4, vocab_tp=2)])
     assert_same(reference(), result, "vit tp2")
 
 
+@pytest.mark.multirank
 def test_auto_parallel_plan_on_four_ranks_matches_one_process():
     ((result, plan),) = run_plans(CONFIG, 4, ("auto", AUTO_ARGV))
     assert plan["world_size"] == 4 and plan["global_batch_size"] == 8
@@ -56,11 +58,13 @@ def test_auto_parallel_plan_on_four_ranks_matches_one_process():
     assert_same(reference(), result, f"vit --auto-parallel plan {plan['layers']}")
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("name", list(FOUR_RANK_PLANS))
 def test_four_rank_plan_matches_one_process(four_rank_results, name):
     assert_same(reference(), four_rank_results[name], f"vit {name}")
 
 
+@pytest.mark.multirank
 def test_reference_trains_and_names_parameters_plan_independently():
     results, state = reference()
     assert len(results) == 3 and results[-1]["loss"] != results[0]["loss"]
@@ -70,6 +74,7 @@ def test_reference_trains_and_names_parameters_plan_independently():
     assert sum(v.numel() for v in state.values()) == CONFIG.num_parameters()
 
 
+@pytest.mark.single
 def test_image_size_not_divisible_by_patch_is_one_line_error():
     with pytest.raises(ConfigError) as err:
         VisionConfig(model_type="vit", img_h=30, img_w=32, patch_dim=4)
@@ -78,6 +83,7 @@ def test_image_size_not_divisible_by_patch_is_one_line_error():
     assert "e.g. 28" in msg
 
 
+@pytest.mark.single
 def test_tp_that_does_not_divide_heads_is_rejected_by_the_plan():
     from megatron_auto.plan import Plan, PlanError
 
@@ -86,5 +92,6 @@ def test_tp_that_does_not_divide_heads_is_rejected_by_the_plan():
         plan.validate(CONFIG)
 
 
+@pytest.mark.multirank
 def test_same_loss_and_gradients_as_a_plain_pytorch_vit():
     assert_matches_plain_pytorch(CONFIG)

@@ -34,6 +34,7 @@ def zero1_results():
     return dict(zip(names, run_plans(4, [ZERO1_PLANS[n] for n in names])))
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("name", list(ZERO1_PLANS))
 def test_zero1_plan_matches_one_process(zero1_results, name):
     results, state = zero1_results[name]
@@ -55,6 +56,7 @@ def _optimizer_state_worker(rank, world_size, plan_dict):
             "pieces": trainer.data_parallel.zero1.num_shard_elements}
 
 
+@pytest.mark.multirank
 def test_zero1_holds_one_dp_th_of_the_optimizer_state():
     ddp, zero1 = (plan_of(4, [layer(dp_mode=m)] * 4, vocab_dp_mode=m) for m in ("ddp", "zero1"))
     full = run_distributed(_optimizer_state_worker, 4, ddp)
@@ -69,6 +71,7 @@ def test_zero1_holds_one_dp_th_of_the_optimizer_state():
     assert sum(z["pieces"] for z in sharded) == full[0]["params"]
 
 
+@pytest.mark.single
 def test_zero1_is_a_plan_dp_mode_and_reads_back():
     plan = Plan.from_dict(ZERO1_PLANS["zero1-mixed"])
     assert plan.layers[0].dp_mode == "zero1"
@@ -79,6 +82,7 @@ def test_zero1_is_a_plan_dp_mode_and_reads_back():
 
 
 # ------------------------------------------------------------------------- checkpoints
+@pytest.mark.single
 def test_zero1_checkpoint_reshards_and_continues_exactly(tmp_path):
     """Optimizer states of zero1 slices are saved whole and sliced again on load: a checkpoint
     of a pp=2 zero1 plan (dp=2) continues exactly under a one-stage mixed plan whose zero1

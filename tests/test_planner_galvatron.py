@@ -42,6 +42,7 @@ def gpt():
     return ModelSpec.uniform(48, 1600, 32, 1024, 50304, name="gpt")
 
 
+@pytest.mark.single
 @needs_files
 def test_hardware_files_give_the_measured_numbers():
     c = cluster_from_galvatron(PROFILES / "allreduce_bandwidth_1nodes_8gpus_per_node.json",
@@ -62,6 +63,7 @@ def test_hardware_files_give_the_measured_numbers():
     assert plain.allreduce_busbw(2) == pytest.approx(138.156 * GB)
 
 
+@pytest.mark.single
 @needs_files
 def test_computation_and_memory_files_both_layouts():
     comp = read_computation(PROFILES / BERT_COMP)
@@ -82,6 +84,7 @@ def test_computation_and_memory_files_both_layouts():
     assert mem_old.other_record("pp_on_last", 1024).model_states_mb == {1: 1304.0}
 
 
+@pytest.mark.single
 @needs_files
 def test_model_profile_units_by_hand():
     training = TrainingSpec(global_batch_size=64, precision="bf16")
@@ -105,6 +108,7 @@ def test_model_profile_units_by_hand():
     assert type(b).from_dict(b.to_dict()) == b
 
 
+@pytest.mark.single
 @needs_files
 def test_profile_of_another_model_is_refused():
     other = ModelSpec.uniform(24, 2048, 16, 512, 30592, causal=False, name="bert")
@@ -132,6 +136,7 @@ def test_profile_of_another_model_is_refused():
     assert p768.layer_types["bert"].activation_bytes(1) == pytest.approx(110.56787109375 * MB)
 
 
+@pytest.mark.single
 @needs_files
 def test_galvatron_plans_convert_with_per_layer_values():
     plan = plan_from_galvatron_config(PROFILES / BERT_PLAN)
@@ -146,6 +151,7 @@ def test_galvatron_plans_convert_with_per_layer_values():
     assert gpt_plan.pipeline.layers_per_stage == (48,)
 
 
+@pytest.mark.pure
 def test_mixed_galvatron_plan_maps_each_field():
     config = {"pp_deg": 2, "tp_sizes_enc": "1,2,2,4", "tp_consecutive_flags": "1,0,1,1",
               "dp_types_enc": "1,0,0,1", "checkpoint": "1,1,0,0", "global_bsz": 16, "chunks": 2,
@@ -161,6 +167,7 @@ def test_mixed_galvatron_plan_maps_each_field():
     assert plan.num_microbatches == 2
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("change, message", [
     ({"tp_sizes_enc": None}, "key 'tp_sizes_enc' is missing"),
     ({"checkpoint": "0,0"}, "key 'checkpoint' has 2 entries but tp_sizes_enc has 4"),
@@ -189,6 +196,7 @@ def test_bad_galvatron_plans_name_file_and_key(tmp_path, change, message):
     assert str(path) in str(err.value)
 
 
+@pytest.mark.pure
 def test_bad_profile_files_name_file_and_key(tmp_path):
     comp = tmp_path / "computation.json"
     comp.write_text(json.dumps({"layertype_0_bsz1_seq128": 1.0, "speed": 3}))
@@ -220,6 +228,7 @@ def test_bad_profile_files_name_file_and_key(tmp_path):
     assert not os.path.exists(missing)
 
 
+@pytest.mark.pure
 def test_plan_to_galvatron_config_round_trips():
     from megatron_auto.planner.galvatron import plan_to_galvatron_config
     config = {"pp_deg": 2, "tp_sizes_enc": "1,2,2,4", "tp_consecutive_flags": "1,0,1,1",

@@ -16,6 +16,7 @@ from megatron_auto.parallel.memory import PeakMemoryMeter, storage_bytes
 KIB = 1024
 
 
+@pytest.mark.single
 def test_forward_peak_is_weights_plus_output():
     # (128, 256) fp32 weight = 128 KiB; output (64, 128) fp32 = 32 KiB. The input was made before
     # the meter and never shown to it, so it is not counted: peak = 160 KiB exactly.
@@ -30,6 +31,7 @@ def test_forward_peak_is_weights_plus_output():
     del y
 
 
+@pytest.mark.single
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_peak_counts_what_the_iteration_allocates():
     device = torch.device("cuda")
@@ -46,6 +48,7 @@ def test_cuda_peak_counts_what_the_iteration_allocates():
     del y
 
 
+@pytest.mark.single
 def test_small_tensors_round_to_the_gpu_allocator_block():
     layer = nn.Linear(3, 1, bias=False)  # 12 bytes of weight, one 512-byte block on a GPU
     x = torch.ones(1, 3)  # made before the meter: not counted
@@ -58,6 +61,7 @@ def test_small_tensors_round_to_the_gpu_allocator_block():
     assert storage_bytes([torch.ones(3)], rounded=False) == 12
 
 
+@pytest.mark.single
 def test_training_iterations_break_down_and_do_not_grow():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 256, bias=False), nn.Tanh(),
@@ -118,6 +122,7 @@ def _measure(rank, world_size, dp_mode):
     return storage_bytes(model.parameters()), state, meter.peak_bytes, meter.breakdown
 
 
+@pytest.mark.multirank
 def test_zero3_rank_holds_half_of_each_layer_over_two_ranks():
     full = 4 * 256 * 256 * 4  # 1 MiB of weights
     ddp = run_distributed(_measure, 2, "ddp")
@@ -132,6 +137,7 @@ def test_zero3_rank_holds_half_of_each_layer_over_two_ranks():
             assert (params, state) == (m_params, m_state)
 
 
+@pytest.mark.single
 def test_bad_input_is_reported():
     with pytest.raises(ValueError, match="device=meta"):
         PeakMemoryMeter("meta")
@@ -170,6 +176,7 @@ def _gpt_peak(rank, world_size, plan_dict):
     return meter.peak_bytes
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("dp_mode", ["ddp", "zero3"])
 def test_planner_memory_model_is_close_to_the_measured_peak(dp_mode):
     from megatron_auto.config import ModelConfig

@@ -7,6 +7,8 @@ import pytest
 from megatron_auto.planner.hardware import GB, ClusterError, ClusterSpec
 from megatron_auto.planner.presets import PRESET_NAMES, get_cluster, make_cluster
 
+pytestmark = pytest.mark.pure
+
 
 def small_cluster(**overrides) -> ClusterSpec:
     """2 nodes x 4 devices; NVLink 100 GB/s, 10 GB/s per GPU across nodes, round latencies."""

@@ -6,10 +6,14 @@ steps and must match one process (relative 1e-5, DESIGN §4).
 
 from __future__ import annotations
 
+import pytest
+
 import random
 
 from megatron_auto.plan import PlanError
 from test_equivalence import CONFIG, assert_matches_reference, layer, plan_of, run_plans
+
+pytestmark = pytest.mark.multirank
 
 DP_MODES = ["ddp", "zero1", "zero2", "zero3"]
 

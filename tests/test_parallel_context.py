@@ -15,6 +15,7 @@ def _powers_of_two(n: int) -> list[int]:
     return [1 << k for k in range(n.bit_length()) if n % (1 << k) == 0]
 
 
+@pytest.mark.single
 @pytest.mark.parametrize("world_size,pp", [(1, 1), (2, 1), (4, 2), (8, 1), (16, 4), (64, 2),
                                            (256, 8), (1024, 1), (1024, 4)])
 def test_groups_partition_every_stage(world_size: int, pp: int) -> None:
@@ -43,6 +44,7 @@ def test_groups_partition_every_stage(world_size: int, pp: int) -> None:
                         assert tp_dp_rank(r - ranks[0], n, tp, consecutive)[1] == pos
 
 
+@pytest.mark.single
 def test_layouts_hand_computed() -> None:
     # 8 ranks, tp=2: consecutive pairs (0,1),(2,3)...; strided partners 4 apart (0,4),(1,5)...
     assert tp_group_ranks(range(8), 2, True) == [[0, 1], [2, 3], [4, 5], [6, 7]]
@@ -55,6 +57,7 @@ def test_layouts_hand_computed() -> None:
     assert tp_group_ranks([4, 5, 6, 7], 2, False) == [[4, 6], [5, 7]]
 
 
+@pytest.mark.single
 def test_layout_normalisation_and_errors() -> None:
     assert make_layout(0, 1, False, 4) == Layout(0, 1, True)
     assert make_layout(1, 4, False, 4) == Layout(1, 4, True)
@@ -104,6 +107,7 @@ def _context_worker(rank: int, world_size: int) -> dict:
     return out
 
 
+@pytest.mark.multirank
 def test_context_groups_on_four_ranks() -> None:
     results = run_distributed(_context_worker, 4)
     # TP groups {01,23} {02,13} (two layouts) + 4 singletons + world + 2 strided-DP pairs
@@ -119,6 +123,7 @@ def test_context_groups_on_four_ranks() -> None:
     assert results[3]["pp"] == (1, [2, 3], 1, None, True, False, True)
 
 
+@pytest.mark.multirank
 def test_context_rejects_wrong_world_size() -> None:
     def worker(rank: int, world_size: int) -> str:
         try:

@@ -1,8 +1,12 @@
 """Plan report text: units, folding of equal layers, stage breakdown and binding."""
 
+import pytest
+
 from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy
 from megatron_auto.planner.report import (describe_estimate, format_bytes, format_time,
                                           layer_rows, render_explain, render_stages)
+
+pytestmark = pytest.mark.pure
 
 
 def test_units():

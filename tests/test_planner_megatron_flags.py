@@ -8,6 +8,8 @@ from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy
 from megatron_auto.planner.megatron_flags import (MegatronFlagError, plan_from_megatron_flags,
                                                   to_megatron_flags)
 
+pytestmark = pytest.mark.pure
+
 
 def flags_to_kwargs(flags):
     """Parse the flag list back into plan_from_megatron_flags keywords (a tiny reference parser)."""

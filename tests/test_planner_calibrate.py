@@ -21,6 +21,8 @@ from megatron_auto.planner.presets import make_cluster
 from megatron_auto.planner.profiles import ModelProfile, analytic_profile
 from megatron_auto.planner import calibrate as cal
 
+pytestmark = pytest.mark.pure
+
 CFG = ModelConfig(num_layers=4, hidden_size=1024, num_attention_heads=16, seq_length=1024,
                   vocab_size=32000)
 SPEC = ModelSpec.from_model_config(CFG)

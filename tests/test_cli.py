@@ -25,6 +25,7 @@ def run(capsys, *argv):
     return code, out, err
 
 
+@pytest.mark.pure
 def test_evaluate_json_prints_the_estimate_fields(capsys, tmp_path):
     code, out, err = run(capsys, "evaluate", *SMALL, "--tensor-model-parallel-size", "2",
                          "--pipeline-model-parallel-size", "2", "--micro-batch-size", "2",
@@ -42,6 +43,7 @@ def test_evaluate_json_prints_the_estimate_fields(capsys, tmp_path):
     assert plan.layers[0].tp == 2 and plan.num_microbatches == 4  # 16 / (2 x dp 2)
 
 
+@pytest.mark.pure
 def test_evaluate_plan_file_and_classic_flags_agree(capsys, tmp_path):
     plan = Plan.uniform(8, 4, global_batch_size=16, num_microbatches=2, tp=4, pp=1)
     plan.save(tmp_path / "uniform.json")
@@ -55,6 +57,7 @@ def test_evaluate_plan_file_and_classic_flags_agree(capsys, tmp_path):
     assert json.loads(out_file) == json.loads(out_flags)
 
 
+@pytest.mark.pure
 def test_explain_prints_layers_stages_and_megatron_flags(capsys):
     code, out, err = run(capsys, "explain", *SMALL, "--tensor-model-parallel-size", "2",
                          "--pipeline-model-parallel-size", "2", "--micro-batch-size", "1",
@@ -66,6 +69,7 @@ def test_explain_prints_layers_stages_and_megatron_flags(capsys):
     assert "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2" in out
 
 
+@pytest.mark.pure
 def test_explain_a_non_megatron_plan_lists_reasons(capsys, tmp_path):
     data = Plan.uniform(8, 4, global_batch_size=16, num_microbatches=2, tp=2).to_dict()
     data["layers"][1]["tp"] = 4
@@ -77,6 +81,7 @@ def test_explain_a_non_megatron_plan_lists_reasons(capsys, tmp_path):
     assert "per-layer tensor-parallel degrees differ ([2, 4])" in out
 
 
+@pytest.mark.pure
 def test_plan_searches_writes_and_explains(capsys, tmp_path):
     out_path = tmp_path / "plan.json"
     code, out, err = run(capsys, "plan", *SMALL, "--global-batch-size", "16", "--bf16",
@@ -105,6 +110,7 @@ def test_plan_without_plan_out_says_where_it_wrote(capsys, tmp_path, monkeypatch
     assert Plan.load(tmp_path / "plan.json").num_layers == 4
 
 
+@pytest.mark.pure
 def test_plan_with_an_impossible_budget_states_the_minimum(capsys, tmp_path):
     model = ["--num-layers", "4", "--hidden-size", "1024", "--num-attention-heads", "16",
              "--seq-length", "512", "--vocab-size", "50000", "--global-batch-size", "64"]
@@ -122,6 +128,7 @@ def test_plan_with_an_impossible_budget_states_the_minimum(capsys, tmp_path):
     assert Plan.load(tmp_path / "x.json").estimate["peak_memory_bytes"] <= minimum * 1e9
 
 
+@pytest.mark.single
 @needs_files
 def test_import_galvatron_then_evaluate(capsys, tmp_path):
     bert = ["--num-layers", "24", "--hidden-size", "1024", "--num-attention-heads", "16",
@@ -157,6 +164,7 @@ def test_import_galvatron_then_evaluate(capsys, tmp_path):
     assert json.loads(out2) == est
 
 
+@pytest.mark.single
 @pytest.mark.parametrize("argv, message", [
     (["evaluate", "--cluster", "tpu-v9-1x8"], "--cluster tpu-v9-1x8: not a preset name"),
     (["evaluate", *SMALL, "--tensor-model-parallel-size", "3"],
@@ -192,6 +200,7 @@ def test_bad_input_names_the_flag_and_exits_2(capsys, argv, message):
     assert "Traceback" not in err
 
 
+@pytest.mark.pure
 def test_argparse_errors_and_help(capsys):
     code, _, err = run(capsys, "evaluate", "--num-layers", "four")
     assert code == 2 and "--num-layers" in err
