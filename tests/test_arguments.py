@@ -226,6 +226,7 @@ def test_planner_only_flags_warn_without_auto_parallel():
         arguments.parse_run_config(["--memory-budget-gb", "40"])
 
 
+@pytest.mark.pure
 def test_tokenizer_flags_warn_once_with_mock_data():
     with pytest.warns(UserWarning) as record:
         run = arguments.parse_run_config(["--mock-data", "--tokenizer-type", "GPT2BPETokenizer",
@@ -249,6 +250,7 @@ IGNORED_ARGV = ["--use-mcore-models", "--use-flash-attn", "--no-masked-softmax-f
                 "--transformer-impl", "local"]
 
 
+@pytest.mark.pure
 def test_megatron_flags_without_effect_are_accepted_with_one_warning():
     base = ["--num-layers", "2", "--tensor-model-parallel-size", "2"]
     with warnings.catch_warnings():
@@ -269,6 +271,7 @@ def test_megatron_flags_without_effect_are_accepted_with_one_warning():
 @pytest.mark.parametrize("argv", [["--no-such-megatron-flag"],
                                   ["--transformer-impl", "transformer_engine"],
                                   ["--distributed-backend", "mpi"]])
+@pytest.mark.pure
 def test_unknown_flags_and_values_still_fail(argv, capsys):
     with pytest.raises(SystemExit) as info:
         arguments.parse_run_config(argv)
@@ -283,12 +286,14 @@ IMPLEMENTED_OR_PLANNED = ("--sequence-parallel", "--num-layers-per-virtual-pipel
                           "--fp16", "--untie-embeddings-and-output-weights")
 
 
+@pytest.mark.pure
 def test_implemented_or_planned_flags_are_never_ignored():
     assert not set(IMPLEMENTED_OR_PLANNED) & set(arguments.IGNORED_MEGATRON_FLAGS)
     # --transformer-impl is ignored only with the value "local".
     assert arguments.IGNORED_MEGATRON_FLAGS["--transformer-impl"][1] == ("local",)
 
 
+@pytest.mark.pure
 def test_docs_list_exactly_the_ignored_flags():
     import pathlib
     import re

@@ -102,6 +102,7 @@ def test_plan_searches_writes_and_explains(capsys, tmp_path):
     assert code == 2 and "plan world_size=8 but the cluster has 16 devices" in err
 
 
+@pytest.mark.pure
 def test_plan_without_plan_out_says_where_it_wrote(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, out, err = run(capsys, "plan", *SMALL, "--memory-budget-gb", "8", "--quiet")

@@ -11,6 +11,8 @@ import pytest
 from dist_utils import run_distributed
 from test_equivalence import CONFIG, layer, make_batch, plan_of
 
+pytestmark = pytest.mark.multirank
+
 TINY_RUN = ["--mock-data", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads",
             "4", "--seq-length", "16", "--vocab-size", "128", "--train-iters", "6",
             "--log-interval", "1", "--eval-iters", "0", "--micro-batch-size", "2",
