@@ -151,6 +151,9 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--check-for-nan-in-loss-and-grad", action="store_true",
                    help="stop the run (exit 2) when an iteration's loss or gradients are inf/nan, "
                         "naming the iteration and the rank; fp16 overflow skips stay skips")
+    # Megatron's opposite switch (its default is on; here off): accepted, it keeps the default.
+    g.add_argument("--no-check-for-nan-in-loss-and-grad", dest="check_for_nan_in_loss_and_grad",
+                   action="store_false", default=False, help="the default here")
     g.add_argument("--bf16", action="store_true")
     g.add_argument("--fp16", action="store_true")
     g.add_argument("--loss-scale", type=float, default=None,

@@ -221,6 +221,15 @@ def test_run_config_carries_the_flags():
 
 
 @pytest.mark.pure
+def test_nan_check_is_opt_in_and_megatrons_off_switch_is_accepted():
+    def check(*argv):
+        return arguments.parse_run_config(list(argv)).training.check_for_nan_in_loss_and_grad
+
+    assert check("--check-for-nan-in-loss-and-grad") is True
+    assert check() is False and check("--no-check-for-nan-in-loss-and-grad") is False
+
+
+@pytest.mark.pure
 def test_planner_only_flags_warn_without_auto_parallel():
     with pytest.warns(UserWarning, match="--memory-budget-gb=40.0 only guides --auto-parallel"):
         arguments.parse_run_config(["--memory-budget-gb", "40"])
