@@ -43,6 +43,7 @@ BOUND_CELLS = 2048  # the bound DP counts memory in about this many cells of the
 # Without a time limit the search stops proving after this long and says so
 # (plan.search["proven_optimal"] false); give time_limit_s to wait longer or less.
 DEFAULT_TIME_LIMIT_S = 20.0
+BASELINE_TIME_LIMIT_S = 5.0  # each baseline space: a comparison, searched at most this long
 SEED_TASKS = 8  # tasks tried for a first feasible plan before the exact search starts
 PARTITIONS = ("exact", "even", "memory", "time", "bmw-paper")
 
@@ -295,7 +296,8 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
             if name == options.space:
                 continue
             found, _, _ = _run(spaces_of(name, options, world), spec, training, cluster,
-                               profile, budget, options, world, step, None, None, {})
+                               profile, budget, options, world, step,
+                               time.monotonic() + BASELINE_TIME_LIMIT_S, None, {})
             baselines[name] = found.estimate
     info = {
         "space": options.space, "objective": "evaluate (iteration time), exact",
