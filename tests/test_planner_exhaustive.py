@@ -57,6 +57,7 @@ def optimum(priced, budget):
     return min(fits) if fits else None
 
 
+@pytest.mark.pure
 @pytest.mark.exhaustive
 @pytest.mark.parametrize("case", INSTANCES, ids=lambda c: "{}dev-{}L-{}-B{}".format(*c))
 def test_search_equals_the_enumerated_optimum(case):
@@ -76,6 +77,7 @@ def test_search_equals_the_enumerated_optimum(case):
             assert result.plan.search["proven_optimal"] is True
 
 
+@pytest.mark.pure
 @pytest.mark.exhaustive
 @pytest.mark.parametrize("case", INSTANCES, ids=lambda c: "{}dev-{}L-{}-B{}".format(*c))
 def test_infeasible_minimum_is_the_enumerated_least_peak(case):

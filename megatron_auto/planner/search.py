@@ -291,6 +291,7 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
         raise _infeasible(options.space, world, budget, tasks)
     assert best.estimate is not None and winner is not None
     baselines: dict[str, Estimate | None] = {}
+    adopted = None
     if options.include_baselines:
         for name in BASELINE_SPACES:
             if name == options.space:
@@ -299,12 +300,20 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
                                profile, budget, options, world, step,
                                time.monotonic() + BASELINE_TIME_LIMIT_S, None, {})
             baselines[name] = found.estimate
+            # A proven answer is the optimum of the whole space, which holds every baseline
+            # space, so nothing is adopted then. A search the time limit stopped is not
+            # proven: a baseline space's plan (a plan of the same space) that is better is
+            # the answer instead, so a deep model never gets less than a uniform plan.
+            if best.stopped and found.plan is not None and found.value < best.value:
+                best, adopted = found, name
+                best.stopped = True
     info = {
         "space": options.space, "objective": "evaluate (iteration time), exact",
         "proven_optimal": not best.stopped, "time_limited": best.stopped,
         "partitions": (partition_report(winner, training, best)
-                       if time.monotonic() < deadline else
+                       if time.monotonic() < deadline and adopted is None else
                        "not priced: the time limit was reached"),
+        "adopted_from_baseline": adopted,
         "search_time_s": time.monotonic() - t0, "tasks": stats.get("tasks", 0),
         "tasks_pruned": stats.get("pruned", 0), "nodes": stats.get("nodes", 0),
         "plans_priced": stats.get("plans_priced", 0), "bound_memory_step_bytes": step,
