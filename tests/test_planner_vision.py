@@ -53,12 +53,14 @@ def test_spec_counts_every_parameter_of_the_runtime_model(cfg):
 def test_analytic_profile_charges_window_attention_per_window():
     cfg = swin("tiny")
     spec = ModelSpec.from_model_config(cfg)
-    profile = analytic_profile(spec, TrainingSpec(8, precision="bf16"), get_cluster("a100-40g-1x8"))
+    # the math SDPA kernel, which stores the scores (presets price flash: docs/cost_model.md §9)
+    math_cluster = dataclasses.replace(get_cluster("a100-40g-1x8"), attention_backend="math")
+    profile = analytic_profile(spec, TrainingSpec(8, precision="bf16"), math_cluster)
     stage1 = profile.layer_types["swin1"]
     # the same layer with full attention over its 3136 tokens
     full_type = dataclasses.replace(spec.layer_types[0], window_size=0)
     full = analytic_profile(dataclasses.replace(spec, layer_types=(full_type,) + spec.layer_types[1:]),
-                            TrainingSpec(8, precision="bf16"), get_cluster("a100-40g-1x8"))
+                            TrainingSpec(8, precision="bf16"), math_cluster)
     full1 = full.layer_types["swin1"]
     s, h, a = 3136, 96, 3
     # scores + weighted sum: 4 s k h FLOPs with k = 49 window tokens instead of s

@@ -28,6 +28,7 @@ from ..plan import Plan
 from .cost_memory import MemoryCost, embedding_memory, layer_memory, vocab_parameters
 from .cost_time import (NO_MOVE, NO_TIME, MoveCost, TimeCost, dp_collectives, embedding_time,
                         layer_time, pipeline_time, relayout_cost, stage_boundary_cost)
+from .gpu_terms import fragmentation_bytes, stage_nccl_bytes
 from .model_spec import ModelSpec, TrainingSpec
 from .profiles import ModelProfile
 
@@ -229,6 +230,7 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
         states = {"parameters": 0.0, "gradients": 0.0, "optimizer_states": 0.0}
         act, transient = 0.0, 0.0
         step_peak = 0.0  # model states + the optimizer step's temporaries (activations gone)
+        step_temps, sharded = 0.0, False  # foreach temporaries; any FSDP2 (DTensor) shard?
         total = NO_TIME  # layers, then embedding/head, one after the other
         moves = NO_MOVE  # relayouts (embedding, layers, head) and the incoming p2p hop
         for i in plan.stage_layer_range(k):
@@ -247,6 +249,8 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
             act += k_in * mem.activations_per_microbatch
             transient = max(transient, mem.transient)
             step_peak += mem.step_peak
+            step_temps += mem.step_temporary
+            sharded = sharded or (s.dp_mode in ("zero2", "zero3") and dp > 1)
             total = total + t
             per_layer.append({"stage": k, "memory_bytes": mem.persistent(k_in),
                               "transient_bytes": mem.transient,
@@ -267,9 +271,24 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
             transient = max(transient, emb_mem.transient)
         embedding_bytes = emb_mem.persistent(k_in)
         step_peak += emb_mem.step_peak
+        step_temps += emb_mem.step_temporary
+        sharded = sharded or ((first or last) and plan.vocab.dp_mode in ("zero2", "zero3")
+                              and n // plan.vocab.tp > 1)
+        if getattr(cluster, "fused_optimizer", False) and not sharded:
+            # Fused AdamW (CUDA, every parameter a plain tensor, parallel/optimizer.py): no
+            # foreach temporaries; FSDP2's DTensor shards keep the foreach kernel.
+            step_peak -= step_temps
         breakdown = {**states, "activations": act, "transient": transient,
                      "embedding": embedding_bytes,
                      "context_reserve": float(cluster.memory_reserve_bytes)}
+        nccl = stage_nccl_bytes(plan, k, getattr(cluster, "nccl_communicator_bytes", 0.0))
+        frag = fragmentation_bytes(getattr(cluster, "fragmentation_fraction", 0.0),
+                                   act + transient + k_in * emb_mem.activations_per_microbatch)
+        if nccl:  # outside the caching allocator, for the whole run: in both peaks
+            breakdown["nccl_communicators"] = nccl
+            step_peak += nccl
+        if frag:
+            breakdown["fragmentation_reserve"] = frag
         backward_peak = sum(breakdown.values())
         # peak = max(backward peak, optimizer-step peak): the step's excess is shown on its own.
         breakdown["optimizer_step_excess"] = max(

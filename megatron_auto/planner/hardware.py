@@ -41,6 +41,8 @@ from ..jsonfile import read_json, write_json
 CLUSTER_FORMAT = "megatron_auto.cluster"
 CLUSTER_VERSION = 1
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
+# SDPA kernels (torch.nn.attention.SDPBackend names, lower case) the cost model knows.
+ATTENTION_BACKENDS = ("math", "flash", "efficient", "cudnn")
 GB = 1e9  # bandwidth unit of nccl-tests and Galvatron profiles
 GiB = 2**30
 
@@ -95,6 +97,20 @@ class ClusterSpec:
     zero_gather_busbw: float = 0.0
     zero_scatter_latency_s: float = 0.0
     zero_scatter_busbw: float = 0.0
+    # GPU terms (docs/cost_model.md §9; planner/gpu_terms.py). The defaults keep the CPU rules.
+    # Sustained device-memory bandwidth (bytes/s) for element-wise / normalisation work and
+    # memory-bound matmuls; 0 = not priced by bytes (a per-call constant covers it).
+    hbm_bandwidth: float = 0.0
+    # The SDPA kernel the analytic profile prices: "math" stores the s x s scores, "flash",
+    # "efficient" and "cudnn" do not (a measured profile records its own).
+    attention_backend: str = "math"
+    # The runtime's AdamW is fused (CUDA with plain tensors): no foreach temporaries.
+    fused_optimizer: bool = False
+    # Device memory of one NCCL communicator on a rank (bytes), per process group it is in.
+    nccl_communicator_bytes: float = 0.0
+    # CUDA caching-allocator fragmentation: reserved beyond allocated, as a fraction of the
+    # bytes that come and go each iteration (activations, transients).
+    fragmentation_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         # Types first, so that a string in a JSON file is reported by field, not as a TypeError.
@@ -142,6 +158,15 @@ class ClusterSpec:
                      "optimizer_time_per_parameter_s", "step_overhead_s",
                      "zero_gather_latency_s", "zero_scatter_latency_s"):
             _need(getattr(self, name) >= 0, name, getattr(self, name), "must be >= 0 (seconds)")
+        _need(self.attention_backend in ATTENTION_BACKENDS, "attention_backend",
+              self.attention_backend, f"choose one of {', '.join(ATTENTION_BACKENDS)}")
+        _need(isinstance(self.fused_optimizer, bool), "fused_optimizer", self.fused_optimizer,
+              "must be true or false")
+        _need(0 <= self.fragmentation_fraction < 1, "fragmentation_fraction",
+              self.fragmentation_fraction, "must be in [0, 1) (0 = not modelled)")
+        for name in ("hbm_bandwidth", "nccl_communicator_bytes"):
+            _need(getattr(self, name) >= 0, name, getattr(self, name),
+                  "must be >= 0 (0 = not modelled)")
         for name in ("zero_gather_busbw", "zero_scatter_busbw"):
             _need(getattr(self, name) >= 0, name, getattr(self, name),
                   "must be >= 0 (bytes/s; 0 = not measured, the raw collective applies)")

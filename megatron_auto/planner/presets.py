@@ -35,6 +35,16 @@ OPTIMIZER_BYTES_PER_PARAMETER = 40
 MEASURED_HBM_EFFICIENCY = 0.9
 # Kernel launches of the step and the gradient norm's scalar all-reduce: assumed, no measurement.
 STEP_OVERHEAD_S = 0.5e-3
+# NCCL communicator buffers per process group on a rank: NCCL_BUFFSIZE's documented default of
+# 4 MiB (NCCL user guide, environment variables) per channel and direction (send, receive);
+# 8 channels assumed. Outside the caching allocator. The hardware profiler measures it.
+NCCL_BUFFSIZE = 4 * 2**20
+NCCL_CHANNELS_ASSUMED = 8
+NCCL_COMMUNICATOR_BYTES = 2 * NCCL_CHANNELS_ASSUMED * NCCL_BUFFSIZE
+# Caching-allocator fragmentation: reserved beyond allocated, as a fraction of the activations
+# and transients (the CUDA memory-management notes describe the cause, not a size): assumed 5%
+# until the hardware profiler measures it after a training step.
+FRAGMENTATION_FRACTION = 0.05
 
 
 @dataclass(frozen=True)
@@ -127,6 +137,13 @@ def make_cluster(gpu: str, num_nodes: int, devices_per_node: int = 8,
         f"optimizer step {OPTIMIZER_BYTES_PER_PARAMETER} B of HBM traffic per parameter at "
         f"{MEASURED_HBM_EFFICIENCY:.0%} of {g.hbm_bw / 1e12:.2f} TB/s (spec sheet; efficiency of "
         f"a device copy measured on an H200), {STEP_OVERHEAD_S * 1e3:.1f} ms fixed (assumed)",
+        f"element-wise work and memory-bound matmuls at the same {MEASURED_HBM_EFFICIENCY:.0%} of "
+        f"HBM bandwidth; attention priced as SDPA flash (no stored scores, causal half); fused "
+        f"AdamW (torch, CUDA, plain tensors)",
+        f"NCCL {NCCL_COMMUNICATOR_BYTES / 2**20:.0f} MiB per communicator (NCCL_BUFFSIZE default "
+        f"4 MiB x 2 directions x {NCCL_CHANNELS_ASSUMED} channels, channel count assumed)",
+        f"allocator fragmentation {FRAGMENTATION_FRACTION:.0%} of activations and transients "
+        f"(assumed)",
     ])
     return ClusterSpec(
         name=name or f"{gpu}-{num_nodes}x{devices_per_node}", num_nodes=num_nodes,
@@ -139,7 +156,14 @@ def make_cluster(gpu: str, num_nodes: int, devices_per_node: int = 8,
         collective_latency_s=20e-6, inter_node_latency_s=40e-6, p2p_latency_s=10e-6,
         optimizer_time_per_parameter_s=OPTIMIZER_BYTES_PER_PARAMETER / (
             MEASURED_HBM_EFFICIENCY * g.hbm_bw),
-        step_overhead_s=STEP_OVERHEAD_S)
+        step_overhead_s=STEP_OVERHEAD_S, **_gpu_terms(g))
+
+
+def _gpu_terms(g: _Gpu) -> dict:
+    """The GPU cost terms of a preset (docs/cost_model.md §9), sources in ``make_cluster``."""
+    return dict(hbm_bandwidth=MEASURED_HBM_EFFICIENCY * g.hbm_bw, attention_backend="flash",
+                fused_optimizer=True, nccl_communicator_bytes=float(NCCL_COMMUNICATOR_BYTES),
+                fragmentation_fraction=FRAGMENTATION_FRACTION)
 
 
 def _galvatron_a100(num_nodes: int) -> ClusterSpec:
@@ -174,7 +198,7 @@ def _galvatron_a100(num_nodes: int) -> ClusterSpec:
         inter_node_latency_s=base.inter_node_latency_s, p2p_latency_s=base.p2p_latency_s,
         allreduce_busbw_table=table, p2p_bw_table=p2p_table,
         optimizer_time_per_parameter_s=base.optimizer_time_per_parameter_s,
-        step_overhead_s=base.step_overhead_s)
+        step_overhead_s=base.step_overhead_s, **_gpu_terms(_GPUS["a100-40g"]))
 
 
 def preset(name: str) -> ClusterSpec:

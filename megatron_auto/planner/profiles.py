@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
 from ..jsonfile import read_json, write_json
+from . import gpu_terms
+from .hardware import ATTENTION_BACKENDS
 from .model_spec import ModelSpec, TrainingSpec
 
 PROFILE_FORMAT = "megatron_auto.model_profile"
@@ -86,6 +88,9 @@ class LayerTypeProfile:
     forward_time_by_tp: Mapping[int, tuple[float, float]] = field(default_factory=dict)
     activation_bytes_by_tp: Mapping[int, float] = field(default_factory=dict)
     flops_per_sample: float = 0.0
+    # The SDPA kernel this profile's numbers are for: measured (the profiler records the op that
+    # ran) or assumed by the analytic profile (the cluster's attention_backend).
+    attention_backend: str = "math"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "forward_time_by_tp",
@@ -103,6 +108,8 @@ class LayerTypeProfile:
             value = getattr(self, attr)
             _need(isinstance(value, (int, float)) and math.isfinite(value) and value >= 0,
                   where + attr, value, "must be a finite number >= 0")
+        _need(self.attention_backend in ATTENTION_BACKENDS, where + "attention_backend",
+              self.attention_backend, f"choose one of {', '.join(ATTENTION_BACKENDS)}")
         _need(self.backward_forward_ratio > 0, where + "backward_forward_ratio",
               self.backward_forward_ratio, "must be > 0 (2.0 is typical)")
         for t, (slope, const) in self.forward_time_by_tp.items():
@@ -286,6 +293,10 @@ def analytic_profile(spec: ModelSpec, training: TrainingSpec, cluster: Any) -> M
     else:
         rate = cluster.peak_flops[training.precision] * cluster.compute_efficiency
     beta = training.compute_bytes
+    # GPU terms (docs/cost_model.md §9): the attention kernel, matmuls on a roofline and
+    # element-wise bytes over HBM; a cluster without them prices as before (math, FLOPs only).
+    backend = getattr(cluster, "attention_backend", "math")
+    hbm = float(getattr(cluster, "hbm_bandwidth", 0.0))
     layers = {}
     for lt in spec.layer_types:
         s, h, f, a = lt.seq_length, lt.hidden_size, lt.ffn_hidden_size, lt.num_attention_heads
@@ -293,23 +304,28 @@ def analytic_profile(spec: ModelSpec, training: TrainingSpec, cluster: Any) -> M
         k = lt.attended_tokens  # s, or the w^2 tokens of a window (Swin)
         # Matmuls: 2 FLOPs per multiply-add; QKV + output projection (4h^2), MLP (2 or 3 h*f),
         # attention scores and the weighted sum (2 * s * k * h each).
-        flops = 2 * s * (4 * h * h + mlp_mats * h * f) + 4 * s * k * h
+        flops = 2 * s * (4 * h * h + mlp_mats * h * f) + gpu_terms.attention_score_flops(
+            s, k, h, lt.causal, backend)
         # Kept for backward (Korthikanti et al. 2022, generalised to any dtype and FFN width):
         # not split by TP: two norm inputs, the QKV and FC1 inputs (beta*s*h each) and two
         # 1-byte dropout masks; split: Q, K, V and the projection input (4*beta*s*h), the MLP
         # intermediates, and per head the softmax output, its dropout mask and output.
         replicated = (4 * beta + 2) * s * h
         mlp_kept = (2 * beta if lt.activation == "gelu" else 3 * beta) * s * f
-        split = 4 * beta * s * h + mlp_kept + (2 * beta + 1) * a * s * k
+        split = 4 * beta * s * h + mlp_kept + gpu_terms.attention_kept_bytes(beta, a, s, k,
+                                                                             backend)
         if lt.merge_input_hidden:
             # Patch merging (Swin): the 4m-wide concatenation and its normalised copy are kept
             # (replicated); its projection costs 2 * s * 4m * h.
             m = lt.merge_input_hidden
             flops += 2 * s * 4 * m * h
             replicated += 2 * beta * s * 4 * m
+        per_sample, by_tp = flops / rate, {}
+        if hbm > 0:
+            per_sample, by_tp = _gpu_forward_times(lt, beta, training.mixed, backend, rate, hbm)
         layers[lt.name] = LayerTypeProfile(
             name=lt.name, parameter_count=lt.num_parameters,
-            forward_time_per_sample_s=flops / rate, activation_replicated_bytes=replicated,
+            forward_time_per_sample_s=per_sample, activation_replicated_bytes=replicated,
             activation_split_bytes=split, recompute_bytes_per_sample=beta * s * h,
             hidden_bytes_per_sample=beta * s * h,
             forward_time_constant_s=ANALYTIC_LAYER_CALL_OVERHEAD_S,
@@ -317,18 +333,26 @@ def analytic_profile(spec: ModelSpec, training: TrainingSpec, cluster: Any) -> M
             # Backward scratch: the incoming and outgoing activation gradients (2 x s*h) and the
             # largest split intermediate gradient (the FFN activation or the score matrix).
             backward_scratch_replicated_bytes=2 * beta * s * h,
-            backward_scratch_split_bytes=beta * s * max(f * (mlp_mats - 1), a * k),
+            backward_scratch_split_bytes=max(beta * s * f * (mlp_mats - 1),
+                                             gpu_terms.attention_scratch_bytes(beta, a, s, k, h,
+                                                                               backend)),
             weight_copy_bytes_per_parameter=float(beta) if training.mixed else 0.0,
-            flops_per_sample=float(flops))
+            flops_per_sample=float(flops), forward_time_by_tp=by_tp, attention_backend=backend)
     s, h, v = spec.seq_length, spec.embedding_hidden_size, spec.vocab_size
     # The head projects every token (language models) or one pooled token (classifiers).
     t = spec.head_tokens or s
     head_flops = 2 * t * (spec.head_hidden_size or h) * v
+    head_time = head_flops / rate
+    if hbm > 0:
+        # The head's GEMM on the roofline, then the loss's element-wise passes over the logits:
+        # write them (beta), upcast (read beta, write 4), softmax (read 4, write 4 B per logit).
+        head_time = (gpu_terms.gemm_time(t, v, spec.head_hidden_size or h, beta, rate, hbm)
+                     + (2 * beta + 12) * t * v / hbm)
     emb = EmbeddingProfile(
         embedding_parameters=spec.embedding_parameters, head_parameters=spec.head_parameters,
         tied=spec.tied_embeddings, vocab_size=v, hidden_bytes_per_sample=beta * s * h,
         embedding_forward_time_per_sample_s=0.0,
-        head_forward_time_per_sample_s=head_flops / rate,
+        head_forward_time_per_sample_s=head_time,
         # Embedding output and its dropout mask; head: final-norm input and the fp32 softmax
         # the vocab-parallel loss keeps for backward (the logits are not kept).
         embedding_activation_bytes=(beta + 1) * s * h,
@@ -341,4 +365,28 @@ def analytic_profile(spec: ModelSpec, training: TrainingSpec, cluster: Any) -> M
     return ModelProfile(layer_types=layers, embedding=emb, precision=training.precision,
                         source="analytic",
                         metadata={"model": spec.name, "cluster": getattr(cluster, "name", ""),
-                                  "sustained_flops": rate})
+                                  "sustained_flops": rate,
+                                  **({"attention_backend": backend, "hbm_bandwidth": hbm}
+                                     if hbm > 0 or backend != "math" else {})})
+
+
+def _gpu_forward_times(lt: Any, beta: int, mixed: bool, backend: str, rate: float,
+                       hbm: float) -> tuple[float, dict[int, tuple[float, float]]]:
+    """Per-sample forward seconds at TP 1 and a ``(per_sample_s, constant_s)`` table for every
+    TP degree the layer admits (up to 64): the roofline GEMMs, attention and element-wise
+    bytes per sample (``gpu_terms.layer_forward_time``; the replicated element-wise part does not
+    shrink with TP, hence a table), and per call the kernel launches plus autocast's weight cast.
+    The cast happens once per micro-batch (backward reuses the saved copies) but the profile
+    charges backward ``r`` times the forward, so the forward carries ``1/(1 + r)`` of it and
+    forward + backward add up to one cast."""
+    s, h, f, a = lt.seq_length, lt.hidden_size, lt.ffn_hidden_size, lt.num_attention_heads
+    k = lt.attended_tokens
+    table = {}
+    for tp in gpu_terms.divisors_up_to((a, f), min(a, 64)):
+        per_sample = gpu_terms.layer_forward_time(s, h, f, a, k, lt.activation, lt.causal,
+                                                  backend, beta, tp, rate, hbm)
+        if lt.merge_input_hidden:
+            per_sample += 2 * s * 4 * lt.merge_input_hidden * h / tp / rate
+        cast = gpu_terms.weight_cast_bytes(lt.num_parameters / tp, beta, mixed) / hbm
+        table[tp] = (per_sample, ANALYTIC_LAYER_CALL_OVERHEAD_S + cast / (1 + 2.0))
+    return table[1][0], table

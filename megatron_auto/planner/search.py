@@ -26,6 +26,7 @@ from typing import Any, Mapping
 
 from ..plan import DP_MODES, SCHEDULES, LayerStrategy, PipelineSpec, Plan, VocabStrategy
 from .cost_model import Estimate, evaluate_plan
+from .gpu_terms import search_total_bytes
 from .model_spec import ModelSpec, TrainingSpec
 from .partition import choose_partition, improve, memory_balanced
 from .profiles import ModelProfile
@@ -276,7 +277,7 @@ def _least_memory(task: Task, mem_row) -> tuple[tuple[int, ...] | None, float | 
     for k, length in enumerate(part):
         worst = max(worst, float(mem_row(k, start)[length - 1]))
         start += length
-    return part, worst * task.step + task.cluster.memory_reserve_bytes
+    return part, search_total_bytes(task.cluster, worst * task.step, task.n, task.pp)
 
 
 def _vocab_options(task: Task, spec: ModelSpec, space: _Space,

@@ -28,6 +28,7 @@ from .cost_memory import MemoryCost, embedding_memory, layer_memory
 from .cost_model import in_flight, step_overhead
 from .cost_time import TimeCost, embedding_time, layer_time, pipeline_time, relayout_time
 from .dp import LayerOptions, StageTables, solve_stage
+from .gpu_terms import search_model_budget
 from .model_spec import ModelSpec
 from .profiles import ModelProfile
 from .strategies import Layout, SpaceRules, layer_strategies, layout_of
@@ -87,7 +88,8 @@ class Task:
         self.step = step
         self.max_len = min(max_len, spec.num_layers)
         self._in_flight = self._in_flight_counts()
-        self.cells = int((budget_bytes - cluster.memory_reserve_bytes) // step)
+        # reserve, NCCL and fragmentation (GPU terms; 0 on CPU clusters) come off the budget
+        self.cells = int(search_model_budget(cluster, budget_bytes, self.n, pp) // step)
         n = self.n
         self.strategies: list[list[LayerStrategy]] = []
         self.mem: list[list[MemoryCost]] = []
