@@ -120,6 +120,14 @@ def add_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--normalization", default="LayerNorm",
                    help="LayerNorm or RMSNorm (case-insensitive)")
     g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
+    g.add_argument("--disable-bias-linear", action="store_true",
+                   help="no biases in the QKV, attention output and MLP projections (LLaMA)")
+    g.add_argument("--openai-gelu", action="store_true",
+                   help="GeLU's tanh approximation (GPT-2's gelu_new) instead of the erf form")
+    g.add_argument("--group-query-attention", action="store_true",
+                   help="grouped-query attention: --num-query-groups key/value heads")
+    g.add_argument("--num-query-groups", type=int, default=None,
+                   help="key/value heads with --group-query-attention (default 1, as Megatron)")
     return parser
 
 
@@ -336,6 +344,7 @@ def check_args(args: argparse.Namespace) -> None:
         _fail("--loss-scale", args.loss_scale, "must be positive")
     if args.normalization.lower() not in ("layernorm", "rmsnorm"):
         _fail("--normalization", args.normalization, "choose LayerNorm or RMSNorm")
+    check_model_option_args(args)
     if args.save_interval is not None:
         if not args.save:
             _fail("--save-interval", args.save_interval,
@@ -371,6 +380,25 @@ def check_args(args: argparse.Namespace) -> None:
                       f"mode, recompute per layer); drop the flag or edit the plan")
 
 
+def check_model_option_args(args: argparse.Namespace) -> None:
+    """The attention / MLP option flags that only mean something together."""
+    if getattr(args, "num_query_groups", None) is not None and not args.group_query_attention:
+        _fail("--num-query-groups", args.num_query_groups,
+              "needs --group-query-attention (Megatron ignores it otherwise); add that flag or "
+              "drop --num-query-groups")
+    if getattr(args, "openai_gelu", False) and getattr(args, "swiglu", False):
+        _fail("--openai-gelu", True, "selects the GeLU approximation but --swiglu replaces GeLU "
+              "by SiLU gating; drop one of them")
+
+
+def _num_query_groups(args: argparse.Namespace) -> int | None:
+    """Key/value heads: --num-query-groups (default 1) with --group-query-attention, else one
+    per attention head (None lets ModelConfig fill that in)."""
+    if not getattr(args, "group_query_attention", False):
+        return None
+    return 1 if args.num_query_groups is None else args.num_query_groups
+
+
 def _warmup_iters(args: argparse.Namespace) -> int:
     """--lr-warmup-iters, default 10% of --train-iters."""
     return args.lr_warmup_iters if args.lr_warmup_iters is not None else args.train_iters // 10
@@ -394,7 +422,9 @@ def model_config_from_args(args: argparse.Namespace, vocab_size: int | None = No
         position_embedding_type=args.position_embedding_type, rotary_base=args.rotary_base,
         activation="swiglu" if args.swiglu else "gelu",
         normalization=args.normalization.lower(),
-        untie_embeddings_and_output_weights=args.untie_embeddings_and_output_weights)
+        untie_embeddings_and_output_weights=args.untie_embeddings_and_output_weights,
+        add_bias_linear=not args.disable_bias_linear, openai_gelu=args.openai_gelu,
+        num_query_groups=_num_query_groups(args))
 
 
 def model_config_from_args_default(args: argparse.Namespace) -> ModelConfig:

@@ -23,7 +23,7 @@ import os
 import sys
 from typing import Any, Sequence
 
-from .arguments import (DEFAULT_GLOBAL_BATCH_SIZE, add_model_args,
+from .arguments import (DEFAULT_GLOBAL_BATCH_SIZE, add_model_args, check_model_option_args,
                         add_sp_and_virtual_pipeline_args, classic_layout_from_args,
                         model_config_from_args)
 from .config import ModelConfig
@@ -79,6 +79,7 @@ def model_config_from_flags(args: argparse.Namespace) -> ModelConfig:
         vision = argparse.Namespace(**vars(args))
         apply_vit_defaults(vision, MODEL_FLAG_DEFAULTS)
         return vision_config_from_args(vision)
+    check_model_option_args(args)
     cfg = model_config_from_args(args)
     if args.model_type == "bert":
         cfg = dataclasses.replace(cfg, model_type="bert", num_tokentypes=2)

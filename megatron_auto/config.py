@@ -66,10 +66,17 @@ class ModelConfig:
     model_type: str = "gpt"  # "gpt" (causal) or "bert" (bidirectional)
     bert_binary_head: bool = True  # BERT sentence-order head
     num_tokentypes: int = 0  # BERT token-type embeddings (2 for sentence pairs)
+    add_bias_linear: bool = True  # biases of the QKV, output and MLP projections (Megatron's)
+    openai_gelu: bool = False  # GeLU's tanh approximation (GPT-2's ``gelu_new``), not erf
+    num_query_groups: int | None = None  # key/value heads (grouped-query attention); None: heads
 
     def __post_init__(self) -> None:
         if self.ffn_hidden_size is None:
             object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
+        if self.num_query_groups == self.num_attention_heads:
+            # one spelling of multi-head attention, so that configs compare equal and a
+            # ``dataclasses.replace`` of the head count keeps meaning "one group per head"
+            object.__setattr__(self, "num_query_groups", None)
         if self.max_position_embeddings is None:
             object.__setattr__(self, "max_position_embeddings", self.seq_length)
         self.validate()
@@ -84,19 +91,27 @@ class ModelConfig:
         return self.hidden_size // self.num_attention_heads
 
     @property
+    def query_groups(self) -> int:
+        """Key/value heads: ``num_query_groups``, or one per attention head (None)."""
+        return self.num_attention_heads if self.num_query_groups is None else self.num_query_groups
+
+    @property
+    def kv_size(self) -> int:
+        """Width of the keys (and of the values): ``query_groups * head_dim``."""
+        return self.query_groups * self.head_dim
+
+    @property
     def causal(self) -> bool:
         return self.model_type == "gpt"
 
     def num_layer_parameters(self) -> int:
         """Parameters of one transformer layer (weights, biases and norms)."""
-        h, f = self.hidden_size, self.ffn_hidden_size
+        h, f, kv = self.hidden_size, self.ffn_hidden_size, self.kv_size
         norm = 2 * h if self.normalization == "layernorm" else h
-        attn = 3 * h * h + 3 * h + h * h + h
-        if self.activation == "swiglu":
-            mlp = 2 * h * f + 2 * f + f * h + h
-        else:
-            mlp = h * f + f + f * h + h
-        return attn + mlp + 2 * norm
+        fc1 = 2 * f if self.activation == "swiglu" else f
+        weights = h * (h + 2 * kv) + h * h + h * fc1 + f * h  # QKV, output, fc1, fc2
+        biases = (h + 2 * kv) + h + fc1 + h if self.add_bias_linear else 0
+        return weights + biases + 2 * norm
 
     def num_parameters(self) -> int:
         """All parameters, counting tied embeddings once."""
@@ -142,6 +157,11 @@ class ModelConfig:
         if self.position_embedding_type == "rope":
             need(self.head_dim % 2 == 0, "--hidden-size", self.hidden_size,
                  "rotary embeddings need an even head dimension (hidden/heads)")
+        groups = self.query_groups
+        need(isinstance(groups, int) and not isinstance(groups, bool) and groups > 0
+             and self.num_attention_heads % groups == 0, "--num-query-groups", groups,
+             f"must be a positive divisor of --num-attention-heads={self.num_attention_heads} "
+             f"(each key/value head serves the same number of query heads)")
 
     def check_tensor_parallel(self, tp: int, what: str = "--tensor-model-parallel-size") -> None:
         """Raise ``ConfigError`` unless a TP degree ``tp`` can split this model's layers."""
@@ -151,6 +171,10 @@ class ModelConfig:
             raise ConfigError(
                 f"{what}={tp}: must divide --num-attention-heads={self.num_attention_heads}; "
                 f"use a TP degree that divides the head count")
+        if self.query_groups % tp:
+            raise ConfigError(
+                f"{what}={tp}: must divide --num-query-groups={self.query_groups} (every TP "
+                f"rank holds whole key/value heads); use a TP degree that divides the group count")
         if self.ffn_hidden_size % tp:
             raise ConfigError(
                 f"{what}={tp}: must divide --ffn-hidden-size={self.ffn_hidden_size}; "

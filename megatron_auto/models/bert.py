@@ -50,9 +50,10 @@ class BertLMHead(nn.Module):
         self.tp_size, self.tp_rank, self.tp_group = groups.tp_size, groups.tp_rank, groups.tp_group
         self.bias = nn.Parameter(torch.empty(config.padded_vocab_size // groups.tp_size))
         self.tp_shard_dims = {"bias": 0}
+        self.gelu_approximate = "tanh" if config.openai_gelu else "none"  # as Megatron's head
 
     def forward(self, hidden: torch.Tensor, embedding: LanguageModelEmbedding) -> torch.Tensor:
-        x = self.norm(F.gelu(self.dense(hidden)))
+        x = self.norm(F.gelu(self.dense(hidden), approximate=self.gelu_approximate))
         return embedding.logits(x) + self.bias  # (b, s, V/tp)
 
 

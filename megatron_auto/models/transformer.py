@@ -7,10 +7,15 @@ local heads at once, and a row-parallel output projection. The MLP is column-par
 position embeddings follow :class:`~megatron_auto.config.ModelConfig`.
 
 Global weight layouts (what the plan-independent init and checkpoints see) are chosen so that
-every TP shard is a contiguous chunk of dim 0 for any TP degree dividing the head count:
-``linear_qkv.weight`` is ``(heads, 3, head_dim, h)`` flattened to ``(3h, h)`` (q, k, v of head 0,
-then of head 1, ...); the SwiGLU ``linear_fc1.weight`` interleaves rows as
+every TP shard is a contiguous chunk of dim 0 for any TP degree dividing the key/value group
+count ``g`` (``num_query_groups``; ``g = heads`` without grouped-query attention):
+``linear_qkv.weight`` is ``(g, heads/g + 2, head_dim, h)`` flattened to ``(h + 2 g d, h)``: per
+group its ``heads/g`` query heads, then its key head, then its value head (Megatron's order;
+with ``g = heads`` that is q, k, v of head 0, then of head 1, ...); query head ``j`` uses the
+key/value head of group ``j // (heads/g)``. The SwiGLU ``linear_fc1.weight`` interleaves rows as
 ``(gate_0, up_0, gate_1, up_1, ...)``, i.e. ``(f, 2, h)`` flattened to ``(2f, h)``.
+``add_bias_linear=False`` (``--disable-bias-linear``) drops the four projections' biases;
+``openai_gelu`` uses GeLU's tanh approximation.
 
 Recompute (``recompute=True``): the layer keeps only its inputs and re-runs its forward in
 backward (``torch.utils.checkpoint``, non-reentrant), replaying the TP-aware dropout streams.
@@ -79,17 +84,20 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class SelfAttention(nn.Module):
-    """Multi-head self-attention over this rank's ``heads/tp`` heads."""
+    """Multi-head (or grouped-query) self-attention over this rank's ``heads/tp`` query heads
+    and ``num_query_groups/tp`` key/value heads."""
 
     def __init__(self, config: ModelConfig, groups: LayerGroups, rng: RNGTracker | None, *,
                  causal: bool, sequence_parallel: bool = False) -> None:
         super().__init__()
-        h = config.hidden_size
-        self.linear_qkv = ColumnParallelLinear(h, 3 * h, groups,
+        h, bias = config.hidden_size, config.add_bias_linear
+        self.linear_qkv = ColumnParallelLinear(h, h + 2 * config.kv_size, groups, bias=bias,
                                                sequence_parallel=sequence_parallel)
-        self.linear_proj = RowParallelLinear(h, h, groups, input_is_parallel=True,
+        self.linear_proj = RowParallelLinear(h, h, groups, bias=bias, input_is_parallel=True,
                                              sequence_parallel=sequence_parallel)
         self.num_local_heads = config.num_attention_heads // groups.tp_size
+        self.num_local_groups = config.query_groups // groups.tp_size
+        self.heads_per_group = config.num_attention_heads // config.query_groups
         self.head_dim = config.head_dim
         self.attention_dropout = config.attention_dropout
         self.causal = causal
@@ -97,21 +105,28 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None,
                 rotary: Rotary = None) -> torch.Tensor:
-        qkv = self.linear_qkv(x)  # (b, s, 3h/tp); the whole sequence also under SP
+        qkv = self.linear_qkv(x)  # (b, s, (h + 2 g d)/tp); the whole sequence also under SP
         b, s = qkv.shape[:2]
-        qkv = qkv.view(b, s, self.num_local_heads, 3, self.head_dim)
-        q, k, v = qkv.permute(3, 0, 2, 1, 4).unbind(0)  # each (b, heads, s, d)
+        n = self.heads_per_group
+        qkv = qkv.view(b, s, self.num_local_groups, n + 2, self.head_dim)
+        if n == 1:  # multi-head attention: one query head per key/value head
+            q, k, v = qkv.permute(3, 0, 2, 1, 4).unbind(0)  # each (b, heads, s, d)
+        else:
+            q = qkv[:, :, :, :n].flatten(2, 3).transpose(1, 2)  # (b, heads, s, d), group-major
+            k = qkv[:, :, :, n].transpose(1, 2)  # (b, groups, s, d)
+            v = qkv[:, :, :, n + 1].transpose(1, 2)
         if rotary is not None:
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
         p = self.attention_dropout if self.training else 0.0
         is_causal = self.causal and attn_mask is None
+        kwargs = {"enable_gqa": True} if n > 1 else {}
         if p > 0.0 and self.rng is not None:
             with self.rng.fork(TENSOR_PARALLEL):  # this rank's heads: an independent stream
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p,
-                                                     is_causal=is_causal)
+                                                     is_causal=is_causal, **kwargs)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p,
-                                                 is_causal=is_causal)
+                                                 is_causal=is_causal, **kwargs)
         out = out.transpose(1, 2).reshape(b, s, self.num_local_heads * self.head_dim)
         return self.linear_proj(out)  # (b, s, h) summed over the TP group; SP: (b, s/tp, h)
 
@@ -122,11 +137,12 @@ class MLP(nn.Module):
     def __init__(self, config: ModelConfig, groups: LayerGroups, *,
                  sequence_parallel: bool = False) -> None:
         super().__init__()
-        h, f = config.hidden_size, config.ffn_hidden_size
+        h, f, bias = config.hidden_size, config.ffn_hidden_size, config.add_bias_linear
         self.swiglu = config.activation == "swiglu"
-        self.linear_fc1 = ColumnParallelLinear(h, 2 * f if self.swiglu else f, groups,
+        self.gelu_approximate = "tanh" if config.openai_gelu else "none"
+        self.linear_fc1 = ColumnParallelLinear(h, 2 * f if self.swiglu else f, groups, bias=bias,
                                                sequence_parallel=sequence_parallel)
-        self.linear_fc2 = RowParallelLinear(f, h, groups, input_is_parallel=True,
+        self.linear_fc2 = RowParallelLinear(f, h, groups, bias=bias, input_is_parallel=True,
                                             sequence_parallel=sequence_parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -135,7 +151,7 @@ class MLP(nn.Module):
             y = y.unflatten(-1, (-1, 2))  # (b, s, f/tp, 2): rows interleave (gate, up)
             y = F.silu(y[..., 0]) * y[..., 1]
         else:
-            y = F.gelu(y)
+            y = F.gelu(y, approximate=self.gelu_approximate)
         return self.linear_fc2(y)
 
 

@@ -93,11 +93,14 @@ def gemm_shape_class(m: float, n: float, k: float, beta: int, flops_rate: float,
     return "memory-bound" if memory > compute else "compute-bound"
 
 
-def layer_gemms(s: int, h: int, f: int, activation: str, tp: int) -> list[tuple[int, int, int]]:
+def layer_gemms(s: int, h: int, f: int, activation: str, tp: int,
+                kv: int | None = None) -> list[tuple[int, int, int]]:
     """``(m, n, k)`` of a transformer layer's four weight GEMMs on one rank at TP ``tp``, for
-    one sample (``m = s`` tokens): QKV, output projection, fc1 (``2f`` wide for SwiGLU), fc2."""
+    one sample (``m = s`` tokens): QKV (``h + 2 kv`` wide, ``kv`` the key/value width: ``h``
+    unless grouped-query attention), output projection, fc1 (``2f`` wide for SwiGLU), fc2."""
     fc1 = 2 * f if activation == "swiglu" else f
-    return [(s, 3 * h // tp, h), (s, h, h // tp), (s, fc1 // tp, h), (s, h, f // tp)]
+    qkv = h + 2 * (h if kv is None else kv)
+    return [(s, qkv // tp, h), (s, h, h // tp), (s, fc1 // tp, h), (s, h, f // tp)]
 
 
 def elementwise_bytes(s: int, h: int, f: int, beta: int, activation: str, tp: int) -> float:
@@ -118,11 +121,11 @@ def weight_cast_bytes(local_parameters: float, beta: int, mixed: bool) -> float:
 
 def layer_forward_time(s: int, h: int, f: int, heads: int, k: int, activation: str,
                        causal: bool, backend: str, beta: int, tp: int, flops_rate: float,
-                       hbm_bandwidth: float) -> float:
+                       hbm_bandwidth: float, kv: int | None = None) -> float:
     """Forward seconds per sample of one layer at TP ``tp`` on one rank: the four GEMMs on the
     roofline, the attention matmuls at the sustained rate, the element-wise bytes over HBM."""
     gemms = sum(gemm_time(m, n, kk, beta, flops_rate, hbm_bandwidth)
-                for m, n, kk in layer_gemms(s, h, f, activation, tp))
+                for m, n, kk in layer_gemms(s, h, f, activation, tp, kv))
     attention = attention_score_flops(s, k, h, causal, backend) / tp / flops_rate
     bytes_moved = elementwise_bytes(s, h, f, beta, activation, tp)
     return gemms + attention + (bytes_moved / hbm_bandwidth if hbm_bandwidth > 0 else 0.0)

@@ -26,7 +26,7 @@ PLAN_MODEL_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidd
                    "seq_length", "max_position_embeddings", "vocab_size",
                    "make_vocab_size_divisible_by", "position_embedding_type", "activation",
                    "normalization", "untie_embeddings_and_output_weights", "model_type",
-                   "num_tokentypes",
+                   "num_tokentypes", "num_query_groups", "add_bias_linear",
                    # image classifiers (vision_config.VisionConfig)
                    "img_h", "img_w", "patch_dim", "num_channels", "num_classes",
                    "swin_embed_dim", "swin_depths", "swin_num_heads", "swin_window_size")
@@ -53,6 +53,11 @@ class LayerType:
     (each token attends ``w^2`` tokens, plus a ``(2w-1)^2 x heads`` relative position bias);
     ``merge_input_hidden`` ``m > 0`` means the layer begins with a patch merging from width ``m``
     (2x2 neighbours concatenated to ``4m``, normalised, projected to ``hidden_size``).
+
+    ``num_query_groups`` ``g`` is the key/value head count of grouped-query attention (0: one
+    per attention head); keys and values are ``g * head_dim`` wide and TP must divide ``g``.
+    ``add_bias_linear=False``: the four projections have no bias; ``normalization`` decides
+    whether a norm has a bias (LayerNorm) or not (RMSNorm).
     """
 
     name: str
@@ -65,9 +70,18 @@ class LayerType:
     causal: bool = True
     window_size: int = 0
     merge_input_hidden: int = 0
+    num_query_groups: int = 0
+    add_bias_linear: bool = True
+    normalization: str = "layernorm"
 
     def __post_init__(self) -> None:
         where = f"layer_types[{self.name!r}]"
+        _need(self.num_query_groups == 0 or (self.num_query_groups > 0 and
+                                             self.num_attention_heads % self.num_query_groups == 0),
+              f"{where}.num_query_groups", self.num_query_groups,
+              f"must divide num_attention_heads={self.num_attention_heads} (0: one per head)")
+        _need(self.normalization in ("layernorm", "rmsnorm"), f"{where}.normalization",
+              self.normalization, "choose layernorm or rmsnorm")
         for attr in ("window_size", "merge_input_hidden"):
             value = getattr(self, attr)
             _need(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
@@ -82,21 +96,30 @@ class LayerType:
               f"choose one of {', '.join(ACTIVATIONS)}")
 
     @property
+    def kv_size(self) -> int:
+        """Width of the keys (and of the values): ``g * head_dim``, ``h`` without GQA."""
+        groups = self.num_query_groups or self.num_attention_heads
+        return groups * (self.hidden_size // self.num_attention_heads)
+
+    @property
     def num_parameters(self) -> int:
-        """Weights, biases and the two layer norms of one layer (Megatron GPT/BERT layout)."""
-        h, f = self.hidden_size, self.ffn_hidden_size
-        attention = 4 * h * h + 4 * h  # fused QKV (3h x h + 3h) and output projection (h x h + h)
+        """Weights, biases and the two norms of one layer (Megatron GPT/BERT layout)."""
+        h, f, kv = self.hidden_size, self.ffn_hidden_size, self.kv_size
+        bias = 1 if self.add_bias_linear else 0
+        # fused QKV ((h + 2kv) x h) and output projection (h x h), with their biases
+        attention = 2 * h * h + 2 * h * kv + bias * (2 * h + 2 * kv)
         if self.activation == "swiglu":
-            mlp = 3 * h * f + 2 * f + h  # two input projections (gate, up) and one output
+            mlp = 3 * h * f + bias * (2 * f + h)  # two input projections (gate, up), one output
         else:
-            mlp = 2 * h * f + f + h
+            mlp = 2 * h * f + bias * (f + h)
+        norms = 4 * h if self.normalization == "layernorm" else 2 * h
         extra = 0
         if self.window_size:
             extra += (2 * self.window_size - 1) ** 2 * self.num_attention_heads
         if self.merge_input_hidden:
             m = self.merge_input_hidden
             extra += 4 * m * h + 2 * 4 * m  # reduction (no bias) and its norm
-        return attention + mlp + 4 * h + extra  # two layer norms (weight + bias each)
+        return attention + mlp + norms + extra
 
     @property
     def attended_tokens(self) -> int:
@@ -105,7 +128,9 @@ class LayerType:
 
     def tp_divides(self, tp: int) -> bool:
         """Whether Megatron tensor parallelism of degree ``tp`` can split this layer."""
-        return self.num_attention_heads % tp == 0 and self.ffn_hidden_size % tp == 0
+        groups = self.num_query_groups or self.num_attention_heads
+        return (self.num_attention_heads % tp == 0 and self.ffn_hidden_size % tp == 0
+                and groups % tp == 0)
 
 
 @dataclass(frozen=True)
@@ -214,7 +239,9 @@ class ModelSpec:
         lt = LayerType(name=cfg.model_type, hidden_size=cfg.hidden_size,
                        num_attention_heads=cfg.num_attention_heads,
                        ffn_hidden_size=cfg.ffn_hidden_size, seq_length=cfg.seq_length,
-                       count=cfg.num_layers, activation=cfg.activation, causal=cfg.causal)
+                       count=cfg.num_layers, activation=cfg.activation, causal=cfg.causal,
+                       num_query_groups=cfg.num_query_groups or 0,
+                       add_bias_linear=cfg.add_bias_linear, normalization=cfg.normalization)
         positions = cfg.max_position_embeddings if cfg.position_embedding_type == "learned" else 0
         return cls(layer_types=(lt,), layer_order=(0,) * cfg.num_layers,
                    vocab_size=cfg.padded_vocab_size, embedding_hidden_size=cfg.hidden_size,

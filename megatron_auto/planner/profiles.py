@@ -302,18 +302,19 @@ def analytic_profile(spec: ModelSpec, training: TrainingSpec, cluster: Any) -> M
         s, h, f, a = lt.seq_length, lt.hidden_size, lt.ffn_hidden_size, lt.num_attention_heads
         mlp_mats = 3 if lt.activation == "swiglu" else 2
         k = lt.attended_tokens  # s, or the w^2 tokens of a window (Swin)
-        # Matmuls: 2 FLOPs per multiply-add; QKV + output projection (4h^2), MLP (2 or 3 h*f),
-        # attention scores and the weighted sum (2 * s * k * h each).
-        flops = 2 * s * (4 * h * h + mlp_mats * h * f) + gpu_terms.attention_score_flops(
-            s, k, h, lt.causal, backend)
+        kv = lt.kv_size  # keys and values: h, or g * head_dim with grouped-query attention
+        # Matmuls: 2 FLOPs per multiply-add; QKV + output projection (2h^2 + 2h*kv), MLP (2 or
+        # 3 h*f), attention scores and the weighted sum (2 * s * k * h each).
+        flops = 2 * s * (2 * h * h + 2 * h * kv + mlp_mats * h * f) + \
+            gpu_terms.attention_score_flops(s, k, h, lt.causal, backend)
         # Kept for backward (Korthikanti et al. 2022, generalised to any dtype and FFN width):
         # not split by TP: two norm inputs, the QKV and FC1 inputs (beta*s*h each) and two
-        # 1-byte dropout masks; split: Q, K, V and the projection input (4*beta*s*h), the MLP
-        # intermediates, and per head the softmax output, its dropout mask and output.
+        # 1-byte dropout masks; split: Q, K, V and the projection input (beta*s*(2h + 2kv)),
+        # the MLP intermediates, and per head the softmax output, its dropout mask and output.
         replicated = (4 * beta + 2) * s * h
         mlp_kept = (2 * beta if lt.activation == "gelu" else 3 * beta) * s * f
-        split = 4 * beta * s * h + mlp_kept + gpu_terms.attention_kept_bytes(beta, a, s, k,
-                                                                             backend)
+        split = beta * s * (2 * h + 2 * kv) + mlp_kept + gpu_terms.attention_kept_bytes(
+            beta, a, s, k, backend)
         if lt.merge_input_hidden:
             # Patch merging (Swin): the 4m-wide concatenation and its normalised copy are kept
             # (replicated); its projection costs 2 * s * 4m * h.
@@ -382,9 +383,10 @@ def _gpu_forward_times(lt: Any, beta: int, mixed: bool, backend: str, rate: floa
     s, h, f, a = lt.seq_length, lt.hidden_size, lt.ffn_hidden_size, lt.num_attention_heads
     k = lt.attended_tokens
     table = {}
-    for tp in gpu_terms.divisors_up_to((a, f), min(a, 64)):
+    groups = lt.num_query_groups or a  # TP keeps whole key/value heads
+    for tp in gpu_terms.divisors_up_to((a, f, groups), min(a, 64)):
         per_sample = gpu_terms.layer_forward_time(s, h, f, a, k, lt.activation, lt.causal,
-                                                  backend, beta, tp, rate, hbm)
+                                                  backend, beta, tp, rate, hbm, kv=lt.kv_size)
         if lt.merge_input_hidden:
             per_sample += 2 * s * 4 * lt.merge_input_hidden * h / tp / rate
         cast = gpu_terms.weight_cast_bytes(lt.num_parameters / tp, beta, mixed) / hbm

@@ -95,6 +95,8 @@ SHAPE_FIELDS = {
     "untie_embeddings_and_output_weights": "--untie-embeddings-and-output-weights",
     "model_type": "the entry script (pretrain_gpt.py / pretrain_bert.py)",
     "bert_binary_head": "--bert-no-binary-head", "num_tokentypes": "the entry script",
+    "query_groups": "--group-query-attention --num-query-groups",
+    "add_bias_linear": "--disable-bias-linear", "openai_gelu": "--openai-gelu",
 }
 
 

@@ -1,8 +1,9 @@
 """Throughput arithmetic and the ``--metrics-file`` writer (DESIGN §5.3).
 
 Model FLOPs count the matrix multiplications of forward and backward (backward = 2 x forward),
-per token: per layer ``2 * (4 h^2 + k h f)`` for the QKV/output projections and the MLP
-(``k = 2`` for GeLU, 3 for SwiGLU's gate), ``2 * 2 * s * h`` for attention scores and values,
+per token: per layer ``2 * (2 h^2 + 2 h kv + k h f)`` for the QKV/output projections and the
+MLP (``kv`` the key/value width, ``h`` without grouped-query attention; ``k = 2`` for GeLU, 3 for
+SwiGLU's gate), ``2 * 2 * s * h`` for attention scores and values,
 and ``2 * h * V`` for the LM head. Recomputation is not counted (model FLOPs, not hardware
 FLOPs), so TFLOP/s and MFU compare plans fairly.
 """
@@ -33,7 +34,8 @@ def model_flops_per_token(config: ModelConfig) -> float:
         return float(own())
     h, f, s = config.hidden_size, config.ffn_hidden_size, config.seq_length
     mlp_mats = 3 if config.activation == "swiglu" else 2
-    per_layer = 2 * (4 * h * h + mlp_mats * h * f) + 4 * s * h
+    kv = getattr(config, "kv_size", h)
+    per_layer = 2 * (2 * h * h + 2 * h * kv + mlp_mats * h * f) + 4 * s * h
     forward = config.num_layers * per_layer + 2 * h * config.padded_vocab_size
     return 3.0 * forward
 
