@@ -81,7 +81,6 @@ IGNORED_MEGATRON_FLAGS: dict[str, tuple[str | None, tuple[str, ...] | None]] = {
     # Only the local implementation is ours: transformer_engine is refused by the choices.
     "--transformer-impl": ("IMPL", ("local",)),
     "--attention-backend": ("BACKEND", None),
-    "--timing-log-level": ("N", None),
 }
 
 
@@ -223,6 +222,12 @@ def add_logging_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     g.add_argument("--eval-iters", type=int, default=5)
     g.add_argument("--metrics-file", default=None, metavar="PATH",
                    help="append one JSON object per logged iteration (rank 0 writes)")
+    g.add_argument("--timing-log-level", type=int, default=0, choices=[0, 1, 2],
+                   help="per-iteration phase timers (Megatron's): 0 none, 1 forward/backward, "
+                        "pipeline waits, DP sync, optimizer; 2 finer, and CUDA synchronised at "
+                        "every timer (docs/training.md)")
+    g.add_argument("--timing-log-option", default="minmax", choices=["max", "minmax", "all"],
+                   help="timers on the console: max over ranks, (min, max), or every rank")
     g.add_argument("--save", default=None, metavar="DIR",
                    help="save checkpoints (torch.distributed.checkpoint) to DIR/iter_NNNNNNN "
                         "every --save-interval iterations and at the end")
@@ -456,7 +461,9 @@ def run_config_from_args(args: argparse.Namespace,
                                   min_loss_scale=args.min_loss_scale,
                                   loss_scale_window=args.loss_scale_window,
                                   hysteresis=args.hysteresis),
-        logging=LoggingConfig(log_interval=args.log_interval, metrics_file=args.metrics_file),
+        logging=LoggingConfig(log_interval=args.log_interval, metrics_file=args.metrics_file,
+                              timing_log_level=args.timing_log_level,
+                              timing_log_option=args.timing_log_option),
         experiment_log=ExperimentLogConfig(
             tensorboard_dir=args.tensorboard_dir,
             tensorboard_log_interval=args.tensorboard_log_interval,

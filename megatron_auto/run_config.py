@@ -135,10 +135,17 @@ class DataConfig:
 class LoggingConfig:
     log_interval: int = 10
     metrics_file: str | None = None
+    timing_log_level: int = 0  # --timing-log-level: 0 off, 1 the breakdown, 2 finer (+ CUDA syncs)
+    timing_log_option: str = "minmax"  # --timing-log-option: max | minmax | all (console only)
 
     def __post_init__(self) -> None:
         if self.log_interval < 1:
             raise ValueError(f"--log-interval={self.log_interval}: must be a positive integer")
+        if self.timing_log_level not in (0, 1, 2):
+            raise ValueError(f"--timing-log-level={self.timing_log_level}: choose 0, 1 or 2")
+        if self.timing_log_option not in ("max", "minmax", "all"):
+            raise ValueError(f"--timing-log-option={self.timing_log_option!r}: choose max, "
+                             f"minmax or all")
 
 
 class ExperimentLogError(ArgumentError):

@@ -292,7 +292,8 @@ IMPLEMENTED_OR_PLANNED = ("--sequence-parallel", "--num-layers-per-virtual-pipel
                           "--fp8-format", "--disable-bias-linear", "--openai-gelu",
                           "--group-query-attention", "--num-query-groups", "--swiglu",
                           "--use-distributed-optimizer", "--recompute-granularity", "--bf16",
-                          "--fp16", "--untie-embeddings-and-output-weights")
+                          "--fp16", "--untie-embeddings-and-output-weights",
+                          "--timing-log-level")
 
 
 @pytest.mark.pure

@@ -135,7 +135,9 @@ def run_interleaved(run: Any) -> None:
                 if forward:
                     x = None
                     if chunk > 0:
-                        x = ring.recv(tuple(run.stage.input_shape(b, chunk=chunk)), True, mb, chunk)
+                        with run.timers("forward-recv"):
+                            x = ring.recv(tuple(run.stage.input_shape(b, chunk=chunk)), True, mb,
+                                          chunk)
                         if not run.forward_only:
                             x.requires_grad_()
                     out = run.forward(mb, x, chunk)
@@ -147,11 +149,13 @@ def run_interleaved(run: Any) -> None:
                 else:
                     grad_out = None
                     if chunk < last_chunk:
-                        grad_out = ring.recv(tuple(run.stage.output_shape(b, chunk=chunk)), False,
-                                             mb, chunk)
+                        with run.timers("backward-recv"):
+                            grad_out = ring.recv(tuple(run.stage.output_shape(b, chunk=chunk)),
+                                                 False, mb, chunk)
                     grad_in = run.backward(inputs.pop((mb, chunk)), outputs.pop((mb, chunk)),
                                            grad_out, chunk)
                     if chunk > 0:
                         ring.send(grad_in, False, mb, chunk - 1)
     finally:
-        ring.finish()
+        with run.timers("p2p-send-wait"):  # the posted sends, waited for once
+            ring.finish()

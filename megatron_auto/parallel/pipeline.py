@@ -50,6 +50,9 @@ from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from . import p2p
 from .interleaved import run_interleaved
+from .timers import Timers
+
+_NO_TIMERS = Timers(0)
 
 SCHEDULES = ("1f1b", "gpipe")
 # Keys of a micro-batch dict that are not handed to the stage as keyword arguments.
@@ -76,8 +79,9 @@ class _Stage:
     def __init__(self, stage: torch.nn.Module, data_parallel: GradSync | None, ctx: Any,
                  microbatches: Sequence[dict], total_tokens: float, loss_scale: float,
                  forward_only: bool, autocast_dtype: torch.dtype | None,
-                 loss_parts: list[dict] | None = None) -> None:
+                 loss_parts: list[dict] | None = None, timers: Timers | None = None) -> None:
         self.stage = stage
+        self.timers = timers or _NO_TIMERS
         self.data_parallel = data_parallel
         self.ctx = ctx
         self.microbatches = microbatches
@@ -103,31 +107,38 @@ class _Stage:
     def recv_forward(self) -> torch.Tensor | None:
         if self.is_first:
             return None
-        x = p2p.recv_forward(self.ctx, self.input_shape, self.comm_dtype)
+        with self.timers("forward-recv"):
+            x = p2p.recv_forward(self.ctx, self.input_shape, self.comm_dtype)
         return x if self.forward_only else x.requires_grad_()
 
     def send_forward(self, output: Any) -> None:
         if not self.is_last:
-            p2p.send_forward(self.ctx, output, self.comm_dtype)
+            with self.timers("forward-send"):
+                p2p.send_forward(self.ctx, output, self.comm_dtype)
 
     def recv_backward(self) -> torch.Tensor | None:
         if self.is_last:
             return None
-        return p2p.recv_backward(self.ctx, self.output_shape, self.comm_dtype)
+        with self.timers("backward-recv"):
+            return p2p.recv_backward(self.ctx, self.output_shape, self.comm_dtype)
 
     def send_backward(self, grad: torch.Tensor | None) -> None:
         if not self.is_first:
-            p2p.send_backward(self.ctx, grad, self.comm_dtype)
+            with self.timers("backward-send"):
+                p2p.send_backward(self.ctx, grad, self.comm_dtype)
 
     def send_forward_recv_backward(self, output: Any) -> torch.Tensor | None:
         if self.is_last:
             return None
-        return p2p.send_forward_recv_backward(self.ctx, output, self.output_shape, self.comm_dtype)
+        with self.timers("forward-send-backward-recv"):
+            return p2p.send_forward_recv_backward(self.ctx, output, self.output_shape,
+                                                  self.comm_dtype)
 
     def send_backward_recv_forward(self, grad: torch.Tensor | None) -> torch.Tensor | None:
         if self.is_first:
             return None
-        x = p2p.send_backward_recv_forward(self.ctx, grad, self.input_shape, self.comm_dtype)
+        with self.timers("backward-send-forward-recv"):
+            x = p2p.send_backward_recv_forward(self.ctx, grad, self.input_shape, self.comm_dtype)
         return x.requires_grad_()
 
     # ------------------------------------------------------------- compute
@@ -145,6 +156,10 @@ class _Stage:
     def forward(self, index: int, received: torch.Tensor | None, chunk: int | None = None) -> Any:
         """Forward of micro-batch ``index`` (of model ``chunk`` when interleaved): the scaled loss
         at the end of the model, else the output."""
+        with self.timers("forward-compute"):
+            return self._forward(index, received, chunk)
+
+    def _forward(self, index: int, received: torch.Tensor | None, chunk: int | None) -> Any:
         is_first, is_last = self.ends(chunk)
         mb = self.microbatches[index]
         kwargs = {k: v for k, v in mb.items() if k != _FIRST_STAGE_INPUT and k not in _LAST_STAGE_KEYS}
@@ -177,10 +192,11 @@ class _Stage:
         if self.data_parallel is not None:
             self.data_parallel.set_microbatch(done, self.num_microbatches)
         self.num_backwards[chunk] = done + 1
-        if is_last:
-            output.backward()
-        else:
-            torch.autograd.backward(output, grad_tensors=grad_output)
+        with self.timers("backward-compute"):
+            if is_last:
+                output.backward()
+            else:
+                torch.autograd.backward(output, grad_tensors=grad_output)
         if is_first:
             return None
         grad = received.grad
@@ -201,7 +217,8 @@ def forward_backward(stage: torch.nn.Module, data_parallel: GradSync | None, ctx
                      microbatches: Sequence[dict], *, schedule: str, total_tokens: float,
                      loss_scale: float = 1.0, forward_only: bool = False,
                      autocast_dtype: torch.dtype | None = None,
-                     loss_parts: list[dict] | None = None) -> list[tuple[float, float]]:
+                     loss_parts: list[dict] | None = None,
+                     timers: Timers | None = None) -> list[tuple[float, float]]:
     """Run one iteration of ``schedule`` over ``microbatches``; see the module docstring.
 
     ``microbatches`` has one dict per micro-batch on every rank (its length is the micro-batch
@@ -209,7 +226,8 @@ def forward_backward(stage: torch.nn.Module, data_parallel: GradSync | None, ctx
     ``"loss_mask"``; other keys (``position_ids``, ``attention_mask``) go to the stage as keyword
     arguments. Returns ``[(loss_sum, num_tokens), ...]`` per micro-batch on last-stage ranks
     (unscaled, this rank's slice) and ``[]`` elsewhere. With ``forward_only`` no gradients are
-    computed and ``data_parallel`` is not touched (evaluation).
+    computed and ``data_parallel`` is not touched (evaluation). ``timers`` (a
+    :class:`~.timers.Timers`; default: none) time the schedule's phases.
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule={schedule!r}: choose one of {', '.join(SCHEDULES)}")
@@ -219,18 +237,20 @@ def forward_backward(stage: torch.nn.Module, data_parallel: GradSync | None, ctx
         raise ValueError(f"total_tokens={total_tokens}: the global batch has no token with a "
                          f"non-zero loss mask; check the dataset's loss_mask")
     run = _Stage(stage, data_parallel, ctx, microbatches, total_tokens, loss_scale,
-                 forward_only, autocast_dtype, loss_parts)
-    if _virtual_size(ctx.plan) > 1:
-        run_interleaved(run)
-    elif forward_only:
-        with torch.no_grad():
-            _forward_only(run)
-    elif schedule == "gpipe":
-        _gpipe(run)
-    else:
-        _one_f_one_b(run)
-    if not forward_only and data_parallel is not None:
-        data_parallel.finish_grad_sync()
+                 forward_only, autocast_dtype, loss_parts, timers)
+    with run.timers("forward-backward"):
+        if _virtual_size(ctx.plan) > 1:
+            run_interleaved(run)
+        elif forward_only:
+            with torch.no_grad():
+                _forward_only(run)
+        elif schedule == "gpipe":
+            _gpipe(run)
+        else:
+            _one_f_one_b(run)
+        if not forward_only and data_parallel is not None:
+            with run.timers("all-grads-sync"):
+                data_parallel.finish_grad_sync()
     return [(float(loss), float(tokens)) for loss, tokens in run.losses]
 
 

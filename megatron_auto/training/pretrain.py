@@ -36,6 +36,7 @@ import torch.distributed as dist
 from .. import arguments
 from ..config import ConfigError, ModelConfig
 from ..parallel.device import resolve_device, select_local_cuda_device
+from ..parallel.timers import gather_over_ranks
 from ..plan import Plan, PlanError
 from ..plan_source import make_plan
 from ..run_config import RunConfig, SearchPins
@@ -46,6 +47,7 @@ from .logging import format_eval_line, format_iteration_line, get_logger, setup_
 from .metrics import (MetricsWriter, device_peak_tflops, format_prediction_line,
                       model_flops_per_token, predicted_metrics)
 from .precision import autocast_dtype
+from .timing_report import format_stage_comparison, format_timer_lines, timer_metrics
 from .trainer import (GPT_TASK, ModelProvider, NonFiniteError, TaskSpec, Trainer, build_trainer,
                       evaluate, train_step)
 
@@ -145,7 +147,8 @@ def pretrain(config: RunConfig, model_provider: ModelProvider,
                             lr_config=config.lr, precision=config.precision,
                             seed=train_config.seed, device=device, task=task,
                             compile_backend=train_config.compile_backend,
-                            check_for_nan=train_config.check_for_nan_in_loss_and_grad)
+                            check_for_nan=train_config.check_for_nan_in_loss_and_grad,
+                            timing_log_level=config.logging.timing_log_level)
     if resume:
         checkpoint.load_checkpoint(trainer, ckpt.load)
     start_iteration = trainer.iteration
@@ -232,6 +235,10 @@ def _train_loop(trainer: Trainer, config: RunConfig, train_ds: Any, valid_ds: An
         if ctx.device.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
+        # Timers file the iteration like the mean time below: slowed or skipped ones count
+        # only when the window has no other (and after the synchronize above on CUDA).
+        trainer.timers.end_iteration(
+            representative=not result.skipped and not (metered and ctx.device.type != "cuda"))
         if not result.skipped:
             window.append((result.lm_loss, seconds, metered and ctx.device.type != "cuda"))
             window_extras.append(result.extra_losses)
@@ -254,6 +261,10 @@ def _train_loop(trainer: Trainer, config: RunConfig, train_ds: Any, valid_ds: An
                 loss_scale=result.loss_scale if trainer.precision.fp16 else None,
                 grad_norm=result.grad_norm, skipped_iterations=trainer.skipped_iterations,
                 tokens_per_s=tokens_per_iter / mean_s, tflops_per_device=tflops))
+            timer_rows = (gather_over_ranks(trainer.timers.take(), ctx.device)
+                          if trainer.timers.enabled else [])  # collective: every rank logs here
+            for line in format_timer_lines(timer_rows, config.logging.timing_log_option):
+                log.info(line)
             metrics = {"iteration": it, "lm_loss": mean_loss, "lr": result.lr,
                        "grad_norm": result.grad_norm, "iteration_time_s": mean_s,
                        "samples_per_s": plan.global_batch_size / mean_s,
@@ -262,6 +273,7 @@ def _train_loop(trainer: Trainer, config: RunConfig, train_ds: Any, valid_ds: An
                        "skipped_iterations": trainer.skipped_iterations,
                        "loss_scale": result.loss_scale}
             metrics.update(extras)
+            metrics.update(timer_metrics(timer_rows))
             if peak:
                 metrics["mfu"] = tflops / peak
             if measured_peak is not None:
@@ -270,6 +282,8 @@ def _train_loop(trainer: Trainer, config: RunConfig, train_ds: Any, valid_ds: An
             if not compared and "predicted_iteration_time_s" in metrics and \
                     any(not slowed for _, _, slowed in window):
                 log.info(format_prediction_line(metrics))
+                for line in format_stage_comparison(timer_rows, estimate, plan.num_microbatches):
+                    log.info(line)
                 compared = True
             writer.write(metrics)
             experiment_log.write(metrics)

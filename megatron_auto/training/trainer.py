@@ -29,6 +29,7 @@ from ..parallel.context import ParallelContext
 from ..parallel.data_parallel import DataParallel
 from ..parallel.optimizer import build_optimizer
 from ..parallel.pipeline import forward_backward
+from ..parallel.timers import Timers
 from ..plan import Plan
 from ..run_config import LRConfig, OptimizerConfig, PrecisionConfig
 from .data import split_microbatches
@@ -93,6 +94,8 @@ class Trainer:
     history: list[dict] = field(default_factory=list)
     task: TaskSpec = GPT_TASK
     check_for_nan: bool = False  # --check-for-nan-in-loss-and-grad
+    # --timing-log-level: the phase timers (level 0: all no-ops); the loop reads them.
+    timers: Timers = field(default_factory=Timers)
 
     @property
     def reads_data(self) -> bool:
@@ -118,11 +121,12 @@ def build_trainer(model_config: ModelConfig, plan: Plan, model_provider: ModelPr
                   precision: PrecisionConfig = PrecisionConfig(), seed: int = 1234,
                   device: torch.device | None = None, task: TaskSpec = GPT_TASK,
                   compile_backend: str | None = None,
-                  check_for_nan: bool = False) -> Trainer:
+                  check_for_nan: bool = False, timing_log_level: int = 0) -> Trainer:
     """Collective: build context, stage, data parallelism and optimizer for ``plan``.
 
     ``plan`` must be valid for ``model_config``: every maker of plans (``plan_source.make_plan``,
-    ``auto.plan_for_run``, the CLI) validates it when it makes it.
+    ``auto.plan_for_run``, the CLI) validates it when it makes it. ``timing_log_level`` (0, 1,
+    2: ``--timing-log-level``) sets ``trainer.timers`` (``parallel/timers.py``).
     """
     ctx = ParallelContext(plan, device=device)
     torch.manual_seed(seed)
@@ -139,7 +143,8 @@ def build_trainer(model_config: ModelConfig, plan: Plan, model_provider: ModelPr
     return Trainer(ctx=ctx, plan=plan, model_config=model_config, stage=stage,
                    data_parallel=data_parallel, optimizer=optimizer,
                    optimizer_config=optimizer_config, lr_config=lr_config, precision=precision,
-                   scaler=LossScaler(precision), task=task, check_for_nan=check_for_nan)
+                   scaler=LossScaler(precision), task=task, check_for_nan=check_for_nan,
+                   timers=Timers(timing_log_level, ctx.device))
 
 
 def _microbatches(trainer: Trainer, batch: dict[str, torch.Tensor] | None) -> tuple[list[dict], float]:
@@ -174,26 +179,33 @@ def train_step(trainer: Trainer, batch: dict[str, torch.Tensor] | None) -> StepR
     microbatches, total_tokens = _microbatches(trainer, batch)
     scale = trainer.scaler.scale
     parts: list[dict] = []
+    timers = trainer.timers
     losses = forward_backward(trainer.stage, trainer.data_parallel, trainer.ctx, microbatches,
                               schedule=trainer.plan.pipeline.schedule, total_tokens=total_tokens,
                               loss_scale=scale, autocast_dtype=autocast_dtype(trainer.precision),
-                              loss_parts=parts)
-    params = list(trainer.data_parallel.parameters())
-    unscale_(params, scale)
-    if trainer.check_for_nan:  # before clipping: a nan norm would spread nan to every rank's grads
-        _check_finite(trainer, iteration, losses, params)
-    grad_norm = float(trainer.data_parallel.clip_grad_norm_(trainer.optimizer_config.clip_grad))
-    # The norm is already global; the flag all-reduce makes the skip decision identical on every
-    # rank even if a future norm implementation were only group-local.
-    found_inf = torch.tensor([0.0 if math.isfinite(grad_norm) else 1.0], device=trainer.ctx.device)
-    dist.all_reduce(found_inf, op=dist.ReduceOp.MAX)
-    skipped = bool(found_inf.item())
-    if skipped:
-        trainer.skipped_iterations += 1
-    else:
-        trainer.optimizer.step()
-    trainer.scaler.update(skipped)
-    lm_loss, tokens = _reduce_loss(trainer, losses)
+                              loss_parts=parts, timers=timers)
+    with timers("optimizer"):
+        params = list(trainer.data_parallel.parameters())
+        unscale_(params, scale)
+        if trainer.check_for_nan:  # before clipping: a nan norm would spread nan to every rank
+            _check_finite(trainer, iteration, losses, params)
+        with timers("optimizer-clip-main-grad", 2):
+            grad_norm = float(trainer.data_parallel.clip_grad_norm_(
+                trainer.optimizer_config.clip_grad))
+        # The norm is already global; the flag all-reduce makes the skip decision identical on
+        # every rank even if a future norm implementation were only group-local.
+        found_inf = torch.tensor([0.0 if math.isfinite(grad_norm) else 1.0],
+                                 device=trainer.ctx.device)
+        dist.all_reduce(found_inf, op=dist.ReduceOp.MAX)
+        skipped = bool(found_inf.item())
+        if skipped:
+            trainer.skipped_iterations += 1
+        else:
+            with timers("optimizer-inner-step", 2):
+                trainer.optimizer.step()
+        trainer.scaler.update(skipped)
+    with timers("loss-reduce", 2):
+        lm_loss, tokens = _reduce_loss(trainer, losses)
     trainer.iteration = iteration
     trainer.consumed_samples += trainer.plan.global_batch_size
     return StepResult(lm_loss=lm_loss, num_tokens=tokens, grad_norm=grad_norm, skipped=skipped,
