@@ -166,3 +166,76 @@ def test_fit_line_hand_checked():
     assert mp.fit_line([1, 2, 4], [3.0, 5.0, 9.0]) == pytest.approx((2.0, 1.0))
     # Negative intercept from noise -> line through the origin: sum(xy)/sum(x^2) = 20.5/21.
     assert mp.fit_line([1, 2, 4], [0.5, 2.0, 4.0]) == pytest.approx((20.5 / 21, 0.0))
+
+
+# -------------------------------------------------------------------------- TP shards timed
+@pytest.mark.single
+def test_tp_shard_is_the_runtimes_shard_and_runs_without_communication():
+    from megatron_auto.models.transformer import TransformerLayer
+    from megatron_auto.parallel import mappings
+
+    before = mappings.group_size, mappings._all_reduce
+    with mp.tensor_parallel_compute_only(2):
+        shard = TransformerLayer(TINY, mp.tp_shard_groups(torch.device("cpu"), 2))
+        x = torch.randn(2, S, H, requires_grad=True)
+        shard(x).sum().backward()  # no process group exists: nothing may communicate
+    assert (mappings.group_size, mappings._all_reduce) == before
+    assert x.grad.shape == x.shape
+    # Half of QKV (3h^2/2 + 3h/2), of the projection's rows (h^2/2, its bias h whole), of FC1
+    # (f h/2 + f/2) and FC2's columns (h f/2, bias h); both norms whole (4h). h=64, f=256.
+    h, f = H, 4 * H
+    hand = (3 * h * h // 2 + 3 * h // 2) + (h * h // 2 + h) + (f * h // 2 + f // 2) \
+        + (h * f // 2 + h) + 4 * h
+    assert sum(p.numel() for p in shard.parameters()) == hand
+
+
+@pytest.mark.single
+def test_replicated_fraction_fit_recovers_a_known_split():
+    # A toy layer that repeats 20% of its tp-1 work on every rank: 1.0 -> 0.8/2 + 0.2 = 0.6 at
+    # tp 2, 0.8/4 + 0.2 = 0.4 at tp 4 (ms per sample).
+    table = {1: (1.0e-3, 0.0), 2: (0.6e-3, 1e-4), 4: (0.4e-3, 2e-4)}
+    assert mp.fit_replicated_fraction(table) == pytest.approx(0.2)
+    assert mp.fit_replicated_fraction({1: (1.0e-3, 0.0)}) == 0.0
+    # Noise faster than a perfect split is clipped to "nothing repeated".
+    assert mp.fit_replicated_fraction({1: (1.0e-3, 0.0), 2: (0.4e-3, 0.0)}) == 0.0
+
+
+@pytest.mark.single
+def test_profile_times_the_requested_tp_degrees_and_keys_the_cache_on_them():
+    config = mp.ModelProfilerConfig(batch_sizes=(2, 3), warmup_iters=0, iters=1, tp_degrees=(2,))
+    profile = mp.profile_model(TINY, "fp32", "cpu", config=config)
+    lt = profile.layer_types["gpt"]
+    assert sorted(lt.forward_time_by_tp) == [1, 2]
+    assert all(slope >= 0 and const >= 0 for slope, const in lt.forward_time_by_tp.values())
+    assert 0.0 <= lt.tp_replicated_fraction <= 1.0
+    assert mp.profile_cache_key(TINY, "fp32", "cpu", config)["tp_degrees"] == [2]
+    assert mp.profile_cache_key(TINY, "fp32", "cpu", QUICK)["tp_degrees"] == []  # lone process
+    with pytest.raises(ValueError, match="--tp-degrees"):
+        mp.ModelProfilerConfig(tp_degrees=(1,))
+    with pytest.raises(ValueError, match="must divide --num-attention-heads=4"):
+        mp.ModelProfilerConfig(tp_degrees=(3,)).degrees(TINY)
+
+
+def _default_degrees_profile(rank: int, world_size: int, cfg_dict: dict) -> dict:
+    from megatron_auto.models.transformer import TransformerLayer
+    from megatron_auto.parallel.context import ParallelContext
+
+    import torch.distributed as dist
+
+    cfg = ModelConfig.from_dict(cfg_dict)
+    ctx = ParallelContext(Plan.uniform(2, cfg.num_layers, global_batch_size=4, tp=2))
+    real = TransformerLayer(cfg, ctx.layer_groups(0))
+    with mp.tensor_parallel_compute_only(2):
+        shard = TransformerLayer(cfg, mp.tp_shard_groups(torch.device("cpu"), 2))
+    profile = mp.profile_model(cfg, "fp32", "cpu", config=QUICK)  # no collective inside
+    dist.barrier()  # both ranks done before either tears the group down
+    return {"degrees": sorted(profile.layer_types["gpt"].forward_time_by_tp),
+            "real": [tuple(p.shape) for p in real.parameters()],
+            "shard": [tuple(p.shape) for p in shard.parameters()]}
+
+
+@pytest.mark.multirank
+def test_under_two_ranks_the_profile_times_tp2_on_the_runtimes_tp2_shapes():
+    for rank in run_distributed(_default_degrees_profile, 2, TINY.to_dict()):
+        assert rank["degrees"] == [1, 2]
+        assert rank["shard"] == rank["real"]

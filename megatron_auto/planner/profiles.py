@@ -91,6 +91,7 @@ class LayerTypeProfile:
     # The SDPA kernel this profile's numbers are for: measured (the profiler records the op that
     # ran) or assumed by the analytic profile (the cluster's attention_backend).
     attention_backend: str = "math"
+    tp_replicated_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "forward_time_by_tp",
@@ -110,6 +111,10 @@ class LayerTypeProfile:
                   where + attr, value, "must be a finite number >= 0")
         _need(self.attention_backend in ATTENTION_BACKENDS, where + "attention_backend",
               self.attention_backend, f"choose one of {', '.join(ATTENTION_BACKENDS)}")
+        _need(isinstance(self.tp_replicated_fraction, (int, float))
+              and 0.0 <= self.tp_replicated_fraction <= 1.0, where + "tp_replicated_fraction",
+              self.tp_replicated_fraction, "must be a number in [0, 1] (0 = TP divides the "
+              "layer's compute perfectly)")
         _need(self.backward_forward_ratio > 0, where + "backward_forward_ratio",
               self.backward_forward_ratio, "must be > 0 (2.0 is typical)")
         for t, (slope, const) in self.forward_time_by_tp.items():
@@ -120,11 +125,42 @@ class LayerTypeProfile:
                   "needs tp >= 1 and bytes >= 0")
 
     def forward_time(self, samples: float, tp: int) -> float:
-        """Seconds of one forward call on ``samples`` samples per rank at TP degree ``tp``."""
+        """Seconds of one forward call on ``samples`` samples per rank at TP degree ``tp``.
+
+        Raises ``ProfileError`` when the per-tp table holds measured degrees above 1 but not
+        ``tp`` (see the class docstring)."""
         if tp in self.forward_time_by_tp:
             slope, const = self.forward_time_by_tp[tp]
             return slope * samples + const
-        return self.forward_time_per_sample_s * samples / tp + self.forward_time_constant_s
+        if self.measured_tp_degrees():
+            raise ProfileError(self._missing_tp_message(tp))
+        rho = self.tp_replicated_fraction
+        return (self.forward_time_per_sample_s * samples * ((1.0 - rho) / tp + rho)
+                + self.forward_time_constant_s)
+
+    def measured_tp_degrees(self) -> tuple[int, ...]:
+        """The TP degrees above 1 whose times were measured (``forward_time_by_tp``)."""
+        return tuple(sorted(t for t in self.forward_time_by_tp if t > 1))
+
+    def tp_efficiency(self, tp: int) -> float:
+        """Per-sample compute at tp 1 over ``tp`` times that at ``tp`` (1 = perfect split)."""
+        if tp in self.forward_time_by_tp and tp > 1:
+            base = self.forward_time_by_tp.get(1, (self.forward_time_per_sample_s, 0.0))[0]
+            slope = self.forward_time_by_tp[tp][0]
+            return base / (tp * slope) if slope > 0 else 1.0
+        if self.measured_tp_degrees() and tp > 1:
+            raise ProfileError(self._missing_tp_message(tp))
+        return 1.0 / (1.0 + self.tp_replicated_fraction * (tp - 1))
+
+    def _missing_tp_message(self, tp: int) -> str:
+        origin = getattr(self, "_origin", "")
+        where = f"--model-profile {origin}: " if origin else ""
+        have = ", ".join(str(t) for t in sorted(self.forward_time_by_tp))
+        return (f"{where}profile field layer_types.{self.name}.forward_time_by_tp has no tp={tp} "
+                f"(measured: {have}) but a plan being priced uses it: profile on {tp} local ranks "
+                f"(torchrun --nproc-per-node {tp} ...) or with `megatron-auto profile-model "
+                f"--tp-degrees {' '.join(str(t) for t in sorted({*self.measured_tp_degrees(), tp}))}`,"
+                f" or pin a measured degree (--tensor-model-parallel-size {max(self.measured_tp_degrees())})")
 
     def activation_bytes(self, tp: int) -> float:
         """Bytes kept per sample for backward at TP degree ``tp`` without recompute."""
@@ -243,9 +279,14 @@ class ModelProfile:
         data = read_json(path, "--model-profile", ProfileError,
                          syntax_fix="profile again or fix the file")
         try:
-            return cls.from_dict(data)
+            profile = cls.from_dict(data)
         except ProfileError as err:
             raise ProfileError(f"--model-profile {path}: {err}") from None
+        for layer in profile.layer_types.values():
+            # Not a field (not saved, not compared): names the file in errors found later,
+            # when the search asks for a TP degree the file does not have.
+            object.__setattr__(layer, "_origin", str(path))
+        return profile
 
 
 def _build(kind: type, data: Any, where: str) -> Any:

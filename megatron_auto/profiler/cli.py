@@ -101,6 +101,9 @@ def add_profile_model_parser(
                    help="micro-batch sizes of the linear fits (default 2 4 8 on CPU, 2 4 6 8 on GPU)")
     g.add_argument("--iters", type=int, default=5, help="timed steps per size (default 5)")
     g.add_argument("--warmup-iters", type=int, default=2)
+    g.add_argument("--tp-degrees", type=int, nargs="+", default=None, metavar="T",
+                   help="also time the layer's TP shard at these degrees >= 2 (default: the "
+                        "powers of two up to the local ranks under torchrun, none alone)")
     g.add_argument("--json", action="store_true", help="print the profile JSON")
     p.set_defaults(func=cmd_profile_model, model_config_from_flags_=model_config_from_flags)
     return p
@@ -115,7 +118,9 @@ def cmd_profile_model(args: argparse.Namespace) -> int:
     precision = _precision(args, "fp32")
     resolve_device(args.device)  # a --device that does not exist here stops before measuring
     settings = ModelProfilerConfig(batch_sizes=tuple(args.batch_sizes or ()),
-                                   warmup_iters=args.warmup_iters, iters=args.iters)
+                                   warmup_iters=args.warmup_iters, iters=args.iters,
+                                   tp_degrees=(tuple(args.tp_degrees) if args.tp_degrees
+                                               else None))
     measure = lookup_or_measure
     if getattr(config, "model_type", None) in ("vit", "swin"):  # an image classifier
         from .vision_profiler import lookup_or_measure_vision as measure  # noqa: PLC0415 - lazy: the vision models
@@ -136,6 +141,10 @@ def cmd_profile_model(args: argparse.Namespace) -> int:
               f"{lt.forward_time_per_sample_s * 1e3:.3f} ms/sample + "
               f"{lt.forward_time_constant_s * 1e3:.3f} ms; backward x"
               f"{lt.backward_forward_ratio:.2f}")
+        if lt.measured_tp_degrees():
+            print(f"  {label} TP efficiency (measured shards): " + ", ".join(
+                f"tp{t} {lt.tp_efficiency(t):.2f}" for t in lt.measured_tp_degrees())
+                + f"; replicated fraction {lt.tp_replicated_fraction:.3f}")
         print(f"  {label} activations per sample: {lt.activation_replicated_bytes / 2**20:.2f} "
               f"MiB replicated + {lt.activation_split_bytes / 2**20:.2f} MiB split by tp; "
               f"recompute keeps {lt.recompute_bytes_per_sample / 2**20:.2f} MiB")

@@ -19,10 +19,19 @@ Per micro-batch size ``b`` in ``batch_sizes`` (forward and backward timed separa
   MemTracker on CPU) minus parameters, gradients and kept activations -> the backward scratch;
   for the head this is the transient of the logits and the loss.
 
-Tensor parallelism: measured at tp=1 only. Degrees tp > 1 are derived analytically by the
-profile's own rule (split part / tp + replicated part; times / tp), the split being decided per
-saved tensor by the module that saved it (``activation_meter``). Measuring on TP groups is
-future work.
+Tensor parallelism: the layer's time is also measured at every degree ``tp > 1`` of
+``ModelProfilerConfig.tp_degrees`` (default: the powers of two up to the ranks on this machine
+when torch.distributed runs, so a ``torchrun`` launch of N local ranks measures up to N; none on
+a lone process). Each degree runs the runtime's own TP shard of the layer (``tp_size = t``:
+``1/t`` of the heads and of the FFN, the norms, residual adds and dropouts on the whole
+``(b, s, h)``) with its TP all-reduces made identities (:func:`tensor_parallel_compute_only`):
+the cost model prices those collectives itself from the cluster profile, so the profile keeps
+the shard's compute. Every rank measures at once under ``--auto-parallel``, so the shard is timed
+under training's sharing of the machine. Stored as ``forward_time_by_tp[t]`` (forward + backward
+over ``1 + backward_forward_ratio``, so that the cost model's ``r F`` backward adds up to the
+measured step) and condensed into ``tp_replicated_fraction`` (the share every TP rank repeats,
+least squares over the degrees). Kept activations at ``tp > 1`` stay derived (split part / tp +
+replicated part, decided per saved tensor by the module that saved it: ``activation_meter``).
 
 :func:`get_or_create_model_profile` caches the result (``cache.py``) under a key of device,
 precision, model shape, sequence length, torch version and profiler settings.
@@ -33,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import platform
 import time
 from dataclasses import dataclass
@@ -40,12 +50,14 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ..config import ModelConfig
 from ..models.gpt import LanguageModelEmbedding
 from ..models.transformer import TransformerLayer, make_norm
 from ..parallel.context import LayerGroups, Layout
+from ..parallel import mappings
 from ..parallel.device import resolve_device
 from ..parallel.tensor_parallel import ColumnParallelLinear, vocab_parallel_cross_entropy
 from ..planner.profiles import EmbeddingProfile, LayerTypeProfile, ModelProfile
@@ -58,8 +70,8 @@ logger = logging.getLogger(__name__)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Part of the cache key: bumped whenever what is measured changes, so that older cached
 # profiles are measured again (2: transient with gradients allocated beforehand; in-place loss;
-# 3: backward/forward ratio of totals, CPU micro-batch sizes 2, 4, 8).
-MEASUREMENT_VERSION = 3
+# 3: backward/forward ratio of totals, CPU micro-batch sizes 2, 4, 8; 4: TP shards timed).
+MEASUREMENT_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -71,8 +83,14 @@ class ModelProfilerConfig:
     batch_sizes: tuple[int, ...] = ()
     warmup_iters: int = 2
     iters: int = 5  # medians of 3 left the compute of a profile 20-30% off between runs on CPU
+    # TP degrees > 1 whose shard is timed too; None = the powers of two up to the local ranks
+    # when torch.distributed runs (LOCAL_WORLD_SIZE, else the world), none on a lone process.
+    tp_degrees: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
+        if self.tp_degrees is not None and any(t < 2 for t in self.tp_degrees):
+            raise ValueError(f"--tp-degrees {list(self.tp_degrees)}: give TP degrees >= 2 (tp 1 "
+                             f"is always measured), e.g. 2 4 8")
         if any(b < 1 for b in self.batch_sizes) or len(set(self.batch_sizes)) != len(self.batch_sizes):
             raise ValueError(f"--batch-sizes {list(self.batch_sizes)}: need distinct positive "
                              f"micro-batch sizes, e.g. 1 2 4")
@@ -85,6 +103,27 @@ class ModelProfilerConfig:
 
     def sizes(self, device: torch.device) -> tuple[int, ...]:
         return self.batch_sizes or ((2, 4, 6, 8) if device.type == "cuda" else (2, 4, 8))
+
+    def degrees(self, model_config: ModelConfig) -> tuple[int, ...]:
+        """The TP degrees > 1 to time: the configured ones, or the powers of two up to the
+        local ranks, keeping those that split this model's heads and FFN."""
+        if self.tp_degrees is not None:
+            wanted = sorted(set(self.tp_degrees))
+        else:
+            local = 1
+            if dist.is_available() and dist.is_initialized():
+                local = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
+            wanted = [1 << k for k in range(1, max(1, local).bit_length()) if 1 << k <= local]
+        out = []
+        for t in wanted:
+            try:
+                model_config.check_tensor_parallel(t)
+            except ValueError:
+                if self.tp_degrees is not None:
+                    raise
+                continue
+            out.append(t)
+        return tuple(out)
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -155,6 +194,43 @@ def tp1_groups(device: torch.device) -> LayerGroups:
     return LayerGroups(layout=Layout(0, 1, True), tp_group=None, tp_rank=0, tp_size=1,
                        tp_ranks=[0], dp_group=None, dp_rank=0, dp_size=1, dp_ranks=[0],
                        device_type=device.type)
+
+
+def tp_shard_groups(device: torch.device, tp: int) -> LayerGroups:
+    """Groups that make a layer build its TP rank-0 shard of degree ``tp`` on one process
+    (communication only through :func:`tensor_parallel_compute_only`)."""
+    return LayerGroups(layout=Layout(0, tp, True), tp_group=None, tp_rank=0, tp_size=tp,
+                       tp_ranks=list(range(tp)), dp_group=None, dp_rank=0, dp_size=1,
+                       dp_ranks=[0], device_type=device.type)
+
+
+@contextlib.contextmanager
+def tensor_parallel_compute_only(tp: int) -> Any:
+    """Inside, the runtime's TP mappings see a group of ``tp`` ranks and all-reduce nothing.
+
+    So a layer built on :func:`tp_shard_groups` runs exactly the shard's own work (the copies
+    around the collectives included) and no communication, which the cost model prices
+    separately (``cost_time.layer_time``: two all-reduces per direction). Only the
+    all-reduce mappings are covered; sequence parallelism's gathers are not (the profiler does
+    not measure SP layers)."""
+    saved = mappings.group_size, mappings._all_reduce
+    mappings.group_size = lambda group: tp  # type: ignore[assignment]
+    mappings._all_reduce = lambda x, group: x  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        mappings.group_size, mappings._all_reduce = saved
+
+
+def fit_replicated_fraction(by_tp: dict[int, tuple[float, float]]) -> float:
+    """``rho`` of ``slope_t = slope_1 ((1 - rho)/t + rho)``, least squares over the degrees
+    t > 1 of a per-tp table of ``(per_sample_s, constant_s)``, clipped to [0, 1]."""
+    base = by_tp.get(1, (0.0, 0.0))[0]
+    pairs = [(slope - base / t, base * (1 - 1 / t)) for t, (slope, _) in by_tp.items() if t > 1]
+    den = sum(x * x for _, x in pairs)
+    if base <= 0 or den <= 0:
+        return 0.0
+    return min(1.0, max(0.0, sum(y * x for y, x in pairs) / den))
 
 
 def _init_(module: nn.Module, std: float) -> nn.Module:
@@ -321,6 +397,7 @@ def _profile_model(model_config: ModelConfig, precision: str = "fp32",
         flops_per_sample=float(2 * s * (4 * h * h + (3 if cfg.activation == "swiglu" else 2)
                                         * h * cfg.ffn_hidden_size) + 4 * s * s * h))
     del layer
+    layer_profile = _with_tp_shards(layer_profile, cfg, config, sizes, dev, amp)
 
     tied = not cfg.untie_embeddings_and_output_weights
     emb = _init_(LanguageModelEmbedding(cfg, groups, None, with_positions=True,
@@ -379,13 +456,45 @@ def _profile_model(model_config: ModelConfig, precision: str = "fp32",
     metadata = {
         "model": cfg.model_type, "device": device_name(dev), "torch": torch.__version__,
         "batch_sizes": list(sizes), "profile_seconds": elapsed,
-        "tp_derivation": "measured at tp=1; tp>1 = replicated + split/tp (analytic)",
+        "tp_derivation": ("time measured at tp " + ", ".join(
+            str(t) for t in sorted(layer_profile.forward_time_by_tp)) + " (TP shards, "
+            "all-reduces excluded); activations at tp>1 = replicated + split/tp"),
         "raw": {"layer": dataclasses.asdict(lay), "embedding": dataclasses.asdict(emb_series),
                 "head": dataclasses.asdict(head_series)}}
     logger.info("profiled %s layer (h=%d, s=%d) on %s in %.1f s", cfg.model_type, h, s,
                 metadata["device"], elapsed)
     return ModelProfile(layer_types={cfg.model_type: layer_profile}, embedding=embedding_profile,
                         precision=precision, source="measured", metadata=metadata)
+
+
+def _with_tp_shards(profile: LayerTypeProfile, cfg: ModelConfig, config: ModelProfilerConfig,
+                    sizes: Sequence[int], dev: torch.device,
+                    amp: Callable[[], contextlib.AbstractContextManager]) -> LayerTypeProfile:
+    """``profile`` with ``forward_time_by_tp`` and ``tp_replicated_fraction`` from the TP
+    shards of ``config.degrees(cfg)`` (module docstring); unchanged when there are none."""
+    degrees = config.degrees(cfg)
+    if not degrees:
+        return profile
+    s, h = cfg.seq_length, cfg.hidden_size
+    by_tp = dict(profile.forward_time_by_tp)
+    share = 1.0 + profile.backward_forward_ratio  # of one step, the forward's part
+    for tp in degrees:
+        with tensor_parallel_compute_only(tp):
+            shard = _init_(TransformerLayer(cfg, tp_shard_groups(dev, tp), causal=cfg.causal),
+                           cfg.init_method_std).to(dev).train()
+            steps = []
+            for b in sizes:
+                x = torch.randn(b, s, h, device=dev, requires_grad=True)
+
+                def forward(x: torch.Tensor = x) -> torch.Tensor:
+                    with amp():
+                        return shard(x)
+                fwd, bwd = _time_forward_backward(forward, config.warmup_iters, config.iters, dev)
+                steps.append((fwd + bwd) / share)
+            by_tp[tp] = fit_line(sizes, steps)
+            del shard
+    return dataclasses.replace(profile, forward_time_by_tp=by_tp,
+                               tp_replicated_fraction=fit_replicated_fraction(by_tp))
 
 
 def profile_cache_key(model_config: ModelConfig, precision: str, device: str | torch.device | None,
@@ -397,7 +506,8 @@ def profile_cache_key(model_config: ModelConfig, precision: str, device: str | t
     return {"measurement": MEASUREMENT_VERSION,
             "device": device_name(dev), "precision": precision, "torch": torch.__version__,
             "model": shape, "batch_sizes": list(config.sizes(dev)),
-            "iters": config.iters, "warmup_iters": config.warmup_iters}
+            "iters": config.iters, "warmup_iters": config.warmup_iters,
+            "tp_degrees": list(config.degrees(model_config))}
 
 
 @dataclass(frozen=True)
