@@ -41,6 +41,7 @@ from .planner.profiles import ModelProfile
 from .planner.search import SearchOptions, evaluate, search
 from .planning import PlanningInputs, planning_inputs
 from .run_config import resolve_precision
+from .reproduce.cli import add_reproduce_parser
 from .profiler.cli import (add_calibrate_parser, add_profile_hardware_parser,
                            add_profile_model_parser)
 
@@ -463,6 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="image to write (default: the metrics file with .png)")
     m.set_defaults(func=cmd_plot_metrics)
     _add_profiler_subcommands(sub)
+    add_reproduce_parser(sub)
     return parser
 
 

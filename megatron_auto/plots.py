@@ -188,3 +188,35 @@ def _versus(ax: Any, it: Sequence[int], records: Sequence[Mapping[str, Any]], me
     ax.set_ylabel(f"{measured.replace('_', ' ')} ({unit})")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
+
+
+def plot_throughput_against_budget(
+        series: Mapping[str, Mapping[str, Sequence[tuple[float, float | None]]]],
+        path: str, title: str = "") -> str:
+    """One panel per model: samples/s against the memory budget, one line per method
+    (``series[model][method] = [(budget_gb, samples_per_s or None when it does not fit)]``);
+    budgets where a method does not fit are left out of its line (the experiment grid)."""
+    if not series:
+        raise PlotError(f"{path}: nothing to plot (no grid records); run the grid first")
+    models = list(series)
+    cols = min(3, len(models))
+    rows = -(-len(models) // cols)
+    fig = _figure(rows, 3.0)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for idx, model in enumerate(models):
+        ax = axes[idx // cols][idx % cols]
+        for method, points in series[model].items():
+            xs = [b for b, v in points if v is not None]
+            ys = [v for _, v in points if v is not None]
+            if xs:
+                ax.plot(xs, ys, marker="o", markersize=3, label=method,
+                        linewidth=2.2 if method == "ours" else 1.0)
+        ax.set_title(model, fontsize=9)
+        ax.set_xlabel("memory budget per device (GB)")
+        ax.set_ylabel("samples/s")
+    for idx in range(len(models), rows * cols):
+        axes[idx // cols][idx % cols].set_visible(False)
+    axes[0][0].legend(fontsize=6, loc="upper left")
+    if title:
+        fig.suptitle(title)
+    return _save(fig, path)

@@ -50,22 +50,26 @@ TOP_LEVEL_LAYERS = {
     "": "entry",
 }
 PACKAGE_LAYERS = {"planner": "planner", "parallel": "parallel", "data": "data",
-                  "models": "models", "profiler": "profiler", "training": "training"}
+                  "models": "models", "profiler": "profiler", "training": "training",
+                  "reproduce": "reproduce"}
 BELOW = {  # layer -> the layers it may import (besides its own)
     "base": set(),
     "planner": {"base"},
     "parallel": {"base"},
     "data": {"base"},
     "plan_inputs": {"base", "planner"},
+    # The experiment grid searches and prices (torch-free); --run launches the entry scripts
+    # as subprocesses, never imports them.
+    "reproduce": {"base", "planner", "plan_inputs"},
     "models": {"base", "parallel"},
     "profiler": {"base", "parallel", "models", "planner"},
     "auto": {"base", "parallel", "models", "planner", "plan_inputs", "profiler"},
     "training": {"base", "parallel", "data", "models", "planner", "plan_inputs", "profiler",
                  "auto"},
     "entry": {"base", "parallel", "data", "models", "planner", "plan_inputs", "profiler", "auto",
-              "training"},
+              "training", "reproduce"},
 }
-TORCH_FREE_LAYERS = ("base", "planner", "plan_inputs")
+TORCH_FREE_LAYERS = ("base", "planner", "plan_inputs", "reproduce")
 # Not a layer of their own but promised torch-free at import: the profiler's subcommands are
 # registered by `megatron-auto`, whose planning commands must not pay for torch.
 TORCH_FREE_EXTRA = ("profiler.cli",)

@@ -153,7 +153,8 @@ def _spaces(name: str, options: SearchOptions, world: int) -> list[_Space]:
     if name == "megatron3d":
         out = []
         for tp in powers_of_two_upto(world):
-            for recompute in (False, True):
+            # The grid with full recompute is part of the space unless recompute is off.
+            for recompute in ((False, True) if options.allow_recompute else (False,)):
                 rules = SpaceRules(tps=(tp,), dp_modes=("ddp",), allow_recompute=recompute,
                                    allow_strided=False, force_recompute=recompute,
                                    max_tp=options.max_tp)

@@ -1,0 +1,181 @@
+"""``megatron-auto reproduce``: the experiment grid from the command line (docs/reproduce.md).
+
+Simulated by default (searched and priced on the cluster presets or files, on any machine);
+``--run`` also trains each plan on the cluster this command runs on and records the measurement
+next to the estimate. Results are appended to ``--results`` as they finish and the tables and
+figures are rewritten at the end; rerunning the same command resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from ..planner.hardware import ClusterSpec
+from .grid import DEFAULT_CLUSTERS, GRID_VERSION, MODELS, TINY_MODELS, cells, select_budgets, \
+    select_models
+from .measure import PlanRuns, measure_cluster, measure_profile
+from .methods import METHODS, select_methods
+from .report import write_figures, write_tables
+from .results import ResultsFile
+from .simulate import load_cluster, simulate
+
+GB = 1e9
+logger = logging.getLogger("megatron_auto")
+
+
+def add_reproduce_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "reproduce", allow_abbrev=False,
+        help="the paper's experiment grid: every method searched and priced per model, cluster "
+             "and budget (--run: also trained here)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("grid")
+    g.add_argument("--models", default=None, metavar="A,B",
+                   help=f"models (default: all of the paper's: {', '.join(MODELS)}; tiny ones "
+                        f"for CPU smoke runs: {', '.join(TINY_MODELS)})")
+    g.add_argument("--clusters", default=None, metavar="A,B",
+                   help=f"cluster presets or cluster files (default {','.join(DEFAULT_CLUSTERS)})")
+    g.add_argument("--budgets", default=None, metavar="GB,GB",
+                   help="memory budgets per device in GB (default 8,12,16,20,40; a budget above "
+                        "a cluster's device memory skips that cluster)")
+    g.add_argument("--methods", default=None, metavar="A,B",
+                   help=f"methods (default all: {', '.join(METHODS)})")
+    g.add_argument("--global-batch-size", type=int, default=None,
+                   help="one global batch for every model (default: each model's, 128)")
+    g.add_argument("--search-batch-size", action="store_true",
+                   help="let every method also search the global batch size")
+    g.add_argument("--profile-dir", default=None, metavar="DIR",
+                   help="measured or imported model profiles, DIR/<model>.json (default: "
+                        "analytic profiles)")
+    g.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                   help="per search (default: the planner's)")
+    o = p.add_argument_group("output")
+    o.add_argument("--out", default="reproduce_out", metavar="DIR",
+                   help="directory of the results, tables, plans and figures")
+    o.add_argument("--results", default=None, metavar="FILE",
+                   help="results JSONL (default OUT/results.jsonl; appended, resumed)")
+    o.add_argument("--no-plots", action="store_true", help="skip the figures")
+    o.add_argument("--quiet", action="store_true", help="no progress lines")
+    r = p.add_argument_group("measure on this cluster (--run)")
+    r.add_argument("--run", action="store_true",
+                   help="re-plan every method on this cluster's measured profiles and train it")
+    r.add_argument("--nproc-per-node", type=int, default=None,
+                   help="ranks per node for --run (default: the GPUs here, else 2)")
+    r.add_argument("--run-iters", type=int, default=10, help="iterations per run (default 10)")
+    r.add_argument("--run-cluster", default=None, metavar="FILE",
+                   help="this cluster's hardware profile (default: measure it now)")
+    p.set_defaults(func=cmd_reproduce)
+
+
+class _Progress:
+    """tqdm on a terminal when installed; otherwise a plain line every few seconds."""
+
+    def __init__(self, enabled: bool, what: str) -> None:
+        self.enabled, self.what = enabled, what
+        self.bar = None
+        self.last = 0.0
+        self.t0 = time.monotonic()
+        if enabled and sys.stderr.isatty():
+            try:
+                from tqdm import tqdm  # noqa: PLC0415 - optional extra
+                self.bar = tqdm(desc=what, unit="search", file=sys.stderr)
+            except ImportError:
+                self.bar = None
+
+    def __call__(self, done: int, total: int, label: str) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.total = total
+            self.bar.n = done
+            self.bar.set_postfix_str(label, refresh=True)
+            if done == total:
+                self.bar.close()
+            return
+        now = time.monotonic()
+        if done == total or now - self.last >= 5.0:
+            self.last = now
+            print(f"megatron-auto reproduce: {self.what} {done}/{total} ({now - self.t0:.0f} s) "
+                  f"{label}", file=sys.stderr, flush=True)
+
+
+def _nproc(args: argparse.Namespace) -> int:
+    if args.nproc_per_node is not None:
+        if args.nproc_per_node < 1:
+            raise ValueError(f"--nproc-per-node={args.nproc_per_node}: must be >= 1")
+        return args.nproc_per_node
+    return 2  # CPUs (gloo); on a GPU node pass the GPU count
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    models = select_models(args.models)
+    methods = select_methods(args.methods)
+    budgets = select_budgets(args.budgets)
+    if args.global_batch_size is not None and args.global_batch_size < 1:
+        raise ValueError(f"--global-batch-size={args.global_batch_size}: must be positive")
+    if args.run_iters < 3:
+        raise ValueError(f"--run-iters={args.run_iters}: give at least 3 (the first two "
+                         f"iterations are warm-up and not measured)")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = ResultsFile(args.results or out / "results.jsonl")
+    known: dict[str, ClusterSpec] = {}
+    profile_dir = args.profile_dir
+    if args.run:
+        nproc = _nproc(args)
+        path = Path(args.run_cluster) if args.run_cluster else measure_cluster(
+            out / "cluster.json", nproc)
+        here = load_cluster(str(path))
+        known[here.name] = here
+        clusters = [here.name]
+        profile_dir = out / "profiles"
+        profile_dir.mkdir(exist_ok=True)
+        for model in models:
+            measure_profile(model, profile_dir)
+    else:
+        clusters = [c.strip() for c in (args.clusters or ",".join(DEFAULT_CLUSTERS)).split(",")
+                    if c.strip()]
+        for name in clusters:
+            known[name] = load_cluster(name)
+    grid = cells(models, clusters, budgets, lambda c: known[c].device_memory_bytes / GB)
+    if not grid:
+        raise ValueError(f"--budgets {args.budgets}: every budget exceeds the device memory of "
+                         f"{', '.join(clusters)}; give smaller budgets")
+    progress: Callable[[int, int, str], None] = _Progress(not args.quiet, "searches")
+    searched = simulate(grid, methods, results, out / "plans", profile_dir,
+                        args.global_batch_size, args.time_limit, args.search_batch_size,
+                        progress, clusters=known)
+    measured = 0
+    if args.run:
+        runs = PlanRuns()
+        by_name = {m.name: m for m in models}
+        todo = [r for r in results.all() if r["cell"]["cluster"] in clusters
+                and r.get("status") == "ok" and "measured" not in r
+                and r["method"] in {m.name for m in methods}
+                and r["cell"]["model"] in by_name]
+        run_progress = _Progress(not args.quiet, "training runs")
+        for i, record in enumerate(todo):
+            run_progress(i, len(todo), f"{record['cell']['model']} {record['method']}")
+            model = by_name[record["cell"]["model"]]
+            log_dir = Path(record["plan_path"]).with_suffix("")
+            record = {**record, "measured": runs.measure(model, record["plan_path"], nproc,
+                                                         args.run_iters, log_dir)}
+            results.append(record)
+            measured += 1
+        run_progress(len(todo), len(todo), "done")
+    records = [r for r in results.all()]
+    written = write_tables(records, methods, grid, out)
+    figures = [] if args.no_plots else write_figures(records, methods, grid, out)
+    print(f"reproduce (grid version {GRID_VERSION}): {len(grid)} cells x {len(methods)} methods; "
+          f"searched {searched}, trained {measured}, results in {results.path}")
+    for path in [*written.values(), *figures[:3]]:
+        print(f"  wrote {path}")
+    if len(figures) > 3:
+        print(f"  wrote {len(figures) - 3} more figures under {out}")
+    print((out / "results.md").read_text(encoding="utf-8"), end="")
+    return 0
