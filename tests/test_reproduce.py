@@ -45,9 +45,6 @@ def test_every_cell_has_every_method_and_ours_is_never_below_a_baseline(grid_run
                 assert r["peak_memory_bytes"] <= float(r["cell"]["budget_gb"]) * 1e9
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11: the pre-exact search states 11.94 GB as the "
-                   "least memory of the pp-1f1b space for GPT-3 1.3B yet finds no plan at 16 GB; "
-                   "the exact minimum (being re-applied) must make this pass")
 def test_an_oom_mark_states_a_minimum_above_the_budget(grid_run):
     """An OOM mark's least memory is above the cell's budget (else a plan would have fit)."""
     _, res = grid_run
