@@ -23,7 +23,10 @@ setup(
     extras_require={
         # The test extra installs the optional packages too, so their tests run in CI instead
         # of skipping (version ranges we have run).
-        "test": ["pytest>=9.0,<10", "tensorboard>=2.21,<3", "wandb>=0.31,<1", "matplotlib>=3.11,<4"],
+        "test": ["pytest>=9.0,<10", "tensorboard>=2.21,<3", "wandb>=0.31,<1", "matplotlib>=3.11,<4",
+                 "transformers>=5.0,<6"],
+        # tools/checkpoint/convert.py (Hugging Face GPT-2 / LLaMA / Megatron-BERT); run with 5.24
+        "hf": ["transformers>=5.0,<6"],
         "plots": ["matplotlib>=3.11,<4"],
         "logging": ["tensorboard>=2.21,<3", "wandb>=0.31,<1"],
         # apex / transformer-engine: build from source (see README); nothing installable here.

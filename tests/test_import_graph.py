@@ -16,6 +16,7 @@ run time). Layers, bottom to top (docs/architecture.md):
     profiler     profiler.*                         on models, parallel and the planner
     auto         auto                               joins the profiler and the planner
     training     training.*                         the loop, on everything below
+    conversion   conversion.*                       checkpoints <-> Hugging Face, on training
     entry        cli, the package                   the console script, on top
 
 planner and parallel sit side by side and never import each other; nothing imports upward.
@@ -51,7 +52,7 @@ TOP_LEVEL_LAYERS = {
 }
 PACKAGE_LAYERS = {"planner": "planner", "parallel": "parallel", "data": "data",
                   "models": "models", "profiler": "profiler", "training": "training",
-                  "reproduce": "reproduce"}
+                  "reproduce": "reproduce", "conversion": "conversion"}
 BELOW = {  # layer -> the layers it may import (besides its own)
     "base": set(),
     "planner": {"base"},
@@ -66,8 +67,10 @@ BELOW = {  # layer -> the layers it may import (besides its own)
     "auto": {"base", "parallel", "models", "planner", "plan_inputs", "profiler"},
     "training": {"base", "parallel", "data", "models", "planner", "plan_inputs", "profiler",
                  "auto"},
+    "conversion": {"base", "parallel", "data", "models", "planner", "plan_inputs", "profiler",
+                   "auto", "training"},
     "entry": {"base", "parallel", "data", "models", "planner", "plan_inputs", "profiler", "auto",
-              "training", "reproduce"},
+              "training", "reproduce", "conversion"},
 }
 TORCH_FREE_LAYERS = ("base", "planner", "plan_inputs", "reproduce")
 # Not a layer of their own but promised torch-free at import: the profiler's subcommands are

@@ -397,6 +397,8 @@ def load_checkpoint(trainer: TrainingState, load_dir: str | os.PathLike) -> int:
     where = os.fspath(load_dir)
     path, info = read_info(load_dir)
     check_model_matches(info["model"], trainer.model_config, where)
+    if info.get("weights_only"):  # a converted model (tools/checkpoint/convert.py)
+        return _load_weights_only(trainer, path)
     _init_optimizer_state(trainer.optimizer)
     state, chunks = _tensor_state(trainer)
     same_plan = _layout(info["plan"]) == _layout(trainer.plan.to_dict())
@@ -419,6 +421,20 @@ def load_checkpoint(trainer: TrainingState, load_dir: str | os.PathLike) -> int:
                                          f"dropout streams start afresh")
     log.info(f"> loaded checkpoint {path} (iteration {trainer.iteration}, consumed samples "
              f"{trainer.consumed_samples}, {how}) in {time.perf_counter() - start:.2f} s")
+    return trainer.iteration
+
+
+def _load_weights_only(trainer: TrainingState, path: str) -> int:
+    """Load the parameters of a weights-only checkpoint (no optimizer state, data position or
+    RNG streams: those start fresh, as with Megatron's ``--finetune``) under this run's plan."""
+    start = time.perf_counter()
+    state, chunks = _tensor_state(trainer)  # the optimizer has no state yet: parameters only
+    state = {k: v for k, v in state.items() if k.startswith("model.")}
+    chunks = {k: v for k, v in chunks.items() if k in state}
+    with torch.no_grad():
+        dcp.load(state, checkpoint_id=path, planner=_ChunkLoadPlanner(chunks))
+    get_logger().info(f"> loaded the weights of {path} (a converted model: optimizer and data "
+                      f"start fresh) in {time.perf_counter() - start:.2f} s")
     return trainer.iteration
 
 

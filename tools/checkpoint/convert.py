@@ -1,0 +1,101 @@
+#!/usr/bin/env python
+"""Convert checkpoints between megatron_auto and Hugging Face ``transformers``.
+
+Export reads the latest checkpoint of a ``--save`` directory, whatever plan wrote it, and writes
+a directory that ``transformers``' ``from_pretrained`` loads: GPT-2 (learned positions,
+LayerNorm, GeLU), LLaMA (RoPE, SwiGLU, RMSNorm, grouped-query attention, biases or not, tied or
+untied head) or Megatron-BERT. Import reads such a directory and writes a weights-only
+checkpoint that ``pretrain_gpt.py --load`` / ``pretrain_bert.py --load`` trains under any plan;
+it prints the model flags to train it with. Model flags given to an import must agree with the
+Hugging Face config (an error names the one that does not).
+
+Examples::
+
+    # our checkpoint -> transformers (the architecture follows the model: RoPE -> LLaMA)
+    python tools/checkpoint/convert.py --model-type GPT --loader megatron --saver hf \\
+        --load-dir checkpoints/gpt --save-dir hf/gpt
+
+    # a transformers LLaMA / GPT-2 directory -> our checkpoint, checked against our flags
+    python tools/checkpoint/convert.py --model-type GPT --loader hf --saver megatron \\
+        --load-dir hf/llama --save-dir checkpoints/llama --seq-length 2048
+
+Errors print one line naming what is wrong and the fix, and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from megatron_auto.arguments import add_model_args  # noqa: E402
+from megatron_auto.config import ConfigError  # noqa: E402
+
+_UNSET = object()  # marks a model flag the user did not give
+_REQUIRED = ["--model-type", "GPT", "--loader", "hf", "--saver", "megatron", "--load-dir", "-",
+             "--save-dir", "-"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("conversion")
+    g.add_argument("--model-type", required=True, choices=["GPT", "BERT"],
+                   help="GPT (pretrain_gpt.py) or BERT (pretrain_bert.py)")
+    g.add_argument("--loader", required=True, choices=["megatron", "hf"],
+                   help="what --load-dir holds: megatron (our --save directory) or hf")
+    g.add_argument("--saver", required=True, choices=["megatron", "hf"],
+                   help="what to write into --save-dir")
+    g.add_argument("--load-dir", required=True)
+    g.add_argument("--save-dir", required=True)
+    g.add_argument("--hf-architecture", default="auto",
+                   choices=["auto", "gpt2", "llama", "megatron-bert"],
+                   help="export only: the transformers architecture (auto: BERT -> "
+                        "megatron-bert, RoPE -> llama, else gpt2)")
+    before = set(vars(p.parse_args(_REQUIRED)))
+    add_model_args(p)  # import only: checked against the Hugging Face config
+    p.set_defaults(**{dest: _UNSET for dest in set(vars(p.parse_args(_REQUIRED))) - before})
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from megatron_auto.conversion.hf import (ConversionError, describe,  # noqa: PLC0415
+                                             export_checkpoint, import_checkpoint,
+                                             training_flags)
+    from megatron_auto.training.checkpoint import CheckpointError  # noqa: PLC0415
+    from megatron_auto.training.logging import get_logger, setup_logging  # noqa: PLC0415
+
+    setup_logging(0)
+    log = get_logger()
+    given = {k: v for k, v in vars(args).items() if v is not _UNSET and k not in (
+        "model_type", "loader", "saver", "load_dir", "save_dir", "hf_architecture")}
+    try:
+        if args.loader == args.saver:
+            raise ConversionError(f"--loader={args.loader} --saver={args.saver}: nothing to "
+                                  f"convert; one of them must be hf")
+        model_type = args.model_type.lower()
+        if args.loader == "megatron":
+            if given:
+                raise ConversionError(f"--{next(iter(given)).replace('_', '-')}: model flags "
+                                      f"apply to an import (--loader hf); an export takes the "
+                                      f"model from the checkpoint, drop the flag")
+            arch, config = export_checkpoint(args.load_dir, args.save_dir, args.hf_architecture,
+                                             model_type)
+            log.info(f"> exported {describe(config)} to {args.save_dir} as {arch}")
+        else:
+            arch, config = import_checkpoint(args.load_dir, args.save_dir, given, model_type)
+            script = "pretrain_bert.py" if config.model_type == "bert" else "pretrain_gpt.py"
+            log.info(f"> imported {arch} {args.load_dir} into {args.save_dir}: {describe(config)}")
+            log.info(f"> train it with: {script} --load {args.save_dir} "
+                     + " ".join(training_flags(config)))
+    except (ConversionError, CheckpointError, ConfigError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
