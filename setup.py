@@ -24,11 +24,13 @@ setup(
         # The test extra installs the optional packages too, so their tests run in CI instead
         # of skipping (version ranges we have run).
         "test": ["pytest>=9.0,<10", "tensorboard>=2.21,<3", "wandb>=0.31,<1", "matplotlib>=3.11,<4",
-                 "transformers>=5.0,<6"],
+                 "transformers>=5.0,<6", "tqdm>=4.66,<5"],
         # tools/checkpoint/convert.py (Hugging Face GPT-2 / LLaMA / Megatron-BERT); run with 5.24
         "hf": ["transformers>=5.0,<6"],
         "plots": ["matplotlib>=3.11,<4"],
         "logging": ["tensorboard>=2.21,<3", "wandb>=0.31,<1"],
+        # Progress bars on a terminal (plain lines without it).
+        "progress": ["tqdm>=4.66,<5"],
         # apex / transformer-engine: build from source (see README); nothing installable here.
         "gpu": [],
     },

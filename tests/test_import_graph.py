@@ -6,7 +6,8 @@ run time). Layers, bottom to top (docs/architecture.md):
 
     base         plan, layout, config, run_config,  pure: no torch, import only each other
                  arguments, vision_config,          (arguments: argparse -> RunConfig, which
-                 jsonfile, atomicfile, plots        the entry points and training.pretrain use)
+                 jsonfile, atomicfile, plots,       the entry points and training.pretrain use)
+                 progress
     planner      planner.*                          pure (numpy): base only
     parallel     parallel.*                         torch runtime: base only
     data         data.*                             datasets and tokenizers: base only
@@ -46,6 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 TOP_LEVEL_LAYERS = {
     "plan": "base", "layout": "base", "config": "base", "run_config": "base",
     "jsonfile": "base", "atomicfile": "base", "plots": "base", "vision_config": "base",
+    "progress": "base",
     "planning": "plan_inputs", "plan_source": "plan_inputs",
     "arguments": "base", "auto": "auto", "vision_arguments": "entry", "cli": "entry",
     "": "entry",

@@ -19,12 +19,12 @@ same cost model. Steps (docs/planner.md):
 from __future__ import annotations
 
 import math
-import sys
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from ..plan import DP_MODES, SCHEDULES, LayerStrategy, PipelineSpec, Plan, VocabStrategy
+from ..progress import Progress
 from .cost_model import Estimate, evaluate_plan
 from .gpu_terms import search_total_bytes
 from .model_spec import ModelSpec, TrainingSpec
@@ -174,19 +174,28 @@ class _Candidate:
 
 
 class _Progress:
+    """The search's progress callback ``(tasks done, tasks in the space, best seconds per sample
+    so far)``, shown through :class:`megatron_auto.progress.Progress` (a bar on a terminal,
+    plain stderr lines every 0.5 s otherwise); nothing for a search under a second."""
+
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
-        self.t0 = time.monotonic()
-        self.last = 0.0
+        self._shown: Progress | None = None
 
     def __call__(self, done: int, total: int, best: float | None) -> None:
-        now = time.monotonic() - self.t0
-        if not self.enabled or now < 1.0 or now - self.last < 0.5:
+        if not self.enabled:
             return
-        self.last = now
-        best_txt = f"{1 / best:.2f} samples/s" if best else "none yet"
-        print(f"megatron-auto search: {done}/{total} tasks, {now:.1f} s, best {best_txt}",
-              file=sys.stderr, flush=True)
+        shown = self._shown
+        if shown is None or shown.total != total or done < shown.done:  # a new space's tasks
+            self.close()
+            shown = self._shown = Progress("megatron-auto search", total, "tasks",
+                                           interval_s=0.5, delay_s=1.0)
+        shown.update_to(done, best=f"{1 / best:.2f} samples/s" if best else "none yet")
+
+    def close(self) -> None:
+        if self._shown is not None:
+            self._shown.close()
+            self._shown = None
 
 
 def _batches(training: TrainingSpec, options: SearchOptions) -> list[int]:
@@ -449,6 +458,7 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: Any, profile: Model
         return found
 
     best = run(options.space, deadline, progress, refine=True)
+    progress.close()
     if best is None:
         least = stats.get("min_memory")
         if least is None or not math.isfinite(least):

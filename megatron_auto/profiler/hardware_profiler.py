@@ -46,6 +46,7 @@ from ..layout import tp_group_ranks
 from ..parallel.device import resolve_device
 from ..planner.hardware import GiB, ClusterSpec
 from ..planner.presets import make_cluster
+from ..progress import Progress
 from . import comm_bench as cb
 
 DEFAULT_CPU_SIZES = (1 << 16, 1 << 20, 1 << 22)  # bytes; 64 KiB .. 4 MiB keeps 4 CPU ranks < 30 s
@@ -290,7 +291,13 @@ def profile_hardware(config: HardwareProfilerConfig = HardwareProfilerConfig()) 
                               memory_reserve_bytes=reserve)
 
     gap = cb.compute_gap(device)  # calls are timed after compute, as a training step issues them
-    for g, consecutive in group_shapes(world):
+    shapes = group_shapes(world)
+    pps = sorted({g for g, _ in shapes})
+    # Collectives per group shape and op, p2p per pipeline degree, then matmuls, overlap, ZeRO
+    # and the optimizer step; rank 0 reports.
+    progress = Progress("megatron-auto profile-hardware", len(shapes) * len(config.ops)
+                        + len(pps) + 4, "measurements", enabled=rank == 0, delay_s=2.0)
+    for g, consecutive in shapes:
         groups = partition_groups(world, g, consecutive)
         handles = [dist.new_group(ranks) for ranks in groups]  # collective: every rank, same order
         mine = next(i for i, ranks in enumerate(groups) if rank in ranks)
@@ -307,12 +314,13 @@ def profile_hardware(config: HardwareProfilerConfig = HardwareProfilerConfig()) 
             result.latency_s, result.busbw = cb.fit_latency_bandwidth(
                 [cb.bus_factor(op, g) * s for s in sizes], times)
             profile.comm.append(result)
+            progress.update(1, last=f"{op} over {g} ranks")
         # Free this partition's communicators (NCCL buffers would otherwise stay allocated in
         # a training process that profiles before it trains).
         if handles[mine] is not None and handles[mine] != dist.GroupMember.NON_GROUP_MEMBER:
             dist.destroy_process_group(handles[mine])
 
-    for pp in sorted({g for g, _ in group_shapes(world)}):
+    for pp in pps:
         stage = world // pp
         peer, sender = None, False
         if (rank // stage) % 2 == 0 and rank // stage + 1 < pp:
@@ -331,6 +339,7 @@ def profile_hardware(config: HardwareProfilerConfig = HardwareProfilerConfig()) 
         result = CommResult("p2p", pp, True, spanned, list(sizes), times)
         result.latency_s, result.busbw = cb.fit_latency_bandwidth(list(sizes), times)
         profile.p2p.append(result)
+        progress.update(1, last=f"p2p at pp {pp}")
 
     mm_size = config.matmul_size or (8192 if device.type == "cuda" else 512)
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -342,12 +351,17 @@ def profile_hardware(config: HardwareProfilerConfig = HardwareProfilerConfig()) 
         rate = cb.matmul_flops(device, dtype, size, config.matmul_iters)
         # The slowest rank's rate (the planner paces a step by its slowest device).
         profile.matmul_flops[prec] = -cb.world_max([-rate], device)[0]
+    progress.update(1, last="matmul")
 
     profile.overlap = cb.overlap_slowdown(
         device, min(mm_size, 2048) if device.type == "cuda" else max(64, mm_size // 2),
         config.overlap_comm_bytes or max(sizes), config.overlap_comm_iters, config.overlap_repeats)
+    progress.update(1, last="overlap")
     profile.zero = cb.zero_collectives(device, sizes, config.warmup_iters, config.iters)
+    progress.update(1, last="ZeRO collectives")
     profile.optimizer = cb.optimizer_step_times(
         device, GPU_OPTIMIZER_COUNTS if device.type == "cuda" else CPU_OPTIMIZER_COUNTS,
         config.warmup_iters, config.iters)
+    progress.update(1, last="optimizer step")
+    progress.close()
     return profile

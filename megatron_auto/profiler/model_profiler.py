@@ -62,6 +62,7 @@ from ..parallel.device import resolve_device
 from ..parallel.tensor_parallel import ColumnParallelLinear, vocab_parallel_cross_entropy
 from ..planner.profiles import EmbeddingProfile, LayerTypeProfile, ModelProfile
 from ..parallel.memory import PeakMemoryMeter, storage_bytes
+from ..progress import Progress
 from . import cache as profile_cache
 from .activation_meter import SavedTensorMeter, transformer_classifier, vocab_classifier
 
@@ -261,12 +262,16 @@ class _Series:
 def _measure(modules: nn.Module, run: Callable[[int], tuple[Callable[[], torch.Tensor], list]],
              sizes: Sequence[int], cfg: ModelProfilerConfig, device: torch.device,
              classifier: Callable, count_output: bool,
-             recompute: Callable[[bool], None] | None = None) -> _Series:
+             recompute: Callable[[bool], None] | None = None,
+             progress: Progress | None = None) -> _Series:
     """Time and meter ``run(b)`` -> (forward closure returning the value to back-propagate,
-    tensors that existed before the forward) for every micro-batch size."""
+    tensors that existed before the forward) for every micro-batch size (one ``progress``
+    step each)."""
     series = _Series()
     params = list(modules.parameters())
     for b in sizes:
+        if progress is not None:
+            progress.update(0, batch_size=b)
         forward, inputs = run(b)
 
         def backward_step() -> None:
@@ -311,7 +316,14 @@ def _measure(modules: nn.Module, run: Callable[[int], tuple[Callable[[], torch.T
         series.transient.append(max(0.0, peak_meter.peak_bytes - base - retained))
         for p in params:
             p.grad = None
+        if progress is not None:
+            progress.update(1)
     return series
+
+
+def _first_rank() -> bool:
+    """Whether this process reports progress: rank 0, or a process outside torch.distributed."""
+    return not dist.is_initialized() or dist.get_rank() == 0
 
 
 def _ratio(*series: _Series) -> float:
@@ -358,6 +370,10 @@ def _profile_model(model_config: ModelConfig, precision: str = "fp32",
     groups = tp1_groups(dev)
     started = time.perf_counter()
     amp = lambda: _autocast(precision, dev)  # noqa: E731 - a fresh context per use
+    # Layer, embedding and head, each at every micro-batch size; from the first rank only (a
+    # process without torch.distributed is one).
+    progress = Progress(f"megatron-auto profile-model ({cfg.model_type})", 3 * len(sizes),
+                        "measurements", enabled=_first_rank(), delay_s=2.0)
 
     layer = _init_(TransformerLayer(cfg, groups, causal=cfg.causal), cfg.init_method_std).to(dev)
     layer.train()
@@ -374,7 +390,7 @@ def _profile_model(model_config: ModelConfig, precision: str = "fp32",
         layer.recompute = flag
 
     lay = _measure(layer, layer_run, sizes, config, dev, transformer_classifier, True,
-                   set_recompute)
+                   set_recompute, progress=progress)
     num_params = sum(p.numel() for p in layer.parameters())
     beta_bytes = 4 if precision == "fp32" else 2
     split_a, split_b = fit_line(sizes, lay.split)
@@ -412,7 +428,8 @@ def _profile_model(model_config: ModelConfig, precision: str = "fp32",
                 return emb.embed(tokens)
         return forward, [tokens]
 
-    emb_series = _measure(emb, embed_run, sizes, config, dev, lambda t, m: False, True)
+    emb_series = _measure(emb, embed_run, sizes, config, dev, lambda t, m: False, True,
+                          progress=progress)
     norm = _init_(make_norm(cfg), cfg.init_method_std).to(dev)
     head_parts = nn.ModuleList([norm])
     if tied:
@@ -435,7 +452,8 @@ def _profile_model(model_config: ModelConfig, precision: str = "fp32",
         return forward, [hidden, labels]
 
     head_series = _measure(head_parts, head_run, sizes, config, dev, vocab_classifier(vocab),
-                           False)
+                           False, progress=progress)
+    progress.close()
     e_fwd_a, e_fwd_b = fit_line(sizes, emb_series.forward_s)
     h_fwd_a, h_fwd_b = fit_line(sizes, head_series.forward_s)
     emb_params = sum(p.numel() for p in emb.parameters())

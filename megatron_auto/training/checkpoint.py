@@ -265,6 +265,15 @@ def _tensor_state(trainer: TrainingState) -> tuple[dict[str, Any], dict[str, tup
     return state, chunks
 
 
+def _world_mib(state: dict[str, Any], device: torch.device) -> float:
+    """MiB of tensors all ranks write (or read) together: the progress lines' size and rate.
+    Collective (one scalar all-reduce)."""
+    local = sum(v.numel() * v.element_size() for v in state.values() if isinstance(v, torch.Tensor))
+    total = torch.tensor([float(local)], dtype=torch.float64, device=device)
+    dist.all_reduce(total)
+    return float(total.item()) / 2**20
+
+
 def _rng_state(trainer: TrainingState) -> dict[str, torch.Tensor]:
     rank = dist.get_rank()
     out = {f"rng.rank{rank}.cpu": torch.get_rng_state()}
@@ -304,6 +313,9 @@ def save_checkpoint(trainer: TrainingState, save_dir: str | os.PathLike) -> str:
     dist.barrier()
     state, chunks = _tensor_state(trainer)
     state.update(_rng_state(trainer))
+    mib = _world_mib(state, trainer.ctx.device)
+    log.info(f"> saving checkpoint at iteration {trainer.iteration} to {path} "
+             f"({mib:.1f} MiB from {dist.get_world_size()} rank(s)) ...")
     dcp.save(state, checkpoint_id=path, planner=_ChunkSavePlanner(chunks))
     if dist.get_rank() == 0:
         info = {"format": FORMAT, "version": VERSION, "iteration": trainer.iteration,
@@ -316,8 +328,9 @@ def save_checkpoint(trainer: TrainingState, save_dir: str | os.PathLike) -> str:
                      durable=True)
         atomic_write(os.path.join(save_dir, LATEST_FILE), f"{trainer.iteration}\n", durable=True)
     dist.barrier()  # nobody moves on (or loads) before ``latest`` names the new checkpoint
+    seconds = time.perf_counter() - start
     log.info(f"> saved checkpoint at iteration {trainer.iteration} to {path} "
-             f"in {time.perf_counter() - start:.2f} s")
+             f"in {seconds:.2f} s ({mib / max(seconds, 1e-9):.1f} MiB/s)")
     return path
 
 
@@ -404,6 +417,9 @@ def load_checkpoint(trainer: TrainingState, load_dir: str | os.PathLike) -> int:
     same_plan = _layout(info["plan"]) == _layout(trainer.plan.to_dict())
     rng = _rng_state(trainer) if same_plan else {}
     state.update(rng)
+    mib = _world_mib(state, trainer.ctx.device)
+    log.info(f"> loading checkpoint {path} ({mib:.1f} MiB into {dist.get_world_size()} "
+             f"rank(s)) ...")
     with torch.no_grad():
         dcp.load(state, checkpoint_id=path, planner=_ChunkLoadPlanner(chunks))
         zero1 = trainer.data_parallel.zero1
@@ -419,8 +435,10 @@ def load_checkpoint(trainer: TrainingState, load_dir: str | os.PathLike) -> int:
     trainer.scaler.load_state_dict(info["loss_scaler"])
     how = "same plan" if same_plan else (f"resharded from a {info['world_size']}-rank plan; "
                                          f"dropout streams start afresh")
+    seconds = time.perf_counter() - start
     log.info(f"> loaded checkpoint {path} (iteration {trainer.iteration}, consumed samples "
-             f"{trainer.consumed_samples}, {how}) in {time.perf_counter() - start:.2f} s")
+             f"{trainer.consumed_samples}, {how}) in {seconds:.2f} s "
+             f"({mib / max(seconds, 1e-9):.1f} MiB/s)")
     return trainer.iteration
 
 
