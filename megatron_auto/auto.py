@@ -108,7 +108,18 @@ def cluster_cache_path(cache_dir: Path, world_size: int, local_world: int,
 def resolve_cluster(name: str | None, world_size: int, cache_dir: Path) -> ClusterSpec:
     """``--cluster NAME|FILE`` or a measured (and cached) hardware profile. Collective."""
     if name:
-        cluster = get_cluster(name)
+        # Rank 0 reads it and the others receive it: on several nodes without a shared file
+        # system only the first node needs the file (profile-hardware writes it there). An
+        # error there stops every rank alike.
+        loaded: tuple[ClusterSpec | None, Exception | None] = (None, None)
+        if _rank() == 0:
+            try:
+                loaded = (get_cluster(name), None)
+            except Exception as err:  # noqa: BLE001 - re-raised below on every rank
+                loaded = (None, err)
+        cluster, error = _broadcast(loaded)
+        if error is not None:
+            raise error
         if cluster.world_size < world_size:
             raise AutoParallelError(
                 f"--cluster {name}: describes {cluster.world_size} devices but this run "

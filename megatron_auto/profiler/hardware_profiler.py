@@ -15,8 +15,10 @@ What it measures (everything with torch.distributed: gloo on CPU, nccl on GPU):
   over several message sizes per group (``comm_bench.fit_latency_bandwidth``);
 - p2p bandwidth per pipeline degree ``pp``: ranks of stage ``2k`` send to the same local index
   of stage ``2k+1``;
-- node boundaries from torchrun's ``LOCAL_WORLD_SIZE`` (node ``j`` = ranks ``[jD, (j+1)D)``); a
-  group touching several nodes feeds the inter-node numbers;
+- node boundaries from torchrun's ``LOCAL_WORLD_SIZE`` (node ``j`` = ranks ``[jD, (j+1)D)``),
+  checked against where every rank really runs (:func:`detect_nodes`: torchrun's node rank
+  ``GROUP_RANK``, else the host name, gathered over the world); a group touching several
+  nodes feeds the inter-node numbers;
 - the compute/communication overlap slowdown (``comm_bench.overlap_slowdown``);
 - ZeRO's all-gather and reduce-scatter as the runtime issues them (FSDP2 units over the world,
   ``comm_bench.zero_collectives``), fitted like the raw collectives;
@@ -35,6 +37,7 @@ import datetime
 import os
 import platform
 import re
+import socket
 import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
@@ -124,6 +127,7 @@ class HardwareProfile:
     memory_reserve_bytes: int = GiB
     zero: list[tuple[int, float, float]] = field(default_factory=list)  # bytes, gather, scatter
     optimizer: list[tuple[int, float]] = field(default_factory=list)  # parameters, seconds
+    nodes: list[str] = field(default_factory=list)  # per node: where its ranks ran (the record)
 
     @property
     def num_nodes(self) -> int:
@@ -246,6 +250,37 @@ def nodes_of(ranks: Sequence[int], devices_per_node: int) -> int:
     return len({r // devices_per_node for r in ranks})
 
 
+def _node_key() -> str:
+    """Where this rank runs: torchrun's node rank (``GROUP_RANK``: it tells apart two agents on
+    one host, as in the CPU test) with the host name, or the host name alone."""
+    host = socket.gethostname()
+    group = os.environ.get("GROUP_RANK")
+    return f"node {group} ({host})" if group is not None else host
+
+
+def detect_nodes(world_size: int, devices_per_node: int) -> list[str]:
+    """Collective: the node of every rank, checked against ``devices_per_node`` blocks.
+
+    The planner (``ClusterSpec``) and the runtime's consecutive TP groups take node ``j`` to be
+    ranks ``[jD, (j+1)D)``; torchrun assigns ranks that way. A launch where ranks of one node
+    are not such a block (another launcher, a different process count per node) would make
+    every intra/inter-node number wrong, so it stops with the ranks of each node named.
+    Returns one name per node, in rank order.
+    """
+    keys = [_node_key()] * world_size
+    if dist.is_initialized() and world_size > 1:
+        dist.all_gather_object(keys, _node_key())
+    blocks = [keys[j * devices_per_node:(j + 1) * devices_per_node]
+              for j in range(world_size // devices_per_node)]
+    if any(len(set(block)) != 1 for block in blocks) or len({b[0] for b in blocks}) != len(blocks):
+        where = {key: [r for r, k in enumerate(keys) if k == key] for key in dict.fromkeys(keys)}
+        raise ValueError(
+            f"ranks per node {where} are not blocks of {devices_per_node} consecutive ranks "
+            f"(LOCAL_WORLD_SIZE or --devices-per-node); launch with torchrun, the same "
+            f"--nproc-per-node on every node")
+    return [block[0] for block in blocks]
+
+
 # ----------------------------------------------------------------------------- the profiler
 def _device() -> torch.device:
     """CUDA (the current device, which the launcher or ``cli.profile_hardware_from_args``
@@ -286,9 +321,13 @@ def profile_hardware(config: HardwareProfilerConfig = HardwareProfilerConfig()) 
     sizes = config.message_sizes or (DEFAULT_GPU_SIZES if device.type == "cuda" else DEFAULT_CPU_SIZES)
     name, memory, reserve = _device_info(device, local)
     backend = dist.get_backend() if dist.is_initialized() else "none"
+    # --devices-per-node states the node size on purpose (e.g. pretend nodes on one host);
+    # otherwise the launcher's node size is checked against where the ranks really run.
+    nodes = (detect_nodes(world, local) if config.devices_per_node is None
+             else [f"node {j} (--devices-per-node {local})" for j in range(world // local)])
     profile = HardwareProfile(world_size=world, devices_per_node=local, device_name=name,
                               device_memory_bytes=memory, backend=backend,
-                              memory_reserve_bytes=reserve)
+                              memory_reserve_bytes=reserve, nodes=nodes)
 
     gap = cb.compute_gap(device)  # calls are timed after compute, as a training step issues them
     shapes = group_shapes(world)
