@@ -11,11 +11,11 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
 from ..planner.hardware import ClusterSpec
+from ..progress import Progress
 from .grid import DEFAULT_CLUSTERS, GRID_VERSION, MODELS, TINY_MODELS, cells, select_budgets, \
     select_models
 from .measure import PlanRuns, measure_cluster, measure_profile
@@ -74,36 +74,19 @@ def add_reproduce_parser(sub: Any) -> None:
     p.set_defaults(func=cmd_reproduce)
 
 
-class _Progress:
-    """tqdm on a terminal when installed; otherwise a plain line every few seconds."""
+def _reporter(enabled: bool, unit: str) -> Callable[[int, int, str], None]:
+    """``(done, total, label)`` callback onto the shared progress reporter (``progress.py``:
+    a tqdm bar on a terminal, plain lines otherwise), opened at the first call."""
+    state: dict[str, Progress] = {}
 
-    def __init__(self, enabled: bool, what: str) -> None:
-        self.enabled, self.what = enabled, what
-        self.bar = None
-        self.last = 0.0
-        self.t0 = time.monotonic()
-        if enabled and sys.stderr.isatty():
-            try:
-                from tqdm import tqdm  # noqa: PLC0415 - optional extra
-                self.bar = tqdm(desc=what, unit="search", file=sys.stderr)
-            except ImportError:
-                self.bar = None
-
-    def __call__(self, done: int, total: int, label: str) -> None:
-        if not self.enabled:
-            return
-        if self.bar is not None:
-            self.bar.total = total
-            self.bar.n = done
-            self.bar.set_postfix_str(label, refresh=True)
-            if done == total:
-                self.bar.close()
-            return
-        now = time.monotonic()
-        if done == total or now - self.last >= 5.0:
-            self.last = now
-            print(f"megatron-auto reproduce: {self.what} {done}/{total} ({now - self.t0:.0f} s) "
-                  f"{label}", file=sys.stderr, flush=True)
+    def report(done: int, total: int, label: str) -> None:
+        if "bar" not in state:
+            state["bar"] = Progress("megatron-auto reproduce", total, unit, enabled=enabled,
+                                    interval_s=5.0)
+        state["bar"].update_to(done, at=label)
+        if done == total:
+            state["bar"].close()
+    return report
 
 
 def _nproc(args: argparse.Namespace) -> int:
@@ -148,7 +131,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     if not grid:
         raise ValueError(f"--budgets {args.budgets}: every budget exceeds the device memory of "
                          f"{', '.join(clusters)}; give smaller budgets")
-    progress: Callable[[int, int, str], None] = _Progress(not args.quiet, "searches")
+    progress = _reporter(not args.quiet, "searches")
     searched = simulate(grid, methods, results, out / "plans", profile_dir,
                         args.global_batch_size, args.time_limit, args.search_batch_size,
                         progress, clusters=known)
@@ -160,7 +143,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
                 and r.get("status") == "ok" and "measured" not in r
                 and r["method"] in {m.name for m in methods}
                 and r["cell"]["model"] in by_name]
-        run_progress = _Progress(not args.quiet, "training runs")
+        run_progress = _reporter(not args.quiet, "training runs")
         for i, record in enumerate(todo):
             run_progress(i, len(todo), f"{record['cell']['model']} {record['method']}")
             model = by_name[record["cell"]["model"]]
