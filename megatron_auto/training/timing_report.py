@@ -135,7 +135,7 @@ def format_stage_comparison(rows: Sequence[Mapping[str, float]], estimate: Mappi
     """One line per pipeline stage: predicted vs measured ms per iteration, term by term."""
     stages = list(estimate.get("stages") or [])
     world = len(rows)
-    if not stages or world % len(stages):
+    if not stages or not rows or world % len(stages):  # no rows: timers off
         return []
     per_stage = world // len(stages)
     lines = []
