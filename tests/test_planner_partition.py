@@ -1,4 +1,4 @@
-"""Partition primitives: exact min-max partition against brute force, local moves."""
+"""Partition primitives: exact min-max partition against brute force, the paper's BMW moves."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from megatron_auto.planner.partition import choose_partition, improve, min_max_partition
+from megatron_auto.planner.partition import bmw_paper, min_max_partition
 
 pytestmark = pytest.mark.pure
 
@@ -55,25 +55,18 @@ def test_hand_solved_balance():
     assert min_max_partition(6, 2, row, 6, row_depends_on_start=False) == (4, 2)
 
 
-def test_improve_never_worse_and_finds_local_optimum():
-    target = (3, 5, 2)
-
-    def score(p):
-        return sum(abs(a - b) for a, b in zip(p, target))
-    part, s = improve((5, 3, 2), score)
-    assert s <= score((5, 3, 2)) and part == target
-
-
-def test_choose_partition_bmw_at_least_as_good_as_seeds():
-    def row(stage, start):
+def test_bmw_paper_moves_layers_off_the_slowest_stage_within_the_memory_cap():
+    # 8 layers, 2 stages. Time: stage 0 layers cost 1.5, stage 1 layers 1 (a slower first
+    # stage). Memory: stage 0 layers 1, stage 1 layers 2 (stage 1 holds the head).
+    # Memory-balanced start: (5, 3) -> memory max(5, 6) = 6, time max(7.5, 3) = 7.5.
+    # Time-balanced: (3, 5) -> time max(4.5, 5) = 5, memory max(3, 10) = 10: the cap is 10.
+    # Moves off stage 0: (4, 4) -> time 6, memory 8; (3, 5) -> time 5, memory 10 <= cap;
+    # (2, 6) would make stage 1 slowest at 6 > 5: stop. Answer (3, 5).
+    def time_row(stage, start):
         return np.arange(1, 9, dtype=float) * (1.5 if stage == 0 else 1.0)
 
-    def mem(stage, start):
-        return np.arange(1, 9, dtype=float) * (2.0 if stage == 0 else 1.0)
-
-    def score(p):
-        return max(p[0] * 1.5, p[1])
-    out = choose_partition(8, 2, row, mem, score, 8, ("even", "memory", "bmw"), polish=True,
-                           row_depends_on_start=False)
-    assert out["bmw"][1] <= out["even"][1] and out["bmw"][1] <= out["memory"][1]
-    assert out["bmw"][0] == (3, 5)  # max(4.5, 5) = 5; (4, 4) -> 6
+    def mem_row(stage, start):
+        return np.arange(1, 9, dtype=float) * (1.0 if stage == 0 else 2.0)
+    assert bmw_paper(8, 2, time_row, mem_row, 8, 100.0, False) == (3, 5)
+    # A budget of 9 stops the walk at (4, 4): (3, 5) needs 10.
+    assert bmw_paper(8, 2, time_row, mem_row, 8, 9.0, False) == (4, 4)

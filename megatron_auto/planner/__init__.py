@@ -16,7 +16,7 @@ from .model_spec import LayerType, ModelSpec, SpecError, TrainingSpec
 from .profiles import (EmbeddingProfile, LayerTypeProfile, ModelProfile, ProfileError,
                        analytic_profile)
 from .search import InfeasibleError, SearchOptions, SearchResult, evaluate, search
-from .strategies import BASELINE_SPACES
+from .spaces import BASELINE_SPACES
 
 __all__ = [
     "BASELINE_SPACES", "EmbeddingProfile", "Estimate", "InfeasibleError", "LayerType",

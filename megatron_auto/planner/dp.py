@@ -30,9 +30,9 @@ from typing import Sequence
 import numpy as np
 
 INF = np.inf
-# float32 halves the memory traffic of the DP; objectives are sums of a few hundred positive
-# terms, so the relative rounding (~1e-7 per step) is far below the cost model's accuracy.
-DTYPE = np.float32
+# float64: the search uses the tables as lower bounds, which float32 rounding could push above
+# the value they bound.
+DTYPE = np.float64
 
 
 @dataclass(frozen=True)

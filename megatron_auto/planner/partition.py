@@ -1,23 +1,19 @@
-"""Pipeline partitions: even, memory-balanced, and our bi-objective (BMW) balancing.
+"""Pipeline partitions: even, memory-balanced, time-balanced, and the paper's BMW moves.
 
-Every function here works on *stage tables*, not on layers: ``row(k, start)`` returns, for stage
-position ``k`` starting at layer ``start``, an array over lengths ``1..max_len`` (entry ``j`` is a
-stage of ``j + 1`` layers; ``inf`` when that stage cannot exist, e.g. it does not fit in memory).
-The search builds those rows from the per-stage DP (time) or from the least memory a stage can
-have (memory), so the partition code never sees strategies.
+The exact search (``exact.py``) considers every partition, so none of these decides the answer;
+they are the partitions other planners would pick, priced for comparison (``plan.search``
+``partitions``, ``explain``, the benchmark). Every function works on *stage rows*:
+``row(k, start)`` returns, for stage position ``k`` starting at layer ``start``, an array over
+lengths ``1..max_len`` (``inf`` where the stage cannot exist).
 
-BMW (balanced memory workload), our design, in three steps (docs/planner.md §5):
-
-1. *Memory-aware time balance.* Each stage's time row already accounts for memory: the per-stage
-   DP chooses recompute/ZeRO/TP for that stage's own budget and in-flight micro-batches, so a
-   stage close to the memory limit is slower and an infeasible one is ``inf``. The exact
-   min-max partition of those rows (:func:`min_max_partition`, ties broken by the sum) balances
-   time subject to memory: the two objectives meet in one table.
-2. Seeds: that partition, the even split and the memory-balanced split (the min-max partition of
-   the stages' least memory). All three are scored with the full pipeline model.
-3. *Local moves* (:func:`improve`): shift one stage boundary by one or two layers while the
-   pipeline score improves. Starting from the best seed, the result can only get better, so BMW
-   is never worse than the even or the memory-balanced split under the same cost model.
+- even: counts differing by at most one (Galvatron's ``pp_division_even``).
+- memory-balanced: the exact min-max partition of the stages' least memory.
+- time-balanced: the exact min-max partition of the stages' least time per micro-batch.
+- BMW as a published summary of the Galvatron-BMW paper describes it (the paper's own text was
+  not available to us): start from the memory-balanced partition and move a boundary layer off
+  the slowest stage to a neighbour while the largest stage time does not grow and the largest
+  stage memory stays at most that of the time-balanced partition and within the budget
+  (:func:`bmw_paper`).
 """
 
 from __future__ import annotations
@@ -111,60 +107,53 @@ def memory_balanced(num_layers: int, num_stages: int, memory_row: Row,
     return min_max_partition(num_layers, num_stages, memory_row, max_len, row_depends_on_start)
 
 
-def improve(partition: Partition, score: Callable[[Partition], float],
-            max_rounds: int = 50, steps: tuple[int, ...] = (1, 2)) -> tuple[Partition, float]:
-    """Best-improvement local search over single boundary shifts; returns the partition and its
-    score, never worse than the input's."""
-    current = tuple(partition)
-    current_score = score(current)
-    for _ in range(max_rounds):
-        best, best_score = current, current_score
-        for j in range(len(current) - 1):
-            for step in steps:
-                for direction in (-1, 1):
-                    moved = list(current)
-                    moved[j] += direction * step
-                    moved[j + 1] -= direction * step
-                    if moved[j] < 1 or moved[j + 1] < 1:
-                        continue
-                    cand = tuple(moved)
-                    s = score(cand)
-                    if s < best_score:
-                        best, best_score = cand, s
-        if best == current:
-            break
-        current, current_score = best, best_score
-    return current, current_score
-
-
-def choose_partition(num_layers: int, num_stages: int, time_row: Row, memory_row: Row,
-                     score: Callable[[Partition], float], max_len: int, allowed: tuple[str, ...],
-                     polish: bool, memory_seed: Partition | None | str = "compute",
-                     row_depends_on_start: bool = True
-                     ) -> dict[str, tuple[Partition | None, float]]:
-    """Score the allowed partition kinds (``even``, ``memory``, ``bmw``) and return
-    ``{kind: (partition, score)}``. ``bmw`` is the best seed (all three) improved by local moves
-    when ``polish`` (the search polishes only its leading candidates, for speed).
-    ``memory_seed`` passes an already computed memory-balanced partition."""
-    out: dict[str, tuple[Partition | None, float]] = {}
-    seeds: dict[str, Partition | None] = {}
-    if "even" in allowed or "bmw" in allowed:
-        seeds["even"] = even(num_layers, num_stages)
-    if "memory" in allowed or "bmw" in allowed:
-        seeds["memory"] = (memory_balanced(num_layers, num_stages, memory_row, max_len,
-                                           row_depends_on_start)
-                           if memory_seed == "compute" else memory_seed)
-    scored = {k: (p, score(p) if p is not None else np.inf) for k, p in seeds.items()}
-    for kind in ("even", "memory"):
-        if kind in allowed:
-            out[kind] = scored[kind]
-    if "bmw" in allowed:
-        balanced = min_max_partition(num_layers, num_stages, time_row, max_len,
-                                     row_depends_on_start)
-        if balanced is not None:
-            scored["time"] = (balanced, score(balanced))
-        start, start_score = min(scored.values(), key=lambda x: x[1])
-        if start is not None and polish and np.isfinite(start_score):
-            start, start_score = improve(start, score)
-        out["bmw"] = (start, start_score)
+def _stage_values(partition: Partition, row: Row) -> list[float]:
+    out, start = [], 0
+    for k, length in enumerate(partition):
+        out.append(float(np.asarray(row(k, start))[length - 1]))
+        start += length
     return out
+
+
+def bmw_paper(num_layers: int, num_stages: int, time_row: Row, memory_row: Row, max_len: int,
+              budget: float, row_depends_on_start: bool = True) -> Partition | None:
+    """The paper's bi-objective partition as summarised in the module docstring.
+
+    Memory cap: the time-balanced partition's largest stage memory, and the budget. A move takes
+    one layer from the slowest stage (its first to the previous stage, or its last to the next)
+    and is kept when the largest stage time does not grow and every stage stays under the cap;
+    the first such move (earlier neighbour first) is taken, and the walk stops when no move is
+    accepted or the slowest stage did not get faster (so it ends: the pair (largest time,
+    slowest stage's time) decreases lexicographically at every step).
+    """
+    start = memory_balanced(num_layers, num_stages, memory_row, max_len, row_depends_on_start)
+    timed = min_max_partition(num_layers, num_stages, time_row, max_len, row_depends_on_start)
+    if start is None:
+        return None
+    cap = budget
+    if timed is not None:
+        cap = min(cap, max(_stage_values(timed, memory_row)))
+    current = start
+    for _ in range(num_layers * num_stages):
+        times = _stage_values(current, time_row)
+        slowest = int(np.argmax(times))
+        moved = None
+        for neighbour in (slowest - 1, slowest + 1):
+            if not 0 <= neighbour < num_stages or current[slowest] <= 1:
+                continue
+            cand = list(current)
+            cand[slowest] -= 1
+            cand[neighbour] += 1
+            if max(cand) > max_len:
+                continue
+            cand_t = _stage_values(tuple(cand), time_row)
+            if max(cand_t) > max(times) or cand_t[slowest] >= times[slowest]:
+                continue
+            if max(_stage_values(tuple(cand), memory_row)) > cap:
+                continue
+            moved = tuple(cand)
+            break
+        if moved is None:
+            break
+        current = moved
+    return current

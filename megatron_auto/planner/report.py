@@ -163,12 +163,33 @@ def render_explain(plan: Plan, estimate: Mapping[str, Any] | None,
     parts.append("Layers:\n" + _indent(render_layers(plan, per_layer, layer_type_names)))
     if estimate:
         parts.append("Stages:\n" + _indent(render_stages(estimate)))
+    parts_info = (plan.search or {}).get("partitions") if isinstance(plan.search, Mapping) \
+        else None
+    if isinstance(parts_info, Mapping) and len(parts_info) > 1:
+        parts.append("Partitions of this task (memory/time trade-off):\n"
+                     + _indent(render_partitions(parts_info)))
     notes = (plan.search or {}).get("notes") if isinstance(plan.search, Mapping) else None
     if notes:
         parts.append("Notes:\n" + "\n".join(f"  - {n}" for n in notes))
     if megatron is not None:
         parts.append(render_megatron(*megatron))
     return "\n\n".join(parts) + "\n"
+
+
+def render_partitions(partitions: Mapping[str, Any]) -> str:
+    """Each partition kind of ``plan.search["partitions"]``: layers per stage, its best plan's
+    throughput and peak memory (``exact`` is the answer)."""
+    rows = []
+    for kind, entry in partitions.items():
+        if not isinstance(entry, Mapping):
+            continue
+        part = entry.get("partition")
+        sps = entry.get("samples_per_s")
+        rows.append([kind, "+".join(str(x) for x in part) if part else "-",
+                     f"{sps:.1f}" if sps else "does not fit",
+                     format_bytes(entry.get("peak_memory_bytes")),
+                     "yes" if entry.get("proven_optimal", True) else "no (time limit)"])
+    return table(["partition", "layers per stage", "samples/s", "peak memory", "proven"], rows)
 
 
 def render_baselines(best: Mapping[str, Any], baselines: Mapping[str, Mapping[str, Any] | None]) -> str:

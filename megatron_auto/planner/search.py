@@ -1,52 +1,53 @@
-"""The search: outer loops over batch, pp, micro-batches and vocab layout around per-stage DPs.
+"""The search: the best plan of a space under the cost model ``evaluate`` reports.
 
 ``search`` returns the plan with the highest estimated throughput that fits the memory budget,
-with the estimate of every baseline space next to it, or raises :class:`InfeasibleError` stating
-the least memory any plan of the space would need. ``evaluate`` prices any given plan with the
-same cost model. Steps (docs/planner.md):
+with the estimate of every baseline space next to it, or raises :class:`InfeasibleError` with
+the least memory any plan of the space needs. Steps (docs/planner.md §3-5):
 
 1. Tasks: every global batch (one unless ``search_batch_size``), pipeline degree (power of two
-   dividing the world, at most the layer count), micro-batch count (divisor of the batch) and
-   schedule. Tasks run in order of a lower bound on their iteration time (compute alone, perfect
-   balance, bubble included) and are skipped once that bound cannot beat the best plan found:
-   exact pruning, the answer is the same as visiting all of them.
-2. Per task and vocab layout: the per-stage DP tables (``tasks.Task``) and the partition kinds
-   (even, memory-balanced, BMW; ``partition.choose_partition``).
-3. The leading candidates get the BMW local moves and are re-priced by ``evaluate``; the best
-   feasible one is the answer. Deterministic: ties resolve by enumeration order.
+   dividing the world, at most the layer count), micro-batch count (divisor of the batch),
+   schedule and vocabulary layout (``tasks.Task``).
+2. Tasks are visited in order of a cheap lower bound and skipped once it, or the DP-based bound
+   of the task, cannot beat the best plan found.
+3. Each task's plans are searched exactly by branch and bound (``exact.TaskSearch``), every
+   partition and per-layer strategy included; complete plans are priced by ``evaluate_plan``.
+   The answer is the best plan of the full space: proven optimal unless ``time_limit_s`` cut the
+   search short (``plan.search["proven_optimal"]``).
+4. Baseline spaces are searched the same way and reported, never adopted; the winner's task is
+   priced again under the even, memory-balanced, time-balanced and paper-BMW partitions.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
-from ..plan import DP_MODES, SCHEDULES, LayerStrategy, PipelineSpec, Plan, VocabStrategy
-from ..progress import Progress
+from ..plan import DP_MODES, SCHEDULES, Plan, VocabStrategy
+from .cluster_model import ClusterModel
 from .cost_model import Estimate, evaluate_plan
-from .gpu_terms import search_total_bytes
+from .exact import Incumbent, TaskSearch
+from .least_memory import least_peak
 from .model_spec import ModelSpec, TrainingSpec
-from .partition import choose_partition, improve, memory_balanced
 from .profiles import ModelProfile
-from .strategies import BASELINE_SPACES, SPACES, SpaceRules, powers_of_two_upto, vocab_tps
-from .tasks import Task, VocabOption
+from .partition_report import partition_report, pinned_partition
+from .spaces import BASELINE_SPACES, SPACES, Space, SpaceRules, powers_of_two_upto, vocab_tps
+from .tasks import Task
+
+logger = logging.getLogger(__name__)
 
 GB = 1e9
-AUTO_MEMORY_CELLS = 1024  # default resolution: the device memory in about this many cells
-PARTITIONS = ("bmw", "even", "memory")
-MIN_AUTO_STEP = 2 ** 16  # the automatic memory step is a multiple of 64 KiB
-MIN_STEP = 2 ** 12  # ... and, halved for small budgets, never below 4 KiB
-BUDGET_SCALE_CAP = 8  # halved while the cells still cover more than this many budgets
+BOUND_CELLS = 2048  # the bound DP counts memory in about this many cells of the budget
+# Without a time limit the search stops proving after this long and says so
+# (plan.search["proven_optimal"] false); give time_limit_s to wait longer or less.
+DEFAULT_TIME_LIMIT_S = 20.0
+BASELINE_TIME_LIMIT_S = 5.0  # each baseline space: a comparison, searched at most this long
+SEED_TASKS = 8  # tasks tried for a first feasible plan before the exact search starts
+PARTITIONS = ("exact", "even", "memory", "time", "bmw-paper")
 
-
-def _auto_step(scale: float) -> int:
-    """``scale`` in about ``AUTO_MEMORY_CELLS`` cells, rounded up to a multiple of 64 KiB."""
-    return max(MIN_AUTO_STEP, math.ceil(scale / AUTO_MEMORY_CELLS / MIN_AUTO_STEP) * MIN_AUTO_STEP)
-
-
-REFINE_FACTOR = 4  # the winning task is searched again with a step this many times finer
+Progress = Callable[[int, int, float | None], None]
 
 
 class InfeasibleError(ValueError):
@@ -59,9 +60,14 @@ class InfeasibleError(ValueError):
 
 @dataclass(frozen=True)
 class SearchOptions:
-    """Pins and knobs. ``None`` means "search it". ``memory_step_bytes=None`` picks the device
-    memory (or the budget, if larger) over ``AUTO_MEMORY_CELLS``, rounded up to a multiple of
-    64 KiB, then halved while the cells cover more than 8 budgets (small budgets)."""
+    """Pins and knobs. ``None`` means "search it".
+
+    ``partition``: ``exact`` searches every partition; the others pin the partition kind.
+    ``memory_step_bytes``: cell size of the bound DP (default: the budget in ``BOUND_CELLS``
+    cells); it changes only how fast the search prunes, never the answer (memory is checked in
+    bytes). ``progress``: called as ``progress(tasks_done, tasks, best_samples_per_s)``; with
+    ``show_progress`` and no callback, progress goes to this module's logger (INFO).
+    """
 
     pp: int | None = None
     tp: int | None = None
@@ -76,9 +82,9 @@ class SearchOptions:
     memory_step_bytes: int | None = None
     show_progress: bool = True
     max_tp: int | None = None
-    partition: str = "bmw"
+    partition: str = "exact"
     include_baselines: bool = True
-    max_transient_levels: int = 4
+    progress: Progress | None = field(default=None, compare=False)
 
     def validate(self) -> None:
         def need(cond: bool, name: str, value: Any, fix: str) -> None:
@@ -101,8 +107,6 @@ class SearchOptions:
              self.memory_step_bytes, "must be a positive number of bytes (e.g. 1048576)")
         need(self.time_limit_s is None or self.time_limit_s > 0, "time_limit_s",
              self.time_limit_s, "must be positive seconds")
-        need(self.max_transient_levels >= 1, "max_transient_levels", self.max_transient_levels,
-             "must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -116,86 +120,39 @@ class SearchResult:
         return self.plan.search or {}
 
 
-@dataclass(frozen=True)
-class _Space:
-    """A (restricted) space: layer rules, allowed pp degrees, vocab layout and partitions."""
-
-    name: str
-    rules: SpaceRules
-    pps: tuple[int, ...] | None = None
-    vocab_tp: str | int | None = None  # None search, "layer" = the layers' only tp, or an int
-    vocab_modes: tuple[str, ...] | None = None
-    partitions: tuple[str, ...] = ("even", "memory", "bmw")
-
-
-def _spaces(name: str, options: SearchOptions, world: int) -> list[_Space]:
+def spaces_of(name: str, options: SearchOptions, world: int) -> list[Space]:
     """The sub-spaces a named space is the union of (several only for megatron3d)."""
     base = SpaceRules(dp_modes=tuple(options.dp_modes), allow_recompute=options.allow_recompute,
                       max_tp=options.max_tp,
                       tps=(options.tp,) if options.tp is not None else None)
+    single = dict(vocab_modes=("ddp",), even_split=True)
     if name == "full":
-        parts = ("even", "memory", "bmw") if options.partition == "bmw" else (options.partition,)
-        return [_Space("full", base, partitions=parts)]
+        return [Space("full", base)]
     if name == "dp":
-        return [_Space(name, SpaceRules(tps=(1,), dp_modes=("ddp",), allow_recompute=False),
-                       pps=(1,), vocab_tp=1, vocab_modes=("ddp",), partitions=("even",))]
+        return [Space(name, SpaceRules(tps=(1,), dp_modes=("ddp",), allow_recompute=False),
+                      pps=(1,), vocab_tp=1, **single)]
     if name == "zero3":
-        return [_Space(name, SpaceRules(tps=(1,), dp_modes=("zero3",), allow_recompute=False),
-                       pps=(1,), vocab_tp=1, vocab_modes=("zero3",), partitions=("even",))]
+        return [Space(name, SpaceRules(tps=(1,), dp_modes=("zero3",), allow_recompute=False),
+                      pps=(1,), vocab_tp=1, vocab_modes=("zero3",), even_split=True)]
     if name == "tp":
-        return [_Space(name, SpaceRules(tps=(world,), dp_modes=("ddp",), allow_recompute=False),
-                       pps=(1,), vocab_tp=world, vocab_modes=("ddp",), partitions=("even",))]
+        return [Space(name, SpaceRules(tps=(world,), dp_modes=("ddp",), allow_recompute=False),
+                      pps=(1,), vocab_tp=world, **single)]
     if name == "pp":
-        return [_Space(name, SpaceRules(tps=(1,), dp_modes=("ddp",), allow_recompute=False),
-                       pps=(world,), vocab_tp=1, vocab_modes=("ddp",), partitions=("even",))]
+        return [Space(name, SpaceRules(tps=(1,), dp_modes=("ddp",), allow_recompute=False),
+                      pps=(world,), vocab_tp=1, **single)]
     if name == "galvatron-base":
-        return [_Space(name, replace(base, allow_recompute=False), partitions=("even",))]
+        return [Space(name, replace(base, allow_recompute=False), even_split=True)]
     if name == "megatron3d":
         out = []
         for tp in powers_of_two_upto(world):
-            # The grid with full recompute is part of the space unless recompute is off.
-            for recompute in ((False, True) if options.allow_recompute else (False,)):
+            for recompute in (False, True):
                 rules = SpaceRules(tps=(tp,), dp_modes=("ddp",), allow_recompute=recompute,
                                    allow_strided=False, force_recompute=recompute,
                                    max_tp=options.max_tp)
-                out.append(_Space(f"megatron3d[tp={tp},recompute={recompute}]", rules,
-                                  vocab_tp="layer", vocab_modes=("ddp",), partitions=("even",)))
+                out.append(Space(f"megatron3d[tp={tp},recompute={recompute}]", rules,
+                                 vocab_tp="layer", **single))
         return out
     raise ValueError(f"search option space={name!r}: choose one of {', '.join(SPACES)}")
-
-
-@dataclass
-class _Candidate:
-    score: float  # seconds per sample (throughput objective)
-    task: Task
-    option: VocabOption
-    partitions: dict[str, tuple[tuple[int, ...] | None, float]]
-    space: str
-
-
-class _Progress:
-    """The search's progress callback ``(tasks done, tasks in the space, best seconds per sample
-    so far)``, shown through :class:`megatron_auto.progress.Progress` (a bar on a terminal,
-    plain stderr lines every 0.5 s otherwise); nothing for a search under a second."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self._shown: Progress | None = None
-
-    def __call__(self, done: int, total: int, best: float | None) -> None:
-        if not self.enabled:
-            return
-        shown = self._shown
-        if shown is None or shown.total != total or done < shown.done:  # a new space's tasks
-            self.close()
-            shown = self._shown = Progress("megatron-auto search", total, "tasks",
-                                           interval_s=0.5, delay_s=1.0)
-        shown.update_to(done, best=f"{1 / best:.2f} samples/s" if best else "none yet")
-
-    def close(self) -> None:
-        if self._shown is not None:
-            self._shown.close()
-            self._shown = None
 
 
 def _batches(training: TrainingSpec, options: SearchOptions) -> list[int]:
@@ -205,17 +162,36 @@ def _batches(training: TrainingSpec, options: SearchOptions) -> list[int]:
     return sorted({b * 2 ** j // 8 for j in range(0, 7) if (b * 2 ** j) % 8 == 0})
 
 
-def _run_space(space: _Space, spec: ModelSpec, training: TrainingSpec, cluster: Any,
-               profile: ModelProfile, budget: float, options: SearchOptions, world: int,
-               step: int, deadline: float | None, progress: _Progress | None,
-               stats: dict[str, Any]) -> list[_Candidate]:
-    """All candidates of one space, best first (at most a few kept per task)."""
+def _vocabs(spec: ModelSpec, space: Space, options: SearchOptions, n: int, b_m: int,
+            rules: SpaceRules, devices_per_node: int) -> list[VocabStrategy]:
+    modes = space.vocab_modes or tuple(options.dp_modes)
+    if space.vocab_tp == "layer":
+        tps = list(rules.tps or ())
+    elif isinstance(space.vocab_tp, int):
+        tps = [space.vocab_tp]
+    elif options.vocab_tp is not None:
+        tps = [options.vocab_tp]
+    else:
+        # A pinned layer tp does not pin the vocabulary (that is ``vocab_tp``).
+        tps = vocab_tps(spec.vocab_size, n, b_m, replace(rules, tps=None), devices_per_node)
+    out = []
+    for tp in tps:
+        if tp > n or spec.vocab_size % tp or b_m % (n // tp):
+            continue
+        for mode in (("ddp",) if n // tp == 1 else modes):
+            out.append(VocabStrategy(tp=tp, dp_mode=mode))
+    return out
+
+
+def _tasks(space: Space, spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
+           profile: ModelProfile, budget: float, options: SearchOptions, world: int,
+           step: int) -> list[Task]:
     schedules = [options.schedule] if options.schedule else ["1f1b"]
-    pps = space.pps or tuple(p for p in powers_of_two_upto(world)
-                             if world % p == 0 and p <= spec.num_layers)
+    pps = space.pps or tuple(p for p in powers_of_two_upto(world) if p <= spec.num_layers)
     if options.pp is not None and space.pps is None:
         pps = tuple(p for p in pps if p == options.pp)
-    raw = []
+    out = []
+    shared: dict = {}
     for batch in _batches(training, options):
         for pp in pps:
             if pp > spec.num_layers or world % pp:
@@ -226,184 +202,70 @@ def _run_space(space: _Space, spec: ModelSpec, training: TrainingSpec, cluster: 
                 if batch % m:
                     continue
                 for sched in schedules:
-                    raw.append((batch, pp, m, sched))
-    max_len_of = {pp: spec.num_layers if pp == 1 else
-                  min(spec.num_layers - pp + 1, math.ceil(1.5 * spec.num_layers / pp) + 1)
-                  for pp in pps}
-    tasks = []
-    for batch, pp, m, sched in raw:
-        task = Task(spec, profile, cluster, world, batch, pp, m, sched, space.rules, budget, step,
-                    options.max_transient_levels, max_len_of[pp])
-        if task.ok:
-            tasks.append(task)
-    tasks.sort(key=lambda t: t.lower_bound / t.global_batch)
-    stats["tasks"] = stats.get("tasks", 0) + len(tasks)
-    found: list[_Candidate] = []
-    best = math.inf
-    for i, task in enumerate(tasks):
-        if progress:
-            progress(i, len(tasks), best if math.isfinite(best) else None)
-        if math.isfinite(best) and task.lower_bound / task.global_batch >= best:
-            stats["pruned"] = stats.get("pruned", 0) + len(tasks) - i
-            break
-        if deadline is not None and time.monotonic() > deadline and found:
-            # Past the limit with a plan in hand (the search never stops empty-handed).
-            stats["time_limited"] = True
-            break
-        for option in _vocab_options(task, spec, space, options):
-            stats["candidates"] = stats.get("candidates", 0) + 1
-            l, p = spec.num_layers, task.pp
-            mem_row = lambda k, a, o=option: task.memory_row(k, a, o)  # noqa: E731
-            mem_part, least = _least_memory(task, mem_row)
-            if least is not None:
-                stats["min_memory"] = min(stats.get("min_memory", math.inf), least)
-            if least is None or least > budget:
-                continue
-            parts = choose_partition(
-                l, p, lambda k, a, o=option: task.row(k, a, o).value / task.m, mem_row,
-                lambda part, o=option: task.score(part, o), task.max_len, space.partitions,
-                polish=False, memory_seed=mem_part,
-                row_depends_on_start=len(spec.layer_types) > 1)
-            kind = min(parts, key=lambda x: parts[x][1])
-            score = parts[kind][1] / task.global_batch
-            if math.isfinite(score):
-                found.append(_Candidate(score, task, option, parts, space.name))
-                best = min(best, score)
-        found.sort(key=lambda c: c.score)
-        del found[3:]
-        if all(c.task is not task for c in found):
-            task.release()  # DP tables are large; a finalist rebuilds its own on demand
-    return found
-
-
-def _least_memory(task: Task, mem_row) -> tuple[tuple[int, ...] | None, float | None]:
-    """The memory-balanced partition and the least peak memory (bytes) any plan of the task can
-    have with this vocab layout (None when no partition exists)."""
-    part = memory_balanced(task.spec.num_layers, task.pp, mem_row, task.max_len,
-                           len(task.spec.layer_types) > 1)
-    if part is None:
-        return None, None
-    start, worst = 0, 0.0
-    for k, length in enumerate(part):
-        worst = max(worst, float(mem_row(k, start)[length - 1]))
-        start += length
-    return part, search_total_bytes(task.cluster, worst * task.step, task.n, task.pp)
-
-
-def _vocab_options(task: Task, spec: ModelSpec, space: _Space,
-                   options: SearchOptions) -> list[VocabOption]:
-    modes = space.vocab_modes or tuple(options.dp_modes)
-    if space.vocab_tp == "layer":
-        tps = sorted({s.tp for group in task.strategies for s in group})
-    elif isinstance(space.vocab_tp, int):
-        tps = [space.vocab_tp]
-    elif options.vocab_tp is not None:
-        tps = [options.vocab_tp]
-    else:
-        # A pinned layer tp does not pin the vocabulary (that is ``vocab_tp``).
-        tps = vocab_tps(spec.vocab_size, task.n, task.b_m, replace(space.rules, tps=None),
-                        task.cluster.devices_per_node)
-    out = []
-    for tp in tps:
-        if spec.vocab_size % tp or task.b_m % (task.n // tp):
-            continue
-        for mode in (("ddp",) if task.n // tp == 1 else modes):
-            out.append(VocabOption(tp, mode))
+                    for vocab in _vocabs(spec, space, options, world // pp, batch // m,
+                                         space.rules, cluster.devices_per_node):
+                        task = Task(spec, profile, cluster, world, batch, pp, m, sched,
+                                    space.rules, vocab, budget, step, shared)
+                        if task.ok:
+                            out.append(task)
     return out
 
 
-def _build_plan(cand: _Candidate, partition: tuple[int, ...], spec: ModelSpec) -> Plan | None:
-    task = cand.task
-    layers: list[LayerStrategy] = []
-    start = 0
-    for k, length in enumerate(partition):
-        chosen = task.stage_strategies(k, start, length, cand.option)
-        if chosen is None:
-            return None
-        layers.extend(chosen)
-        start += length
-    return Plan(world_size=task.n * task.pp, global_batch_size=task.global_batch,
-                num_microbatches=task.m,
-                pipeline=PipelineSpec(size=task.pp, schedule=task.schedule,
-                                      layers_per_stage=tuple(partition)),
-                vocab=VocabStrategy(tp=cand.option.tp, dp_mode=cand.option.dp_mode),
-                layers=tuple(layers), model=spec.plan_model_record())
+def _partition_pin(task: Task, space: Space, options: SearchOptions) -> tuple[int, ...] | None:
+    kind = "even" if space.even_split else options.partition
+    return None if kind == "exact" else pinned_partition(task, kind)
 
 
-def _finish(cands: list[_Candidate], spec: ModelSpec, training: TrainingSpec, cluster: Any,
-            profile: ModelProfile, budget: float, polish: bool):
-    """Polish, build and evaluate the leading candidates; best feasible (plan, estimate, info)."""
-    best = None
-    for cand in cands:
-        if polish and "bmw" in cand.partitions:
-            part, _ = cand.partitions["bmw"]
-            if part is not None:
-                part, score = improve(part, lambda p: cand.task.score(p, cand.option))
-                cand.partitions["bmw"] = (part, score)
-        evaluated = {}
-        for kind, (part, _) in cand.partitions.items():
-            if part is None:
-                continue
-            plan = _build_plan(cand, part, spec)
-            if plan is None:
-                continue
-            est = evaluate_plan(plan, spec, training, cluster, profile, budget)
-            if est.feasible:
-                evaluated[kind] = (plan, est)
-        if not evaluated:
-            continue
-        kind = min(evaluated, key=lambda k: (-evaluated[k][1].samples_per_s,
-                                             PARTITIONS.index(k)))
-        plan, est = evaluated[kind]
-        scores = {k: v[1].samples_per_s for k, v in evaluated.items()}
-        info = {"winner": kind, "samples_per_s": scores}
-        for other in ("even", "memory"):
-            if other in scores and other != kind:
-                info[f"gain_vs_{other}"] = est.samples_per_s / scores[other] - 1.0
-        if best is None or est.samples_per_s > best[1].samples_per_s:
-            best = (plan, est, info, cand)
-    return best
+def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
+         profile: ModelProfile, budget: float, options: SearchOptions, world: int, step: int,
+         deadline: float | None, progress: Progress | None,
+         stats: dict[str, Any]) -> tuple[Incumbent, list[Task], Task | None]:
+    """Search the union of ``spaces``; the incumbent, every task, and the winner's task."""
+    best = Incumbent()
+    tasks = [(t, sp) for sp in spaces
+             for t in _tasks(sp, spec, training, cluster, profile, budget, options, world, step)]
+    tasks.sort(key=lambda x: x[0].cheap_bound() / x[0].global_batch)
+    winner = None
+    pruned = 0
+    # Seeds: a fast feasible plan from the first tasks, so that bounds prune (and a deadline
+    # can stop the search) from the start. Every task is still searched or bounded below.
+    for task, space in tasks[:SEED_TASKS]:
+        before = best.plan
+        TaskSearch(task, training, best, None, _partition_pin(task, space, options)).seed()
+        if best.plan is not before:
+            winner = task
+        if deadline is not None and best.plan is not None and time.monotonic() > deadline:
+            break
+    for i, (task, space) in enumerate(tasks):
+        if progress:
+            progress(i, len(tasks), 1 / best.value if math.isfinite(best.value) else None)
+        if task.cheap_bound() / task.global_batch >= best.value * (1 - 1e-9):
+            pruned += len(tasks) - i
+            break
+        if deadline is not None and best.plan is not None and time.monotonic() > deadline:
+            best.stopped = True  # tasks left unsearched: the answer is not proven
+            pruned += len(tasks) - i
+            break
+        before = best.plan
+        TaskSearch(task, training, best, deadline, _partition_pin(task, space, options)).run()
+        if best.plan is not before:
+            winner = task
+    stats["tasks"] = stats.get("tasks", 0) + len(tasks)
+    stats["pruned"] = stats.get("pruned", 0) + pruned
+    stats["nodes"] = stats.get("nodes", 0) + best.nodes
+    stats["plans_priced"] = stats.get("plans_priced", 0) + best.leaves
+    return best, [t for t, _ in tasks], winner
 
 
-def _refine(cand: _Candidate, spec: ModelSpec, training: TrainingSpec, cluster: Any,
-            profile: ModelProfile, budget: float, step: int):
-    """The winning task again with a finer memory step. Every plan feasible at the coarse step
-    stays feasible at a step that divides it, so this can only find more room (the answer is
-    the better of the two)."""
-    old = cand.task
-    task = Task(spec, profile, cluster, old.world_size, old.global_batch, old.pp, old.m,
-                old.schedule, old.rules, budget, step, old.max_levels, old.max_len)
-    option = cand.option
-    mem_row = lambda k, a: task.memory_row(k, a, option)  # noqa: E731
-    mem_part, least = _least_memory(task, mem_row)
-    if least is None or least > budget:
-        return None
-    parts = choose_partition(
-        spec.num_layers, task.pp, lambda k, a: task.row(k, a, option).value / task.m, mem_row,
-        lambda part: task.score(part, option), task.max_len, tuple(cand.partitions),
-        polish=False, memory_seed=mem_part, row_depends_on_start=len(spec.layer_types) > 1)
-    fine = _Candidate(cand.score, task, option, parts, cand.space)
-    return _finish([fine], spec, training, cluster, profile, budget, polish=True)
+def _bound_step(budget: float, cluster: ClusterModel, options: SearchOptions) -> int:
+    if options.memory_step_bytes:
+        return int(options.memory_step_bytes)
+    return max(1, math.ceil((budget - cluster.memory_reserve_bytes) / BOUND_CELLS))
 
 
-def _respects(plan: Plan, options: SearchOptions) -> bool:
-    """Whether ``plan`` keeps every choice the user pinned (a baseline may not, e.g. pure DP
-    when pp is pinned to 2; such a plan is reported but never adopted)."""
-    layers = plan.layers
-    return ((options.pp is None or plan.pp_size == options.pp)
-            and (options.tp is None or all(layer.tp == options.tp for layer in layers))
-            and (options.num_microbatches is None
-                 or plan.num_microbatches == options.num_microbatches)
-            and (options.schedule is None or plan.pipeline.schedule == options.schedule)
-            and (options.vocab_tp is None or plan.vocab.tp == options.vocab_tp)
-            and (options.max_tp is None or all(layer.tp <= options.max_tp for layer in layers))
-            and all(layer.dp_mode in options.dp_modes or plan.dp_size(i) == 1
-                    for i, layer in enumerate(layers))
-            and (options.allow_recompute or not any(layer.recompute for layer in layers)))
-
-
-def search(spec: ModelSpec, training: TrainingSpec, cluster: Any, profile: ModelProfile,
-           memory_budget_bytes: int, options: SearchOptions = SearchOptions(),
+def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
+           profile: ModelProfile, memory_budget_bytes: int,
+           options: SearchOptions = SearchOptions(),
            world_size: int | None = None) -> SearchResult:
     """Best plan for ``spec`` on ``cluster`` within ``memory_budget_bytes`` per device.
 
@@ -417,94 +279,81 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: Any, profile: Model
         raise ValueError(f"world_size={world}: must be between 1 and the cluster's "
                          f"{cluster.world_size} devices")
     t0 = time.monotonic()
-    # The automatic step follows the device (not the budget), so that budgets on one cluster
-    # are discretised alike and more memory does not give a slower plan; but a budget far
-    # below the device (a small model, or a CPU "device" holding the machine's RAM) would get
-    # a step coarser than its layers, so the scale is capped at BUDGET_SCALE_CAP budgets.
-    # Halving keeps every coarser step a multiple of the finer one, so a plan (or a reported
-    # minimum) feasible at one budget's step stays feasible at a smaller budget's finer step.
-    step = options.memory_step_bytes or _auto_step(
-        max(memory_budget_bytes, getattr(cluster, "device_memory_bytes", 0)))
-    if options.memory_step_bytes is None:
-        while step % 2 == 0 and step // 2 >= max(
-                MIN_STEP, BUDGET_SCALE_CAP * memory_budget_bytes / AUTO_MEMORY_CELLS):
-            step //= 2
-    deadline = t0 + options.time_limit_s if options.time_limit_s else None
-    progress = _Progress(options.show_progress)
+    budget = float(memory_budget_bytes)
+    step = _bound_step(budget, cluster, options)
+    deadline = t0 + (options.time_limit_s or DEFAULT_TIME_LIMIT_S)
+    progress = options.progress or (_log_progress(t0) if options.show_progress else None)
     stats: dict[str, Any] = {}
-
-    def run(name: str, deadline_: float | None, progress_: _Progress | None,
-            refine: bool = False, step: int = step):
-        cands: list[_Candidate] = []
-        for sub in _spaces(name, options, world):
-            cands.extend(_run_space(sub, spec, training, cluster, profile, memory_budget_bytes,
-                                    options, world, step, deadline_, progress_, stats))
-        cands.sort(key=lambda c: c.score)
-        found = _finish(cands[:3], spec, training, cluster, profile, memory_budget_bytes,
-                        polish=True)
-        # Refine: when the budget is well below the device memory the device-based step is
-        # coarse for it; the finalists' tasks run again at most REFINE_FACTOR times finer and
-        # never finer than the budget in AUTO_MEMORY_CELLS cells (bounds the extra DP work).
-        target = max(MIN_STEP, memory_budget_bytes / AUTO_MEMORY_CELLS)
-        factor = max([1] + [q for q in (2, REFINE_FACTOR) if step / q >= target and step % q == 0])
-        fine_step = step // factor  # divides the coarse step: coarse-feasible stays feasible
-        if (refine and found is not None and options.memory_step_bytes is None
-                and fine_step < step):
-            for cand in cands[:3]:
-                finer = _refine(cand, spec, training, cluster, profile, memory_budget_bytes,
-                                fine_step)
-                if finer is not None and finer[1].samples_per_s > found[1].samples_per_s:
-                    found = finer
-        return found
-
-    best = run(options.space, deadline, progress, refine=True)
-    progress.close()
-    if best is None:
-        least = stats.get("min_memory")
-        if least is None or not math.isfinite(least):
-            raise InfeasibleError(
-                f"no plan of space {options.space!r} exists for this model on {world} devices "
-                f"(check divisibility of batch, heads and layers, or widen the space)", None)
-        raise InfeasibleError(
-            f"memory budget {memory_budget_bytes / GB:.3f} GB per device is too small: the "
-            f"least memory any plan of space {options.space!r} needs is "
-            f"{math.ceil(least / GB * 1000) / 1000:.3f} GB (framework reserve included); raise "
-            f"--memory-budget-gb, lower the global batch, or widen the search space", least)
-    plan, est, partition_info, cand = best
-    main_stats = dict(stats)
+    subspaces = spaces_of(options.space, options, world)
+    best, tasks, winner = _run(subspaces, spec, training, cluster, profile, budget, options,
+                               world, step, deadline, progress, stats)
+    if best.plan is None:
+        raise _infeasible(options.space, world, budget, tasks)
+    assert best.estimate is not None and winner is not None
     baselines: dict[str, Estimate | None] = {}
     adopted = None
     if options.include_baselines:
-        # Baselines are small spaces: search them at a step relative to the budget (fine even
-        # for small budgets on big devices), so the comparison is fair to them.
-        fine = options.memory_step_bytes or _auto_step(memory_budget_bytes)
         for name in BASELINE_SPACES:
             if name == options.space:
                 continue
-            found = run(name, None, None, refine=True, step=min(step, fine))
-            baselines[name] = found[1] if found else None
-            if (options.space == "full" and found is not None and _respects(found[0], options)
-                    and found[1].samples_per_s > est.samples_per_s * (1 + 1e-12)):
-                # A restricted space is part of the full one: its plan is ours when better
-                # (it can be, found at a finer memory step).
-                plan, est, partition_info, adopted = found[0], found[1], found[2], name
+            found, _, _ = _run(spaces_of(name, options, world), spec, training, cluster,
+                               profile, budget, options, world, step,
+                               time.monotonic() + BASELINE_TIME_LIMIT_S, None, {})
+            baselines[name] = found.estimate
+            # A proven answer is the optimum of the whole space, which holds every baseline
+            # space, so nothing is adopted then. A search the time limit stopped is not
+            # proven: a baseline space's plan (a plan of the same space) that is better is
+            # the answer instead, so a deep model never gets less than a uniform plan.
+            if best.stopped and found.plan is not None and found.value < best.value:
+                best, adopted = found, name
+                best.stopped = True
     info = {
-        "space": options.space, "partition": partition_info,
-        "search_time_s": time.monotonic() - t0, "tasks": main_stats.get("tasks", 0),
-        "tasks_pruned": main_stats.get("pruned", 0),
-        "candidates": main_stats.get("candidates", 0),
-        "memory_step_bytes": step, "time_limited": bool(main_stats.get("time_limited")),
+        "space": options.space, "objective": "evaluate (iteration time), exact",
+        "proven_optimal": not best.stopped, "time_limited": best.stopped,
+        "partitions": (partition_report(winner, training, best)
+                       if time.monotonic() < deadline and adopted is None else
+                       "not priced: the time limit was reached"),
+        "adopted_from_baseline": adopted,
+        "search_time_s": time.monotonic() - t0, "tasks": stats.get("tasks", 0),
+        "tasks_pruned": stats.get("pruned", 0), "nodes": stats.get("nodes", 0),
+        "plans_priced": stats.get("plans_priced", 0), "bound_memory_step_bytes": step,
         "memory_budget_bytes": memory_budget_bytes,
         "schedules": [options.schedule] if options.schedule else
         ["1f1b (gpipe has the same time and never less memory, so it is not searched)"],
         "baselines": {k: (v.samples_per_s if v else None) for k, v in baselines.items()},
-        "adopted_from_baseline": adopted,
     }
-    plan = replace(plan, estimate=est.to_dict(), search=info)
-    return SearchResult(plan=plan, estimate=est, baselines=baselines)
+    plan = replace(best.plan, estimate=best.estimate.to_dict(), search=info)
+    return SearchResult(plan=plan, estimate=best.estimate, baselines=baselines)
 
 
-def evaluate(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: Any,
+def _infeasible(space: str, world: int, budget: float, tasks: list[Task]) -> InfeasibleError:
+    least = least_peak(tasks)
+    if least is None:
+        return InfeasibleError(
+            f"no plan of space {space!r} exists for this model on {world} devices (check "
+            f"divisibility of batch, heads and layers, or widen the space)", None)
+    shown = math.ceil(least / GB * 1000) / 1000
+    return InfeasibleError(
+        f"memory budget {budget / GB:.3f} GB per device is too small: the least memory any plan "
+        f"of space {space!r} needs is {shown:.3f} GB (framework reserve included); raise "
+        f"--memory-budget-gb to at least {shown:.3f}, lower the global batch, or widen the "
+        f"search space", least)
+
+
+def _log_progress(t0: float) -> Progress:
+    last = [0.0]
+
+    def report(done: int, total: int, best: float | None) -> None:
+        now = time.monotonic() - t0
+        if now < 1.0 or now - last[0] < 0.5:
+            return
+        last[0] = now
+        best_txt = f"{best:.2f} samples/s" if best else "none yet"
+        logger.info("search: %d/%d tasks, %.1f s, best %s", done, total, now, best_txt)
+    return report
+
+
+def evaluate(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
              profile: ModelProfile, memory_budget_bytes: int | None = None) -> Estimate:
     """Cost-model estimate of any plan; ``.feasible`` against ``memory_budget_bytes`` if given."""
     return evaluate_plan(plan, spec, training, cluster, profile, memory_budget_bytes)

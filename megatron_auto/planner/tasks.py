@@ -1,481 +1,393 @@
-"""One search task: a fixed (global batch, pp, micro-batch count, schedule) and its cost tables.
+"""One search task and the lower-bound tables the exact search prunes with.
 
-A task turns the cost model into the DP's inputs (per layer type: memory cells, objective, class
-of every strategy), runs the per-stage DP lazily (one run per layer-type window, micro-batches in
-flight and transient level), and answers "what does stage ``k`` cost if it holds ``L`` layers
-from ``start``?" as arrays over ``L`` for the partition code.
+A :class:`Task` fixes (global batch, pp, micro-batch count, schedule, vocabulary layout). It
+holds the named cost arrays of every candidate strategy at every stage position
+(``stage_costs``), the transition costs between layouts, and lower bounds:
 
-Objective of a layer in the DP: ``m * (forward + backward) + exposed_sync + optimizer`` seconds
-per iteration; of a transition between layout classes: ``m * relayout``. The DP also carries the
-exposed sync, the backward time and the optimizer step along its optimum so the partition can be scored with the pipeline model.
+- ``rest(k, start, weights)``: the per-stage DP (``dp.solve_stage``) over the layers from
+  ``start``, with each strategy's memory rounded DOWN to cells of ``step`` bytes and the cap
+  rounded down too, so every plan that truly fits is inside the DP (a relaxation, never a
+  restriction; the search checks memory in bytes itself). Entry ``[l, v]``: the least weighted
+  cost of ``l + 1`` layers within ``v`` cells.
+- ``future(b)[k, a]``: the least weighted cost of stages ``k..pp-1`` over layers ``[a, L)``,
+  every partition considered (a small DP over stages).
 
-Transient memory (only the running layer's) enters as a *level* ``tau``: the DP for level ``tau``
-allows strategies whose transient is at most ``tau`` and reserves ``max(tau, head transient)``
-cells; the stage's answer is the best level. Levels are the distinct transient sizes, merged
-upward (conservatively) when there are more than ``max_levels``.
+Weights: the iteration time of ``cost_time.pipeline_time`` is at least, for every stage ``b``,
+``J_b = sum_k C_k + (m - 1) C_b + step_b + tail_0 + overhead`` (``C``: a stage's time per
+micro-batch; ``C_b <= max C``, ``step_b <= max step``, stage 0's sync tail is never hidden).
+``J_b`` is additive over stages and layers: stage ``k`` weighs its per-micro-batch time by
+``alpha = m`` if ``k == b`` else 1, its optimizer step by ``beta = [k == b]`` and its sync tail
+by ``gamma = [k == 0]``. With one stage ``J_0`` is the iteration time exactly.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Callable
 
 import numpy as np
 
-from ..plan import LayerStrategy
-from .cost_memory import MemoryCost, embedding_memory, layer_memory
+from ..plan import VocabStrategy
+from .cluster_model import ClusterModel
 from .cost_model import in_flight, step_overhead
-from .cost_time import TimeCost, embedding_time, layer_time, pipeline_time, relayout_time
-from .dp import LayerOptions, StageTables, solve_stage
-from .gpu_terms import search_model_budget
+from .cost_time import relayout_cost, relayout_time, stage_boundary_cost
+from .dp import LayerOptions, solve_stage
 from .model_spec import ModelSpec
 from .profiles import ModelProfile
-from .strategies import Layout, SpaceRules, layer_strategies, layout_of
+from .spaces import SpaceRules, layer_strategies
+from .stage_costs import (EmbeddingCosts, StrategyCosts, embedding_costs, prune_dominated,
+                          strategy_costs)
+from ..layout import Layout, layout_of, vocab_layout
 
 INF = math.inf
-EXACT_IN_FLIGHT = 8
-IN_FLIGHT_GRID = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192,
-                  256, 320, 384, 512, 640, 768, 1024, 1 << 62)
-
-
-def _envelope(x: np.ndarray, y: np.ndarray, cap: float) -> float:
-    """Least ``y`` a convex combination of the points ``(x, y)`` reaches with ``x <= cap``."""
-    best = INF
-    fit = x <= cap
-    if fit.any():
-        best = float(y[fit].min())
-    for i in np.nonzero(fit)[0]:
-        for j in np.nonzero(~fit)[0]:  # mix a fitting point with a bigger, faster one
-            if y[j] < y[i]:
-                w = (cap - x[i]) / (x[j] - x[i])
-                best = min(best, float(y[i] + w * (y[j] - y[i])))
-    return best
-
-
-def cells_up(nbytes: float, step: int) -> int:
-    """Memory cells needed for ``nbytes`` (rounded UP so plans never exceed the budget)."""
-    return int(math.ceil(nbytes / step - 1e-12)) if nbytes > 0 else 0
 
 
 @dataclass(frozen=True)
-class VocabOption:
-    tp: int
-    dp_mode: str
+class Weights:
+    """How one stage's time per micro-batch, optimizer step and sync tail enter a bound."""
+
+    alpha: float
+    beta: float
+    gamma: float
+    mix: float = 1.0  # memory axis: mix * persistent + (1 - mix) * step peak
+    level: int = -1  # transient bucket (strategies whose transient is at most its top); -1 all
 
 
-@dataclass
-class StageRow:
-    """Per stage length ``L = 1..len``: the objective (seconds per iteration) and the transient
-    level that won (-1 when infeasible)."""
-
-    value: np.ndarray
-    level: np.ndarray
+# A stage's peak is max(backward peak, step peak) >= mix * backward + (1 - mix) * step for any
+# mix in [0, 1]: each mix gives a valid relaxation, and the bounds take the best of these.
+MIXES = (1.0,)
+# Transients are bucketed: a plan whose largest transient lies in (lo, hi] is inside the DP of
+# strategies with transient <= hi that reserves only lo (a relaxation); few buckets, fast DPs.
+MAX_LEVELS = 4
 
 
 class Task:
-    """Cost tables of one (B, pp, m, schedule) for one search space."""
+    """Cost tables of one (B, pp, m, schedule, vocabulary layout) for one search space."""
 
-    def __init__(self, spec: ModelSpec, profile: ModelProfile, cluster: Any, world_size: int,
-                 global_batch: int, pp: int, m: int, schedule: str, rules: SpaceRules,
-                 budget_bytes: float, step: int, max_levels: int, max_len: int) -> None:
+    def __init__(self, spec: ModelSpec, profile: ModelProfile, cluster: ClusterModel,
+                 world_size: int, global_batch: int, pp: int, m: int, schedule: str,
+                 rules: SpaceRules, vocab: VocabStrategy, budget_bytes: float,
+                 step: int, shared: dict | None = None) -> None:
         self.spec, self.profile, self.cluster = spec, profile, cluster
-        self.rules, self.budget_bytes, self.max_levels = rules, budget_bytes, max_levels
-        self.world_size = world_size
-        self.pp, self.m, self.schedule, self.global_batch = pp, m, schedule, global_batch
+        self.world_size, self.global_batch = world_size, global_batch
+        self.pp, self.m, self.schedule, self.rules, self.vocab = pp, m, schedule, rules, vocab
         self.n = world_size // pp
         self.b_m = global_batch // m
+        self.budget = float(budget_bytes)
+        self.room = self.budget - cluster.memory_reserve_bytes  # bytes for the stage's terms
         self.step = step
-        self.max_len = min(max_len, spec.num_layers)
-        self._in_flight = self._in_flight_counts()
-        # reserve, NCCL and fragmentation (GPU terms; 0 on CPU clusters) come off the budget
-        self.cells = int(search_model_budget(cluster, budget_bytes, self.n, pp) // step)
-        n = self.n
-        self.strategies: list[list[LayerStrategy]] = []
-        self.mem: list[list[MemoryCost]] = []
-        self.time: list[list[TimeCost]] = []
-        for lt in spec.layer_types:
-            lp = profile.layer_types[lt.name]
-            strategies = layer_strategies(lt, n, self.b_m, rules, cluster.devices_per_node)
-            self.strategies.append(strategies)
-            self.mem.append([layer_memory(lp, s.tp, n // s.tp, s.dp_mode, s.recompute,
-                                          self.b_m / (n // s.tp),
-                                          first_backward_peak=schedule == "gpipe")
-                             for s in strategies])
-            self.time.append([layer_time(lp, cluster, layout_of(s, n), s.dp_mode, s.recompute,
-                                         self.b_m / (n // s.tp), n, profile.precision)
-                              for s in strategies])
+        self.cells = max(int(self.room // step), 0)
+        self.num_layers = spec.num_layers
+        self.max_len = spec.num_layers - pp + 1
+        self.in_flight = [in_flight(schedule, pp, k, m) for k in range(pp)]
+        self.overhead = step_overhead(cluster, world_size)
+        # Everything but the embedding/head is the same for every vocabulary layout of a
+        # (batch, pp, m, schedule): computed once, on first use, and shared through ``shared``.
+        key = (global_batch, pp, m, schedule, rules)
+        shared = {} if shared is None else shared
+        if key not in shared:
+            shared[key] = _LayerTables(spec, profile, cluster, rules, self.n, self.b_m, pp,
+                                       schedule)
+        self.tables = shared[key]
+        self.ok = self.tables.ok
+        self._emb: list[EmbeddingCosts] | None = None
+        self._future: dict = {}
+        self.branches = list(range(pp))
+        self.on_new_table: Callable[[], None] | None = None  # e.g. a deadline check
+
+    def __getattr__(self, name: str):
+        # The layer tables' attributes (layouts, relayout, hop, buckets, ...) read through.
+        if name in ("tables", "__setstate__") or "tables" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.tables, name)
+
+    @property
+    def emb(self) -> list[EmbeddingCosts]:
+        """Embedding/head costs per stage position (zeros in between), on first use."""
+        if self._emb is None:
+            self._emb = [embedding_costs(self.profile.embedding, self.cluster, self.vocab,
+                                         self.n, self.b_m, self.in_flight[k], self.schedule,
+                                         k == 0, k == self.pp - 1, self.pp,
+                                         self.spec.seq_length, self.profile.precision)
+                         if k in (0, self.pp - 1)
+                         else EmbeddingCosts() for k in range(self.pp)]
+        return self._emb
+
+    def vocab_moves(self, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(into, out_of)`` over layouts: embedding -> a first layer of type ``t``, and a
+        last layer of type ``t`` -> the head (relayouts on the vocabulary's layout)."""
+        key = ("vocab_moves", t)
+        if key not in self._future:
+            v = vocab_layout(self.vocab.tp, self.n)
+            h = self.tables.hidden[t]
+            self._future[key] = (
+                np.array([relayout_cost(self.cluster, v, b, self.b_m, h, self.n).total
+                          for b in self.tables.layouts]),
+                np.array([relayout_cost(self.cluster, a, v, self.b_m, h, self.n).total
+                          for a in self.tables.layouts]))
+        return self._future[key]
+
+    @property
+    def min_transient(self) -> list[float]:
+        return [min(float(self.tables.costs(t, self.in_flight[k]).transient.min())
+                    for t in set(self.spec.layer_order)) for k in range(self.pp)]
+
+    # ------------------------------------------------------------------ costs
+    def costs(self, k: int, layer: int) -> StrategyCosts:
+        """Candidate strategies of ``layer`` when it sits on stage ``k``."""
+        return self.tables.costs(self.spec.layer_order[layer], self.in_flight[k])
+
+    def classes(self, k: int, layer: int) -> np.ndarray:
+        return self.tables.classes(self.spec.layer_order[layer], self.in_flight[k])
+
+    def bound_in_flight(self, k: int) -> int:
+        """Micro-batches in flight the bound tables of stage ``k`` assume: the exact count
+        rounded down to a power of two (less memory, so still a relaxation; few tables)."""
+        return 1 << (self.in_flight[k].bit_length() - 1)
+
+    def weights(self, k: int, b: int) -> Weights:
+        """Stage ``k``'s weights in the bound ``J_b`` (module docstring)."""
+        return Weights(alpha=float(self.m) if k == b else 1.0, beta=1.0 if k == b else 0.0,
+                       gamma=1.0 if k == 0 else 0.0)
+
+    def weight_arrays(self, k: int) -> tuple[np.ndarray, np.ndarray, float]:
+        """``(alpha, beta)`` over the branches ``b`` and ``gamma`` of stage ``k``."""
+        alpha = np.array([self.weights(k, b).alpha for b in self.branches])
+        beta = np.array([self.weights(k, b).beta for b in self.branches])
+        return alpha, beta, 1.0 if k == 0 else 0.0
+
+    def cheap_bound(self) -> float:
+        """A lower bound on every plan's iteration time that needs no DP (memory ignored): each
+        layer at its fastest, stages perfectly balanced, the embedding/head at its own cost."""
+        order = self.spec.layer_order
+        least = sum(float(self.tables.one[order[i]].microbatch.min())
+                    for i in range(self.num_layers))
+        least += sum(e.microbatch for e in self.emb)
+        if self.pp == 1:
+            best = sum(float((self.m * c.microbatch + c.exposed_sync + c.optimizer).min())
+                       for c in (self.tables.one[order[i]] for i in range(self.num_layers)))
+            e = self.emb[0]
+            return best + self.m * e.microbatch + e.exposed_sync + e.optimizer + self.overhead
+        return least * (1 + (self.m - 1) / self.pp) + self.overhead
+
+    # ------------------------------------------------------------------ bounds
+    def cells_of(self, room: float) -> int:
+        """Cells a stage may still fill given ``room`` bytes (rounded down; -1: none)."""
+        if room < 0:
+            return -1
+        return min(int(room // self.step), self.cells)
+
+    def rest(self, k: int, start: int, w: Weights) -> np.ndarray:
+        """DP table over the layers from ``start`` at stage position ``k`` (module doc)."""
+        order = self.spec.layer_order
+        window = tuple(order[start:start + self.max_len]) if len(self.spec.layer_types) > 1 \
+            else (order[0],) * self.max_len
+        k_in = self.bound_in_flight(k)
+        key = (window, k_in, w)
+        if key not in self.tables.rest:
+            if self.on_new_table is not None:
+                self.on_new_table()
+            opts = {}
+            top = self.buckets[w.level][1] if w.level >= 0 else INF
+            for t in set(window):
+                c = self.tables.costs(t, k_in)
+                keep = c.transient <= top
+                mixed = (w.mix * c.persistent + (1 - w.mix) * c.step_peak)[keep]
+                cost = (w.alpha * c.microbatch + w.beta * c.optimizer
+                        + w.gamma * c.exposed_sync)[keep]
+                if not keep.any():  # nothing this small: one impossible option
+                    mixed, cost = np.array([INF]), np.array([INF])
+                    cls = np.zeros(1, dtype=np.int64)
+                else:
+                    cls = self.tables.classes(t, k_in)[keep]
+                mem = np.minimum(np.floor(mixed / self.step), self.cells + 1).astype(np.int64)
+                opts[t] = LayerOptions(mem=mem, cost=cost, aux=np.zeros((len(cost), 0)),
+                                       cls=cls)
+            trans = w.alpha * np.minimum.reduce([self.relayout[t] for t in set(window)])
+            self.tables.rest[key] = solve_stage([opts[t] for t in window], trans,
+                                                self.cells).best
+        return self.tables.rest[key]
+
+    def rest_bound(self, k: int, start: int, w: Weights, count: int, backward: np.ndarray,
+                   step: np.ndarray, transient: np.ndarray) -> np.ndarray:
+        """Least weighted cost of the ``count`` layers from ``start`` (a relaxation), given
+        the bytes left for the backward peak and the step peak and the largest transient so
+        far (arrays over the candidates of the previous layer); inf where nothing fits."""
+        out = np.full(np.shape(backward), INF)
+        for j, (lo, hi) in enumerate(self.buckets):
+            # A bucket below the largest transient so far cannot hold the rest's largest,
+            # except the top one (all strategies) when the stage's own transient beats them.
+            valid = (hi >= transient) | (j == len(self.buckets) - 1)
+            if not valid.any():
+                continue
+            room = backward - np.maximum(0.0, lo - transient)
+            value = np.full(np.shape(backward), -INF)
+            for mix in MIXES:
+                cells = np.floor((mix * room + (1 - mix) * step) / self.step)
+                table = self.rest(k, start, replace(w, mix=mix, level=j))
+                rows = np.minimum(count, table.shape[0]) - 1  # past the model's end: inf
+                got = table[rows, np.clip(cells, 0, self.cells).astype(np.int64)]
+                value = np.maximum(value, np.where((cells >= 0) & (count <= table.shape[0]),
+                                                   got, INF))
+            value = np.where((room >= 0) & (step >= 0), value, INF)
+            out = np.where(valid, np.minimum(out, value), out)
+        return out
+
+    def stage_bound(self, k: int, start: int, b: int) -> np.ndarray:
+        """Lower bound on stage ``k``'s weighted cost in ``J_b`` per length ``1..max_len``."""
+        w = self.weights(k, b)
+        e = self.emb[k]
+        fixed = (w.alpha * (e.microbatch + (self.min_boundary if k > 0 else 0.0))
+                 + w.beta * e.optimizer + w.gamma * e.exposed_sync)
+        lengths = np.arange(1, self.max_len + 1)
+        full = np.ones(self.max_len)
+        out = self.rest_bound(k, start, w, lengths, full * (self.room - e.persistent),
+                              full * (self.room - e.step_peak), full * e.transient)
+        return out + fixed
+
+    def future(self, b: int) -> np.ndarray:
+        """``F[k, a]``: least ``J_b`` share of stages ``k..pp-1`` over layers ``[a, L)``."""
+        if b in self._future:
+            return self._future[b]
+        L, pp = self.num_layers, self.pp
+        f = np.full((pp + 1, L + 1), INF)
+        f[pp, L] = 0.0
+        for k in range(pp - 1, -1, -1):
+            f[k] = _min_plus(lambda a, k=k: self.stage_bound(k, a, b), f[k + 1], k, L, pp,
+                             self.max_len, len(self.spec.layer_types) == 1, np.add)
+        self._future[b] = f
+        return f
+
+    def time_row(self, k: int, start: int, tail: bool) -> np.ndarray:
+        """Least time per micro-batch of stage ``k`` per length (plus its sync tail if
+        ``tail``), embedding/head and cheapest incoming boundary included."""
+        key = ("row", k, start if len(self.spec.layer_types) > 1 else 0, tail)
+        if key not in self._future:
+            w = Weights(1.0, 0.0, 1.0 if tail else 0.0)
+            e = self.emb[k]
+            full = np.ones(self.max_len)
+            rest = self.rest_bound(k, start, w, np.arange(1, self.max_len + 1),
+                                   full * (self.room - e.persistent),
+                                   full * (self.room - e.step_peak), full * e.transient)
+            self._future[key] = rest + e.microbatch + (self.min_boundary if k else 0.0) + (
+                e.exposed_sync if tail else 0.0)
+        return self._future[key]
+
+    def sum_max(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(S, M)`` over ``[k, a]``: the least sum of the stages' time rows (stage 0 with its
+        tail) and the least largest time row of stages ``k..pp-1`` over layers ``[a, L)``,
+        each over every partition (bounds on ``sum C + tail_0`` and on ``max C``)."""
+        if "sum_max" in self._future:
+            return self._future["sum_max"]
+        L, pp = self.num_layers, self.pp
+        total = np.full((pp + 1, L + 1), INF)
+        most = np.full((pp + 1, L + 1), INF)
+        total[pp, L] = 0.0
+        most[pp, L] = 0.0
+        single = len(self.spec.layer_types) == 1
+        for k in range(pp - 1, -1, -1):
+            total[k] = _min_plus(lambda a, k=k: self.time_row(k, a, k == 0), total[k + 1], k,
+                                 L, pp, self.max_len, single, np.add)
+            most[k] = _min_plus(lambda a, k=k: self.time_row(k, a, False), most[k + 1], k, L,
+                                pp, self.max_len, single, np.maximum)
+        self._future["sum_max"] = (total, most)
+        return total, most
+
+    def root_bound(self) -> float:
+        """Lower bound on the iteration time of every plan of this task."""
+        best = max(float(self.future(b)[0, 0]) for b in self.branches)
+        if self.pp > 1:
+            total, most = self.sum_max()
+            steady = (self.m - 1) * float(most[0, 0]) if self.m > 1 else 0.0
+            best = max(best, float(total[0, 0]) + steady)
+        return best + self.overhead
+
+
+class _LayerTables:
+    """The vocabulary-independent part of a task: strategy costs per (layer type, micro-batches
+    in flight) computed on first use, layouts, transition and hop costs, transient buckets."""
+
+    def __init__(self, spec: ModelSpec, profile: ModelProfile, cluster: ClusterModel,
+                 rules: SpaceRules, n: int, b_m: int, pp: int, schedule: str) -> None:
+        self.spec, self.profile, self.cluster = spec, profile, cluster
+        self.n, self.b_m, self.pp, self.schedule = n, b_m, pp, schedule
+        self.strategies = [layer_strategies(lt, n, b_m, rules, cluster.devices_per_node)
+                           for lt in spec.layer_types]
         self.ok = all(self.strategies)
+        self.rest: dict[tuple, np.ndarray] = {}
+        self._costs: dict[tuple[int, int], StrategyCosts] = {}
+        self._cls: dict[tuple[int, int], np.ndarray] = {}
+        self._prepared = False
+
+    def __getattr__(self, name: str):
+        # Layouts, transitions and buckets are built on first use (most tasks are pruned by
+        # their cheap bound, which needs only ``one``).
+        if name.startswith("__") or self.__dict__.get("_prepared", True):
+            raise AttributeError(name)
+        self._prepare()
+        return getattr(self, name)
+
+    def _prepare(self) -> None:
+        self._prepared = True
+        n, b_m, cluster = self.n, self.b_m, self.cluster
         self.layouts: list[Layout] = sorted({layout_of(s, n) for group in self.strategies
                                              for s in group})
-        self.cls = [np.array([self.layouts.index(layout_of(s, n)) for s in group], dtype=np.int64)
-                    for group in self.strategies]
-        hidden = max(profile.layer_types[t.name].hidden_bytes_per_sample for t in spec.layer_types)
-        c = len(self.layouts)
-        self.transition = np.zeros((c, c))
-        for i, a in enumerate(self.layouts):
-            for j, b in enumerate(self.layouts):
-                if i != j:
-                    self.transition[i, j] = m * relayout_time(cluster, a, b, self.b_m, hidden, n)
-        # penalty[a, b]: most a layer of class a can pay in transitions beyond one of class b
-        # (into it from any predecessor, out of it to any successor; never negative).
-        tr = self.transition
-        self.penalty = np.zeros((c, c))
-        for a in range(c):
-            for b in range(c):
-                self.penalty[a, b] = max(0.0, (tr[:, a] - tr[:, b]).max()) + \
-                    max(0.0, (tr[a, :] - tr[b, :]).max())
-        self.cost = [np.array([m * t.microbatch + t.exposed_sync + t.optimizer for t in group])
-                     for group in self.time]
-        self.aux = [np.array([[t.exposed_sync, t.backward, t.optimizer] for t in group])
-                    .reshape(-1, 3) for group in self.time]
-        self.trans_cells = [np.array([cells_up(x.transient, step) for x in group], dtype=np.int64)
-                            for group in self.mem]
-        levels = self._candidate_levels()
-        if len(levels) > max_levels:
-            # Too many: keep evenly spaced ones (always the largest); a strategy then counts at
-            # the next level up, a conservative rounding.
-            picks = np.unique(np.round(np.linspace(0, len(levels) - 1, max_levels)).astype(int))
-            levels = [levels[i] for i in picks]
-        self.levels = levels
-        self._tables: dict[tuple, tuple[StageTables, list[np.ndarray]] | None] = {}
-        self._rows: dict[tuple, Any] = {}
-        self._opts: dict[tuple, tuple[LayerOptions, np.ndarray]] = {}
-        self._least: dict[tuple, float] = {}
-        self._details: dict[tuple, tuple[float, float, float] | None] = {}
-        self._vocab: dict[tuple, tuple[MemoryCost, TimeCost]] = {}
-        # Lower bound on the iteration time of any plan of this task (memory ignored).
-        self.lower_bound = self._lower_bound()
+        hidden = [self.profile.layer_types[lt.name].hidden_bytes_per_sample
+                  for lt in self.spec.layer_types]
+        self.hidden = hidden
+        # relayout[t][a, b]: forward + backward seconds per micro-batch from layout a into a
+        # layer of type t with layout b (evaluate_plan prices it with the receiver's width).
+        self.relayout = [np.array([[relayout_time(cluster, a, b, b_m, h, n)
+                                    for b in self.layouts] for a in self.layouts])
+                         for h in hidden]
+        # boundary[t][a, b]: a micro-batch crossing into a stage whose first layer has type t
+        # and layout b from a previous stage ending in layout a (p2p hop and relayout).
+        self.boundary = [np.array([[stage_boundary_cost(cluster, a, b, b_m, h, n, self.pp).total
+                                    for b in self.layouts] for a in self.layouts])
+                         for h in hidden]
+        self.min_boundary = 0.0 if self.pp == 1 else min(float(x.min()) for x in self.boundary)
+        transients = sorted({float(x) for c in self.one for x in c.transient})
+        picks = sorted({int(round(x)) for x in np.linspace(0, len(transients) - 1, MAX_LEVELS)})
+        tops = [transients[i] for i in picks]
+        self.buckets = [(tops[j - 1] if j else 0.0, top) for j, top in enumerate(tops)]
 
-    def _candidate_levels(self) -> list[int]:
-        """Transient levels that can matter: the transient of every strategy that no strategy
-        with a smaller-or-equal transient dominates (memory at 1 and at the most micro-batches
-        in flight, time with the transition penalty). Other strategies never need their own
-        level, so dropping those levels is exact."""
-        out: set[int] = set()
-        k_max = self.in_flight(0)
-        for t, group in enumerate(self.mem):
-            lo = np.array([cells_up(x.persistent_bound(1), self.step) for x in group])
-            hi = np.array([cells_up(x.persistent_bound(k_max), self.step) for x in group])
-            trans, cost, cls = self.trans_cells[t], self.cost[t], self.cls[t]
-            for i in range(len(group)):
-                dominated = any(
-                    trans[j] <= trans[i] and lo[j] <= lo[i] and hi[j] <= hi[i]
-                    and cost[j] + self.penalty[cls[j], cls[i]] <= cost[i]
-                    and (trans[j] < trans[i] or lo[j] < lo[i] or hi[j] < hi[i]
-                         or cost[j] + self.penalty[cls[j], cls[i]] < cost[i] or j < i)
-                    for j in range(len(group)) if j != i)
-                if not dominated:
-                    out.add(int(trans[i]))
-        return sorted(out)
+    @property
+    def one(self) -> list[StrategyCosts]:
+        """Costs at one micro-batch in flight (times do not depend on the count)."""
+        return [self.costs(t, 1) for t in range(len(self.strategies))]
 
-    def release(self) -> None:
-        """Drop the cached DP tables (they are rebuilt on demand)."""
-        self._tables.clear()
+    def costs(self, t: int, k_in: int) -> StrategyCosts:
+        key = (t, k_in)
+        if key not in self._costs:
+            lp = self.profile.layer_types[self.spec.layer_types[t].name]
+            full = strategy_costs(lp, self.cluster, self.strategies[t], self.n, self.b_m, k_in,
+                                  self.schedule, self.profile.precision)
+            self._costs[key] = full.take(prune_dominated(full))
+        return self._costs[key]
 
-    # ------------------------------------------------------------------ helpers
-    def in_flight(self, k: int) -> int:
-        """Micro-batches stage ``k`` is costed for. With more than ``EXACT_IN_FLIGHT`` stages the
-        count is rounded UP to the next value of ``IN_FLIGHT_GRID`` (conservative: more memory
-        reserved, never less) so that deep pipelines need a few DP runs instead of one per
-        stage; the first stage (usually the binding one) keeps its exact count."""
-        return self._in_flight[k]
+    def classes(self, t: int, k_in: int) -> np.ndarray:
+        key = (t, k_in)
+        if key not in self._cls:
+            self._cls[key] = np.array([self.layouts.index(lay)
+                                       for lay in self.costs(t, k_in).layouts], dtype=np.int64)
+        return self._cls[key]
 
-    def _in_flight_counts(self) -> list[int]:
-        first = in_flight(self.schedule, self.pp, 0, self.m)
-        out = []
-        for k in range(self.pp):
-            k_in = in_flight(self.schedule, self.pp, k, self.m)
-            if self.pp > EXACT_IN_FLIGHT and k > 0:
-                k_in = min(next(g for g in IN_FLIGHT_GRID if g >= k_in), first)
-            out.append(k_in)
+
+def _min_plus(row, nxt: np.ndarray, k: int, num_layers: int, pp: int, max_len: int,
+              single: bool, combine) -> np.ndarray:
+    """``out[a] = min over lengths l of combine(row(a)[l - 1], nxt[a + l])`` for the starts
+    ``a`` stage ``k`` may have (later stages need a layer each); inf elsewhere."""
+    L = num_layers
+    out = np.full(L + 1, INF)
+    starts = np.arange(k, L - (pp - 1 - k))
+    if len(starts) == 0:
         return out
-
-    def _lower_bound(self) -> float:
-        """A lower bound on the iteration time of every plan of this task (memory included).
-
-        Per layer the points (persistent memory at one micro-batch in flight, time per
-        micro-batch) of its strategies; ``g(x)`` = the lower convex envelope at memory ``x``
-        (an LP relaxation of choosing strategies). A stage of ``L_k`` layers within ``cap``
-        cells takes at least ``L_k * g(cap / L_k)``; that is convex in ``L_k``, so the stages
-        together take at least ``L * g(pp * cap / L)``; the pipeline at least
-        ``(m + pp - 1) / pp`` times that. With one stage the iteration is exactly
-        ``m C + tail``, so each point's time also carries its exposed sync divided by ``m``.
-        Transitions, the embedding and (with several stages) tails only add.
-        """
-        total = 0.0
-        per_layer_cap = self.pp * (self.cells - min(
-            (int(t.min()) for t in self.trans_cells if len(t)), default=0)) / self.spec.num_layers
-        for t, group in enumerate(self.mem):
-            if not group:
-                return INF
-            x = np.array([cells_up(g.persistent_bound(1), self.step) for g in group], dtype=float)
-            y = np.array([tc.microbatch + ((tc.exposed_sync + tc.optimizer) / self.m
-                                           if self.pp == 1 else 0.0) for tc in self.time[t]])
-            count = sum(1 for o in self.spec.layer_order if o == t)
-            total += count * _envelope(x, y, per_layer_cap)
-        return (self.m + self.pp - 1) / self.pp * (total + self._least_vocab_time())
-
-    def _least_vocab_time(self) -> float:
-        """Least embedding + head time per micro-batch over every vocab layout (a bound)."""
-        best = INF
-        tp = 1
-        while tp <= self.n:
-            if self.spec.vocab_size % tp == 0 and self.b_m % (self.n // tp) == 0:
-                option = VocabOption(tp, "ddp")
-                if self.pp == 1:
-                    t = self.vocab(0, option)[1].microbatch
-                else:
-                    t = (self.vocab(0, option)[1].microbatch
-                         + self.vocab(self.pp - 1, option)[1].microbatch)
-                best = min(best, t)
-            tp *= 2
-        return 0.0 if best == INF else best
-
-    def vocab(self, k: int, option: VocabOption) -> tuple[MemoryCost, TimeCost] | None:
-        first, last = k == 0, k == self.pp - 1
-        if not (first or last):
-            return None
-        key = (first, last, option)
-        if key not in self._vocab:
-            dp = self.n // option.tp
-            samples = self.b_m / dp
-            self._vocab[key] = (
-                embedding_memory(self.profile.embedding, option.tp, dp, option.dp_mode, samples,
-                                 first, last, self.pp,
-                                 first_backward_peak=self.schedule == "gpipe"),
-                embedding_time(self.profile.embedding, self.cluster, option.tp, option.dp_mode,
-                               samples, self.n, first, last, self.pp, self.spec.seq_length,
-                               self.profile.precision))
-        return self._vocab[key]
-
-    def _window(self, start: int) -> tuple[int, ...]:
-        order = self.spec.layer_order
-        if len(self.spec.layer_types) == 1:
-            return tuple(order[:self.max_len])
-        return tuple(order[start:start + self.max_len])
-
-    def _options(self, t: int, k_in: int, level: int) -> tuple[LayerOptions, np.ndarray]:
-        """DP options of type ``t`` at ``k_in`` micro-batches in flight and transient level."""
-        key = (t, k_in, level)
-        if key in self._opts:
-            return self._opts[key]
-        persist = np.array([cells_up(x.persistent_bound(k_in), self.step) for x in self.mem[t]],
-                           dtype=np.int64)
-        allowed = np.nonzero(self.trans_cells[t] <= level)[0]
-        cost, cls = self.cost[t], self.cls[t]
-        keep = []
-        for i in allowed:
-            # j dominates i when it needs no more memory and is no slower even after paying the
-            # worst transition difference into and out of its class (exact: rule 5).
-            dominated = any(
-                persist[j] <= persist[i]
-                and cost[j] + self.penalty[cls[j], cls[i]] <= cost[i]
-                and (persist[j] < persist[i] or cost[j] + self.penalty[cls[j], cls[i]] < cost[i]
-                     or j < i)
-                for j in allowed if j != i)
-            if not dominated:
-                keep.append(i)
-        ids = np.array(keep, dtype=np.int64)
-        if len(ids) == 0:  # nothing fits this level: one impossible option keeps shapes valid
-            out = (LayerOptions(mem=np.array([self.cells + 1]), cost=np.array([INF]),
-                                aux=np.zeros((1, 0)), cls=np.array([0])), np.array([-1]))
-        else:
-            out = (LayerOptions(mem=persist[ids], cost=cost[ids], aux=np.zeros((len(ids), 0)),
-                                cls=cls[ids]), ids)
-        self._opts[key] = out
-        return out
-
-    def useful_levels(self, window: tuple[int, ...], k_in: int) -> list[int]:
-        """Indices of the transient levels worth a DP: a level whose surviving options equal the
-        previous level's only reserves more memory for the same plans, so it is skipped."""
-        out, previous = [], None
-        for j, level in enumerate(self.levels):
-            current = tuple(tuple(self._options(t, k_in, level)[1]) for t in sorted(set(window)))
-            if current != previous:
-                out.append(j)
-            previous = current
-        return out
-
-    def tables(self, start: int, k_in: int,
-               level: int) -> tuple[StageTables, list[np.ndarray]] | None:
-        """DP tables of the window at ``start``, cut after the last length whose least memory
-        still fits the largest cap of any stage at this level (longer prefixes are infeasible
-        whatever the strategies); None when not even one layer fits."""
-        window = self._window(start)
-        key = (window, k_in, level)
-        if key not in self._tables:
-            least = np.cumsum([self._least_cells(t, k_in, level) for t in window]) + level
-            fits = int(np.searchsorted(least, self.cells, side="right"))
-            if fits == 0:
-                self._tables[key] = None
-            else:
-                window = window[:fits]
-                opts = {t: self._options(t, k_in, level) for t in set(window)}
-                layers = [opts[t][0] for t in window]
-                ids = [opts[t][1] for t in window]
-                self._tables[key] = (solve_stage(layers, self.transition, max(self.cells, 0)),
-                                     ids)
-        return self._tables[key]
-
-    # ------------------------------------------------------------------ rows
-    def row(self, k: int, start: int, option: VocabOption) -> StageRow:
-        """Stage ``k`` starting at ``start``: DP objective for every length (vectorised), plus
-        the embedding/head and incoming p2p terms; ``level`` says which transient level won."""
-        k_in = self.in_flight(k)
-        first, last = k == 0, k == self.pp - 1
-        single = len(self.spec.layer_types) == 1
-        key = (k_in, first, last, option if (first or last) else None, None if single else start)
-        if key in self._rows:
-            return self._rows[key]
-        n_len = len(self._window(start)) if single else min(len(self._window(start)),
-                                                            self.spec.num_layers - start)
-        value = np.full(n_len, INF)
-        level_won = np.full(n_len, -1)
-        voc = self.vocab(k, option)
-        other, head = self._vocab_cells(k, option)
-        for j in self.useful_levels(self._window(start), k_in):
-            level = self.levels[j]
-            cap = self.cells - other - max(level, head)
-            if cap < 0:
-                continue
-            found = self.tables(start, k_in, level)
-            if found is None:
-                continue
-            tab = found[0]
-            vals = np.full(n_len, INF)
-            got = tab.best[:n_len, min(cap, tab.max_cells)]
-            vals[:len(got)] = got
-            better = vals < value
-            value = np.where(better, vals, value)
-            level_won = np.where(better, j, level_won)
-        if voc:
-            value = value + self.m * voc[1].microbatch + voc[1].exposed_sync + voc[1].optimizer
-        result = StageRow(value, level_won)
-        self._rows[key] = result
-        return result
-
-    def _vocab_cells(self, k: int, option: VocabOption) -> tuple[int, int]:
-        """(persistent, transient) cells of the embedding/head on stage ``k`` (0 in between)."""
-        voc = self.vocab(k, option)
-        if not voc:
-            return 0, 0
-        return (cells_up(voc[0].persistent_bound(self.in_flight(k)), self.step),
-                cells_up(voc[0].transient, self.step))
-
-    def detail(self, k: int, start: int, length: int,
-               option: VocabOption) -> tuple[float, float, float, float, LayerStrategy,
-                                             LayerStrategy] | None:
-        """``(objective, sync tail, backward per micro-batch, optimizer step, first strategy,
-        last strategy)`` of
-        a stage's optimum, summed along its back-tracked strategies (the DP carries only the
-        objective, for speed)."""
-        key = (k, start, length, option)
-        if key in self._details:
-            return self._details[key]
-        picks = self._picks(k, start, length, option)
-        out = None
-        if picks is not None:
-            window = self._window(start)
-            tail = sum(self.aux[window[i]][s, 0] for i, s in enumerate(picks))
-            bwd = sum(self.aux[window[i]][s, 1] for i, s in enumerate(picks))
-            opt = sum(self.aux[window[i]][s, 2] for i, s in enumerate(picks))
-            voc = self.vocab(k, option)
-            if voc:
-                tail += voc[1].exposed_sync
-                bwd += voc[1].backward
-                opt += voc[1].optimizer
-            out = (float(self.row(k, start, option).value[length - 1]), tail, bwd, opt,
-                   self.strategies[window[0]][picks[0]],
-                   self.strategies[window[len(picks) - 1]][picks[-1]])
-        self._details[key] = out
-        return out
-
-    def boundary_time(self, sender: LayerStrategy, receiver: LayerStrategy) -> float:
-        """Forward + backward seconds of one micro-batch crossing a stage boundary: the p2p hop
-        of each rank's slice both ways, then the relayout into the receiver's layout."""
-        hidden = max(self.profile.layer_types[t.name].hidden_bytes_per_sample
-                     for t in self.spec.layer_types)
-        slice_bytes = self.b_m / (self.n // sender.tp) * hidden
-        return (2 * self.cluster.p2p_time(slice_bytes, self.pp)
-                + relayout_time(self.cluster, layout_of(sender, self.n),
-                                layout_of(receiver, self.n), self.b_m, hidden, self.n))
-
-    def _picks(self, k: int, start: int, length: int, option: VocabOption) -> list[int] | None:
-        """Indices into each layer type's strategy list of the stage optimum."""
-        r = self.row(k, start, option)
-        if length > len(r.value):
-            return None
-        j = int(r.level[length - 1])
-        if j < 0:
-            return None
-        level = self.levels[j]
-        other, head = self._vocab_cells(k, option)
-        found = self.tables(start, self.in_flight(k), level)
-        if found is None or length > found[0].best.shape[0]:
-            return None
-        tab, ids = found
-        picks = tab.choices(length, self.cells - other - max(level, head))
-        if picks is None:
-            return None
-        return [int(ids[i][p]) for i, p in enumerate(picks)]
-
-    def memory_row(self, k: int, start: int, option: VocabOption) -> np.ndarray:
-        """Least memory cells stage ``k`` from ``start`` can have, per length (inf: never fits)."""
-        k_in = self.in_flight(k)
-        first, last = k == 0, k == self.pp - 1
-        single = len(self.spec.layer_types) == 1
-        key = ("mem", k_in, first, last, option if (first or last) else None,
-               None if single else start)
-        if key in self._rows:
-            return self._rows[key]
-        window = self._window(start)[:self.spec.num_layers - start]
-        other, head = self._vocab_cells(k, option)
-        best = np.full(len(window), INF)
-        for level in self.levels:
-            per_layer = np.array([self._least_cells(t, k_in, level) for t in window])
-            best = np.minimum(best, np.cumsum(per_layer) + other + max(level, head))
-        self._rows[key] = best
-        return best
-
-    def _least_cells(self, t: int, k_in: int, level: int) -> float:
-        key = (t, k_in, level)
-        if key not in self._least:
-            persist = [cells_up(x.persistent_bound(k_in), self.step)
-                       for x, tc in zip(self.mem[t], self.trans_cells[t]) if tc <= level]
-            self._least[key] = min(persist) if persist else INF
-        return self._least[key]
-
-    def score(self, partition: tuple[int, ...], option: VocabOption) -> float:
-        """Pipeline iteration time of ``partition`` under the DP optima (inf when infeasible),
-        with the stage-boundary hops and relayouts of the back-tracked strategies."""
-        micro, backward, tails, steps = [], [], [], []
-        start = 0
-        previous_last = None
-        for k, length in enumerate(partition):
-            d = self.detail(k, start, length, option)
-            if d is None:
-                return INF
-            f, tail, bwd, opt, first, last = d
-            c_k = (f - tail - opt) / self.m
-            if previous_last is not None:
-                hop = self.boundary_time(previous_last, first)
-                c_k += hop
-                bwd += hop / 2
-            micro.append(c_k)
-            backward.append(bwd)
-            tails.append(tail)
-            steps.append(opt)
-            previous_last = last
-            start += length
-        return pipeline_time(micro, backward, tails, self.m, steps,
-                             step_overhead(self.cluster, self.n * self.pp)).iteration
-
-    def stage_strategies(self, k: int, start: int, length: int,
-                         option: VocabOption) -> list[LayerStrategy] | None:
-        """The DP optimum of one stage as strategies."""
-        picks = self._picks(k, start, length, option)
-        if picks is None:
-            return None
-        window = self._window(start)
-        return [self.strategies[window[i]][p] for i, p in enumerate(picks)]
+    lengths = np.arange(1, max_len + 1)
+    ends = starts[:, None] + lengths[None, :]                      # (a, l)
+    longest = L - (pp - 1 - k)
+    vals = np.stack([row(int(a)) for a in starts]) if not single else \
+        np.broadcast_to(row(0), (len(starts), max_len))
+    tail = np.where(ends <= longest, nxt[np.minimum(ends, L)], INF)
+    out[starts] = combine(vals, tail).min(axis=1)
+    return out

@@ -1,0 +1,307 @@
+"""Exact search of one task: branch and bound over partitions and per-layer strategies.
+
+The search walks the plans of a :class:`tasks.Task` stage by stage (the stage's length first,
+then its layers in order, each over its candidate strategies) and prunes a branch when a lower
+bound on every plan below it cannot beat the best plan found. Plans that reach the bottom are
+priced by ``cost_model.evaluate_plan`` itself, so the answer is the best plan of the task under
+the cost model ``evaluate`` reports, not under a stand-in objective.
+
+Why nothing better is pruned (each argument is tested by enumeration, tests/test_planner_exact*):
+
+- Bounds: for every stage ``b``, ``J_b`` (tasks module) is at most the iteration time of any
+  plan. A branch's bound is ``max_b`` of: the exact ``J_b`` share of the stages already chosen,
+  plus the exact share of the current stage's chosen layers, plus the DP's least share of its
+  remaining layers within the bytes left (a relaxation: memory rounded down, the remaining
+  layers' transients, step peak and incoming relayout ignored), plus the least share of the
+  later stages over every partition (``Task.future``).
+- Memory: a branch is cut only when the bytes already placed plus the least bytes the remaining
+  layers can add exceed the budget, for the backward peak and the optimizer-step peak alike
+  (``evaluate_plan``'s two peaks), with the same per-layer terms.
+- Symmetry: two adjacent layers of one type and one layout can swap strategies without changing
+  any sum, maximum or transition, so within such a run strategy indices never decrease.
+- Ties: a branch whose bound is within ``TIE`` of the best is cut (the answer is optimal to
+  that relative precision, far below the cost model's).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..plan import LayerStrategy, PipelineSpec, Plan, even_partition
+from .cost_model import Estimate, evaluate_plan
+from .dp import LayerOptions, solve_stage
+from .model_spec import TrainingSpec
+from .tasks import Task, Weights
+
+TIE = 1e-9
+MEMORY_SLACK = 1e-9  # relative: our sums and evaluate_plan's may differ in the last bits
+
+
+@dataclass
+class Incumbent:
+    """The best plan found so far across tasks; ``value`` is seconds per sample."""
+
+    value: float = math.inf
+    plan: Plan | None = None
+    estimate: Estimate | None = None
+    nodes: int = 0
+    leaves: int = 0
+    stopped: bool = False  # the deadline cut the search short: the answer is not proven
+
+
+class _Stopped(Exception):
+    pass
+
+
+def _times(count: int, value: np.ndarray) -> np.ndarray:
+    """``count * value`` with ``0 * inf = 0`` (one micro-batch: no steady state)."""
+    return count * value if count else np.zeros_like(value)
+
+
+@dataclass
+class _StageState:
+    """Exact running sums of the stage being built (evaluate_plan's terms)."""
+
+    microbatch: float
+    optimizer: float
+    exposed: float
+    persistent: float
+    transient: float
+    step_peak: float
+    last_class: int
+    last_type: int
+    last_index: int
+
+
+class TaskSearch:
+    """Branch and bound over the plans of one task (see the module docstring)."""
+
+    def __init__(self, task: Task, training: TrainingSpec, incumbent: Incumbent,
+                 deadline: float | None = None, partition: tuple[int, ...] | None = None
+                 ) -> None:
+        self.task, self.training, self.best = task, training, incumbent
+        self.deadline = deadline
+        self.partition = partition
+        self.limit = task.budget * (1 + MEMORY_SLACK) - task.cluster.memory_reserve_bytes
+        self.chosen: list[LayerStrategy] = []
+        self.lengths: list[int] = []
+        self.prev_last: tuple[int, int] | None = None  # (type, class) ending the last stage
+        self._weights = [task.weight_arrays(k) for k in range(task.pp)]
+        self.sum_max = None
+        # Branches sharing the weights of stage k (at most two kinds: bottleneck or not).
+        self._pairs = []
+        for k in range(task.pp):
+            alpha, beta, _ = self._weights[k]
+            pairs = []
+            for pair in sorted(set(zip(alpha.tolist(), beta.tolist()))):
+                rows = (alpha == pair[0]) & (beta == pair[1])
+                pairs.append((rows, task.weights(k, int(np.nonzero(rows)[0][0]))))
+            self._pairs.append(pairs)
+        L = task.num_layers
+        # Least persistent / step-peak bytes of layers [i, i + r) at each stage position: the
+        # memory cut needs them for the layers not yet placed.
+        self._least = {}
+        for k in range(task.pp):
+            per_p = np.array([task.costs(k, i).persistent.min() for i in range(L)])
+            per_s = np.array([task.costs(k, i).step_peak.min() for i in range(L)])
+            self._least[k] = (np.concatenate([[0.0], np.cumsum(per_p)]),
+                              np.concatenate([[0.0], np.cumsum(per_s)]))
+
+    def threshold(self) -> float:
+        """Iteration time a plan of this task must beat (inf before the first plan)."""
+        return self.best.value * self.task.global_batch * (1 - TIE)
+
+    def seed(self) -> None:
+        """A feasible plan to start from, found fast: the split the partition pins (or the
+        even one), each stage's DP over a *restricted* memory model (each layer charged
+        ``max(persistent, step peak)`` rounded up, the largest transient of any strategy
+        reserved), priced by ``evaluate_plan``. It only gives the search an incumbent early;
+        the answer is still the search's."""
+        task = self.task
+        lengths = self.partition or even_partition(task.num_layers, task.pp)
+        layers: list[LayerStrategy] = []
+        start = 0
+        for k, length in enumerate(lengths):
+            e = task.emb[k]
+            top = max([e.transient] + [float(task.costs(k, i).transient.max())
+                                       for i in range(start, start + length)])
+            room = self.limit - max(e.persistent, e.step_peak) - top
+            if room < 0:
+                return
+            opts = []
+            for i in range(start, start + length):
+                c = task.costs(k, i)
+                mem = np.ceil(np.maximum(c.persistent, c.step_peak) / task.step)
+                opts.append(LayerOptions(mem=mem.astype(np.int64),
+                                         cost=task.m * c.microbatch + c.optimizer
+                                         + c.exposed_sync, aux=np.zeros((len(c), 0)),
+                                         cls=task.classes(k, i)))
+            cells = int(room // task.step)
+            picks = solve_stage(opts, task.m * task.relayout[0], cells).choices(length, cells)
+            if picks is None:
+                return
+            layers.extend(task.costs(k, start + j).strategies[p] for j, p in enumerate(picks))
+            start += length
+        self.chosen, self.lengths = layers, list(lengths)
+        self._leaf()
+        self.chosen, self.lengths = [], []
+
+    def _check_deadline(self) -> None:
+        if self.deadline is not None and self.best.plan is not None \
+                and time.monotonic() > self.deadline:
+            raise _Stopped
+
+    def run(self) -> None:
+        """Search the task; the incumbent is updated in place (``stopped`` if cut short)."""
+        self.known = (0.0, 0.0, 0.0)  # completed stages: sum C + tail_0, max C, max step
+        if self.best.plan is None:
+            self.seed()
+        self.task.on_new_table = self._check_deadline  # DP tables are the slow part
+        try:
+            if self.task.root_bound() >= self.threshold():
+                return
+            self.futures = np.stack([self.task.future(b) for b in self.task.branches])
+            self.sum_max = self.task.sum_max() if self.task.pp > 1 else None
+            self._stage(0, 0, np.zeros(len(self.task.branches)))
+        except _Stopped:
+            self.best.stopped = True
+        finally:
+            self.task.on_new_table = None
+
+    # ------------------------------------------------------------------ stages
+    def _stage(self, k: int, start: int, acc: np.ndarray) -> None:
+        task = self.task
+        L, pp = task.num_layers, task.pp
+        left = L - start - (pp - 1 - k)  # the longest this stage can be
+        if self.partition is not None:
+            lengths = [self.partition[k]] if self.partition[k] <= left else []
+        else:
+            lengths = list(range(1, min(left, task.max_len) + 1))
+        if k == pp - 1:
+            lengths = [L - start] if L - start in lengths else []
+        if not lengths:
+            return
+        rows = np.stack([task.stage_bound(k, start, b) for b in task.branches])  # (br, len)
+        lens = np.array(lengths)
+        bounds = (acc[:, None] + rows[:, lens - 1]
+                  + self.futures[:, k + 1, start + lens]).max(axis=0) + task.overhead
+        if self.sum_max is not None:
+            total, most = self.sum_max
+            known_sum, known_max, known_step = self.known
+            c_tail = task.time_row(k, start, k == 0)[lens - 1]
+            c_only = task.time_row(k, start, False)[lens - 1]
+            end = start + lens
+            bounds = np.maximum(bounds, known_sum + c_tail + total[k + 1, end]
+                                + _times(task.m - 1, np.maximum(np.maximum(known_max, c_only),
+                                                                most[k + 1, end]))
+                                + known_step + task.overhead)
+        for j in np.argsort(bounds, kind="stable"):
+            if bounds[j] >= self.threshold() or not np.isfinite(bounds[j]):
+                break
+            length = int(lens[j])
+            e = task.emb[k]
+            state = _StageState(e.microbatch, e.optimizer, e.exposed_sync, e.persistent,
+                                e.transient, e.step_peak, -1, -1, -1)
+            self.lengths.append(length)
+            self._layer(k, start, length, 0, state, acc)
+            self.lengths.pop()
+
+    # ------------------------------------------------------------------ layers
+    def _layer(self, k: int, start: int, length: int, j: int, st: _StageState,
+               acc: np.ndarray) -> None:
+        task = self.task
+        self.best.nodes += 1
+        self._check_deadline()
+        i = start + j
+        t = task.spec.layer_order[i]
+        c = task.costs(k, i)
+        cls = task.classes(k, i)
+        r = length - j - 1  # layers of this stage still to place
+        if j > 0:
+            trans = task.relayout[t][st.last_class, cls]
+        elif self.prev_last is not None:
+            trans = task.boundary[t][self.prev_last[1], cls]
+        else:
+            trans = task.vocab_moves(t)[0][cls]  # embedding -> first layer
+        if r == 0 and k == task.pp - 1:
+            trans = trans + task.vocab_moves(t)[1][cls]  # last layer -> head
+        micro = st.microbatch + c.microbatch + trans
+        opt = st.optimizer + c.optimizer
+        exp = st.exposed + c.exposed_sync
+        pers = st.persistent + c.persistent
+        trans_max = np.maximum(st.transient, c.transient)
+        step = st.step_peak + c.step_peak
+        least_p, least_s = self._least[k]
+        ok = ((pers + trans_max + least_p[i + 1 + r] - least_p[i + 1] <= self.limit)
+              & (step + least_s[i + 1 + r] - least_s[i + 1] <= self.limit))
+        if j > 0 and st.last_type == t:
+            ok &= (cls != st.last_class) | (np.arange(len(c)) >= st.last_index)
+        alpha, beta, gamma = self._weights[k]
+        share = (alpha[:, None] * micro[None, :] + beta[:, None] * opt[None, :]
+                 + gamma * exp[None, :])  # (branch, s)
+        if r > 0:
+            backward = self.limit - pers - trans_max
+            steps = self.limit - step
+            for rows, w in self._pairs[k]:
+                share[rows] += task.rest_bound(k, i + 1, w, r, backward, steps,
+                                               trans_max)[None, :]
+        future = self.futures[:, k + 1, start + length][:, None]
+        bounds = (acc[:, None] + share + future).max(axis=0) + task.overhead
+        if self.sum_max is not None:
+            # Bound 2: sum of stage times + tail_0 + (m - 1) x the largest stage time + the
+            # largest step, each term bounded on its own (stages balanced or not).
+            total, most = self.sum_max
+            known_sum, known_max, known_step = self.known
+            end = start + length
+            c_tail, c_only = micro + gamma * exp, micro
+            if r > 0:
+                backward = self.limit - pers - trans_max
+                steps = self.limit - step
+                c_tail = c_tail + task.rest_bound(k, i + 1, Weights(1.0, 0.0, gamma), r,
+                                                  backward, steps, trans_max)
+                c_only = c_tail if not gamma else c_only + task.rest_bound(
+                    k, i + 1, Weights(1.0, 0.0, 0.0), r, backward, steps, trans_max)
+            bounds = np.maximum(bounds, known_sum + c_tail + total[k + 1, end]
+                                + _times(task.m - 1, np.maximum(np.maximum(known_max, c_only),
+                                                                most[k + 1, end]))
+                                + np.maximum(known_step, opt) + task.overhead)
+        bounds = np.where(ok, bounds, math.inf)
+        for s in np.argsort(bounds, kind="stable"):
+            if not bounds[s] < self.threshold():
+                break
+            self.chosen.append(c.strategies[s])
+            if r > 0:
+                nxt = _StageState(float(micro[s]), float(opt[s]), float(exp[s]), float(pers[s]),
+                                  float(trans_max[s]), float(step[s]), int(cls[s]), t, int(s))
+                self._layer(k, start, length, j + 1, nxt, acc)
+            else:
+                done = acc + alpha * micro[s] + beta * opt[s] + gamma * exp[s]
+                if k == task.pp - 1:
+                    self._leaf()
+                else:
+                    saved, known = self.prev_last, self.known
+                    self.prev_last = (t, int(cls[s]))
+                    self.known = (known[0] + float(micro[s] + gamma * exp[s]),
+                                  max(known[1], float(micro[s])), max(known[2], float(opt[s])))
+                    self._stage(k + 1, start + length, done)
+                    self.prev_last, self.known = saved, known
+            self.chosen.pop()
+
+    def _leaf(self) -> None:
+        task = self.task
+        self.best.leaves += 1
+        plan = Plan(world_size=task.world_size, global_batch_size=task.global_batch,
+                    num_microbatches=task.m,
+                    pipeline=PipelineSpec(size=task.pp, schedule=task.schedule,
+                                          layers_per_stage=tuple(self.lengths)),
+                    vocab=task.vocab, layers=tuple(self.chosen),
+                    model=task.spec.plan_model_record())
+        est = evaluate_plan(plan, task.spec, self.training, task.cluster, task.profile,
+                            task.budget)
+        value = est.iteration_time_s / task.global_batch
+        if est.feasible and value < self.best.value * (1 - TIE):
+            self.best.value, self.best.plan, self.best.estimate = value, plan, est

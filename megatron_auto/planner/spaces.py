@@ -1,0 +1,136 @@
+"""The strategy space: the paper's decision tree, its pruning rules, and the restricted spaces.
+
+Galvatron-BMW decomposes the choice of a plan as a decision tree (paper, §3; Galvatron 2.4's
+``generate_strategies``): the pipeline degree ``pp`` is chosen first (outermost: one per plan),
+then per layer inside a stage of ``n = world/pp`` ranks the TP degree ``tp`` (a power of two)
+with ``dp = n/tp`` replicas, the data-parallel flavour (``ddp``, ``zero2``, ``zero3``: the paper
+has DP and sharded DP), the TP layout (consecutive or strided ranks) and recompute as a binary
+choice. A layer's strategy is a ``plan.LayerStrategy``.
+
+Rules that prune the tree (each keeps the optimum, or is a runtime rule):
+
+1. ``tp`` divides the layer's heads and FFN size and ``n``; ``dp`` divides the micro-batch.
+   Runtime rules (Megatron splits heads and FFN; each replica takes an equal slice).
+2. ``dp == 1``: one DP flavour only; the three are the same computation with the same memory.
+3. The layout flag only where it changes the groups, ``1 < tp < n``.
+4. ``tp`` at most the devices of one node unless ``max_tp`` (or a pinned ``tp``) asks for more:
+   this one *defines* the default space (a TP group across nodes pays inter-node all-reduces
+   four times per layer and micro-batch); it is not claimed to keep the optimum of a wider one.
+5. Dominance (``stage_costs.prune_dominated``, once costs are known): a strategy of the same
+   layout class that is no worse in every priced quantity makes another redundant. Exact.
+
+:func:`decision_tree_counts` counts the candidates per world size and what each rule removes
+(docs/planner.md §2 prints the table; a test checks it against a brute-force count).
+Restricted spaces (:data:`BASELINE_SPACES`) are searched and reported next to the answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from ..plan import DP_MODES, LayerStrategy
+from .model_spec import LayerType
+
+BASELINE_SPACES: tuple[str, ...] = ("dp", "zero3", "tp", "pp", "megatron3d", "galvatron-base")
+SPACES: tuple[str, ...] = ("full",) + BASELINE_SPACES
+
+
+def powers_of_two_upto(n: int) -> list[int]:
+    out, x = [], 1
+    while x <= n:
+        out.append(x)
+        x *= 2
+    return out
+
+
+@dataclass(frozen=True)
+class SpaceRules:
+    """Which strategies a search space allows (after the structural rules of the module doc)."""
+
+    tps: tuple[int, ...] | None = None  # allowed TP degrees (None: all powers of two)
+    dp_modes: tuple[str, ...] = DP_MODES
+    allow_recompute: bool = True
+    allow_strided: bool = True
+    max_tp: int | None = None
+    force_recompute: bool = False  # every layer recomputes (uniform Megatron grids)
+
+
+@dataclass(frozen=True)
+class Space:
+    """A (restricted) space: layer rules, allowed pp degrees and the vocabulary's layouts.
+
+    ``vocab_tp``: ``None`` searches it, ``"layer"`` ties it to the layers' only TP degree, an int
+    pins it. ``uniform``: every layer takes the same strategy and the split is even (Megatron's
+    and Galvatron's non-fine-grained grids)."""
+
+    name: str
+    rules: SpaceRules
+    pps: tuple[int, ...] | None = None
+    vocab_tp: str | int | None = None
+    vocab_modes: tuple[str, ...] | None = None
+    even_split: bool = False
+
+
+def _allowed_tp(tp: int, rules: SpaceRules, devices_per_node: int) -> bool:
+    if rules.tps is not None:
+        return tp in rules.tps
+    cap = rules.max_tp if rules.max_tp is not None else devices_per_node
+    return tp <= cap
+
+
+def layer_strategies(layer_type: LayerType, stage_size: int, microbatch_size: int,
+                     rules: SpaceRules, devices_per_node: int) -> list[LayerStrategy]:
+    """All strategies of ``layer_type`` in a stage of ``stage_size`` ranks (rules 1-4).
+
+    Deterministic order: tp ascending, then layout (consecutive first), DP flavour in
+    ``DP_MODES`` order, recompute off before on.
+    """
+    out: list[LayerStrategy] = []
+    for tp in powers_of_two_upto(stage_size):
+        if not _allowed_tp(tp, rules, devices_per_node) or not layer_type.tp_divides(tp):
+            continue
+        dp = stage_size // tp
+        if microbatch_size % dp:
+            continue
+        modes = rules.dp_modes if dp > 1 else (rules.dp_modes[:1] if "ddp" not in
+                                                rules.dp_modes else ("ddp",))
+        layouts = [True, False] if (1 < tp < stage_size and rules.allow_strided) else [True]
+        recomputes = (True,) if rules.force_recompute else \
+            ((False, True) if rules.allow_recompute else (False,))
+        for consec in layouts:
+            for mode in modes:
+                for recompute in recomputes:
+                    out.append(LayerStrategy(tp=tp, dp_mode=mode, tp_consecutive=consec,
+                                             recompute=recompute))
+    return out
+
+
+def vocab_tps(vocab_size: int, stage_size: int, microbatch_size: int,
+              rules: SpaceRules, devices_per_node: int) -> list[int]:
+    """TP degrees the embedding and head may use (rules 1 and 4, on the vocabulary)."""
+    return [tp for tp in powers_of_two_upto(stage_size)
+            if _allowed_tp(tp, rules, devices_per_node) and vocab_size % tp == 0
+            and microbatch_size % (stage_size // tp) == 0]
+
+
+def decision_tree_counts(world: int, devices_per_node: int | None = None) -> dict[str, int]:
+    """Candidate (pp, layer strategy) pairs of the decision tree for ``world`` devices, after
+    each pruning rule in turn (rule 1's divisibility by heads and batch is model-specific and
+    left out: every power of two divides them here).
+
+    ``branches``: every pp, every tp with pp*tp <= world, 3 DP flavours, 2 layouts, recompute
+    on/off. ``rule 2``: one flavour when dp == 1. ``rule 3``: the layout only for 1 < tp < n.
+    ``rule 4``: tp within a node of ``devices_per_node`` (default: all of ``world``)."""
+    node = devices_per_node or world
+    counts = {"branches": 0, "rule 2": 0, "rule 3": 0, "rule 4": 0}
+    for pp in powers_of_two_upto(world):
+        n = world // pp
+        for tp in powers_of_two_upto(n):
+            dp = n // tp
+            counts["branches"] += 3 * 2 * 2
+            after2 = (3 if dp > 1 else 1) * 2 * 2
+            counts["rule 2"] += after2
+            after3 = (3 if dp > 1 else 1) * (2 if 1 < tp < n else 1) * 2
+            counts["rule 3"] += after3
+            counts["rule 4"] += after3 if tp <= node else 0
+    return counts
+

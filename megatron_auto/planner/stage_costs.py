@@ -1,0 +1,147 @@
+"""Named cost arrays of one task's candidate strategies (no positional columns, no tuples).
+
+For a task (pipeline degree, micro-batches, schedule) every layer type gets, at every stage
+position (the micro-batches in flight differ per position), a :class:`StrategyCosts`: one array
+per priced quantity over the strategy axis ``s``, each computed by the cost model's own
+per-layer functions (``cost_memory.layer_memory``, ``cost_time.layer_time``). The embedding and
+head of a first/last stage get an :class:`EmbeddingCosts` the same way. The search only adds
+these up the way ``cost_model.evaluate_plan`` does; it never re-derives a formula.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from ..plan import LayerStrategy, VocabStrategy
+from .cluster_model import ClusterModel
+from .cost_memory import embedding_memory, layer_memory
+from .cost_time import embedding_time, layer_time
+from .profiles import EmbeddingProfile, LayerTypeProfile
+from ..layout import Layout, layout_of
+
+
+@dataclass(frozen=True)
+class StrategyCosts:
+    """Arrays over ``s`` for one layer type at one stage position of a task.
+
+    Times in seconds: ``forward``/``backward`` per micro-batch (the layer's own TP and ZeRO
+    communication included), ``exposed_sync`` and ``optimizer`` once per iteration. Memory in
+    bytes per rank: ``persistent`` at this position's micro-batches in flight, ``transient``
+    while the layer runs, ``step_peak`` during the optimizer step.
+    """
+
+    strategies: tuple[LayerStrategy, ...]
+    layouts: tuple[Layout, ...]
+    forward: np.ndarray
+    backward: np.ndarray
+    exposed_sync: np.ndarray
+    optimizer: np.ndarray
+    persistent: np.ndarray
+    transient: np.ndarray
+    step_peak: np.ndarray
+
+    @property
+    def microbatch(self) -> np.ndarray:
+        return self.forward + self.backward
+
+    def __len__(self) -> int:
+        return len(self.strategies)
+
+    def take(self, index: np.ndarray) -> "StrategyCosts":
+        """The strategies at ``index`` (in that order)."""
+        idx = [int(i) for i in index]
+        return StrategyCosts(
+            strategies=tuple(self.strategies[i] for i in idx),
+            layouts=tuple(self.layouts[i] for i in idx),
+            **{f.name: getattr(self, f.name)[idx] for f in fields(self)
+               if f.name not in ("strategies", "layouts")})
+
+
+@dataclass(frozen=True)
+class EmbeddingCosts:
+    """The embedding (first stage) and/or head (last stage) of one stage; zeros in between."""
+
+    forward: float = 0.0
+    backward: float = 0.0
+    exposed_sync: float = 0.0
+    optimizer: float = 0.0
+    persistent: float = 0.0
+    transient: float = 0.0
+    step_peak: float = 0.0
+
+    @property
+    def microbatch(self) -> float:
+        return self.forward + self.backward
+
+
+def strategy_costs(profile: LayerTypeProfile, cluster: ClusterModel,
+                   strategies: list[LayerStrategy], stage_size: int, microbatch_size: int,
+                   in_flight: int, schedule: str, precision: str) -> StrategyCosts:
+    """Price every strategy of one layer type (``evaluate_plan``'s per-layer terms)."""
+    n = stage_size
+    cols: dict[str, list[float]] = {k: [] for k in (
+        "forward", "backward", "exposed_sync", "optimizer", "persistent", "transient",
+        "step_peak")}
+    layouts = []
+    for s in strategies:
+        layout = layout_of(s, n)
+        dp = n // s.tp
+        samples = microbatch_size / dp
+        mem = layer_memory(profile, s.tp, dp, s.dp_mode, s.recompute, samples,
+                           first_backward_peak=schedule == "gpipe")
+        t = layer_time(profile, cluster, layout, s.dp_mode, s.recompute, samples, n, precision)
+        layouts.append(layout)
+        cols["forward"].append(t.forward)
+        cols["backward"].append(t.backward)
+        cols["exposed_sync"].append(t.exposed_sync)
+        cols["optimizer"].append(t.optimizer)
+        # evaluate_plan sums parameters + gradients_at_peak + optimizer states and
+        # in_flight x activations per layer; persistent() is that sum (no early release here).
+        cols["persistent"].append(mem.persistent(in_flight))
+        cols["transient"].append(mem.transient)
+        cols["step_peak"].append(mem.step_peak)
+    return StrategyCosts(strategies=tuple(strategies), layouts=tuple(layouts),
+                         **{k: np.asarray(v, dtype=float) for k, v in cols.items()})
+
+
+def embedding_costs(profile: EmbeddingProfile, cluster: ClusterModel, vocab: VocabStrategy,
+                    stage_size: int, microbatch_size: int, in_flight: int, schedule: str,
+                    first: bool, last: bool, pp: int, seq_length: int,
+                    precision: str) -> EmbeddingCosts:
+    """Price the embedding/head of a stage (zeros when it is neither first nor last)."""
+    if not (first or last):
+        return EmbeddingCosts()
+    dp = stage_size // vocab.tp
+    samples = microbatch_size / dp
+    mem = embedding_memory(profile, vocab.tp, dp, vocab.dp_mode, samples, first, last, pp,
+                           first_backward_peak=schedule == "gpipe")
+    t = embedding_time(profile, cluster, vocab.tp, vocab.dp_mode, samples, stage_size, first,
+                       last, pp, seq_length, precision)
+    return EmbeddingCosts(forward=t.forward, backward=t.backward, exposed_sync=t.exposed_sync,
+                          optimizer=t.optimizer, persistent=mem.persistent(in_flight),
+                          transient=mem.transient, step_peak=mem.step_peak)
+
+
+def prune_dominated(costs: StrategyCosts) -> np.ndarray:
+    """Indices of the strategies no other strategy of the same layout dominates (rule 5).
+
+    ``j`` dominates ``i`` when it is no worse in every quantity: forward, backward, exposed sync,
+    optimizer step, persistent, transient and step-peak memory. Exact: the iteration time of
+    ``cost_time.pipeline_time`` does not decrease when a stage's forward, backward, tail or step
+    grows (a longer backward hides more of a later stage's tail, but lengthens the pipeline by
+    at least as much), stage memory is a sum and maxima of these terms, and transitions depend
+    only on the layout. Ties keep the first.
+    """
+    keys = np.stack([costs.forward, costs.backward, costs.exposed_sync, costs.optimizer,
+                     costs.persistent, costs.transient, costs.step_peak], axis=1)  # (s, q)
+    n = len(costs)
+    codes = {lay: c for c, lay in enumerate(sorted(set(costs.layouts)))}
+    layout = np.array([codes[lay] for lay in costs.layouts])
+    no_worse = (keys[:, None, :] <= keys[None, :, :]).all(axis=2)      # [j, i]
+    better = (keys[:, None, :] < keys[None, :, :]).any(axis=2)
+    earlier = np.arange(n)[:, None] < np.arange(n)[None, :]
+    dominates = no_worse & (better | earlier) & (layout[:, None] == layout[None, :])
+    np.fill_diagonal(dominates, False)
+    return np.nonzero(~dominates.any(axis=0))[0].astype(np.int64)

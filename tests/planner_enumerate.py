@@ -1,0 +1,107 @@
+"""Every plan of the planner's full space, written out independently of the search.
+
+The space (docs/planner.md §2): pipeline degree ``pp`` (power of two dividing the world, at
+most the layer count), every partition of the layers into ``pp`` non-empty stages, every
+micro-batch count ``m`` dividing the global batch, and per layer every TP degree (power of two
+dividing the stage, the heads and the FFN size, within a node), every TP layout where it
+changes the groups (``1 < tp < stage``), every DP flavour where there is more than one replica,
+recompute on or off; the vocabulary every TP degree dividing the stage and the vocabulary with
+every DP flavour. A data-parallel degree must divide the micro-batch. Schedule 1F1B.
+
+This module deliberately does not import the planner's strategy code: it is the reference the
+search is compared with.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Iterator
+
+from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy
+
+DP_MODES = ("ddp", "zero2", "zero3")
+
+
+def _powers(n: int) -> list[int]:
+    return [2 ** j for j in range(n.bit_length()) if 2 ** j <= n]
+
+
+def compositions(n: int, k: int) -> Iterator[tuple[int, ...]]:
+    for cuts in itertools.combinations(range(1, n), k - 1):
+        bounds = (0,) + cuts + (n,)
+        yield tuple(b - a for a, b in zip(bounds, bounds[1:]))
+
+
+def layer_choices(spec, n: int, b_m: int, devices_per_node: int,
+                  layer_type) -> list[LayerStrategy]:
+    out = []
+    for tp in _powers(n):
+        if tp > devices_per_node or layer_type.num_attention_heads % tp \
+                or layer_type.ffn_hidden_size % tp:
+            continue
+        dp = n // tp
+        if b_m % dp:
+            continue
+        for consec in ((True, False) if 1 < tp < n else (True,)):
+            for mode in (DP_MODES if dp > 1 else ("ddp",)):
+                for rc in (False, True):
+                    out.append(LayerStrategy(tp=tp, dp_mode=mode, tp_consecutive=consec,
+                                             recompute=rc))
+    return out
+
+
+def vocab_choices(spec, n: int, b_m: int, devices_per_node: int) -> list[VocabStrategy]:
+    out = []
+    for tp in _powers(n):
+        if tp > devices_per_node or spec.vocab_size % tp or b_m % (n // tp):
+            continue
+        for mode in (DP_MODES if n // tp > 1 else ("ddp",)):
+            out.append(VocabStrategy(tp=tp, dp_mode=mode))
+    return out
+
+
+def all_plans(spec, global_batch: int, world: int, devices_per_node: int) -> Iterator[Plan]:
+    """Every plan of the full space (see the module docstring)."""
+    layers = spec.num_layers
+    for pp in _powers(world):
+        if pp > layers:
+            continue
+        n = world // pp
+        for m in range(1, global_batch + 1):
+            if global_batch % m:
+                continue
+            b_m = global_batch // m
+            per_type = [layer_choices(spec, n, b_m, devices_per_node, lt)
+                        for lt in spec.layer_types]
+            vocabs = vocab_choices(spec, n, b_m, devices_per_node)
+            choices = [per_type[spec.layer_order[i]] for i in range(layers)]
+            if not vocabs or not all(choices):
+                continue
+            for part in compositions(layers, pp):
+                pipe = PipelineSpec(size=pp, schedule="1f1b", layers_per_stage=part)
+                for combo in itertools.product(*choices):
+                    for vocab in vocabs:
+                        yield Plan(world_size=world, global_batch_size=global_batch,
+                                   num_microbatches=m, pipeline=pipe, vocab=vocab,
+                                   layers=tuple(combo), model=spec.plan_model_record())
+
+
+def count_plans(spec, global_batch: int, world: int, devices_per_node: int) -> int:
+    total = 0
+    layers = spec.num_layers
+    for pp in _powers(world):
+        if pp > layers:
+            continue
+        n = world // pp
+        for m in range(1, global_batch + 1):
+            if global_batch % m:
+                continue
+            b_m = global_batch // m
+            per_type = [len(layer_choices(spec, n, b_m, devices_per_node, lt))
+                        for lt in spec.layer_types]
+            v = len(vocab_choices(spec, n, b_m, devices_per_node))
+            prod = 1
+            for i in range(layers):
+                prod *= per_type[spec.layer_order[i]]
+            total += prod * v * sum(1 for _ in compositions(layers, pp))
+    return total
