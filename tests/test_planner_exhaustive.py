@@ -22,6 +22,8 @@ from megatron_auto.planner.presets import make_cluster
 
 from planner_enumerate import all_plans
 
+pytestmark = [pytest.mark.pure, pytest.mark.exhaustive]
+
 # (devices, layers, precision, global batch): at most ~35k plans each.
 INSTANCES = [
     (2, 4, "fp32", 4),
@@ -57,8 +59,6 @@ def optimum(priced, budget):
     return min(fits) if fits else None
 
 
-@pytest.mark.pure
-@pytest.mark.exhaustive
 @pytest.mark.parametrize("case", INSTANCES, ids=lambda c: "{}dev-{}L-{}-B{}".format(*c))
 def test_search_equals_the_enumerated_optimum(case):
     spec, training, cluster, profile, priced = instance(*case)
@@ -77,8 +77,6 @@ def test_search_equals_the_enumerated_optimum(case):
             assert result.plan.search["proven_optimal"] is True
 
 
-@pytest.mark.pure
-@pytest.mark.exhaustive
 @pytest.mark.parametrize("case", INSTANCES, ids=lambda c: "{}dev-{}L-{}-B{}".format(*c))
 def test_infeasible_minimum_is_the_enumerated_least_peak(case):
     spec, training, cluster, profile, priced = instance(*case)

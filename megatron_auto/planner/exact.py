@@ -35,6 +35,7 @@ from ..plan import LayerStrategy, PipelineSpec, Plan, even_partition
 from .cost_model import Estimate, evaluate_plan
 from .dp import LayerOptions, solve_stage
 from .model_spec import TrainingSpec
+from .seed import seed_plans
 from .tasks import Task, Weights
 
 TIE = 1e-9
@@ -116,37 +117,15 @@ class TaskSearch:
         return self.best.value * self.task.global_batch * (1 - TIE)
 
     def seed(self) -> None:
-        """A feasible plan to start from, found fast: the split the partition pins (or the
-        even one), each stage's DP over a *restricted* memory model (each layer charged
-        ``max(persistent, step peak)`` rounded up, the largest transient of any strategy
-        reserved), priced by ``evaluate_plan``. It only gives the search an incumbent early;
-        the answer is still the search's."""
-        task = self.task
-        lengths = self.partition or even_partition(task.num_layers, task.pp)
-        layers: list[LayerStrategy] = []
-        start = 0
-        for k, length in enumerate(lengths):
-            e = task.emb[k]
-            top = max([e.transient] + [float(task.costs(k, i).transient.max())
-                                       for i in range(start, start + length)])
-            room = self.limit - max(e.persistent, e.step_peak) - top
-            if room < 0:
-                return
-            opts = []
-            for i in range(start, start + length):
-                c = task.costs(k, i)
-                mem = np.ceil(np.maximum(c.persistent, c.step_peak) / task.step)
-                opts.append(LayerOptions(mem=mem.astype(np.int64),
-                                         cost=task.m * c.microbatch + c.optimizer
-                                         + c.exposed_sync, aux=np.zeros((len(c), 0)),
-                                         cls=task.classes(k, i)))
-            cells = int(room // task.step)
-            picks = solve_stage(opts, task.m * task.relayout[0], cells).choices(length, cells)
-            if picks is None:
-                return
-            layers.extend(task.costs(k, start + j).strategies[p] for j, p in enumerate(picks))
-            start += length
-        self.chosen, self.lengths = layers, list(lengths)
+        """Price the heuristic plans of ``seed.seed_plans`` (the pinned partition, if any):
+        incumbents found fast, so that bounds prune from the start; the answer is still the
+        search's."""
+        for plan in seed_plans(self.task, self.partition):
+            self.offer(plan)
+
+    def offer(self, plan: Plan) -> None:
+        """Price a complete plan of this task (e.g. the least-memory one) as a candidate."""
+        self.chosen, self.lengths = list(plan.layers), list(plan.pipeline.layers_per_stage)
         self._leaf()
         self.chosen, self.lengths = [], []
 

@@ -1,96 +1,238 @@
-"""The least peak memory any plan of a task can have: the number an infeasible budget reports.
+"""The least peak memory any plan of a task can have, and a plan that has it.
 
-A stage's peak (``evaluate_plan``) is ``max(backward peak, optimizer-step peak)`` with
-``backward = sum persistent + max transient + embedding + reserve`` and
-``step = sum step_peak + embedding step peak + reserve``. Per transient level ``tau`` (the
-strategies whose transient is at most ``tau``; the running layer's transient is the largest),
-``dp.solve_stage`` with persistent bytes rounded UP to cells of ``step`` as the memory axis and
-the step peak as the objective gives, for every ``v``, the least step peak of a stage whose
-persistent bytes fit ``v`` cells; the stage's least peak is the best ``max`` of the two over
-``v`` and ``tau``. Partitions: the exact min-max split (``partition.min_max_partition``).
+Two uses: the search skips a task whose least peak exceeds the budget before any branching
+(no plan of it can fit), and an infeasible budget reports the least peak over every task
+(``InfeasibleError.min_memory_bytes``) together with a plan that reaches it, so searching at
+the reported value succeeds by construction.
 
-Rounding only adds, so the result is a peak some plan really stays under; it is at most
-``max_len * step`` above the true least, and :func:`least_peak` refines ``step`` until that is
-at most 0.99 % of it (so the reported minimum is within 1 % of the enumerated one).
+A stage's peak (``cost_model.evaluate_plan``) is ``max(backward peak, optimizer-step peak)``:
+
+    backward = reserve + sum_i persistent_i + max(transients) + embedding persistent
+    step     = reserve + sum_i step_peak_i + embedding step peak
+
+For a transient level ``tau`` (only strategies whose transient is at most ``tau``; the largest
+one present is then at most ``tau``), the stage's reachable ``(sum persistent, sum step peak)``
+pairs are built layer by layer as an exact Pareto front (no memory cells, no rounding): the
+front of ``l + 1`` layers is the Pareto-pruned Minkowski sum of the front of ``l`` layers and
+the layer's strategies. The stage's least peak is the best ``max`` over the front and the
+levels; the task's is the exact min-max partition of those (``partition.min_max_partition``).
+
+Not modelled here: the transient of a relayout between two layers of different layouts (a
+gathered micro-batch, smaller than a layer's backward in practice). The value is therefore a
+lower bound on every plan's peak (exact when those moves do not bind), and the witness plan is
+priced by ``evaluate_plan``, whose peak is what an infeasible budget reports.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
-from .dp import LayerOptions, solve_stage
+from ..plan import LayerStrategy, PipelineSpec, Plan
 from .partition import min_max_partition
 from .tasks import Task
 
-PRECISION = 0.0099  # the reported least peak is at most this fraction above the true one
+# A front larger than this is thinned to its ``MAX_FRONT`` lowest-persistent points plus the
+# lowest-step point; never reached by the models of the tests and benchmarks (a few hundred).
+MAX_FRONT = 20000
 
 
-def _stage_least(task: Task, k: int, start: int, step: float) -> np.ndarray:
-    """Least peak bytes of stage ``k`` from ``start`` per length ``1..max_len``."""
-    order = task.spec.layer_order
-    window = order[start:start + task.max_len]
-    k_in = task.in_flight[k]
-    e = task.emb[k]
-    reserve = task.cluster.memory_reserve_bytes
-    costs = {t: task.tables.costs(t, k_in) for t in set(window)}
-    out = np.full(task.max_len, math.inf)
-    levels = sorted({float(x) for c in costs.values() for x in c.transient})
-    for tau in levels:
-        allowed = {t: np.nonzero(c.transient <= tau)[0] for t, c in costs.items()}
-        if any(len(a) == 0 for a in allowed.values()):
-            continue
-        opts = {}
-        top = 0
-        for t, c in costs.items():
-            a = allowed[t]
-            mem = np.ceil(c.persistent[a] / step - 1e-12).astype(np.int64)
-            opts[t] = LayerOptions(mem=mem, cost=c.step_peak[a], aux=np.zeros((len(a), 0)),
-                                   cls=np.zeros(len(a), dtype=np.int64))
-            top = max(top, int(mem[np.argmin(c.step_peak[a])]), int(mem.min()))
-        cells = top * len(window)
-        best = solve_stage([opts[t] for t in window], np.zeros((1, 1)), cells).best
-        v = np.arange(cells + 1) * step
-        peak = np.maximum(v[None, :] + max(tau, e.transient) + e.persistent,
-                          best + e.step_peak) + reserve
-        out[:len(window)] = np.minimum(out[:len(window)], peak.min(axis=1))
+@dataclass(frozen=True)
+class _Fronts:
+    """Pareto fronts of one layer window at one transient level, per prefix length ``l + 1``:
+    ``persistent[l]``, ``step[l]`` (sorted by persistent) and, to rebuild a point, the index of
+    its predecessor in front ``l - 1`` and the strategy index of layer ``l``."""
+
+    persistent: list[np.ndarray]
+    step: list[np.ndarray]
+    parent: list[np.ndarray]
+    choice: list[np.ndarray]
+
+
+def _pareto(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Indices of the points no other point is at most in both coordinates (first kept)."""
+    order = np.lexsort((q, p))
+    qs = q[order]
+    best_before = np.concatenate([[math.inf], np.minimum.accumulate(qs)[:-1]])
+    return order[qs < best_before]
+
+
+def _fronts(task: Task, window: tuple[int, ...], k_in: int, tau: float) -> _Fronts | None:
+    """Fronts of ``window`` (layer types) at ``k_in`` micro-batches in flight, level ``tau``."""
+    key = ("fronts", window, k_in, tau)
+    cache = task.tables.rest
+    if key in cache:
+        return cache[key]
+    opts = {}
+    for t in set(window):
+        c = task.tables.costs(t, k_in)
+        idx = np.nonzero(c.transient <= tau)[0]
+        if len(idx) == 0:
+            cache[key] = None
+            return None
+        keep = idx[_pareto(c.persistent[idx], c.step_peak[idx])]
+        opts[t] = (keep, c.persistent[keep], c.step_peak[keep])
+    out = _Fronts([], [], [], [])
+    p_prev, q_prev = np.zeros(1), np.zeros(1)
+    for t in window:
+        keep, p, q = opts[t]
+        pc = (p_prev[:, None] + p[None, :]).ravel()
+        qc = (q_prev[:, None] + q[None, :]).ravel()
+        sel = _pareto(pc, qc)
+        if len(sel) > MAX_FRONT:  # keep the extremes; see MAX_FRONT
+            sel = np.unique(np.concatenate([sel[:MAX_FRONT], sel[-1:]]))
+        out.persistent.append(pc[sel])
+        out.step.append(qc[sel])
+        out.parent.append(sel // len(p))
+        out.choice.append(keep[sel % len(p)])
+        p_prev, q_prev = pc[sel], qc[sel]
+    cache[key] = out
     return out
 
 
-def task_least_peak(task: Task, step: float) -> float:
-    """Least peak (bytes, rounded up at ``step``) over every partition of the task."""
+def _levels(task: Task, window: tuple[int, ...], k_in: int) -> list[float]:
+    """Transient levels worth a front: those of strategies no other strategy is at most in
+    persistent, transient and step peak alike (a dominated one is never needed: whenever it is
+    allowed, the one dominating it is too)."""
+    out = set()
+    for t in set(window):
+        c = task.tables.costs(t, k_in)
+        keys = np.stack([c.persistent, c.transient, c.step_peak], axis=1)
+        no_worse = (keys[:, None, :] <= keys[None, :, :]).all(axis=2)   # [j, i]
+        better = (keys[:, None, :] < keys[None, :, :]).any(axis=2)
+        dominated = (no_worse & better).any(axis=0)
+        out.update(float(x) for x in c.transient[~dominated])
+    return sorted(out)
+
+
+def _window(task: Task, start: int) -> tuple[int, ...]:
+    order = task.spec.layer_order
+    return tuple(order[start:start + task.max_len])
+
+
+def _flat(fr: _Fronts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every length's front in one array (persistent, step) and each length's offset."""
+    if not hasattr(fr, "_flat"):
+        sizes = [len(x) for x in fr.persistent]
+        offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        object.__setattr__(fr, "_flat", (np.concatenate(fr.persistent),
+                                          np.concatenate(fr.step), offsets))
+    return fr._flat
+
+
+def _point_peak(fr: _Fronts, ln: int, tau: float, e, reserve: float) -> np.ndarray:
+    return np.maximum(fr.persistent[ln] + max(tau, e.transient) + e.persistent,
+                      fr.step[ln] + e.step_peak) + reserve
+
+
+def stage_least(task: Task, k: int, start: int) -> tuple[np.ndarray, list]:
+    """Least peak bytes of stage ``k`` from layer ``start``, per length ``1..max_len`` (inf
+    past the model's end), and per length the level that reaches it."""
+    window = _window(task, start)
+    k_in = task.in_flight[k]
+    e = task.emb[k]
+    reserve = float(task.cluster.memory_reserve_bytes)
+    key = ("least_row", window, k_in, e.persistent, e.transient, e.step_peak)
+    cache = task.tables.rest
+    if key in cache:
+        return cache[key]
+    out = np.full(task.max_len, math.inf)
+    where: list = [None] * task.max_len
+    n = len(window)
+    for tau in _levels(task, window, k_in):
+        fr = _fronts(task, window, k_in, tau)
+        if fr is None:
+            continue
+        p, q, offsets = _flat(fr)
+        peak = np.maximum(p + max(tau, e.transient) + e.persistent, q + e.step_peak) + reserve
+        least = np.minimum.reduceat(peak, offsets)
+        better = least < out[:n]
+        for ln in np.nonzero(better)[0]:
+            where[ln] = tau
+        out[:n] = np.where(better, least, out[:n])
+    cache[key] = (out, where)
+    return out, where
+
+
+def _rebuild(task: Task, k: int, start: int, length: int, tau: float) -> list[LayerStrategy]:
+    window = _window(task, start)
+    fr = _fronts(task, window, task.in_flight[k], tau)
+    assert fr is not None
+    point = int(np.argmin(_point_peak(fr, length - 1, tau, task.emb[k],
+                                      float(task.cluster.memory_reserve_bytes))))
+    picks = []
+    for ln in range(length - 1, -1, -1):
+        picks.append(int(fr.choice[ln][point]))
+        point = int(fr.parent[ln][point])
+    picks.reverse()
+    k_in = task.in_flight[k]
+    chosen = [task.tables.costs(window[i], k_in).strategies[s] for i, s in enumerate(picks)]
+    if len(set(window[:length])) == 1:
+        # One layer type: any order has the same memory; grouping equal layouts avoids
+        # relayouts inside the stage (whose transients are not modelled above).
+        chosen.sort(key=lambda s: (s.tp, not s.tp_consecutive, s.dp_mode, s.recompute))
+    return chosen
+
+
+def cheap_least_peak(task: Task) -> float:
+    """A lower bound on the task's least peak that needs no front: every layer at its least
+    persistent bytes (at the fewest micro-batches in flight of any stage), spread perfectly over
+    the stages, plus the least transient and the reserve; or the embedding/head stage alone."""
+    k_min = min(task.in_flight)
+    order = task.spec.layer_order
+    least = [task.tables.costs(t, k_min) for t in range(len(task.spec.layer_types))]
+    spread = sum(float(least[order[i]].persistent.min()) for i in range(task.num_layers))
+    transient = min(float(c.transient.min()) for c in least)
+    ends = max(max(e.persistent + max(e.transient, transient), e.step_peak)
+               for e in (task.emb[0], task.emb[-1]))
+    return float(task.cluster.memory_reserve_bytes) + max(spread / task.pp + transient, ends)
+
+
+@dataclass(frozen=True)
+class LeastPeak:
+    """A task's least peak (a lower bound on every plan's peak) and a plan reaching it."""
+
+    bytes: float
+    plan: Plan | None
+
+
+def task_least_peak(task: Task, partition: tuple[int, ...] | None = None) -> LeastPeak:
+    """Least peak over every strategy of the task and every partition (or the ``partition``
+    given), cached on the task."""
+    cache = task.__dict__.setdefault("_least_peak", {})
+    if partition in cache:
+        return cache[partition]
     single = len(task.spec.layer_types) == 1
-    cache: dict[tuple[int, int], np.ndarray] = {}
+    rows: dict[tuple[int, int], tuple[np.ndarray, list]] = {}
 
     def row(k: int, start: int) -> np.ndarray:
         key = (k, 0 if single else start)
-        if key not in cache:
-            cache[key] = _stage_least(task, k, key[1], step)
-        return cache[key]
+        if key not in rows:
+            rows[key] = stage_least(task, k, key[1])
+        return rows[key][0]
 
-    part = min_max_partition(task.num_layers, task.pp, row, task.max_len, not single)
+    part = partition
     if part is None:
-        return math.inf
-    worst, start = 0.0, 0
-    for k, length in enumerate(part):
-        worst = max(worst, float(row(k, start)[length - 1]))
-        start += length
-    return worst
-
-
-def least_peak(tasks: list[Task]) -> float | None:
-    """Least peak over the tasks, within ``PRECISION`` of the true least (None: no task)."""
-    tasks = [t for t in tasks if t.ok]
-    if not tasks:
-        return None
-    longest = max(t.max_len for t in tasks)
-    step = max(1.0, max(t.room for t in tasks) / 4096)
-    while True:
-        best = min(task_least_peak(t, step) for t in tasks)
-        if not math.isfinite(best):
-            return None
-        lower = best - longest * step  # the rounding added less than this
-        if longest * step <= PRECISION * max(lower, 0.0) or step <= 1.0:
-            return best
-        step = max(1.0, PRECISION * 0.9 * max(lower, 1.0) / longest)
+        part = min_max_partition(task.num_layers, task.pp, row, task.max_len, not single)
+    elif any(not math.isfinite(float(row(k, sum(part[:k]))[n - 1])) for k, n in enumerate(part)):
+        part = None
+    if part is None:
+        result = LeastPeak(math.inf, None)
+    else:
+        worst, start, layers = 0.0, 0, []
+        for k, length in enumerate(part):
+            value = float(row(k, start)[length - 1])
+            worst = max(worst, value)
+            tau = rows[(k, 0 if single else start)][1][length - 1]
+            layers.extend(_rebuild(task, k, start, length, tau))
+            start += length
+        plan = Plan(world_size=task.world_size, global_batch_size=task.global_batch,
+                    num_microbatches=task.m,
+                    pipeline=PipelineSpec(size=task.pp, schedule=task.schedule,
+                                          layers_per_stage=tuple(part)),
+                    vocab=task.vocab, layers=tuple(layers), model=task.spec.plan_model_record())
+        result = LeastPeak(worst, plan)
+    cache[partition] = result
+    return result

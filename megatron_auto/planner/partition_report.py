@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .exact import Incumbent, TaskSearch
-from .least_memory import _stage_least
+from .least_memory import stage_least
 from .model_spec import TrainingSpec
 from .partition import bmw_paper, even, memory_balanced, min_max_partition
 from .tasks import Task, Weights
@@ -28,7 +28,6 @@ REPORT_TIME_LIMIT_S = 2.0
 
 def _rows(task: Task):
     single = len(task.spec.layer_types) == 1
-    step = max(1.0, task.room / 256)  # a comparison, not an answer: coarse is enough
     cache: dict[tuple, np.ndarray] = {}
 
     def time_row(k: int, start: int) -> np.ndarray:
@@ -45,7 +44,7 @@ def _rows(task: Task):
     def memory_row(k: int, start: int) -> np.ndarray:
         key = ("m", k, 0 if single else start)
         if key not in cache:
-            cache[key] = _stage_least(task, k, key[2], step)
+            cache[key] = stage_least(task, k, key[2])[0]
         return cache[key]
     return time_row, memory_row, not single
 

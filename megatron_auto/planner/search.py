@@ -28,11 +28,11 @@ from typing import Any, Callable, Mapping
 from ..plan import DP_MODES, SCHEDULES, Plan, VocabStrategy
 from .cluster_model import ClusterModel
 from .cost_model import Estimate, evaluate_plan
-from .exact import Incumbent, TaskSearch
-from .least_memory import least_peak
+from .exact import MEMORY_SLACK, TIE, Incumbent, TaskSearch
+from .least_memory import cheap_least_peak, task_least_peak
 from .model_spec import ModelSpec, TrainingSpec
 from .profiles import ModelProfile
-from .partition_report import partition_report, pinned_partition
+from .partition_report import REPORT_TIME_LIMIT_S, partition_report, pinned_partition
 from .spaces import BASELINE_SPACES, SPACES, Space, SpaceRules, powers_of_two_upto, vocab_tps
 from .tasks import Task
 
@@ -42,9 +42,10 @@ GB = 1e9
 BOUND_CELLS = 2048  # the bound DP counts memory in about this many cells of the budget
 # Without a time limit the search stops proving after this long and says so
 # (plan.search["proven_optimal"] false); give time_limit_s to wait longer or less.
-DEFAULT_TIME_LIMIT_S = 20.0
-BASELINE_TIME_LIMIT_S = 5.0  # each baseline space: a comparison, searched at most this long
-SEED_TASKS = 8  # tasks tried for a first feasible plan before the exact search starts
+DEFAULT_TIME_LIMIT_S = 10.0
+# With baselines, the full space may use this share of the limit; the baseline spaces (a
+# comparison) share what it leaves.
+MAIN_SHARE = 0.7
 PARTITIONS = ("exact", "even", "memory", "time", "bmw-paper")
 
 Progress = Callable[[int, int, float | None], None]
@@ -216,45 +217,83 @@ def _partition_pin(task: Task, space: Space, options: SearchOptions) -> tuple[in
     return None if kind == "exact" else pinned_partition(task, kind)
 
 
+def _stopped(deadline: float, best: Incumbent) -> bool:
+    """The deadline passed and there is an answer to return (without one the search goes on:
+    a task whose least-memory plan fits has one within a few nodes)."""
+    return best.plan is not None and time.monotonic() > deadline
+
+
 def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
          profile: ModelProfile, budget: float, options: SearchOptions, world: int, step: int,
-         deadline: float | None, progress: Progress | None,
-         stats: dict[str, Any]) -> tuple[Incumbent, list[Task], Task | None]:
-    """Search the union of ``spaces``; the incumbent, every task, and the winner's task."""
+         deadline: float, progress: Progress | None,
+         stats: dict[str, Any]) -> tuple[Incumbent, list[tuple[Task, tuple[int, ...] | None]],
+                                         Task | None]:
+    """Search the union of ``spaces``; the incumbent, every (task, pinned partition), and the
+    winner's task.
+
+    Tasks are visited in order of their cheap bound. Before any branching a task's exact least
+    peak (``least_memory``) is compared with the budget: a task no plan of which fits is skipped
+    at once, and the plan reaching the least peak is the first incumbent. Then the task's seeds
+    and its branch and bound run; every step stops at ``deadline`` once a plan exists.
+    """
     best = Incumbent()
     tasks = [(t, sp) for sp in spaces
              for t in _tasks(sp, spec, training, cluster, profile, budget, options, world, step)]
     tasks.sort(key=lambda x: x[0].cheap_bound() / x[0].global_batch)
+    limit = budget * (1 + MEMORY_SLACK)
     winner = None
-    pruned = 0
-    # Seeds: a fast feasible plan from the first tasks, so that bounds prune (and a deadline
-    # can stop the search) from the start. Every task is still searched or bounded below.
-    for task, space in tasks[:SEED_TASKS]:
+    pruned = memory_pruned = 0
+    pinned: list[tuple[Task, tuple[int, ...] | None]] = []
+    live: list[tuple[Task, tuple[int, ...] | None]] = []
+    for task, space in tasks:
+        pin = _partition_pin(task, space, options)
+        pinned.append((task, pin))
+    # Pass 1: memory and seeds, cheapest bound first. A task whose least peak exceeds the
+    # budget has no plan that fits; the others get the least-memory plan and the seed plans.
+    for i, (task, pin) in enumerate(pinned):
+        if task.cheap_bound() / task.global_batch >= best.value * (1 - TIE):
+            pruned += len(pinned) - i
+            break
+        if _stopped(deadline, best):
+            best.stopped = True
+            pruned += len(pinned) - i
+            break
+        if cheap_least_peak(task) > limit:
+            memory_pruned += 1
+            continue
+        least = task_least_peak(task, pin)
+        if least.bytes > limit:
+            memory_pruned += 1
+            continue
         before = best.plan
-        TaskSearch(task, training, best, None, _partition_pin(task, space, options)).seed()
+        search_task = TaskSearch(task, training, best, deadline, pin)
+        if least.plan is not None and best.plan is None:
+            search_task.offer(least.plan)  # a first answer, so the deadline can apply
+        search_task.seed()
         if best.plan is not before:
             winner = task
-        if deadline is not None and best.plan is not None and time.monotonic() > deadline:
-            break
-    for i, (task, space) in enumerate(tasks):
+        live.append((task, pin))
+    # Pass 2: branch and bound over the tasks that can fit, cheapest bound first.
+    for i, (task, pin) in enumerate(live):
         if progress:
-            progress(i, len(tasks), 1 / best.value if math.isfinite(best.value) else None)
-        if task.cheap_bound() / task.global_batch >= best.value * (1 - 1e-9):
-            pruned += len(tasks) - i
+            progress(i, len(live), 1 / best.value if math.isfinite(best.value) else None)
+        if task.cheap_bound() / task.global_batch >= best.value * (1 - TIE):
+            pruned += len(live) - i
             break
-        if deadline is not None and best.plan is not None and time.monotonic() > deadline:
+        if _stopped(deadline, best):
             best.stopped = True  # tasks left unsearched: the answer is not proven
-            pruned += len(tasks) - i
+            pruned += len(live) - i
             break
         before = best.plan
-        TaskSearch(task, training, best, deadline, _partition_pin(task, space, options)).run()
+        TaskSearch(task, training, best, deadline, pin).run()
         if best.plan is not before:
             winner = task
     stats["tasks"] = stats.get("tasks", 0) + len(tasks)
     stats["pruned"] = stats.get("pruned", 0) + pruned
+    stats["memory_pruned"] = stats.get("memory_pruned", 0) + memory_pruned
     stats["nodes"] = stats.get("nodes", 0) + best.nodes
     stats["plans_priced"] = stats.get("plans_priced", 0) + best.leaves
-    return best, [t for t, _ in tasks], winner
+    return best, pinned, winner
 
 
 def _bound_step(budget: float, cluster: ClusterModel, options: SearchOptions) -> int:
@@ -281,25 +320,31 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
     t0 = time.monotonic()
     budget = float(memory_budget_bytes)
     step = _bound_step(budget, cluster, options)
-    deadline = t0 + (options.time_limit_s or DEFAULT_TIME_LIMIT_S)
+    limit_s = options.time_limit_s or DEFAULT_TIME_LIMIT_S
+    end = t0 + limit_s  # everything (search, baselines, partition report) stops by then
+    # The full space first; baselines get what it leaves, but at least a share of the limit.
+    share = MAIN_SHARE if options.include_baselines else 1.0
     progress = options.progress or (_log_progress(t0) if options.show_progress else None)
     stats: dict[str, Any] = {}
     subspaces = spaces_of(options.space, options, world)
     best, tasks, winner = _run(subspaces, spec, training, cluster, profile, budget, options,
-                               world, step, deadline, progress, stats)
+                               world, step, t0 + share * limit_s, progress, stats)
     if best.plan is None:
-        raise _infeasible(options.space, world, budget, tasks)
+        raise _infeasible(options.space, world, budget, tasks, training)
     assert best.estimate is not None and winner is not None
     baselines: dict[str, Estimate | None] = {}
+    baselines_cut: list[str] = []
     adopted = None
     if options.include_baselines:
-        for name in BASELINE_SPACES:
-            if name == options.space:
-                continue
+        names = [n for n in BASELINE_SPACES if n != options.space]
+        for j, name in enumerate(names):
+            now = time.monotonic()
             found, _, _ = _run(spaces_of(name, options, world), spec, training, cluster,
                                profile, budget, options, world, step,
-                               time.monotonic() + BASELINE_TIME_LIMIT_S, None, {})
+                               now + max(0.0, end - now) / (len(names) - j), None, {})
             baselines[name] = found.estimate
+            if found.stopped:
+                baselines_cut.append(name)
             # A proven answer is the optimum of the whole space, which holds every baseline
             # space, so nothing is adopted then. A search the time limit stopped is not
             # proven: a baseline space's plan (a plan of the same space) that is better is
@@ -307,37 +352,64 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
             if best.stopped and found.plan is not None and found.value < best.value:
                 best, adopted = found, name
                 best.stopped = True
+    report_s = min(REPORT_TIME_LIMIT_S, end - time.monotonic())
     info = {
         "space": options.space, "objective": "evaluate (iteration time), exact",
         "proven_optimal": not best.stopped, "time_limited": best.stopped,
-        "partitions": (partition_report(winner, training, best)
-                       if time.monotonic() < deadline and adopted is None else
+        "time_limit_s": limit_s,
+        "partitions": (partition_report(winner, training, best, report_s)
+                       if report_s > 0 and adopted is None else
                        "not priced: the time limit was reached"),
         "adopted_from_baseline": adopted,
         "search_time_s": time.monotonic() - t0, "tasks": stats.get("tasks", 0),
-        "tasks_pruned": stats.get("pruned", 0), "nodes": stats.get("nodes", 0),
+        "tasks_pruned": stats.get("pruned", 0),
+        "tasks_over_memory": stats.get("memory_pruned", 0), "nodes": stats.get("nodes", 0),
         "plans_priced": stats.get("plans_priced", 0), "bound_memory_step_bytes": step,
         "memory_budget_bytes": memory_budget_bytes,
         "schedules": [options.schedule] if options.schedule else
         ["1f1b (gpipe has the same time and never less memory, so it is not searched)"],
         "baselines": {k: (v.samples_per_s if v else None) for k, v in baselines.items()},
+        "baselines_time_limited": baselines_cut,
     }
     plan = replace(best.plan, estimate=best.estimate.to_dict(), search=info)
     return SearchResult(plan=plan, estimate=best.estimate, baselines=baselines)
 
 
-def _infeasible(space: str, world: int, budget: float, tasks: list[Task]) -> InfeasibleError:
-    least = least_peak(tasks)
-    if least is None:
+def _report_step(least: float) -> float:
+    """The step the least memory is reported at: a power of ten of bytes at most 0.5 % of it
+    and at most 1 MB (so gigabytes show three decimals), never below one byte."""
+    return float(10 ** max(0, min(6, math.floor(math.log10(max(least * 0.005, 1.0))))))
+
+
+def _infeasible(space: str, world: int, budget: float,
+                tasks: list[tuple[Task, tuple[int, ...] | None]],
+                training: TrainingSpec) -> InfeasibleError:
+    """The error for a budget no plan fits: the least peak over the tasks, as ``evaluate``
+    prices the plan reaching it, rounded up to the report step (so searching at it succeeds)."""
+    least = math.inf
+    for task, pin in sorted(tasks, key=lambda x: cheap_least_peak(x[0])):
+        if cheap_least_peak(task) >= least:
+            break
+        lp = task_least_peak(task, pin)
+        if lp.plan is None or lp.bytes >= least:
+            continue
+        peak = evaluate_plan(lp.plan, task.spec,
+                             replace(training, global_batch_size=task.global_batch),
+                             task.cluster, task.profile).peak_memory_bytes
+        least = min(least, max(peak, lp.bytes))
+    if not math.isfinite(least):
         return InfeasibleError(
             f"no plan of space {space!r} exists for this model on {world} devices (check "
             f"divisibility of batch, heads and layers, or widen the space)", None)
-    shown = math.ceil(least / GB * 1000) / 1000
+    unit = _report_step(least)
+    shown = math.ceil(least / unit) * unit
+    digits = max(3, 9 - int(round(math.log10(unit))))
+    text = f"{shown / GB:.{digits}f}"
     return InfeasibleError(
         f"memory budget {budget / GB:.3f} GB per device is too small: the least memory any plan "
-        f"of space {space!r} needs is {shown:.3f} GB (framework reserve included); raise "
-        f"--memory-budget-gb to at least {shown:.3f}, lower the global batch, or widen the "
-        f"search space", least)
+        f"of space {space!r} needs is {text} GB (framework reserve included); raise "
+        f"--memory-budget-gb to at least {text}, lower the global batch, or widen the "
+        f"search space", shown)
 
 
 def _log_progress(t0: float) -> Progress:
