@@ -108,7 +108,7 @@ class TaskSearch:
         self._least = {}
         for k in range(task.pp):
             per_p = np.array([task.costs(k, i).persistent.min() for i in range(L)])
-            per_s = np.array([task.costs(k, i).step_peak.min() for i in range(L)])
+            per_s = np.array([task.costs(k, i).step_floor.min() for i in range(L)])
             self._least[k] = (np.concatenate([[0.0], np.cumsum(per_p)]),
                               np.concatenate([[0.0], np.cumsum(per_s)]))
 
@@ -184,7 +184,7 @@ class TaskSearch:
             length = int(lens[j])
             e = task.emb[k]
             state = _StageState(e.microbatch, e.optimizer, e.exposed_sync, e.persistent,
-                                e.transient, e.step_peak, -1, -1, -1)
+                                e.transient, e.step_floor, -1, -1, -1)
             self.lengths.append(length)
             self._layer(k, start, length, 0, state, acc)
             self.lengths.pop()
@@ -195,6 +195,7 @@ class TaskSearch:
         task = self.task
         self.best.nodes += 1
         self._check_deadline()
+        limit = self.limit - task.nccl_floor[k]  # every plan's stage k holds these groups
         i = start + j
         t = task.spec.layer_order[i]
         c = task.costs(k, i)
@@ -213,18 +214,18 @@ class TaskSearch:
         exp = st.exposed + c.exposed_sync
         pers = st.persistent + c.persistent
         trans_max = np.maximum(st.transient, c.transient)
-        step = st.step_peak + c.step_peak
+        step = st.step_peak + c.step_floor
         least_p, least_s = self._least[k]
-        ok = ((pers + trans_max + least_p[i + 1 + r] - least_p[i + 1] <= self.limit)
-              & (step + least_s[i + 1 + r] - least_s[i + 1] <= self.limit))
+        ok = ((pers + trans_max + least_p[i + 1 + r] - least_p[i + 1] <= limit)
+              & (step + least_s[i + 1 + r] - least_s[i + 1] <= limit))
         if j > 0 and st.last_type == t:
             ok &= (cls != st.last_class) | (np.arange(len(c)) >= st.last_index)
         alpha, beta, gamma = self._weights[k]
         share = (alpha[:, None] * micro[None, :] + beta[:, None] * opt[None, :]
                  + gamma * exp[None, :])  # (branch, s)
         if r > 0:
-            backward = self.limit - pers - trans_max
-            steps = self.limit - step
+            backward = limit - pers - trans_max
+            steps = limit - step
             for rows, w in self._pairs[k]:
                 share[rows] += task.rest_bound(k, i + 1, w, r, backward, steps,
                                                trans_max)[None, :]
@@ -238,8 +239,8 @@ class TaskSearch:
             end = start + length
             c_tail, c_only = micro + gamma * exp, micro
             if r > 0:
-                backward = self.limit - pers - trans_max
-                steps = self.limit - step
+                backward = limit - pers - trans_max
+                steps = limit - step
                 c_tail = c_tail + task.rest_bound(k, i + 1, Weights(1.0, 0.0, gamma), r,
                                                   backward, steps, trans_max)
                 c_only = c_tail if not gamma else c_only + task.rest_bound(

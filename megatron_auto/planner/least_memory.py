@@ -10,6 +10,10 @@ A stage's peak (``cost_model.evaluate_plan``) is ``max(backward peak, optimizer-
     backward = reserve + sum_i persistent_i + max(transients) + embedding persistent
     step     = reserve + sum_i step_peak_i + embedding step peak
 
+(fragmentation folded into the persistent and transient terms, ``stage_costs``). With fused
+AdamW a stage that shards nothing drops the step's foreach temporaries: those stages get a
+second family of fronts, over the unsharded strategies with that smaller step peak.
+
 For a transient level ``tau`` (only strategies whose transient is at most ``tau``; the largest
 one present is then at most ``tau``), the stage's reachable ``(sum persistent, sum step peak)``
 pairs are built layer by layer as an exact Pareto front (no memory cells, no rounding): the
@@ -18,9 +22,10 @@ the layer's strategies. The stage's least peak is the best ``max`` over the fron
 levels; the task's is the exact min-max partition of those (``partition.min_max_partition``).
 
 Not modelled here: the transient of a relayout between two layers of different layouts (a
-gathered micro-batch, smaller than a layer's backward in practice). The value is therefore a
-lower bound on every plan's peak (exact when those moves do not bind), and the witness plan is
-priced by ``evaluate_plan``, whose peak is what an infeasible budget reports.
+gathered micro-batch, smaller than a layer's backward in practice) and the NCCL communicators
+(a GPU term that depends on the set of process groups; zero on CPU clusters). The value is
+therefore a lower bound on every plan's peak (exact when neither binds), and the witness plan
+is priced by ``evaluate_plan``, whose peak is what an infeasible budget reports.
 """
 
 from __future__ import annotations
@@ -59,21 +64,28 @@ def _pareto(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     return order[qs < best_before]
 
 
-def _fronts(task: Task, window: tuple[int, ...], k_in: int, tau: float) -> _Fronts | None:
-    """Fronts of ``window`` (layer types) at ``k_in`` micro-batches in flight, level ``tau``."""
-    key = ("fronts", window, k_in, tau)
+def _fronts(task: Task, window: tuple[int, ...], k_in: int, tau: float,
+            plain: bool = False) -> _Fronts | None:
+    """Fronts of ``window`` (layer types) at ``k_in`` micro-batches in flight, level ``tau``.
+    ``plain``: only strategies that shard nothing, with the step peak fused AdamW leaves them
+    (``step_floor``); else every strategy with its full step peak."""
+    key = ("fronts", window, k_in, tau, plain)
     cache = task.tables.rest
     if key in cache:
         return cache[key]
     opts = {}
     for t in set(window):
         c = task.tables.costs(t, k_in)
-        idx = np.nonzero(c.transient <= tau)[0]
+        ok = c.transient <= tau
+        if plain:
+            ok &= c.sharded == 0
+        idx = np.nonzero(ok)[0]
         if len(idx) == 0:
             cache[key] = None
             return None
-        keep = idx[_pareto(c.persistent[idx], c.step_peak[idx])]
-        opts[t] = (keep, c.persistent[keep], c.step_peak[keep])
+        step = c.step_floor if plain else c.step_peak
+        keep = idx[_pareto(c.persistent[idx], step[idx])]
+        opts[t] = (keep, c.persistent[keep], step[keep])
     out = _Fronts([], [], [], [])
     p_prev, q_prev = np.zeros(1), np.zeros(1)
     for t in window:
@@ -122,9 +134,17 @@ def _flat(fr: _Fronts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return fr._flat
 
 
-def _point_peak(fr: _Fronts, ln: int, tau: float, e, reserve: float) -> np.ndarray:
+def _families(task: Task, e) -> list[bool]:
+    """Front families of a stage: every strategy, and (fused AdamW, nothing of the stage's
+    embedding/head sharded) the unsharded ones with their smaller step peak."""
+    fused = bool(getattr(task.cluster, "fused_optimizer", False))
+    return [False, True] if fused and not e.sharded else [False]
+
+
+def _point_peak(fr: _Fronts, ln: int, tau: float, e, reserve: float, plain: bool
+                ) -> np.ndarray:
     return np.maximum(fr.persistent[ln] + max(tau, e.transient) + e.persistent,
-                      fr.step[ln] + e.step_peak) + reserve
+                      fr.step[ln] + (e.step_floor if plain else e.step_peak)) + reserve
 
 
 def stage_least(task: Task, k: int, start: int) -> tuple[np.ndarray, list]:
@@ -133,35 +153,37 @@ def stage_least(task: Task, k: int, start: int) -> tuple[np.ndarray, list]:
     window = _window(task, start)
     k_in = task.in_flight[k]
     e = task.emb[k]
-    reserve = float(task.cluster.memory_reserve_bytes)
-    key = ("least_row", window, k_in, e.persistent, e.transient, e.step_peak)
+    reserve = float(task.cluster.memory_reserve_bytes) + task.nccl_floor[k]
+    key = ("least_row", window, k_in, e, reserve)
     cache = task.tables.rest
     if key in cache:
         return cache[key]
     out = np.full(task.max_len, math.inf)
     where: list = [None] * task.max_len
     n = len(window)
-    for tau in _levels(task, window, k_in):
-        fr = _fronts(task, window, k_in, tau)
-        if fr is None:
-            continue
-        p, q, offsets = _flat(fr)
-        peak = np.maximum(p + max(tau, e.transient) + e.persistent, q + e.step_peak) + reserve
-        least = np.minimum.reduceat(peak, offsets)
-        better = least < out[:n]
-        for ln in np.nonzero(better)[0]:
-            where[ln] = tau
-        out[:n] = np.where(better, least, out[:n])
+    for plain in _families(task, e):
+        for tau in _levels(task, window, k_in):
+            fr = _fronts(task, window, k_in, tau, plain)
+            if fr is None:
+                continue
+            p, q, offsets = _flat(fr)
+            peak = np.maximum(p + max(tau, e.transient) + e.persistent,
+                              q + (e.step_floor if plain else e.step_peak)) + reserve
+            least = np.minimum.reduceat(peak, offsets)
+            better = least < out[:n]
+            for ln in np.nonzero(better)[0]:
+                where[ln] = (tau, plain)
+            out[:n] = np.where(better, least, out[:n])
     cache[key] = (out, where)
     return out, where
 
 
-def _rebuild(task: Task, k: int, start: int, length: int, tau: float) -> list[LayerStrategy]:
+def _rebuild(task: Task, k: int, start: int, length: int, tau: float, plain: bool
+             ) -> list[LayerStrategy]:
     window = _window(task, start)
-    fr = _fronts(task, window, task.in_flight[k], tau)
+    fr = _fronts(task, window, task.in_flight[k], tau, plain)
     assert fr is not None
-    point = int(np.argmin(_point_peak(fr, length - 1, tau, task.emb[k],
-                                      float(task.cluster.memory_reserve_bytes))))
+    point = int(np.argmin(_point_peak(fr, length - 1, tau, task.emb[k], 0.0, plain)))
     picks = []
     for ln in range(length - 1, -1, -1):
         picks.append(int(fr.choice[ln][point]))
@@ -185,9 +207,10 @@ def cheap_least_peak(task: Task) -> float:
     least = [task.tables.costs(t, k_min) for t in range(len(task.spec.layer_types))]
     spread = sum(float(least[order[i]].persistent.min()) for i in range(task.num_layers))
     transient = min(float(c.transient.min()) for c in least)
-    ends = max(max(e.persistent + max(e.transient, transient), e.step_peak)
+    ends = max(max(e.persistent + max(e.transient, transient), e.step_floor)
                for e in (task.emb[0], task.emb[-1]))
-    return float(task.cluster.memory_reserve_bytes) + max(spread / task.pp + transient, ends)
+    return (float(task.cluster.memory_reserve_bytes) + min(task.nccl_floor)
+            + max(spread / task.pp + transient, ends))
 
 
 @dataclass(frozen=True)
@@ -225,8 +248,8 @@ def task_least_peak(task: Task, partition: tuple[int, ...] | None = None) -> Lea
         for k, length in enumerate(part):
             value = float(row(k, start)[length - 1])
             worst = max(worst, value)
-            tau = rows[(k, 0 if single else start)][1][length - 1]
-            layers.extend(_rebuild(task, k, start, length, tau))
+            tau, plain = rows[(k, 0 if single else start)][1][length - 1]
+            layers.extend(_rebuild(task, k, start, length, tau, plain))
             start += length
         plan = Plan(world_size=task.world_size, global_batch_size=task.global_batch,
                     num_microbatches=task.m,

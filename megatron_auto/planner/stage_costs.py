@@ -28,8 +28,12 @@ class StrategyCosts:
 
     Times in seconds: ``forward``/``backward`` per micro-batch (the layer's own TP and ZeRO
     communication included), ``exposed_sync`` and ``optimizer`` once per iteration. Memory in
-    bytes per rank: ``persistent`` at this position's micro-batches in flight, ``transient``
-    while the layer runs, ``step_peak`` during the optimizer step.
+    bytes per rank, as ``evaluate_plan`` charges it: ``persistent`` at this position's
+    micro-batches in flight and ``transient`` while the layer runs, each with the allocator's
+    fragmentation share of its activations (a GPU term, linear, so it folds in exactly);
+    ``step_peak`` during the optimizer step, and ``step_floor`` the least it can add to a
+    stage's step peak (less the foreach temporaries that fused AdamW drops when nothing of the
+    stage is sharded). ``sharded``: ZeRO-2/3 over more than one replica (1.0) or not (0.0).
     """
 
     strategies: tuple[LayerStrategy, ...]
@@ -41,6 +45,9 @@ class StrategyCosts:
     persistent: np.ndarray
     transient: np.ndarray
     step_peak: np.ndarray
+    step_floor: np.ndarray
+    step_temporary: np.ndarray
+    sharded: np.ndarray
 
     @property
     def microbatch(self) -> np.ndarray:
@@ -70,6 +77,9 @@ class EmbeddingCosts:
     persistent: float = 0.0
     transient: float = 0.0
     step_peak: float = 0.0
+    step_floor: float = 0.0
+    step_temporary: float = 0.0
+    sharded: bool = False
 
     @property
     def microbatch(self) -> float:
@@ -83,7 +93,9 @@ def strategy_costs(profile: LayerTypeProfile, cluster: ClusterModel,
     n = stage_size
     cols: dict[str, list[float]] = {k: [] for k in (
         "forward", "backward", "exposed_sync", "optimizer", "persistent", "transient",
-        "step_peak")}
+        "step_peak", "step_floor", "step_temporary", "sharded")}
+    frag = fragmentation_of(cluster)
+    fused = bool(getattr(cluster, "fused_optimizer", False))
     layouts = []
     for s in strategies:
         layout = layout_of(s, n)
@@ -99,9 +111,13 @@ def strategy_costs(profile: LayerTypeProfile, cluster: ClusterModel,
         cols["optimizer"].append(t.optimizer)
         # evaluate_plan sums parameters + gradients_at_peak + optimizer states and
         # in_flight x activations per layer; persistent() is that sum (no early release here).
-        cols["persistent"].append(mem.persistent(in_flight))
-        cols["transient"].append(mem.transient)
+        cols["persistent"].append(mem.persistent(in_flight)
+                                  + frag * in_flight * mem.activations_per_microbatch)
+        cols["transient"].append((1 + frag) * mem.transient)
         cols["step_peak"].append(mem.step_peak)
+        cols["step_floor"].append(mem.step_peak - (mem.step_temporary if fused else 0.0))
+        cols["step_temporary"].append(mem.step_temporary if fused else 0.0)
+        cols["sharded"].append(float(s.dp_mode in ("zero2", "zero3") and dp > 1))
     return StrategyCosts(strategies=tuple(strategies), layouts=tuple(layouts),
                          **{k: np.asarray(v, dtype=float) for k, v in cols.items()})
 
@@ -119,26 +135,41 @@ def embedding_costs(profile: EmbeddingProfile, cluster: ClusterModel, vocab: Voc
                            first_backward_peak=schedule == "gpipe")
     t = embedding_time(profile, cluster, vocab.tp, vocab.dp_mode, samples, stage_size, first,
                        last, pp, seq_length, precision)
+    frag = fragmentation_of(cluster)
+    fused = bool(getattr(cluster, "fused_optimizer", False))
+    temp = mem.step_temporary if fused else 0.0
     return EmbeddingCosts(forward=t.forward, backward=t.backward, exposed_sync=t.exposed_sync,
-                          optimizer=t.optimizer, persistent=mem.persistent(in_flight),
-                          transient=mem.transient, step_peak=mem.step_peak)
+                          optimizer=t.optimizer,
+                          persistent=mem.persistent(in_flight)
+                          + frag * in_flight * mem.activations_per_microbatch,
+                          transient=(1 + frag) * mem.transient, step_peak=mem.step_peak,
+                          step_floor=mem.step_peak - temp, step_temporary=temp,
+                          sharded=vocab.dp_mode in ("zero2", "zero3") and dp > 1)
+
+
+def fragmentation_of(cluster: ClusterModel) -> float:
+    """The allocator fragmentation fraction ``evaluate_plan`` charges (0 where not modelled)."""
+    return float(getattr(cluster, "fragmentation_fraction", 0.0))
 
 
 def prune_dominated(costs: StrategyCosts) -> np.ndarray:
     """Indices of the strategies no other strategy of the same layout dominates (rule 5).
 
     ``j`` dominates ``i`` when it is no worse in every quantity: forward, backward, exposed sync,
-    optimizer step, persistent, transient and step-peak memory. Exact: the iteration time of
+    optimizer step, persistent, transient and step-peak memory, and both are sharded or both
+    not (a sharded layer makes fused AdamW keep its temporaries for the whole stage). Exact: the iteration time of
     ``cost_time.pipeline_time`` does not decrease when a stage's forward, backward, tail or step
     grows (a longer backward hides more of a later stage's tail, but lengthens the pipeline by
     at least as much), stage memory is a sum and maxima of these terms, and transitions depend
     only on the layout. Ties keep the first.
     """
     keys = np.stack([costs.forward, costs.backward, costs.exposed_sync, costs.optimizer,
-                     costs.persistent, costs.transient, costs.step_peak], axis=1)  # (s, q)
+                     costs.persistent, costs.transient, costs.step_peak, costs.step_floor],
+                    axis=1)  # (s, q)
     n = len(costs)
-    codes = {lay: c for c, lay in enumerate(sorted(set(costs.layouts)))}
-    layout = np.array([codes[lay] for lay in costs.layouts])
+    codes = {(lay, sh): c for c, (lay, sh) in
+             enumerate(sorted(set(zip(costs.layouts, costs.sharded.tolist()))))}
+    layout = np.array([codes[key] for key in zip(costs.layouts, costs.sharded.tolist())])
     no_worse = (keys[:, None, :] <= keys[None, :, :]).all(axis=2)      # [j, i]
     better = (keys[:, None, :] < keys[None, :, :]).any(axis=2)
     earlier = np.arange(n)[:, None] < np.arange(n)[None, :]

@@ -33,12 +33,13 @@ from .cluster_model import ClusterModel
 from .cost_model import in_flight, step_overhead
 from .cost_time import relayout_cost, relayout_time, stage_boundary_cost
 from .dp import LayerOptions, solve_stage
+from .gpu_terms import group_count
 from .model_spec import ModelSpec
 from .profiles import ModelProfile
 from .spaces import SpaceRules, layer_strategies
 from .stage_costs import (EmbeddingCosts, StrategyCosts, embedding_costs, prune_dominated,
                           strategy_costs)
-from ..layout import Layout, layout_of, vocab_layout
+from ..layout import Layout, all_layouts, layout_of, vocab_layout
 
 INF = math.inf
 
@@ -60,6 +61,9 @@ MIXES = (1.0,)
 # Transients are bucketed: a plan whose largest transient lies in (lo, hi] is inside the DP of
 # strategies with transient <= hi that reserves only lo (a relaxation); few buckets, fast DPs.
 MAX_LEVELS = 4
+
+
+_NCCL_FLOOR: dict[tuple, int] = {}  # communicator counts by stage shape (pure arithmetic)
 
 
 class Task:
@@ -129,6 +133,31 @@ class Task:
         return self._future[key]
 
     @property
+    def nccl_floor(self) -> list[float]:
+        """Per stage, the NCCL communicator bytes every plan of this task holds at least on
+        its fullest rank (``gpu_terms``): the fixed groups, the vocabulary's layout on the
+        first/last stage and the fewest of one layer layout (0 where not modelled)."""
+        if "_nccl_floor" not in self.__dict__:
+            per = float(getattr(self.cluster, "nccl_communicator_bytes", 0.0))
+            out = []
+            for k in range(self.pp):
+                if per <= 0:
+                    out.append(0.0)
+                    continue
+                end = k in (0, self.pp - 1)
+                key = (self.n, self.pp, self.world_size, k == 0, k == self.pp - 1,
+                       self.vocab.tp if end else 0)
+                if key not in _NCCL_FLOOR:
+                    vocab = {(self.vocab.tp, True)} if end else set()
+                    _NCCL_FLOOR[key] = min(  # every rank of a stage holds as many
+                        group_count(self.n, self.pp, self.world_size, k, 0,
+                                    vocab | {(lay.tp, lay.consecutive)})
+                        for lay in all_layouts(self.n))
+                out.append(per * _NCCL_FLOOR[key])
+            self.__dict__["_nccl_floor"] = out
+        return self.__dict__["_nccl_floor"]
+
+    @property
     def min_transient(self) -> list[float]:
         return [min(float(self.tables.costs(t, self.in_flight[k]).transient.min())
                     for t in set(self.spec.layer_order)) for k in range(self.pp)]
@@ -160,16 +189,23 @@ class Task:
     def cheap_bound(self) -> float:
         """A lower bound on every plan's iteration time that needs no DP (memory ignored): each
         layer at its fastest, stages perfectly balanced, the embedding/head at its own cost."""
+        if "_cheap" in self.__dict__:
+            return self.__dict__["_cheap"]
         order = self.spec.layer_order
-        least = sum(float(self.tables.one[order[i]].microbatch.min())
-                    for i in range(self.num_layers))
-        least += sum(e.microbatch for e in self.emb)
+        one = self.tables.one
+        counts = np.bincount(np.asarray(order), minlength=len(one))
+        fastest = np.array([float(c.microbatch.min()) for c in one])
+        least = float(counts @ fastest) + sum(e.microbatch for e in self.emb)
         if self.pp == 1:
-            best = sum(float((self.m * c.microbatch + c.exposed_sync + c.optimizer).min())
-                       for c in (self.tables.one[order[i]] for i in range(self.num_layers)))
+            per = np.array([float((self.m * c.microbatch + c.exposed_sync + c.optimizer).min())
+                            for c in one])
             e = self.emb[0]
-            return best + self.m * e.microbatch + e.exposed_sync + e.optimizer + self.overhead
-        return least * (1 + (self.m - 1) / self.pp) + self.overhead
+            out = (float(counts @ per) + self.m * e.microbatch + e.exposed_sync + e.optimizer
+                   + self.overhead)
+        else:
+            out = least * (1 + (self.m - 1) / self.pp) + self.overhead
+        self.__dict__["_cheap"] = out
+        return out
 
     # ------------------------------------------------------------------ bounds
     def cells_of(self, room: float) -> int:
@@ -193,7 +229,7 @@ class Task:
             for t in set(window):
                 c = self.tables.costs(t, k_in)
                 keep = c.transient <= top
-                mixed = (w.mix * c.persistent + (1 - w.mix) * c.step_peak)[keep]
+                mixed = (w.mix * c.persistent + (1 - w.mix) * c.step_floor)[keep]
                 cost = (w.alpha * c.microbatch + w.beta * c.optimizer
                         + w.gamma * c.exposed_sync)[keep]
                 if not keep.any():  # nothing this small: one impossible option
@@ -243,7 +279,7 @@ class Task:
         lengths = np.arange(1, self.max_len + 1)
         full = np.ones(self.max_len)
         out = self.rest_bound(k, start, w, lengths, full * (self.room - e.persistent),
-                              full * (self.room - e.step_peak), full * e.transient)
+                              full * (self.room - e.step_floor), full * e.transient)
         return out + fixed
 
     def future(self, b: int) -> np.ndarray:
@@ -269,7 +305,7 @@ class Task:
             full = np.ones(self.max_len)
             rest = self.rest_bound(k, start, w, np.arange(1, self.max_len + 1),
                                    full * (self.room - e.persistent),
-                                   full * (self.room - e.step_peak), full * e.transient)
+                                   full * (self.room - e.step_floor), full * e.transient)
             self._future[key] = rest + e.microbatch + (self.min_boundary if k else 0.0) + (
                 e.exposed_sync if tail else 0.0)
         return self._future[key]
