@@ -26,6 +26,18 @@ from megatron_auto.planner.presets import get_cluster, make_cluster
 GB = 1e9
 
 
+ROWS: list[str] = []
+
+
+def _partitions(plan) -> str:
+    parts = plan.search.get("partitions")
+    if not isinstance(parts, dict) or len(parts) <= 1:
+        return "one stage"
+    return ", ".join(
+        f"{k} {v['samples_per_s']:.1f}" if v.get("samples_per_s") else f"{k} -"
+        for k, v in parts.items())
+
+
 def run(label: str, spec: ModelSpec, training: TrainingSpec, cluster, budgets_gb) -> None:
     profile = analytic_profile(spec, training, cluster)
     for budget in budgets_gb:
@@ -40,40 +52,50 @@ def run(label: str, spec: ModelSpec, training: TrainingSpec, cluster, budgets_gb
         search_s = time.perf_counter() - t0
         search_cpu = time.process_time() - c0
         t1 = time.perf_counter()
+        c1 = time.process_time()
         full = search(spec, training, cluster, profile, int(budget * GB),
                       SearchOptions(show_progress=False))
         baseline_s = time.perf_counter() - t1
+        baseline_cpu = time.process_time() - c1
         best_name, best = None, None
         for name, est in full.baselines.items():
             if est is not None and (best is None or est.samples_per_s > best.samples_per_s):
                 best_name, best = name, est
         core = result.estimate.samples_per_s  # the full space alone (no baseline searched)
         plan = full.plan
-        parts = plan.search.get("partitions")
-        part_txt = ""
-        if isinstance(parts, dict) and len(parts) > 1:
-            part_txt = " | partitions " + ", ".join(
-                f"{k} {v['samples_per_s']:.2f}" if v.get("samples_per_s") else f"{k} -"
-                for k, v in parts.items())
+        info = result.plan.search
         tps = sorted({layer.tp for layer in plan.layers})
         modes = sorted({layer.dp_mode for layer in plan.layers})
         rc = sum(layer.recompute for layer in plan.layers)
         base_txt = (f"best baseline {best_name} {best.samples_per_s:9.2f} samples/s "
                     f"(x{full.estimate.samples_per_s / best.samples_per_s:.3f})"
                     if best else "no baseline fits")
+        adopted = plan.search.get("adopted_from_baseline")
         print(f"{label} {budget:>5.0f} GB: search {search_s:6.2f} s wall, {search_cpu:6.2f} s CPU "
               f"(with baselines {baseline_s:6.2f} s) | {full.estimate.samples_per_s:9.2f} "
               f"samples/s (full space alone {core:9.2f}, proven optimal "
-              f"{result.plan.search['proven_optimal']}) | pp={plan.pp_size} "
+              f"{info['proven_optimal']}, adopted from baseline {adopted}) | pp={plan.pp_size} "
               f"m={plan.num_microbatches} stages={list(plan.pipeline.layers_per_stage)} "
               f"tp={tps} dp={modes} recompute={rc}/{plan.num_layers} vocab={plan.vocab.tp}/"
-              f"{plan.vocab.dp_mode} | {base_txt}{part_txt}")
+              f"{plan.vocab.dp_mode} | {base_txt} | partitions {_partitions(plan)}")
+        base_md = (f"{best_name} {best.samples_per_s:.1f} "
+                   f"(x{full.estimate.samples_per_s / best.samples_per_s:.3f})"
+                   if best else "none fits")
+        ROWS.append(
+            f"| {label} | {budget:.0f} GB | {search_cpu:.2f} ({search_s:.2f}) | "
+            f"{baseline_cpu:.2f} ({baseline_s:.2f}) | {core:.1f} | "
+            f"{full.estimate.samples_per_s:.1f}{' (baseline adopted)' if adopted else ''} | "
+            f"{'yes' if info['proven_optimal'] else 'no (time limit)'} | pp {plan.pp_size}, "
+            f"m {plan.num_microbatches}, tp {tps}, {'/'.join(modes)}, recompute {rc} | "
+            f"{base_md} | {_partitions(plan)} |")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=["a", "b", "c"], help="run one problem")
+    parser.add_argument("--markdown", action="store_true",
+                        help="also print the rows as the table of docs/planner.md section 7")
     args = parser.parse_args()
     if args.only in (None, "a"):
         spec = ModelSpec.uniform(24, 1024, 16, 512, 30592, name="bert", causal=False)
@@ -87,6 +109,12 @@ def main() -> None:
         spec = ModelSpec.uniform(96, 12288, 96, 2048, 51200, name="gpt3-175b")
         run("(c) GPT-3 175B 1024xH100", spec, TrainingSpec(1536),
             make_cluster("h100-80g", num_nodes=128, devices_per_node=8), [80])
+    if args.markdown:
+        print("| problem | budget | search CPU s (wall), full space alone | with baselines CPU s "
+              "(wall) | full space alone samples/s | answer samples/s | proven | plan | best "
+              "baseline | partitions of the winner's task (samples/s) |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        print("\n".join(ROWS))
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ import numpy as np
 from ..plan import LayerStrategy, PipelineSpec, Plan, even_partition
 from .cost_model import Estimate, evaluate_plan
 from .dp import LayerOptions, solve_stage
+from .gpu_terms import group_count
 from .model_spec import TrainingSpec
 from .seed import seed_plans
 from .tasks import Task, Weights
@@ -76,6 +77,7 @@ class _StageState:
     last_class: int
     last_type: int
     last_index: int
+    layouts: frozenset = frozenset()  # layouts the stage's NCCL groups come from so far
 
 
 class TaskSearch:
@@ -116,18 +118,28 @@ class TaskSearch:
         """Iteration time a plan of this task must beat (inf before the first plan)."""
         return self.best.value * self.task.global_batch * (1 - TIE)
 
-    def seed(self) -> None:
+    def seed(self) -> bool:
         """Price the heuristic plans of ``seed.seed_plans`` (the pinned partition, if any):
         incumbents found fast, so that bounds prune from the start; the answer is still the
-        search's."""
-        for plan in seed_plans(self.task, self.partition):
-            self.offer(plan)
+        search's. True if one of them fits the budget."""
+        self.task.on_new_table = self._check_deadline
+        fits = False
+        try:
+            for plan in seed_plans(self.task, self.partition):
+                fits = self.offer(plan) or fits
+        except _Stopped:
+            self.best.stopped = True
+        finally:
+            self.task.on_new_table = None
+        return fits
 
-    def offer(self, plan: Plan) -> None:
-        """Price a complete plan of this task (e.g. the least-memory one) as a candidate."""
+    def offer(self, plan: Plan) -> bool:
+        """Price a complete plan of this task (e.g. the least-memory one) as a candidate;
+        True if it fits the budget."""
         self.chosen, self.lengths = list(plan.layers), list(plan.pipeline.layers_per_stage)
-        self._leaf()
+        fits = self._leaf()
         self.chosen, self.lengths = [], []
+        return fits
 
     def _check_deadline(self) -> None:
         if self.deadline is not None and self.best.plan is not None \
@@ -137,6 +149,21 @@ class TaskSearch:
     def run(self) -> None:
         """Search the task; the incumbent is updated in place (``stopped`` if cut short)."""
         self.known = (0.0, 0.0, 0.0)  # completed stages: sum C + tail_0, max C, max step
+        task = self.task
+        if self.partition is not None or task.pp == 1:
+            if all(len(task.costs(k, i)) == 1 for k in range(task.pp)
+                   for i in range(task.num_layers)):
+                # One strategy per layer and one partition: the task has one plan.
+                part = self.partition or (task.num_layers,)
+                layers = []
+                for k, length in enumerate(part):
+                    start = sum(part[:k])
+                    layers += [task.costs(k, i).strategies[0] for i in range(start,
+                                                                              start + length)]
+                self.chosen, self.lengths = layers, list(part)
+                self._leaf()
+                self.chosen, self.lengths = [], []
+                return
         if self.best.plan is None:
             self.seed()
         self.task.on_new_table = self._check_deadline  # DP tables are the slow part
@@ -183,8 +210,14 @@ class TaskSearch:
                 break
             length = int(lens[j])
             e = task.emb[k]
+            layouts = set()
+            if k in (0, task.pp - 1):
+                layouts.add((task.vocab.tp, True))
+            if self.prev_last is not None:
+                lay = task.tables.layouts[self.prev_last[1]]
+                layouts.add((lay.tp, lay.consecutive))
             state = _StageState(e.microbatch, e.optimizer, e.exposed_sync, e.persistent,
-                                e.transient, e.step_floor, -1, -1, -1)
+                                e.transient, e.step_floor, -1, -1, -1, frozenset(layouts))
             self.lengths.append(length)
             self._layer(k, start, length, 0, state, acc)
             self.lengths.pop()
@@ -195,11 +228,13 @@ class TaskSearch:
         task = self.task
         self.best.nodes += 1
         self._check_deadline()
-        limit = self.limit - task.nccl_floor[k]  # every plan's stage k holds these groups
         i = start + j
         t = task.spec.layer_order[i]
         c = task.costs(k, i)
         cls = task.classes(k, i)
+        # NCCL communicators grow with the set of layouts a stage uses (gpu_terms): the layouts
+        # so far plus the candidate's give a floor for every plan below (0 where not modelled).
+        limit = self.limit - self._nccl(k, st.layouts, cls)
         r = length - j - 1  # layers of this stage still to place
         if j > 0:
             trans = task.relayout[t][st.last_class, cls]
@@ -255,8 +290,10 @@ class TaskSearch:
                 break
             self.chosen.append(c.strategies[s])
             if r > 0:
+                lay = task.tables.layouts[int(cls[s])]
                 nxt = _StageState(float(micro[s]), float(opt[s]), float(exp[s]), float(pers[s]),
-                                  float(trans_max[s]), float(step[s]), int(cls[s]), t, int(s))
+                                  float(trans_max[s]), float(step[s]), int(cls[s]), t, int(s),
+                                  st.layouts | {(lay.tp, lay.consecutive)})
                 self._layer(k, start, length, j + 1, nxt, acc)
             else:
                 done = acc + alpha * micro[s] + beta * opt[s] + gamma * exp[s]
@@ -271,7 +308,24 @@ class TaskSearch:
                     self.prev_last, self.known = saved, known
             self.chosen.pop()
 
-    def _leaf(self) -> None:
+    def _nccl(self, k: int, layouts: frozenset, cls: np.ndarray) -> np.ndarray | float:
+        """NCCL bytes of stage ``k`` holding ``layouts`` and each candidate's layout."""
+        task = self.task
+        per = float(getattr(task.cluster, "nccl_communicator_bytes", 0.0))
+        if per <= 0:
+            return 0.0
+        cache = self.__dict__.setdefault("_nccl_cache", {})
+        out = np.empty(len(cls))
+        for c in np.unique(cls):
+            key = (k, layouts, int(c))
+            if key not in cache:
+                lay = task.tables.layouts[int(c)]
+                cache[key] = per * group_count(task.n, task.pp, task.world_size, k, 0,
+                                               layouts | {(lay.tp, lay.consecutive)})
+            out[cls == c] = cache[key]
+        return out
+
+    def _leaf(self) -> bool:
         task = self.task
         self.best.leaves += 1
         plan = Plan(world_size=task.world_size, global_batch_size=task.global_batch,
@@ -285,3 +339,4 @@ class TaskSearch:
         value = est.iteration_time_s / task.global_batch
         if est.feasible and value < self.best.value * (1 - TIE):
             self.best.value, self.best.plan, self.best.estimate = value, plan, est
+        return est.feasible

@@ -46,6 +46,9 @@ DEFAULT_TIME_LIMIT_S = 10.0
 # With baselines, the full space may use this share of the limit; the baseline spaces (a
 # comparison) share what it leaves.
 MAIN_SHARE = 0.7
+# Seeds per (batch, pp, micro-batch count): its vocabulary layouts differ only in the first and
+# last stage, so the first few cheapest are seeded and the others go to the exact search.
+SEEDS_PER_TABLE = 2
 PARTITIONS = ("exact", "even", "memory", "time", "bmw-paper")
 
 Progress = Callable[[int, int, float | None], None]
@@ -231,19 +234,23 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cluster: 
     """Search the union of ``spaces``; the incumbent, every (task, pinned partition), and the
     winner's task.
 
-    Tasks are visited in order of their cheap bound. Before any branching a task's exact least
-    peak (``least_memory``) is compared with the budget: a task no plan of which fits is skipped
-    at once, and the plan reaching the least peak is the first incumbent. Then the task's seeds
-    and its branch and bound run; every step stops at ``deadline`` once a plan exists.
+    Tasks are visited in order of their cheap bound. Pass 1, before any branching: a task whose
+    cheap memory bound exceeds the budget is skipped; the others are seeded (``seed``); when no
+    seed fits, the task's exact least peak (``least_memory``) decides: above the budget the task
+    is skipped (no plan of it fits), else the plan reaching it is a first incumbent. Pass 2: the
+    branch and bound of every task left. Every step stops at ``deadline`` once a plan exists.
     """
     best = Incumbent()
     tasks = [(t, sp) for sp in spaces
              for t in _tasks(sp, spec, training, cluster, profile, budget, options, world, step)]
-    tasks.sort(key=lambda x: x[0].cheap_bound() / x[0].global_batch)
+    # Sorted by the bound without the embedding (shared by a task's vocabulary layouts, so
+    # the embedding of most tasks is never priced); the full cheap bound is checked on visit.
+    tasks.sort(key=lambda x: x[0].cheap_bound(False) / x[0].global_batch)
     limit = budget * (1 + MEMORY_SLACK)
     winner = None
     pruned = memory_pruned = 0
     pinned: list[tuple[Task, tuple[int, ...] | None]] = []
+    seeded: dict[int, int] = {}  # seeded tasks per layer table (batch, pp, micro-batches)
     live: list[tuple[Task, tuple[int, ...] | None]] = []
     for task, space in tasks:
         pin = _partition_pin(task, space, options)
@@ -251,25 +258,32 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cluster: 
     # Pass 1: memory and seeds, cheapest bound first. A task whose least peak exceeds the
     # budget has no plan that fits; the others get the least-memory plan and the seed plans.
     for i, (task, pin) in enumerate(pinned):
-        if task.cheap_bound() / task.global_batch >= best.value * (1 - TIE):
+        if task.cheap_bound(False) / task.global_batch >= best.value * (1 - TIE):
             pruned += len(pinned) - i
             break
         if _stopped(deadline, best):
             best.stopped = True
             pruned += len(pinned) - i
             break
-        if cheap_least_peak(task) > limit:
-            memory_pruned += 1
+        if task.cheap_bound() / task.global_batch >= best.value * (1 - TIE):
+            pruned += 1
             continue
-        least = task_least_peak(task, pin)
-        if least.bytes > limit:
+        if cheap_least_peak(task) > limit:
             memory_pruned += 1
             continue
         before = best.plan
         search_task = TaskSearch(task, training, best, deadline, pin)
-        if least.plan is not None and best.plan is None:
-            search_task.offer(least.plan)  # a first answer, so the deadline can apply
-        search_task.seed()
+        table = id(task.tables)
+        seeded[table] = seeded.get(table, 0) + 1
+        fits = seeded[table] <= SEEDS_PER_TABLE and search_task.seed()
+        if not fits:
+            # No seed fits: the exact least peak decides whether any plan of the task can.
+            least = task_least_peak(task, pin)
+            if least.bytes > limit:
+                memory_pruned += 1
+                continue
+            if least.plan is not None and best.plan is None:
+                search_task.offer(least.plan)  # a first answer, so the deadline can apply
         if best.plan is not before:
             winner = task
         live.append((task, pin))
@@ -277,13 +291,16 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cluster: 
     for i, (task, pin) in enumerate(live):
         if progress:
             progress(i, len(live), 1 / best.value if math.isfinite(best.value) else None)
-        if task.cheap_bound() / task.global_batch >= best.value * (1 - TIE):
+        if task.cheap_bound(False) / task.global_batch >= best.value * (1 - TIE):
             pruned += len(live) - i
             break
         if _stopped(deadline, best):
             best.stopped = True  # tasks left unsearched: the answer is not proven
             pruned += len(live) - i
             break
+        if task.cheap_bound() / task.global_batch >= best.value * (1 - TIE):
+            pruned += 1
+            continue
         before = best.plan
         TaskSearch(task, training, best, deadline, pin).run()
         if best.plan is not before:

@@ -17,7 +17,12 @@ charges the persistent bytes only and the fewest NCCL communicators (near the bu
 one is too careful); its plans may not fit, and ``evaluate_plan`` drops those.
 
 Partitions tried: the pinned one if any, else the even split and the time-balanced split of
-these stage values (``partition.min_max_partition``).
+these stage values (``partition.min_max_partition``). Besides, the best uniform plans (one
+strategy for all layers, as Megatron-LM's grid; :func:`uniform_plans`), so that the full
+space's answer never loses to a uniform baseline space however early the time limit stops it.
+Deep single-type models (more than ``DP_SEED_MAX_LAYERS`` layers) use stages that mix at most
+two strategies (:func:`pair_plans`, vectorised over both strategies and the split point)
+instead of the per-stage DP, which costs seconds there.
 """
 
 from __future__ import annotations
@@ -29,11 +34,12 @@ import numpy as np
 from ..plan import LayerStrategy, PipelineSpec, Plan, even_partition
 from .dp import LayerOptions, StageTables, solve_stage
 from .gpu_terms import search_nccl_bound
+from .cost_time import pipeline_time
 from .partition import min_max_partition
 from .tasks import Task
 
-SEED_CELLS = 512  # the safe memory model's resolution: the stage's room in this many cells
-SEED_LEVELS = 3  # transient levels tried per stage (bucket tops, largest included)
+SEED_CELLS = 384  # the safe memory model's resolution: the stage's room in this many cells
+SEED_LEVELS = 2  # transient levels tried per stage (bucket tops, the largest included)
 
 
 def _step(task: Task) -> float:
@@ -52,6 +58,8 @@ def _table(task: Task, window: tuple[int, ...], k_in: int, tau: float, bold: boo
     key = ("seed", window, k_in, tau, task.m, step, bold)
     cache = task.tables.rest
     if key not in cache:
+        if task.on_new_table is not None:
+            task.on_new_table()  # the deadline: DP runs are the slow part
         opts = []
         by_type = {}
         for t in set(window):
@@ -131,11 +139,141 @@ def _layers(task: Task, part: tuple[int, ...], bold: bool) -> list[LayerStrategy
     return out
 
 
+UNIFORM_KEPT = 2  # uniform plans priced by evaluate_plan per task (the best by a quick estimate)
+
+
+def uniform_plans(task: Task, partition: tuple[int, ...] | None = None) -> list[Plan]:
+    """The best uniform plans of the task (one strategy for every layer, the even or pinned
+    split: the Megatron grid inside the full space), ranked by a quick estimate from the cost
+    arrays (stage sums, ``cost_time.pipeline_time``) with a memory check that ignores
+    relayouts; the best ``UNIFORM_KEPT`` are returned for ``evaluate_plan`` to price."""
+    if len(task.spec.layer_types) != 1:
+        return []
+    part = tuple(partition or even_partition(task.num_layers, task.pp))
+    stage_costs = [task.tables.costs(0, task.in_flight[k]) for k in range(task.pp)]
+    reserve = float(task.cluster.memory_reserve_bytes)
+    ranked = []
+    for s in stage_costs[0].strategies:
+        micro, back, tails, steps, fits = [], [], [], [], True
+        for k, c in enumerate(stage_costs):
+            if s not in c.strategies:
+                fits = False
+                break
+            i = c.strategies.index(s)
+            e, n = task.emb[k], part[k]
+            micro.append(e.microbatch + n * float(c.microbatch[i]))
+            back.append(e.backward + n * float(c.backward[i]))
+            tails.append(e.exposed_sync + n * float(c.exposed_sync[i]))
+            steps.append(e.optimizer + n * float(c.optimizer[i]))
+            floor = reserve + task.nccl_floor[k]
+            backward_peak = n * float(c.persistent[i]) + max(float(c.transient[i]),
+                                                             e.transient) + e.persistent
+            step_peak = n * float(c.step_floor[i]) + e.step_floor
+            if max(backward_peak, step_peak) + floor > task.budget:
+                fits = False
+                break
+        if fits:
+            ranked.append((pipeline_time(micro, back, tails, task.m, steps).iteration, s))
+    ranked.sort(key=lambda x: x[0])
+    return [Plan(world_size=task.world_size, global_batch_size=task.global_batch,
+                 num_microbatches=task.m,
+                 pipeline=PipelineSpec(size=task.pp, schedule=task.schedule,
+                                       layers_per_stage=part),
+                 vocab=task.vocab, layers=(s,) * task.num_layers,
+                 model=task.spec.plan_model_record())
+            for _, s in ranked[:UNIFORM_KEPT]]
+
+
+PAIR_WINDOW = 2  # the time-balanced pair split tries stage lengths within this of even
+DP_SEED_MAX_LAYERS = 32  # above this, the per-stage DP seed gives way to the pair seed
+
+
+def _pair_stage(task: Task, k: int, length: int, bold: bool):
+    """Best stage of ``length`` layers made of two strategies ``a`` (first ``x`` layers) and
+    ``b``: ``(value, a, b, x)`` or None, memory checked on both peaks with the NCCL bound
+    (the fewest communicators if ``bold``)."""
+    key = (k, length, bold)
+    cache = task.__dict__.setdefault("_pair_stages", {})
+    if key in cache:
+        return cache[key]
+    c = task.tables.costs(0, task.in_flight[k])
+    e = task.emb[k]
+    value = c.microbatch + (c.optimizer + c.exposed_sync) / task.m
+    nccl = task.nccl_floor[k] if bold else search_nccl_bound(task.cluster, task.n, task.pp)
+    room = task.budget * (1 - 1e-9) - task.cluster.memory_reserve_bytes - nccl
+    x = np.arange(length + 1)[None, None, :]
+    y = length - x
+    va, vb = value[:, None, None], value[None, :, None]
+    total = x * va + y * vb
+    cls = task.tables.classes(0, task.in_flight[k])
+    trans = task.relayout[0][cls[:, None], cls[None, :]][:, :, None]
+    total = total + np.where((x > 0) & (y > 0), trans, 0.0)
+    top = np.maximum(np.maximum(c.transient[:, None], c.transient[None, :]), e.transient)
+    backward = (x * c.persistent[:, None, None] + y * c.persistent[None, :, None]
+                + top[:, :, None] + e.persistent)
+    step = x * c.step_peak[:, None, None] + y * c.step_peak[None, :, None] + e.step_peak
+    total = np.where((backward <= room) & (step <= room), total, np.inf)
+    j = int(np.argmin(total))
+    a, b, xs = np.unravel_index(j, total.shape)
+    out = None
+    if np.isfinite(total.flat[j]):
+        out = (float(total.flat[j]) + e.microbatch + (e.optimizer + e.exposed_sync) / task.m,
+               c.strategies[int(a)], c.strategies[int(b)], int(xs))
+    cache[key] = out
+    return out
+
+
+def pair_plans(task: Task, partition: tuple[int, ...] | None = None) -> list[Plan]:
+    """Plans whose stages each mix at most two strategies (:func:`_pair_stage`): the even or
+    pinned split and, for pipelines, the time-balanced split over stage lengths within
+    ``PAIR_WINDOW`` of even. For deep single-type models, where a DP per stage costs seconds."""
+    if len(task.spec.layer_types) != 1:
+        return []
+    L, pp = task.num_layers, task.pp
+    plans = []
+    for bold in (True, False):
+        parts = [tuple(partition or even_partition(L, pp))]
+        if partition is None and pp > 1:
+            even = L // pp
+            lengths = [ln for ln in range(max(1, even - PAIR_WINDOW), even + PAIR_WINDOW + 2)
+                       if ln <= task.max_len]
+
+            def row(k: int, start: int, bold=bold) -> np.ndarray:
+                out = np.full(task.max_len, np.inf)
+                for ln in lengths:
+                    found = _pair_stage(task, k, ln, bold)
+                    if found is not None:
+                        out[ln - 1] = found[0]
+                return out
+            timed = min_max_partition(L, pp, row, task.max_len, False)
+            if timed is not None:
+                parts.append(timed)
+        for part in parts:
+            layers: list[LayerStrategy] = []
+            for k, ln in enumerate(part):
+                found = _pair_stage(task, k, ln, bold)
+                if found is None:
+                    break
+                _, a, b, x = found
+                layers.extend([a] * x + [b] * (ln - x))
+            else:
+                plans.append(Plan(world_size=task.world_size, global_batch_size=task.global_batch,
+                                  num_microbatches=task.m,
+                                  pipeline=PipelineSpec(size=pp, schedule=task.schedule,
+                                                        layers_per_stage=part),
+                                  vocab=task.vocab, layers=tuple(layers),
+                                  model=task.spec.plan_model_record()))
+    return plans
+
+
 def seed_plans(task: Task, partition: tuple[int, ...] | None = None) -> list[Plan]:
     """Heuristic plans of ``task`` (the module docstring), the ``partition`` given or several."""
     L, pp = task.num_layers, task.pp
     single = len(task.spec.layer_types) == 1
-    plans, seen = [], set()
+    plans = uniform_plans(task, partition)
+    if L > DP_SEED_MAX_LAYERS and len(task.spec.layer_types) == 1:
+        return plans + pair_plans(task, partition)
+    seen = {(p.pipeline.layers_per_stage, p.layers) for p in plans}
     for bold in (True, False):
         if partition is not None:
             parts = [partition]

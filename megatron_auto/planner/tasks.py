@@ -186,25 +186,29 @@ class Task:
         beta = np.array([self.weights(k, b).beta for b in self.branches])
         return alpha, beta, 1.0 if k == 0 else 0.0
 
-    def cheap_bound(self) -> float:
+    def cheap_bound(self, with_embedding: bool = True) -> float:
         """A lower bound on every plan's iteration time that needs no DP (memory ignored): each
-        layer at its fastest, stages perfectly balanced, the embedding/head at its own cost."""
-        if "_cheap" in self.__dict__:
-            return self.__dict__["_cheap"]
+        layer at its fastest, stages perfectly balanced, the embedding/head at its own cost
+        (left out with ``with_embedding=False``: a weaker bound shared by every vocabulary
+        layout of the task's batch, pp and micro-batch count, that prices no embedding)."""
+        key = ("_cheap", with_embedding)
+        if key in self.__dict__:
+            return self.__dict__[key]
         order = self.spec.layer_order
         one = self.tables.one
         counts = np.bincount(np.asarray(order), minlength=len(one))
         fastest = np.array([float(c.microbatch.min()) for c in one])
-        least = float(counts @ fastest) + sum(e.microbatch for e in self.emb)
+        emb = self.emb if with_embedding else [EmbeddingCosts()] * self.pp
+        least = float(counts @ fastest) + sum(e.microbatch for e in emb)
         if self.pp == 1:
             per = np.array([float((self.m * c.microbatch + c.exposed_sync + c.optimizer).min())
                             for c in one])
-            e = self.emb[0]
+            e = emb[0]
             out = (float(counts @ per) + self.m * e.microbatch + e.exposed_sync + e.optimizer
                    + self.overhead)
         else:
             out = least * (1 + (self.m - 1) / self.pp) + self.overhead
-        self.__dict__["_cheap"] = out
+        self.__dict__[key] = out
         return out
 
     # ------------------------------------------------------------------ bounds
