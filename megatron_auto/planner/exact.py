@@ -104,15 +104,25 @@ class TaskSearch:
                 rows = (alpha == pair[0]) & (beta == pair[1])
                 pairs.append((rows, task.weights(k, int(np.nonzero(rows)[0][0]))))
             self._pairs.append(pairs)
-        L = task.num_layers
-        # Least persistent / step-peak bytes of layers [i, i + r) at each stage position: the
-        # memory cut needs them for the layers not yet placed.
-        self._least = {}
-        for k in range(task.pp):
-            per_p = np.array([task.costs(k, i).persistent.min() for i in range(L)])
-            per_s = np.array([task.costs(k, i).step_floor.min() for i in range(L)])
-            self._least[k] = (np.concatenate([[0.0], np.cumsum(per_p)]),
-                              np.concatenate([[0.0], np.cumsum(per_s)]))
+
+    @property
+    def _least(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Per stage position, prefix sums over layers of the least persistent and step-peak
+        bytes: the memory cut needs them for the layers not yet placed (built on first use,
+        shared by the task's searches)."""
+        task = self.task
+        if "_least_bytes" not in task.__dict__:
+            order = np.asarray(task.spec.layer_order)
+            out = {}
+            for k in range(task.pp):
+                k_in = task.in_flight[k]
+                types = range(len(task.spec.layer_types))
+                per_p = np.array([task.tables.costs(t, k_in).persistent.min() for t in types])
+                per_s = np.array([task.tables.costs(t, k_in).step_floor.min() for t in types])
+                out[k] = (np.concatenate([[0.0], np.cumsum(per_p[order])]),
+                          np.concatenate([[0.0], np.cumsum(per_s[order])]))
+            task.__dict__["_least_bytes"] = out
+        return task.__dict__["_least_bytes"]
 
     def threshold(self) -> float:
         """Iteration time a plan of this task must beat (inf before the first plan)."""

@@ -271,6 +271,10 @@ def seed_plans(task: Task, partition: tuple[int, ...] | None = None) -> list[Pla
     L, pp = task.num_layers, task.pp
     single = len(task.spec.layer_types) == 1
     plans = uniform_plans(task, partition)
+    if (partition is not None or pp == 1) and all(
+            len(task.tables.costs(t, k_in)) == 1 for t in range(len(task.spec.layer_types))
+            for k_in in set(task.in_flight)):
+        return plans  # one strategy per layer and one split: the uniform plan is the plan
     if L > DP_SEED_MAX_LAYERS and len(task.spec.layer_types) == 1:
         return plans + pair_plans(task, partition)
     seen = {(p.pipeline.layers_per_stage, p.layers) for p in plans}

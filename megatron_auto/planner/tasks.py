@@ -395,7 +395,9 @@ class _LayerTables:
     @property
     def one(self) -> list[StrategyCosts]:
         """Costs at one micro-batch in flight (times do not depend on the count)."""
-        return [self.costs(t, 1) for t in range(len(self.strategies))]
+        if "_one" not in self.__dict__:
+            self.__dict__["_one"] = [self.costs(t, 1) for t in range(len(self.strategies))]
+        return self.__dict__["_one"]
 
     def costs(self, t: int, k_in: int) -> StrategyCosts:
         key = (t, k_in)
