@@ -205,7 +205,9 @@ def test_time_limit_still_returns_a_plan_and_says_it_is_not_proven():
 def test_progress_goes_to_the_callback():
     calls = []
     run(60000, progress=lambda done, total, best: calls.append((done, total)))
-    assert calls and all(0 <= done < total for done, total in calls)
+    assert calls and all(0 <= done <= total for done, total in calls)
+    assert [d for d, _ in calls] == sorted(d for d, _ in calls)  # never goes back
+    assert calls[-1][0] == calls[-1][1]  # the last call says every task is done
 
 
 def test_no_plan_at_all_is_explained():

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 from ..plan import DP_MODES, SCHEDULES, Plan, VocabStrategy
+from ..progress import Progress as Reporter
 from .cluster_model import ClusterModel
 from .cost_model import Estimate, evaluate_plan
 from .exact import MEMORY_SLACK, TIE, Incumbent, TaskSearch
@@ -70,7 +71,8 @@ class SearchOptions:
     ``memory_step_bytes``: cell size of the bound DP (default: the budget in ``BOUND_CELLS``
     cells); it changes only how fast the search prunes, never the answer (memory is checked in
     bytes). ``progress``: called as ``progress(tasks_done, tasks, best_samples_per_s)``; with
-    ``show_progress`` and no callback, progress goes to this module's logger (INFO).
+    ``show_progress`` and no callback, progress goes to ``megatron_auto.progress.Progress``
+    (stderr, rank-agnostic: callers on other ranks pass ``show_progress=False``).
     """
 
     pp: int | None = None
@@ -257,7 +259,12 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cluster: 
         pinned.append((task, pin))
     # Pass 1: memory and seeds, cheapest bound first. A task whose least peak exceeds the
     # budget has no plan that fits; the others get the least-memory plan and the seed plans.
+    def report(done: int) -> None:
+        if progress:
+            progress(done, len(pinned), 1 / best.value if math.isfinite(best.value) else None)
+
     for i, (task, pin) in enumerate(pinned):
+        report(i - len(live))  # tasks settled without branching so far
         if task.cheap_bound(False) / task.global_batch >= best.value * (1 - TIE):
             pruned += len(pinned) - i
             break
@@ -289,8 +296,7 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cluster: 
         live.append((task, pin))
     # Pass 2: branch and bound over the tasks that can fit, cheapest bound first.
     for i, (task, pin) in enumerate(live):
-        if progress:
-            progress(i, len(live), 1 / best.value if math.isfinite(best.value) else None)
+        report(len(pinned) - len(live) + i)
         if task.cheap_bound(False) / task.global_batch >= best.value * (1 - TIE):
             pruned += len(live) - i
             break
@@ -305,6 +311,7 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cluster: 
         TaskSearch(task, training, best, deadline, pin).run()
         if best.plan is not before:
             winner = task
+    report(len(pinned))
     stats["tasks"] = stats.get("tasks", 0) + len(tasks)
     stats["pruned"] = stats.get("pruned", 0) + pruned
     stats["memory_pruned"] = stats.get("memory_pruned", 0) + memory_pruned
@@ -341,11 +348,14 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
     end = t0 + limit_s  # everything (search, baselines, partition report) stops by then
     # The full space first; baselines get what it leaves, but at least a share of the limit.
     share = MAIN_SHARE if options.include_baselines else 1.0
-    progress = options.progress or (_log_progress(t0) if options.show_progress else None)
+    reporter = _Reporter() if options.progress is None and options.show_progress else None
+    progress = options.progress or reporter
     stats: dict[str, Any] = {}
     subspaces = spaces_of(options.space, options, world)
     best, tasks, winner = _run(subspaces, spec, training, cluster, profile, budget, options,
                                world, step, t0 + share * limit_s, progress, stats)
+    if reporter is not None:
+        reporter.close()
     if best.plan is None:
         raise _infeasible(options.space, world, budget, tasks, training)
     assert best.estimate is not None and winner is not None
@@ -429,17 +439,25 @@ def _infeasible(space: str, world: int, budget: float,
         f"search space", shown)
 
 
-def _log_progress(t0: float) -> Progress:
-    last = [0.0]
+class _Reporter:
+    """The default progress callback: ``megatron_auto.progress.Progress`` (a bar on a terminal,
+    plain stderr lines every 0.5 s otherwise; nothing for a search under a second)."""
 
-    def report(done: int, total: int, best: float | None) -> None:
-        now = time.monotonic() - t0
-        if now < 1.0 or now - last[0] < 0.5:
-            return
-        last[0] = now
-        best_txt = f"{best:.2f} samples/s" if best else "none yet"
-        logger.info("search: %d/%d tasks, %.1f s, best %s", done, total, now, best_txt)
-    return report
+    def __init__(self) -> None:
+        self._shown: Reporter | None = None
+
+    def __call__(self, done: int, total: int, best: float | None) -> None:
+        shown = self._shown
+        if shown is None or shown.total != total or done < shown.done:  # a new space's tasks
+            self.close()
+            shown = self._shown = Reporter("megatron-auto search", total, "tasks",
+                                           interval_s=0.5, delay_s=1.0)
+        shown.update_to(done, best=f"{best:.2f} samples/s" if best else "none yet")
+
+    def close(self) -> None:
+        if self._shown is not None:
+            self._shown.close()
+            self._shown = None
 
 
 def evaluate(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
