@@ -202,6 +202,15 @@ def test_time_limit_still_returns_a_plan_and_says_it_is_not_proven():
     assert free.estimate.samples_per_s >= result.estimate.samples_per_s * (1 - 1e-12)
 
 
+def test_baselines_stop_at_the_time_limit_even_without_a_plan():
+    # A comparison is cut at the deadline whether or not it found a plan; the answer is not.
+    result = run(60000, time_limit_s=1e-6, include_baselines=True)
+    assert result.estimate.feasible
+    cut = result.plan.search["baselines_time_limited"]
+    assert cut and set(cut) <= set(result.baselines)
+    assert all(result.baselines[name] is None or result.baselines[name].feasible for name in cut)
+
+
 def test_progress_goes_to_the_callback():
     calls = []
     run(60000, progress=lambda done, total, best: calls.append((done, total)))

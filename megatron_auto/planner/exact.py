@@ -53,6 +53,9 @@ class Incumbent:
     nodes: int = 0
     leaves: int = 0
     stopped: bool = False  # the deadline cut the search short: the answer is not proven
+    # A comparison (a baseline space) stops at the deadline even without a plan; the answer's
+    # search goes on until it has one (a task whose least-memory plan fits gives one at once).
+    comparison: bool = False
 
 
 class _Stopped(Exception):
@@ -152,7 +155,7 @@ class TaskSearch:
         return fits
 
     def _check_deadline(self) -> None:
-        if self.deadline is not None and self.best.plan is not None \
+        if self.deadline is not None and (self.best.plan is not None or self.best.comparison) \
                 and time.monotonic() > self.deadline:
             raise _Stopped
 

@@ -223,16 +223,17 @@ def _partition_pin(task: Task, space: Space, options: SearchOptions) -> tuple[in
 
 
 def _stopped(deadline: float, best: Incumbent) -> bool:
-    """The deadline passed and there is an answer to return (without one the search goes on:
-    a task whose least-memory plan fits has one within a few nodes)."""
-    return best.plan is not None and time.monotonic() > deadline
+    """The deadline passed and there is an answer to return, or none is needed (a baseline
+    space, a comparison); without one the answer's search goes on: a task whose least-memory
+    plan fits has one within a few nodes."""
+    return (best.plan is not None or best.comparison) and time.monotonic() > deadline
 
 
 def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
          profile: ModelProfile, budget: float, options: SearchOptions, world: int, step: int,
          deadline: float, progress: Progress | None,
-         stats: dict[str, Any]) -> tuple[Incumbent, list[tuple[Task, tuple[int, ...] | None]],
-                                         Task | None]:
+         stats: dict[str, Any], comparison: bool = False
+         ) -> tuple[Incumbent, list[tuple[Task, tuple[int, ...] | None]], Task | None]:
     """Search the union of ``spaces``; the incumbent, every (task, pinned partition), and the
     winner's task.
 
@@ -242,7 +243,7 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cluster: 
     is skipped (no plan of it fits), else the plan reaching it is a first incumbent. Pass 2: the
     branch and bound of every task left. Every step stops at ``deadline`` once a plan exists.
     """
-    best = Incumbent()
+    best = Incumbent(comparison=comparison)
     tasks = [(t, sp) for sp in spaces
              for t in _tasks(sp, spec, training, cluster, profile, budget, options, world, step)]
     # Sorted by the bound without the embedding (shared by a task's vocabulary layouts, so
@@ -368,7 +369,8 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
             now = time.monotonic()
             found, _, _ = _run(spaces_of(name, options, world), spec, training, cluster,
                                profile, budget, options, world, step,
-                               now + max(0.0, end - now) / (len(names) - j), None, {})
+                               now + max(0.0, end - now) / (len(names) - j), None, {},
+                               comparison=True)
             baselines[name] = found.estimate
             if found.stopped:
                 baselines_cut.append(name)
