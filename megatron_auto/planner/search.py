@@ -244,11 +244,20 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cluster: 
     branch and bound of every task left. Every step stops at ``deadline`` once a plan exists.
     """
     best = Incumbent(comparison=comparison)
-    tasks = [(t, sp) for sp in spaces
-             for t in _tasks(sp, spec, training, cluster, profile, budget, options, world, step)]
+    tasks = []
+    keys: dict[int, float] = {}
+    for sp in spaces:
+        for t in _tasks(sp, spec, training, cluster, profile, budget, options, world, step):
+            # Setup prices every layer table once (the bound below); a comparison stops here
+            # too when the deadline passes (the answer's search needs every task).
+            if comparison and time.monotonic() > deadline:
+                best.stopped = True
+                return best, [], None
+            keys[id(t)] = t.cheap_bound(False) / t.global_batch
+            tasks.append((t, sp))
     # Sorted by the bound without the embedding (shared by a task's vocabulary layouts, so
     # the embedding of most tasks is never priced); the full cheap bound is checked on visit.
-    tasks.sort(key=lambda x: x[0].cheap_bound(False) / x[0].global_batch)
+    tasks.sort(key=lambda x: keys[id(x[0])])
     limit = budget * (1 + MEMORY_SLACK)
     winner = None
     pruned = memory_pruned = 0
