@@ -31,6 +31,8 @@ ROWS: list[str] = []
 
 def _partitions(plan) -> str:
     parts = plan.search.get("partitions")
+    if isinstance(parts, str):
+        return parts
     if not isinstance(parts, dict) or len(parts) <= 1:
         return "one stage"
     return ", ".join(
@@ -78,9 +80,12 @@ def run(label: str, spec: ModelSpec, training: TrainingSpec, cluster, budgets_gb
               f"m={plan.num_microbatches} stages={list(plan.pipeline.layers_per_stage)} "
               f"tp={tps} dp={modes} recompute={rc}/{plan.num_layers} vocab={plan.vocab.tp}/"
               f"{plan.vocab.dp_mode} | {base_txt} | partitions {_partitions(plan)}")
+        cut = plan.search.get("baselines_time_limited") or []
         base_md = (f"{best_name} {best.samples_per_s:.1f} "
                    f"(x{full.estimate.samples_per_s / best.samples_per_s:.3f})"
                    if best else "none fits")
+        if cut:
+            base_md += f"; cut by the time limit: {', '.join(cut)}"
         ROWS.append(
             f"| {label} | {budget:.0f} GB | {search_cpu:.2f} ({search_s:.2f}) | "
             f"{baseline_cpu:.2f} ({baseline_s:.2f}) | {core:.1f} | "
