@@ -210,6 +210,9 @@ def add_data_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--tokenizer-model", default=None)
     g.add_argument("--vocab-file", default=None)
     g.add_argument("--merge-file", default=None)
+    g.add_argument("--vocab-extra-ids", type=int, default=0,
+                   help="sentinel tokens <extra_id_i> added to the tokenizer (T5 span "
+                        "corruption; pretrain_t5.py: default 100)")
     g.add_argument("--eod-mask-loss", action="store_true")
     g.add_argument("--data-cache-path", default=None)
     return parser
@@ -448,7 +451,8 @@ def run_config_from_args(args: argparse.Namespace,
                         split=args.split, tokenizer_type=args.tokenizer_type,
                         tokenizer_model=args.tokenizer_model, vocab_file=args.vocab_file,
                         merge_file=args.merge_file, vocab_size=args.vocab_size,
-                        eod_mask_loss=args.eod_mask_loss, cache_dir=args.data_cache_path),
+                        eod_mask_loss=args.eod_mask_loss, cache_dir=args.data_cache_path,
+                        vocab_extra_ids=args.vocab_extra_ids),
         optimizer=OptimizerConfig(weight_decay=args.weight_decay, adam_beta1=args.adam_beta1,
                                   adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
                                   clip_grad=args.clip_grad),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 POSITION_EMBEDDING_TYPES = ("learned", "rope")
 ACTIVATIONS = ("gelu", "swiglu")
@@ -44,7 +44,12 @@ class ModelConfig:
     """Shape and numerics of a Transformer language model (GPT decoder or BERT encoder).
 
     ``vocab_size`` is the tokenizer's vocabulary; ``padded_vocab_size`` the embedding rows.
+    A subclass for another family (``t5_config.T5Config``) widens the accepted model and
+    position-embedding types through the two class attributes below.
     """
+
+    model_types: ClassVar[tuple[str, ...]] = MODEL_TYPES
+    position_embedding_types: ClassVar[tuple[str, ...]] = POSITION_EMBEDDING_TYPES
 
     num_layers: int = 4
     hidden_size: int = 256
@@ -145,15 +150,15 @@ class ModelConfig:
              "must be in [0, 1)")
         need(0.0 <= self.attention_dropout < 1.0, "--attention-dropout", self.attention_dropout,
              "must be in [0, 1)")
-        need(self.position_embedding_type in POSITION_EMBEDDING_TYPES,
+        need(self.position_embedding_type in self.position_embedding_types,
              "--position-embedding-type", self.position_embedding_type,
-             f"choose one of {', '.join(POSITION_EMBEDDING_TYPES)}")
+             f"choose one of {', '.join(self.position_embedding_types)}")
         need(self.activation in ACTIVATIONS, "--activation", self.activation,
              f"choose one of {', '.join(ACTIVATIONS)}")
         need(self.normalization in NORMALIZATIONS, "--normalization", self.normalization,
              f"choose one of {', '.join(NORMALIZATIONS)}")
-        need(self.model_type in MODEL_TYPES, "model_type", self.model_type,
-             f"choose one of {', '.join(MODEL_TYPES)}")
+        need(self.model_type in self.model_types, "model_type", self.model_type,
+             f"choose one of {', '.join(self.model_types)}")
         if self.position_embedding_type == "rope":
             need(self.head_dim % 2 == 0, "--hidden-size", self.hidden_size,
                  "rotary embeddings need an even head dimension (hidden/heads)")

@@ -125,6 +125,7 @@ class DataConfig:
     vocab_size: int | None = None
     eod_mask_loss: bool = False
     cache_dir: str | None = None
+    vocab_extra_ids: int = 0  # T5 sentinels added to the tokenizer (Megatron's --vocab-extra-ids)
 
     @property
     def source(self) -> str:

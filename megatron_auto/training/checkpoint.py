@@ -66,6 +66,7 @@ from ..config import ModelConfig
 from ..parallel.context import ParallelContext
 from ..parallel.data_parallel import DataParallel
 from ..plan import Plan
+from ..t5_config import T5Config
 from ..vision_config import BACKBONES, VisionConfig
 from .precision import LossScaler
 from .logging import get_logger
@@ -97,6 +98,12 @@ SHAPE_FIELDS = {
     "bert_binary_head": "--bert-no-binary-head", "num_tokentypes": "the entry script",
     "query_groups": "--group-query-attention --num-query-groups",
     "add_bias_linear": "--disable-bias-linear", "openai_gelu": "--openai-gelu",
+}
+T5_SHAPE_FIELDS = {
+    **SHAPE_FIELDS, "model_type": "the entry script (pretrain_t5.py)",
+    "encoder_num_layers": "--encoder-num-layers", "decoder_num_layers": "--decoder-num-layers",
+    "kv_channels": "--kv-channels",
+    "relative_attention_num_buckets": "--relative-attention-num-buckets",
 }
 
 
@@ -365,6 +372,12 @@ def check_model_matches(saved: dict[str, Any], config: ModelConfig, where: str) 
                                   f"{config.model_type} classifier; load a checkpoint of this "
                                   f"model")
         saved_config = VisionConfig.from_dict(saved)
+    elif isinstance(config, T5Config) or saved.get("model_type") == "t5":
+        if saved.get("model_type") != config.model_type:
+            raise CheckpointError(f"--load={where}: the checkpoint holds a "
+                                  f"{saved.get('model_type')} model, this run trains a "
+                                  f"{config.model_type}; load a checkpoint of this model")
+        fields, saved_config = T5_SHAPE_FIELDS, T5Config.from_dict(saved)
     else:
         saved_config = ModelConfig.from_dict(saved)
     for name, flag in fields.items():

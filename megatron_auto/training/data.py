@@ -55,7 +55,8 @@ def prepare_data_source(config: DataConfig, *, build_first: Callable[[Callable[[
     if config.source == "embedded":
         prefix, model = build_first(lambda: data_lib.embedded_dataset(
             config.cache_dir, split_sentences=sentence_level))
-        tokenizer = data_lib.build_tokenizer(data_lib.EMBEDDED_TOKENIZER_TYPE, tokenizer_model=model)
+        tokenizer = data_lib.build_tokenizer(data_lib.EMBEDDED_TOKENIZER_TYPE, tokenizer_model=model,
+                                             vocab_extra_ids=config.vocab_extra_ids)
         return DataSource(kind="embedded", tokenizer=tokenizer, vocab_size=tokenizer.vocab_size,
                           data_prefix=[prefix])
     if config.tokenizer_type is None:
@@ -65,7 +66,7 @@ def prepare_data_source(config: DataConfig, *, build_first: Callable[[Callable[[
         tokenizer = data_lib.build_tokenizer(
             config.tokenizer_type, tokenizer_model=config.tokenizer_model,
             vocab_file=config.vocab_file, merge_file=config.merge_file,
-            vocab_size=config.vocab_size)
+            vocab_size=config.vocab_size, vocab_extra_ids=config.vocab_extra_ids)
     except (ValueError, OSError) as err:
         raise DataError(f"--tokenizer-type={config.tokenizer_type}: {err}") from None
     return DataSource(kind="files", tokenizer=tokenizer, vocab_size=tokenizer.vocab_size,
