@@ -45,6 +45,7 @@ from .profiler.cache import default_cache_dir
 from .profiler.hardware_profiler import PROFILER_REVISION, HardwareProfilerConfig, profile_hardware
 from .profiler.model_profiler import get_or_create_model_profile, profile_cache_key, profile_model
 from .run_config import SearchPins
+from .t5_config import T5Config
 from .vision_config import VisionConfig
 
 logger = logging.getLogger("megatron_auto")
@@ -163,6 +164,10 @@ def contend_while_profiling(model_config: ModelConfig, precision: str, cache_dir
         from .profiler.vision_profiler import (  # noqa: PLC0415 - lazy: the vision models
             profile_vision_model, vision_profile_cache_key)
         key_of, measure = vision_profile_cache_key, profile_vision_model
+    elif isinstance(model_config, T5Config):
+        from .profiler.t5_profiler import (  # noqa: PLC0415 - lazy: the T5 model
+            profile_t5_model, t5_profile_cache_key)
+        key_of, measure = t5_profile_cache_key, profile_t5_model
     key = key_of(model_config, precision, resolve_device())
     cached = _broadcast(profile_cache.load_cached(key, cache_dir) is not None
                         if _rank() == 0 else None)
@@ -177,6 +182,11 @@ def _measured_profile(model_config: Any, precision: str, cache_dir: Path) -> Mod
 
         return lookup_or_measure_vision(model_config, precision, resolve_device(),
                                         cache_dir=cache_dir).profile
+    if isinstance(model_config, T5Config):
+        from .profiler.t5_profiler import lookup_or_measure_t5  # noqa: PLC0415 - lazy: the T5 model
+
+        return lookup_or_measure_t5(model_config, precision, resolve_device(),
+                                    cache_dir=cache_dir).profile
     return get_or_create_model_profile(model_config, precision, resolve_device(),
                                        cache_dir=cache_dir)
 

@@ -29,6 +29,8 @@ from .arguments import (DEFAULT_GLOBAL_BATCH_SIZE, add_model_args, check_model_o
 from .config import ModelConfig
 from .vision_arguments import add_vision_args, apply_vit_defaults, vision_config_from_args
 from .vision_config import BACKBONES, VisionConfig
+from .t5_arguments import add_t5_args, apply_t5_defaults, t5_config_from_args
+from .t5_config import T5Config
 from .plan import Plan
 from .plots import plot_metrics, plot_plan
 from .plan_source import plan_from_classic_flags
@@ -57,10 +59,12 @@ class CliError(ValueError):
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
     """The pretrain scripts' model shape flags (Megatron-LM names) plus ``--model-type``."""
     add_model_args(parser)
-    parser.add_argument("--model-type", default="gpt", choices=["gpt", "bert", *BACKBONES],
-                        help="gpt (causal decoder, default), bert (encoder), or an image "
-                             "classifier: vit or swin (with pretrain_vision_classify.py's flags)")
+    parser.add_argument("--model-type", default="gpt", choices=["gpt", "bert", "t5", *BACKBONES],
+                        help="gpt (causal decoder, default), bert (encoder), t5 (encoder-decoder, "
+                             "with pretrain_t5.py's flags), or an image classifier: vit or swin "
+                             "(with pretrain_vision_classify.py's flags)")
     add_vision_args(parser, backbone_flag=False, script_defaults=False)
+    add_t5_args(parser, script_defaults=False)
 
 
 def _model_flag_defaults() -> dict[str, Any]:
@@ -81,6 +85,10 @@ def model_config_from_flags(args: argparse.Namespace) -> ModelConfig:
         apply_vit_defaults(vision, MODEL_FLAG_DEFAULTS)
         return vision_config_from_args(vision)
     check_model_option_args(args)
+    if args.model_type == "t5":
+        t5 = argparse.Namespace(**vars(args))
+        apply_t5_defaults(t5, MODEL_FLAG_DEFAULTS)
+        return t5_config_from_args(t5)
     cfg = model_config_from_args(args)
     if args.model_type == "bert":
         cfg = dataclasses.replace(cfg, model_type="bert", num_tokentypes=2)
@@ -182,8 +190,9 @@ def _plan_and_model(args: argparse.Namespace, world_size: int) -> tuple[Plan, Mo
         plan = Plan.load(args.plan)
         if plan.model and set(plan.model) >= {"num_layers", "hidden_size", "num_attention_heads"}:
             try:
-                config = (VisionConfig.from_dict(plan.model)
-                          if plan.model.get("model_type") in BACKBONES
+                kind = plan.model.get("model_type")
+                config = (VisionConfig.from_dict(plan.model) if kind in BACKBONES
+                          else T5Config.from_dict(plan.model) if kind == "t5"
                           else ModelConfig.from_dict(plan.model))
             except (TypeError, ValueError) as err:
                 raise CliError(f"--plan {args.plan}: its model record does not describe a model "

@@ -36,19 +36,38 @@ def add_t5_args(parser: argparse.ArgumentParser, *,
                    help="width of one attention head; default: hidden size / heads")
     g.add_argument("--relative-attention-num-buckets", type=int, default=32)
     g.add_argument("--relative-attention-max-distance", type=int, default=128)
-    for action in parser._actions:  # the shared flag gains T5's relative positions
-        if action.dest == "position_embedding_type":
+    if not any("--vocab-extra-ids" in a.option_strings for a in parser._actions):
+        # the planning CLI has no data flags; the pretrain scripts take it from arguments.py
+        g.add_argument("--vocab-extra-ids", type=int, default=None, help="default: 100")
+    for action in parser._actions:
+        if action.dest == "position_embedding_type":  # the shared flag gains T5's relative
             action.choices = sorted(set(action.choices or ()) | set(T5_POSITION_EMBEDDING_TYPES))
+        if not script_defaults and action.dest in T5_DEFAULTS:
+            # the CLI: tell a given value (--hidden-size 256) from the GPT default it equals
+            action.__class__ = _marking(type(action))
     if script_defaults:
         parser.set_defaults(**T5_DEFAULTS)
     return parser
 
 
+def _marking(kind: type) -> type:
+    """``kind`` of argparse action that also records that its flag was given."""
+
+    class Marking(kind):  # type: ignore[misc, valid-type]
+        def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001
+            super().__call__(parser, namespace, values, option_string)
+            setattr(namespace, f"{self.dest}_given", True)
+    return Marking
+
+
 def apply_t5_defaults(args: argparse.Namespace, parser_defaults: dict) -> None:
     """Give every shared flag left at ``parser_defaults`` (the GPT defaults) the T5 script's
-    default, so that the CLI describes the model the script would train."""
+    default, so that the CLI describes the model the script would train (a flag given on the
+    command line keeps its value even when it equals the GPT default)."""
     for dest, value in T5_DEFAULTS.items():
-        if getattr(args, dest, None) == parser_defaults.get(dest):
+        if getattr(args, f"{dest}_given", False):
+            continue
+        if getattr(args, dest, None) in (None, parser_defaults.get(dest)):
             setattr(args, dest, value)
 
 
@@ -57,7 +76,7 @@ def t5_config_from_args(args: argparse.Namespace) -> T5Config:
     if args.position_embedding_type not in T5_POSITION_EMBEDDING_TYPES:
         raise ConfigError(f"--position-embedding-type={args.position_embedding_type}: T5 takes "
                           f"{' or '.join(T5_POSITION_EMBEDDING_TYPES)}")
-    if getattr(args, "vocab_extra_ids", 0) < 1:
+    if (getattr(args, "vocab_extra_ids", 0) or 0) < 1:
         raise ConfigError(f"--vocab-extra-ids={getattr(args, 'vocab_extra_ids', 0)}: T5 span "
                           f"corruption needs sentinel tokens from the tokenizer's extra ids; "
                           f"add --vocab-extra-ids 100")

@@ -218,3 +218,60 @@ def test_training_step_gathers_and_scatters_what_the_cost_model_prices(plan_name
         if precision == "bf16":  # FSDP2 gathers in bf16, reduce-scatters in fp32
             assert {d for k, _, _, d in calls if k == "reduce_scatter"} == {"torch.float32"}
             assert {d for k, _, _, d in calls if k == "all_gather"} == {"torch.bfloat16"}
+
+
+# ------------------------------------------------------------ 3. a T5 training step
+T5_LAYERS = (LayerStrategy(tp=1, dp_mode="zero3"), LayerStrategy(tp=2),
+             LayerStrategy(tp=1, dp_mode="zero2"),
+             LayerStrategy(tp=1, dp_mode="zero3", recompute=True))
+# Stage 0: the embedding (vocab tp 2) -> two encoder layers; the hop at the encoder/decoder
+# boundary carries (s_e + s_d) tokens; stage 1: two decoder layers -> head (vocab tp 2). Every
+# relayout moves the encoder part and the decoder part together.
+T5_PLAN = Plan(world_size=4, global_batch_size=8, num_microbatches=2,
+               pipeline=PipelineSpec(2, "1f1b", (2, 2)), vocab=VocabStrategy(tp=2),
+               layers=T5_LAYERS)
+
+
+def _t5_step_worker(rank: int, world_size: int) -> list[Any]:
+    from megatron_auto.models.t5 import T5Stage
+    from megatron_auto.training.lr_scheduler import LRConfig
+    from megatron_auto.training.trainer import TaskSpec, build_trainer, train_step
+    from t5_utils import make_batch
+    from test_t5 import CONFIG as T5_CONFIG
+
+    trainer = build_trainer(T5_CONFIG, T5_PLAN,
+                            lambda cfg, ctx, seed: T5Stage(cfg, ctx, seed=seed),
+                            lr_config=LRConfig(lr=1e-3, decay_style="constant"), seed=1234,
+                            task=TaskSpec(every_stage_reads_batch=True))
+    with recording() as calls:
+        train_step(trainer, make_batch(T5_CONFIG, 0))
+    return calls
+
+
+def test_t5_step_gathers_and_scatters_what_the_cost_model_prices() -> None:
+    from megatron_auto.planner import ModelSpec, TrainingSpec
+    from megatron_auto.planner.cost_model import stage_collectives
+    from megatron_auto.planner.profiles import analytic_profile
+    from planner_fakes import FakeCluster
+    from test_t5 import CONFIG as T5_CONFIG
+
+    per_rank = run_distributed(_t5_step_worker, T5_PLAN.world_size)
+    spec = ModelSpec.from_model_config(T5_CONFIG)
+    profile = analytic_profile(spec, TrainingSpec(8, "fp32"), FakeCluster())
+    as_called = {"all_gather": "all_gather", "zero_gather": "all_gather",
+                 "zero_scatter": "reduce_scatter"}
+    for rank, calls in enumerate(per_rank):
+        stage = T5_PLAN.stage_of_rank(rank)
+        priced: Counter = Counter()
+        for c, count in stage_collectives(T5_PLAN, spec, profile, "fp32", stage).items():
+            if c.kind in as_called:
+                priced[(as_called[c.kind], c.group_size, c.consecutive, c.nbytes)] += count
+        issued = Counter((kind, len(ranks), _is_block(ranks), float(nbytes))
+                         for kind, ranks, nbytes, _ in calls if kind != "all_reduce")
+        assert issued == priced, f"t5 rank {rank}: runtime {dict(issued)} != " \
+                                 f"priced {dict(priced)}"
+        # the carry: stage 0's move into the tp-2 encoder layer gathers (s_e + s_d) tokens
+        if stage == 0:
+            carry = 4 * (T5_CONFIG.seq_length + T5_CONFIG.decoder_seq_length) * 32
+            assert any(kind == "all_gather" and nbytes % carry == 0 and nbytes >= carry
+                       for kind, _, nbytes, _ in calls)

@@ -11,7 +11,7 @@ import functools
 
 import pytest
 
-from t5_utils import assert_same, layer, plan_of, run_plans
+from t5_utils import AUTO_ARGV, assert_same, layer, plan_of, run_plans
 from megatron_auto.t5_config import T5Config
 
 CONFIG = T5Config(encoder_num_layers=2, decoder_num_layers=2, hidden_size=32,
@@ -71,6 +71,15 @@ def test_tensor_parallel_two_ranks_matches_one_process():
 @pytest.mark.parametrize("name", list(FOUR_RANK_PLANS))
 def test_four_rank_plan_matches_one_process(four_rank_results, name):
     assert_same(reference(), four_rank_results[name], f"t5 {name}")
+
+
+@pytest.mark.multirank
+def test_auto_parallel_plan_on_four_ranks_matches_one_process():
+    ((result, plan),) = run_plans(CONFIG, 4, ("auto", AUTO_ARGV))
+    assert plan["world_size"] == 4 and plan["global_batch_size"] == 8
+    assert plan["model"]["model_type"] == "t5" and plan["model"]["encoder_num_layers"] == 2
+    assert_same(reference(), result, f"t5 --auto-parallel plan {plan['pipeline']} "
+                                     f"{plan['layers']}")
 
 
 @pytest.mark.multirank

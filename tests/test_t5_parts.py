@@ -3,6 +3,8 @@ the config's one-line errors and its parameter count."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -132,3 +134,36 @@ def test_parameter_count_and_layer_split():
     assert sum(p.numel() for p in stage.parameters()) == cfg.num_parameters()
     assert stage.layers["0"].self_attention.linear_qkv.weight.shape == (24, 16)  # 3 x 2 x 4
     assert stage.layers["1"].cross_attention.linear_kv.weight.shape == (16, 16)
+
+
+def test_planner_moves_the_bytes_the_runtime_sends_across_a_boundary():
+    """The cost model's bytes per sample at a stage boundary equal the runtime's wire tensor."""
+    from megatron_auto.models.t5 import T5Stage
+    from megatron_auto.parallel.context import ParallelContext
+    from megatron_auto.plan import Plan
+    from megatron_auto.planner import ModelSpec, TrainingSpec, analytic_profile
+    from megatron_auto.planner.presets import get_cluster
+
+    cfg = T5Config(encoder_num_layers=1, decoder_num_layers=1, hidden_size=16,
+                   num_attention_heads=2, seq_length=10, decoder_seq_length=6, vocab_size=40,
+                   make_vocab_size_divisible_by=8)
+    stage = T5Stage(cfg, ParallelContext(Plan.uniform(1, 2, global_batch_size=3)))
+    spec = ModelSpec.from_model_config(cfg)
+    profile = analytic_profile(spec, TrainingSpec(3, precision="fp32"), get_cluster("a100-40g-1x8"))
+    wire = stage._wire_shape(3, stage._layer_groups[0].layout)  # what a boundary would send
+    for name in ("t5_encoder", "t5_decoder"):
+        assert profile.layer_types[name].moved_bytes_per_sample * 3 == 4 * math.prod(wire)
+
+
+def test_profile_model_measures_both_t5_layer_types(tmp_path, capsys):
+    from megatron_auto.cli import main
+
+    flags = ["profile-model", "--model-type", "t5", "--encoder-num-layers", "1",
+             "--decoder-num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2",
+             "--seq-length", "12", "--decoder-seq-length", "8", "--vocab-size", "64",
+             "--batch-sizes", "2", "3", "--iters", "1", "--warmup-iters", "0",
+             "--cache-dir", str(tmp_path), "--device", "cpu"]
+    assert main(flags) == 0
+    out = capsys.readouterr().out
+    for name in ("t5_encoder", "t5_decoder"):
+        assert f"layer {name}: " in out

@@ -132,13 +132,14 @@ def stage_moves(plan: Plan, spec: ModelSpec, profile: ModelProfile, stage: int) 
     """Every move the runtime makes on ``stage`` per micro-batch, in forward order: embedding
     -> first layer (first stage) or the hop from the previous stage, layer -> layer, last layer
     -> final norm and head (last stage, on the vocab layout). ``bytes_per_sample`` is the
-    layer's ``hidden_bytes_per_sample`` on the layer side (the receiving layer between two)."""
+    layer's ``moved_bytes_per_sample`` on the layer side (the receiving layer between two; its
+    hidden state and, for T5, the carry beside it), into the head the last layer's hidden state."""
     n = plan.stage_size
     vocab = vocab_layout(plan.vocab.tp, n)
     ids = list(plan.stage_layer_range(stage))
 
     def bps(i: int) -> float:
-        return profile.layer_types[spec.layer_type(i).name].hidden_bytes_per_sample
+        return profile.layer_types[spec.layer_type(i).name].moved_bytes_per_sample
 
     def lay(i: int) -> Layout:
         return layout_of(plan.layers[i], n)
@@ -148,8 +149,9 @@ def stage_moves(plan: Plan, spec: ModelSpec, profile: ModelProfile, stage: int) 
     else:
         out = [Move(lay(ids[0] - 1), lay(ids[0]), bps(ids[0]), hop=True)]
     out += [Move(lay(i - 1), lay(i), bps(i)) for i in ids[1:]]
-    if stage == plan.pp_size - 1:
-        out.append(Move(lay(ids[-1]), vocab, bps(ids[-1])))
+    if stage == plan.pp_size - 1:  # only the hidden state goes on to the head
+        hidden = profile.layer_types[spec.layer_type(ids[-1]).name].hidden_bytes_per_sample
+        out.append(Move(lay(ids[-1]), vocab, hidden))
     return out
 
 

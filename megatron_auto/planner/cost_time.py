@@ -130,7 +130,7 @@ def layer_time(profile: LayerTypeProfile, cluster: Any, layout: Layout, dp_mode:
     bwd = profile.backward_forward_ratio * fwd + (fwd if recompute else 0.0)
     tp_ar = 0.0
     if tp > 1:
-        tp_ar = cluster.allreduce_time(profile.hidden_bytes_per_sample * samples, tp,
+        tp_ar = cluster.allreduce_time(profile.tp_bytes_per_sample * samples, tp,
                                        tp_group_consecutive(layout), span=stage_size)
     local = profile.parameter_count / tp
     gather, scatter, allreduce, regather = _dp_times(cluster, local, dp, dp_mode,

@@ -110,7 +110,7 @@ class Task:
                                              for s in group})
         self.cls = [np.array([self.layouts.index(layout_of(s, n)) for s in group], dtype=np.int64)
                     for group in self.strategies]
-        hidden = max(profile.layer_types[t.name].hidden_bytes_per_sample for t in spec.layer_types)
+        hidden = max(profile.layer_types[t.name].moved_bytes_per_sample for t in spec.layer_types)
         c = len(self.layouts)
         self.transition = np.zeros((c, c))
         for i, a in enumerate(self.layouts):
@@ -394,7 +394,7 @@ class Task:
     def boundary_time(self, sender: LayerStrategy, receiver: LayerStrategy) -> float:
         """Forward + backward seconds of one micro-batch crossing a stage boundary: the p2p hop
         of each rank's slice both ways, then the relayout into the receiver's layout."""
-        hidden = max(self.profile.layer_types[t.name].hidden_bytes_per_sample
+        hidden = max(self.profile.layer_types[t.name].moved_bytes_per_sample
                      for t in self.spec.layer_types)
         slice_bytes = self.b_m / (self.n // sender.tp) * hidden
         return (2 * self.cluster.p2p_time(slice_bytes, self.pp)
