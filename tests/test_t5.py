@@ -101,3 +101,43 @@ def test_reference_trains_and_names_parameters_plan_independently():
     assert state["layers.2.cross_attention.linear_kv.weight"].shape == (64, 32)
     assert "layers.0.cross_attention.linear_q.weight" not in state
     assert sum(v.numel() for v in state.values()) == CONFIG.num_parameters()
+
+
+def _plain_check(config):
+    import os
+    import sys
+
+    import torch
+
+    from megatron_auto.models.t5 import T5Stage
+    from megatron_auto.parallel.context import ParallelContext
+    from megatron_auto.plan import Plan
+    from t5_utils import make_batch
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+    from plain_t5 import PlainT5
+
+    ours = T5Stage(config, ParallelContext(Plan.from_dict(plan_of(1, [layer()] * 4,
+                                                                  num_microbatches=1))))
+    plain = PlainT5(config)
+    plain.load_state_dict(ours.state_dict(), strict=True)
+    batch = make_batch(config, 0)
+    loss, tokens = ours(batch["tokens"], decoder_tokens=batch["decoder_tokens"],
+                        encoder_mask=batch["encoder_mask"], labels=batch["labels"],
+                        loss_mask=batch["loss_mask"])
+    loss.backward()
+    plain_loss, plain_tokens = plain(batch)
+    plain_loss.backward()
+    assert float(tokens) == float(plain_tokens)
+    assert abs(loss.item() - plain_loss.item()) <= 1e-5 * abs(plain_loss.item())
+    grads = {n: p.grad for n, p in plain.named_parameters()}
+    assert set(grads) == {n for n, _ in ours.named_parameters()}
+    for name, p in ours.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name], rtol=1e-4, atol=1e-6,
+                                   msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.single
+@pytest.mark.parametrize("learned", [False, True], ids=["relative", "learned"])
+def test_same_loss_and_gradients_as_a_plain_pytorch_t5(learned):
+    _plain_check(LEARNED if learned else CONFIG)
