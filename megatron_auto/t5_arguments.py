@@ -98,5 +98,9 @@ def t5_config_from_args(args: argparse.Namespace) -> T5Config:
         position_embedding_type=args.position_embedding_type,
         activation="swiglu" if args.swiglu else "gelu",
         normalization=args.normalization.lower(),
+        add_bias_linear=not getattr(args, "disable_bias_linear", False),
+        openai_gelu=getattr(args, "openai_gelu", False),
+        num_query_groups=((getattr(args, "num_query_groups", None) or 1)
+                          if getattr(args, "group_query_attention", False) else None),
         relative_attention_num_buckets=args.relative_attention_num_buckets,
         relative_attention_max_distance=args.relative_attention_max_distance)

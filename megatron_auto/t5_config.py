@@ -65,6 +65,9 @@ class T5Config(ModelConfig):
               "must be a positive integer")
         _need(self.kv_channels >= 1, "--kv-channels", self.kv_channels,
               "must be a positive integer (default: hidden size / heads)")
+        _need(self.num_query_groups in (None, self.num_attention_heads), "--num-query-groups",
+              self.num_query_groups, "T5 has one key/value head per attention head here; drop "
+              "--group-query-attention")
         if self.position_embedding_type == "learned":
             _need(self.decoder_seq_length <= self.max_position_embeddings,
                   "--decoder-seq-length", self.decoder_seq_length,
@@ -114,19 +117,19 @@ class T5Config(ModelConfig):
         return 2 * self.hidden_size if self.normalization == "layernorm" else self.hidden_size
 
     def _mlp_parameters(self) -> int:
-        h, f = self.hidden_size, self.ffn_hidden_size
+        h, f, bias = self.hidden_size, self.ffn_hidden_size, int(self.add_bias_linear)
         if self.activation == "swiglu":
-            return 2 * h * f + 2 * f + f * h + h
-        return h * f + f + f * h + h
+            return 3 * h * f + bias * (2 * f + h)
+        return 2 * h * f + bias * (f + h)
 
     def encoder_layer_parameters(self) -> int:
-        h, p = self.hidden_size, self.projection_size
-        attention = 3 * p * h + 3 * p + p * h + h
+        h, p, bias = self.hidden_size, self.projection_size, int(self.add_bias_linear)
+        attention = 3 * p * h + p * h + bias * (3 * p + h)  # fused QKV, output projection
         return attention + self._mlp_parameters() + 2 * self._norm_parameters()
 
     def decoder_layer_parameters(self) -> int:
-        h, p = self.hidden_size, self.projection_size
-        cross = p * h + p + 2 * p * h + 2 * p + p * h + h  # q, kv, output projection
+        h, p, bias = self.hidden_size, self.projection_size, int(self.add_bias_linear)
+        cross = 4 * p * h + bias * (3 * p + h)  # q, fused kv, output projection
         return self.encoder_layer_parameters() + cross + self._norm_parameters()
 
     def num_layer_parameters(self) -> int:

@@ -124,14 +124,14 @@ def test_plan_then_evaluate_and_explain_a_t5_plan(tmp_path, capsys):
     assert "t5_encoder" in capsys.readouterr().out
 
 
-def test_evaluate_a_classic_t5_layout_and_bad_input(capsys):
+def test_evaluate_a_classic_t5_layout_and_bad_input(tmp_path, capsys):
     assert main(["evaluate", *T5_FLAGS, "--global-batch-size", "64",
                  "--pipeline-model-parallel-size", "2", "--micro-batch-size", "8",
                  "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["iteration_time_s"] > 0
     code = main(["plan", *T5_FLAGS, "--position-embedding-type", "learned",
                  "--max-position-embeddings", "512", "--decoder-seq-length", "600",
-                 "--plan-out", "unused.json"])
+                 "--plan-out", str(tmp_path / "unused.json")])
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--decoder-seq-length=600: is longer than the learned" in err[0]

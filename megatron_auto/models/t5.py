@@ -121,14 +121,14 @@ class T5Attention(nn.Module):
     def __init__(self, config: T5Config, groups: LayerGroups, rng: RNGTracker | None, *,
                  cross: bool) -> None:
         super().__init__()
-        h, p = config.hidden_size, config.projection_size
+        h, p, bias = config.hidden_size, config.projection_size, config.add_bias_linear
         self.cross = cross
         if cross:
-            self.linear_q = ColumnParallelLinear(h, p, groups)
-            self.linear_kv = ColumnParallelLinear(h, 2 * p, groups)
+            self.linear_q = ColumnParallelLinear(h, p, groups, bias=bias)
+            self.linear_kv = ColumnParallelLinear(h, 2 * p, groups, bias=bias)
         else:
-            self.linear_qkv = ColumnParallelLinear(h, 3 * p, groups)
-        self.linear_proj = RowParallelLinear(p, h, groups, input_is_parallel=True)
+            self.linear_qkv = ColumnParallelLinear(h, 3 * p, groups, bias=bias)
+        self.linear_proj = RowParallelLinear(p, h, groups, bias=bias, input_is_parallel=True)
         self.num_local_heads = config.num_attention_heads // groups.tp_size
         self.head_offset = groups.tp_rank * self.num_local_heads
         self.head_dim = config.head_dim

@@ -334,7 +334,8 @@ class ModelSpec:
         each stack."""
         common = dict(hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads,
                       ffn_hidden_size=cfg.ffn_hidden_size, activation=cfg.activation,
-                      kv_channels=cfg.kv_channels)
+                      kv_channels=cfg.kv_channels, add_bias_linear=cfg.add_bias_linear,
+                      normalization=cfg.normalization)
         enc = LayerType(name="t5_encoder", seq_length=cfg.seq_length,
                         count=cfg.encoder_num_layers, causal=False,
                         carried_seq_length=cfg.decoder_seq_length, **common)
