@@ -118,6 +118,9 @@ def test_wrong_model_type_and_direction(gpt2_dir, tmp_path, capsys):
             str(gpt2_dir), "--save-dir", str(tmp_path / "x")]
     assert "nothing to convert" in run(same, capsys)
     assert "no config.json there" in run(import_args(tmp_path, tmp_path), capsys)
+    write_weights_checkpoint(tmp_path / "ckpt", ModelConfig(), {})
+    assert f"--save-dir={tmp_path / 'ckpt'}: already holds a checkpoint" in run(
+        import_args(gpt2_dir, tmp_path), capsys)
 
 
 @needs_transformers

@@ -61,11 +61,20 @@ def read_model_checkpoint(load_dir: str | os.PathLike) -> tuple[ModelConfig, dic
     return config, {k[len(MODEL_PREFIX):]: v.float() for k, v in state.items()}
 
 
+def check_new_checkpoint_dir(save_dir: str | os.PathLike) -> None:
+    """CheckpointError unless ``save_dir`` holds no checkpoint yet (its ``latest`` would be
+    pointed at the converted model, hiding the training run's own)."""
+    if has_checkpoint(save_dir):
+        raise CheckpointError(f"--save-dir={os.fspath(save_dir)}: already holds a checkpoint "
+                              f"({LATEST_FILE}); choose a new directory for the converted model")
+
+
 def write_weights_checkpoint(save_dir: str | os.PathLike, config: ModelConfig,
                              state: dict[str, torch.Tensor], *, source: str = "") -> str:
     """Write ``state`` (FQN -> full tensor) as a weights-only checkpoint of iteration 0 under
     ``save_dir``; returns the iteration directory. ``source`` is recorded for information."""
     save_dir = os.fspath(save_dir)
+    check_new_checkpoint_dir(save_dir)
     path = iteration_dir(save_dir, 0)
     os.makedirs(path, exist_ok=True)
     tensors = {MODEL_PREFIX + k: v.detach().float().contiguous() for k, v in state.items()}
