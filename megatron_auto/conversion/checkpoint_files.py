@@ -43,10 +43,10 @@ def read_model_checkpoint(load_dir: str | os.PathLike) -> tuple[ModelConfig, dic
                               f" is missing); give the --save directory of a training run")
     path, info = read_info(load_dir)
     model = info.get("model") or {}
-    if "img_h" in model:
+    if "img_h" in model or model.get("model_type") not in ("gpt", "bert"):
         raise CheckpointError(f"--load-dir={os.fspath(load_dir)}: holds a "
-                              f"{model.get('model_type')} image classifier; only GPT and BERT "
-                              f"checkpoints convert to Hugging Face models")
+                              f"{model.get('model_type')} model; only GPT and BERT checkpoints "
+                              f"convert to Hugging Face models")
     config = ModelConfig.from_dict(model)
     metadata = FileSystemReader(path).read_metadata().state_dict_metadata
     state = {key: torch.empty(md.size, dtype=md.properties.dtype)
