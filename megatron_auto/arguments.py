@@ -244,6 +244,24 @@ def add_logging_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                         "(default 10, as Megatron)")
     g.add_argument("--save-interval", type=int, default=None, metavar="N",
                    help="iterations between checkpoints (needs --save)")
+    g.add_argument("--async-save", action="store_true",
+                   help="write checkpoints in the background (torch.distributed.checkpoint."
+                        "async_save): training stalls only while the state is copied (needs "
+                        "--save)")
+    g.add_argument("--no-load-fallback", dest="load_fallback", action="store_false",
+                   help="stop at a damaged --load checkpoint instead of loading the newest "
+                        "intact older one")
+    g.add_argument("--exit-signal-handler", dest="exit_signal_handler", action="store_true",
+                   default=None,
+                   help="on SIGTERM (preemption; torchrun forwards it) finish the iteration, "
+                        "save (with --save) and exit 0 on every rank together. Default: on "
+                        "when --save is given")
+    g.add_argument("--no-exit-signal-handler", dest="exit_signal_handler",
+                   action="store_false", help="keep SIGTERM's default action (end at once)")
+    g.add_argument("--exit-duration-in-mins", type=float, default=None, metavar="MIN",
+                   help="save (with --save) and exit 0 once the run has lasted MIN minutes")
+    g.add_argument("--exit-interval", type=int, default=None, metavar="N",
+                   help="save (with --save) and exit 0 at the first iteration divisible by N")
     t = parser.add_argument_group("TensorBoard and Weights & Biases (the metrics-file records)")
     t.add_argument("--tensorboard-dir", default=None, metavar="DIR")
     t.add_argument("--tensorboard-log-interval", type=int, default=1, metavar="N",
@@ -362,6 +380,15 @@ def check_args(args: argparse.Namespace) -> None:
     if args.load is not None and os.path.exists(args.load) and not os.path.isdir(args.load):
         _fail("--load", args.load, "is a file, not a directory; give the --save directory of an "
               "earlier run")
+    if args.async_save and not args.save:
+        _fail("--async-save", True, "needs --save DIR (where the checkpoints go); add it or drop "
+              "--async-save")
+    if args.exit_duration_in_mins is not None and not (
+            math.isfinite(args.exit_duration_in_mins) and args.exit_duration_in_mins > 0):
+        _fail("--exit-duration-in-mins", args.exit_duration_in_mins,
+              "must be a positive number of minutes (e.g. 230)")
+    if args.exit_interval is not None and args.exit_interval < 1:
+        _fail("--exit-interval", args.exit_interval, "must be a positive integer")
     if not (math.isfinite(args.distributed_timeout_minutes)
             and args.distributed_timeout_minutes > 0):
         _fail("--distributed-timeout-minutes", args.distributed_timeout_minutes,
@@ -479,10 +506,15 @@ def run_config_from_args(args: argparse.Namespace,
         training=TrainingConfig(train_iters=args.train_iters, eval_interval=args.eval_interval,
                                 eval_iters=args.eval_iters, seed=args.seed,
                                 compile_backend=args.compile_backend if args.compile else None,
-                                check_for_nan_in_loss_and_grad=args.check_for_nan_in_loss_and_grad),
+                                check_for_nan_in_loss_and_grad=args.check_for_nan_in_loss_and_grad,
+                                exit_signal_handler=args.exit_signal_handler,
+                                exit_duration_in_mins=args.exit_duration_in_mins,
+                                exit_interval=args.exit_interval),
         distributed_timeout_minutes=args.distributed_timeout_minutes,
         checkpoint=CheckpointConfig(save=args.save, load=args.load,
-                                    save_interval=args.save_interval),
+                                    save_interval=args.save_interval,
+                                    async_save=args.async_save,
+                                    load_fallback=args.load_fallback),
         plan_source=plan_source_from_args(args), plan_out=args.plan_out)
 
 

@@ -26,8 +26,9 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from ..atomicfile import atomic_write
 from ..config import ModelConfig
-from ..training.checkpoint import (FORMAT, INFO_FILE, LATEST_FILE, VERSION, CheckpointError,
-                                   has_checkpoint, iteration_dir, read_info)
+from ..training.checkpoint import (FORMAT, INFO_FILE, LATEST_FILE, RECORD_KEY, VERSION,
+                                   CheckpointError, describe_files, has_checkpoint, iteration_dir,
+                                   read_info)
 
 MODEL_PREFIX = "model."
 
@@ -84,7 +85,8 @@ def write_weights_checkpoint(save_dir: str | os.PathLike, config: ModelConfig,
     info: dict[str, Any] = {
         "format": FORMAT, "version": VERSION, "iteration": 0, "consumed_samples": 0,
         "skipped_iterations": 0, "weights_only": True, "converted_from": source,
-        "world_size": 1, "plan": {}, "model": config.to_dict()}
+        "world_size": 1, "plan": {}, "model": config.to_dict(),
+        RECORD_KEY: describe_files(path)}  # the verification record a load checks
     atomic_write(os.path.join(path, INFO_FILE), json.dumps(info, indent=1) + "\n", durable=True)
     atomic_write(os.path.join(save_dir, LATEST_FILE), "0\n", durable=True)
     return path
