@@ -4,7 +4,8 @@ Layout (Megatron's)::
 
     SAVE_DIR/latest_checkpointed_iteration.txt    # "100": the last COMPLETE checkpoint
     SAVE_DIR/iter_0000100/.metadata, __*_*.distcp # DCP files (every rank writes its pieces)
-    SAVE_DIR/iter_0000100/checkpoint_info.json    # scalars, plan and model config (rank 0)
+    SAVE_DIR/iter_0000100/checkpoint_info.json    # scalars, plan, model config and the
+                                                  # verification record (rank 0, written last)
 
 What DCP holds, keyed by plan-independent names (DESIGN §4):
 
@@ -36,9 +37,14 @@ replicas would break its no-overlap rule). Offsets need none of that. The ``stat
 initialisation returns early when gradients exist (our ``ddp`` gradients are permanent views
 into the all-reduce buckets) and resets gradients to ``None`` (detaching them from the buckets).
 
-Atomicity: ``latest_checkpointed_iteration.txt`` is replaced (``atomicfile.atomic_write``, fsynced) only after
-``dcp.save`` returned on every rank, i.e. after DCP wrote its ``.metadata`` file last; a crash
-mid-save leaves ``latest`` on the previous complete checkpoint.
+Atomicity and verification (``checkpoint_verify.py``): a save writes into a hidden
+``.incomplete_iter_NNNNNNN`` directory; after ``dcp.save`` returned on every rank (DCP wrote its
+``.metadata`` last) the ranks checksum the files, rank 0 writes ``checkpoint_info.json`` with that
+record, renames the directory to ``iter_NNNNNNN`` and then replaces ``latest`` (``atomic_write``,
+fsynced). A crash at any point leaves ``latest`` and every ``iter_*`` directory complete; a load
+verifies the record and falls back to the newest intact older checkpoint. ``async_save``: the
+same steps in a background thread over a gloo group of their own, after ``dcp.async_save``
+copied the state.
 """
 
 from __future__ import annotations
