@@ -154,8 +154,10 @@ def _cluster(args: argparse.Namespace) -> ClusterSpec:
     if args.cluster is None and recorded:
         try:
             return get_cluster(recorded)
-        except ValueError:
-            pass  # e.g. a cluster file that moved: fall back to the default
+        except ValueError:  # e.g. a cluster file that moved: never a silent substitute
+            raise CliError(f"--plan={args.plan}: search.cluster={recorded!r} is neither a preset "
+                           f"nor a cluster file here; give --cluster NAME|FILE for the cluster "
+                           f"the plan is for (presets: {', '.join(PRESET_NAMES)})") from None
     return get_cluster(args.cluster or DEFAULT_CLUSTER)
 
 

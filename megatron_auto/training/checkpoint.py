@@ -513,8 +513,9 @@ def load_checkpoint(trainer: TrainingState, load_dir: str | os.PathLike, *,
     trainer.consumed_samples = int(info["consumed_samples"])
     trainer.skipped_iterations = int(info.get("skipped_iterations", 0))
     trainer.scaler.load_state_dict(info["loss_scaler"])
-    how = "same plan" if same_plan else (f"resharded from a {info['world_size']}-rank plan; "
-                                         f"dropout streams start afresh")
+    how = "same plan" if same_plan else (
+        f"resharded: saved under {_plan_summary(info['plan'])}, now "
+        f"{_plan_summary(trainer.plan.to_dict())}; dropout streams start afresh")
     seconds = time.perf_counter() - start
     log.info(f"> loaded checkpoint {path} (iteration {trainer.iteration}, consumed samples "
              f"{trainer.consumed_samples}, {how}) in {seconds:.2f} s "
@@ -534,6 +535,23 @@ def _load_weights_only(trainer: TrainingState, path: str) -> int:
     get_logger().info(f"> loaded the weights of {path} (a converted model: optimizer and data "
                       f"start fresh) in {time.perf_counter() - start:.2f} s")
     return trainer.iteration
+
+
+def _plan_summary(plan: dict[str, Any]) -> str:
+    """A plan dict in one phrase for the log (world, stages, per-layer tp/dp mode runs)."""
+    runs: list[list[Any]] = []
+    for layer in plan.get("layers", []):
+        key = f"tp{layer.get('tp', 1)}/{layer.get('dp_mode', 'ddp')}" + \
+            ("/rc" if layer.get("recompute") else "")
+        if runs and runs[-1][0] == key:
+            runs[-1][1] += 1
+        else:
+            runs.append([key, 1])
+    pipeline = plan.get("pipeline", {})
+    layers = " ".join(f"{n}x{key}" for key, n in runs)
+    return (f"a {plan.get('world_size')}-rank plan (pp={pipeline.get('size', 1)} "
+            f"{list(pipeline.get('layers_per_stage', []))}, layers {layers}, "
+            f"{plan.get('num_microbatches')} micro-batches)")
 
 
 def _layout(plan: dict[str, Any]) -> dict[str, Any]:
