@@ -21,12 +21,13 @@ Pure: no torch, so the planning CLI starts fast.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import os
 import warnings
 from typing import Any, Callable, Sequence
 
-from .config import ArgumentError, ConfigError, ModelConfig
+from .config import FP8_FORMATS, TRANSFORMER_IMPLS, ArgumentError, ConfigError, ModelConfig
 from .run_config import (DEFAULT_GLOBAL_BATCH_SIZE, CheckpointConfig, ClassicLayout, DataConfig,
                          ExperimentLogConfig, LoggingConfig, LRConfig, OptimizerConfig, PlanFile, PrecisionConfig,
                          RunConfig, SearchPins, TrainingConfig, resolve_precision)
@@ -78,8 +79,6 @@ IGNORED_MEGATRON_FLAGS: dict[str, tuple[str | None, tuple[str, ...] | None]] = {
     "--distributed-backend": ("BACKEND", ("nccl", "gloo")),
     "--num-workers": ("N", None),
     "--dataloader-type": ("TYPE", ("single", "cyclic", "external")),
-    # Only the local implementation is ours: transformer_engine is refused by the choices.
-    "--transformer-impl": ("IMPL", ("local",)),
     "--attention-backend": ("BACKEND", None),
 }
 
@@ -171,6 +170,13 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--hysteresis", type=int, default=2)
     g.add_argument("--compile", action="store_true",
                    help="torch.compile each transformer layer (the schedule stays eager)")
+    g.add_argument("--transformer-impl", default="local", choices=TRANSFORMER_IMPLS,
+                   help="local (ours, default) or transformer_engine (Transformer Engine's "
+                        "LayerNormLinear / Linear / DotProductAttention; needs the package)")
+    g.add_argument("--fp8-format", default=None, choices=FP8_FORMATS,
+                   help="train the GEMMs in FP8 with Transformer Engine's delayed scaling "
+                        "(hybrid: E4M3 forward, E5M2 backward); needs --transformer-impl "
+                        "transformer_engine")
     g.add_argument("--compile-backend", default="inductor",
                    help="torch.compile backend for --compile: inductor (default), aot_eager, "
                         "eager")
@@ -320,6 +326,24 @@ def _fail(flag: str, value: object, fix: str) -> None:
     raise ArgumentError(f"{flag}={value}: {fix}")
 
 
+def _check_transformer_impl(args: argparse.Namespace) -> None:
+    """--transformer-impl / --fp8-format: refuse at start what cannot run here (the package is
+    looked up, not imported: importing it would load torch and CUDA)."""
+    impl, fp8 = getattr(args, "transformer_impl", "local"), getattr(args, "fp8_format", None)
+    te_missing = importlib.util.find_spec("transformer_engine") is None
+    if fp8 is not None and impl != "transformer_engine":
+        _fail("--fp8-format", fp8, "needs --transformer-impl transformer_engine (FP8 GEMMs are "
+              "Transformer Engine's); add it or drop --fp8-format")
+    if impl == "transformer_engine" and te_missing:
+        _fail("--transformer-impl", impl, "Transformer Engine is not installed here (no module "
+              "transformer_engine); install transformer_engine[pytorch] or use "
+              "--transformer-impl local")
+    if impl == "transformer_engine" and getattr(args, "sequence_parallel", False):
+        _fail("--transformer-impl", impl, "not wired with --sequence-parallel yet (the TP "
+              "all-reduce of the norm-weight gradients that Megatron adds after Transformer "
+              "Engine's backward is missing); drop one of them")
+
+
 def check_args(args: argparse.Namespace) -> None:
     """Reject contradictory flags at start, naming the flag, its value and the fix."""
     resolve_precision(args.bf16, args.fp16)
@@ -329,6 +353,7 @@ def check_args(args: argparse.Namespace) -> None:
     if ignored:
         warnings.warn(f"Megatron-LM flags ignored (no effect in megatron_auto; see "
                       f"docs/training.md): {' '.join(ignored)}", stacklevel=2)
+    _check_transformer_impl(args)
     if args.mock_data and args.data_path:
         _fail("--data-path", " ".join(args.data_path),
               "cannot be combined with --mock-data; drop one of them")
@@ -459,7 +484,9 @@ def model_config_from_args(args: argparse.Namespace, vocab_size: int | None = No
         normalization=args.normalization.lower(),
         untie_embeddings_and_output_weights=args.untie_embeddings_and_output_weights,
         add_bias_linear=not args.disable_bias_linear, openai_gelu=args.openai_gelu,
-        num_query_groups=_num_query_groups(args))
+        num_query_groups=_num_query_groups(args),
+        transformer_impl=getattr(args, "transformer_impl", "local"),
+        fp8_format=getattr(args, "fp8_format", None))
 
 
 def model_config_from_args_default(args: argparse.Namespace) -> ModelConfig:

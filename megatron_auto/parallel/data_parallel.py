@@ -243,6 +243,11 @@ class DataParallel:
 
     def _shard(self, unit: _Unit) -> None:
         dtype = PRECISIONS[self.precision]
+        # FSDP2 (torch 2.13 docs, MixedPrecisionPolicy): param_dtype is the dtype of the
+        # all-gathered parameters and so of the unsharded gradients; reduce_dtype=fp32 upcasts
+        # them before the reduce-scatter, and the sharded fp32 master gets an fp32 gradient. On
+        # CUDA autocast then computes in the same 16-bit dtype the gather produced (no second
+        # cast); the ddp path keeps fp32 gradients throughout (cost_time.GATHER_BYTES).
         policy = (MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
                   if dtype is not None else MixedPrecisionPolicy())
         fully_shard(unit.module, mesh=unit.groups.dp_mesh,

@@ -67,6 +67,11 @@ def _init_distributed(timeout_minutes: float) -> torch.device:
                                "MASTER_ADDR": "127.0.0.1"})
             os.environ.setdefault("MASTER_PORT", str(_free_port()))
         backend = "nccl" if torch.cuda.is_available() else "gloo"
+        # cuda:LOCAL_RANK first: NCCL binds each communicator to the current device when it
+        # is made, and batch_isend_irecv on NCCL hangs unless torch.cuda.set_device was called
+        # (torch.distributed docs). No device_id: communicators stay lazily created per group,
+        # as the cost model's NCCL memory per process group assumes.
+        select_local_cuda_device()
         timeout = datetime.timedelta(minutes=timeout_minutes)
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
         if attempt is not None:
@@ -81,6 +86,10 @@ def _init_distributed(timeout_minutes: float) -> torch.device:
         else:
             dist.init_process_group(backend, timeout=timeout)
     select_local_cuda_device()
+    if torch.cuda.is_available():
+        # fp32 matmuls stay IEEE fp32 (torch's default "highest", made explicit): TF32 would
+        # change the numbers of every fp32 plan and the presets' fp32 peak assumes no TF32.
+        torch.set_float32_matmul_precision("highest")
     return resolve_device()
 
 
@@ -257,8 +266,10 @@ def _train_loop(trainer: Trainer, config: RunConfig, train_ds: Any, valid_ds: An
         done += 1
         if metered:
             peak_bytes = _max_over_ranks(int(meter.stop()), ctx.device)
-            measured_peak = peak_bytes if ctx.device.type == "cuda" else \
-                max(peak_bytes, measured_peak or 0)
+            # CUDA: what the device holds (reserved peak + context and NCCL, which the plan's
+            # estimate also counts), not only the allocated peak (parallel/memory.py)
+            measured_peak = _max_over_ranks(int(meter.device_peak_bytes), ctx.device) \
+                if ctx.device.type == "cuda" else max(peak_bytes, measured_peak or 0)
         if ctx.device.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
