@@ -63,8 +63,8 @@ from megatron_auto.planner.search import evaluate  # noqa: E402
 
 GPT_1_3B = ModelConfig(num_layers=24, hidden_size=2048, num_attention_heads=16, seq_length=2048,
                        vocab_size=50257, hidden_dropout=0.0, attention_dropout=0.0)
-TINY = ModelConfig(num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32,
-                   vocab_size=512, hidden_dropout=0.0, attention_dropout=0.0)
+TINY = ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=2, seq_length=16,
+                   vocab_size=128, hidden_dropout=0.0, attention_dropout=0.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,12 +84,12 @@ class Setup:
         return dataclasses.replace(self.big, num_layers=self.layers_c)
 
     def model_d(self, world: int) -> ModelConfig:
-        return dataclasses.replace(self.big, num_layers=4 if self.dry else 8)
+        return dataclasses.replace(self.big, num_layers=2 if self.dry else 8)
 
 
 def setup_for(dry: bool) -> Setup:
     if dry:
-        return Setup(True, TINY, layers_c=4, batch=4, steps=1, warmup=1, precision="fp32")
+        return Setup(True, TINY, layers_c=2, batch=4, steps=1, warmup=0, precision="fp32")
     return Setup(False, GPT_1_3B, layers_c=12, batch=4, steps=5, warmup=2, precision="bf16")
 
 
