@@ -173,8 +173,11 @@ def measure(trainer: Any, cfg: ModelConfig, setup: Setup, device: torch.device) 
         t = torch.tensor([float(peak), max(times)], device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         peak = int(t[0].item())
+    # the breakdown on CUDA: allocator cache (fragmentation: the cost model's
+    # fragmentation_fraction is this over activations and transients) and context + NCCL
     return {"iteration_time_s": statistics.median(times), "peak_memory_bytes": int(peak),
-            "allocated_peak_bytes": int(meter.peak_bytes)}
+            "allocated_peak_bytes": int(meter.peak_bytes),
+            "breakdown": {k: int(v) for k, v in (meter.breakdown or {}).items()}}
 
 
 def _error(part: dict, err: BaseException) -> None:

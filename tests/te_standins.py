@@ -128,6 +128,7 @@ class DotProductAttention(nn.Module):
         self.get_rng_state_tracker = get_rng_state_tracker
         self.tp_size = _tp_size(tp_group, tp_size)
         self.num_local_heads = num_attention_heads // self.tp_size
+        self.num_local_groups = (num_gqa_groups or num_attention_heads) // self.tp_size
 
     def forward(self, query_layer: torch.Tensor, key_layer: torch.Tensor,
                 value_layer: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -141,6 +142,8 @@ class DotProductAttention(nn.Module):
         fmt = qkv_format or self.qkv_format
         assert fmt == "bshd", "the stand-in implements the bshd layout our layer uses"
         assert query_layer.shape[2] == self.num_local_heads
+        assert key_layer.shape[2] == value_layer.shape[2] == self.num_local_groups
+        gqa = {"enable_gqa": True} if self.num_local_groups != self.num_local_heads else {}
         mask_type = attn_mask_type or self.attn_mask_type
         q, k, v = (t.transpose(1, 2) for t in (query_layer, key_layer, value_layer))
         p = self.attention_dropout if self.training else 0.0
@@ -150,7 +153,7 @@ class DotProductAttention(nn.Module):
                   else contextlib.nullcontext())
         with stream:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
-                                                 is_causal=mask_type == "causal")
+                                                 is_causal=mask_type == "causal", **gqa)
         b, s = query_layer.shape[:2]
         return out.transpose(1, 2).reshape(b, s, -1)
 

@@ -68,6 +68,7 @@ def test_te_modules_get_te_arguments(standins):
     qkv, core, proj, fc1, fc2 = (kw for _, kw in calls)
     h, f = cfg.hidden_size, cfg.ffn_hidden_size
     assert (qkv["in_features"], qkv["out_features"], qkv["parallel_mode"]) == (h, 3 * h, "column")
+    assert core["num_gqa_groups"] == cfg.num_attention_heads  # no grouped-query attention here
     assert qkv["normalization"] == "RMSNorm" and qkv["eps"] == cfg.layernorm_epsilon
     assert (fc1["out_features"], fc1["parallel_mode"]) == (2 * f, "column")  # SwiGLU gate+up
     assert (proj["parallel_mode"], fc2["parallel_mode"], fc2["in_features"]) == ("row", "row", f)
@@ -90,7 +91,7 @@ def test_te_layer_has_the_local_parameter_names_and_shapes(standins):
 
 @pytest.mark.single
 @pytest.mark.parametrize("variant", ["gpt-dropout", "bert-mask", "rope-swiglu-rmsnorm",
-                                     "recompute"])
+                                     "recompute", "gqa-nobias-openai-gelu"])
 def test_te_layer_computes_the_local_numbers(standins, variant):
     from megatron_auto.models.transformer import RotaryEmbedding
 
@@ -100,6 +101,9 @@ def test_te_layer_computes_the_local_numbers(standins, variant):
         cfg = dataclasses.replace(cfg, position_embedding_type="rope", activation="swiglu",
                                   normalization="rmsnorm")
         rotary = RotaryEmbedding(cfg.head_dim, cfg.seq_length).tables(cfg.seq_length)
+    if variant == "gqa-nobias-openai-gelu":
+        cfg = dataclasses.replace(cfg, num_attention_heads=4, num_query_groups=2,
+                                  add_bias_linear=False, openai_gelu=True)
     if variant == "bert-mask":
         causal = False
         keep = torch.ones(2, cfg.seq_length, dtype=torch.bool)

@@ -6,7 +6,8 @@ Transformer Engine (``transformer_engine.pytorch``) fuses the norm into the foll
 with ``--fp8-format``, the GEMMs in FP8 (``fp8_autocast`` with a ``DelayedScaling`` recipe).
 The layer here wires those modules exactly where the local layer has its own:
 
-- ``self_attention.linear_qkv``: ``LayerNormLinear(h, 3h, parallel_mode="column")`` whose norm
+- ``self_attention.linear_qkv``: ``LayerNormLinear(h, h + 2 g d, parallel_mode="column")`` (``g``
+  key/value groups: ``3h`` without grouped-query attention) whose norm
   is the local ``input_layernorm``; ``self_attention.core``: ``DotProductAttention`` over this
   rank's heads (``qkv_format="bshd"``, ``attn_mask_type`` causal / no_mask / arbitrary);
   ``self_attention.linear_proj``: ``Linear(h, h, parallel_mode="row")``;
@@ -115,29 +116,36 @@ class TESelfAttention(nn.Module):
     def __init__(self, te: Any, config: ModelConfig, groups: LayerGroups,
                  rng: RNGTracker | None, *, causal: bool, device: torch.device | None) -> None:
         super().__init__()
-        h = config.hidden_size
+        h, bias = config.hidden_size, config.add_bias_linear
         norm = "RMSNorm" if config.normalization == "rmsnorm" else "LayerNorm"
         kw = _te_kwargs(groups, device)
         self.linear_qkv = _shard_info(te.LayerNormLinear(
-            h, 3 * h, eps=config.layernorm_epsilon, bias=True, normalization=norm,
-            parallel_mode="column", **kw), groups, {"weight": 0, "bias": 0})
+            h, h + 2 * config.kv_size, eps=config.layernorm_epsilon, bias=bias,
+            normalization=norm, parallel_mode="column", **kw), groups, {"weight": 0, "bias": 0})
         self.core = te.DotProductAttention(
-            config.num_attention_heads, config.head_dim,
+            config.num_attention_heads, config.head_dim, num_gqa_groups=config.query_groups,
             attention_dropout=config.attention_dropout, qkv_format="bshd",
             attn_mask_type="causal" if causal else "no_mask", sequence_parallel=False,
             tp_size=groups.tp_size, tp_group=groups.tp_group,
             get_rng_state_tracker=(lambda: _RngView(rng)) if rng is not None else None)
-        self.linear_proj = _shard_info(te.Linear(h, h, bias=True, parallel_mode="row", **kw),
+        self.linear_proj = _shard_info(te.Linear(h, h, bias=bias, parallel_mode="row", **kw),
                                        groups, {"weight": 1})
         self.num_local_heads = config.num_attention_heads // groups.tp_size
+        self.num_local_groups = config.query_groups // groups.tp_size
+        self.heads_per_group = config.num_attention_heads // config.query_groups
         self.head_dim = config.head_dim
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None,
                 rotary: Rotary = None) -> torch.Tensor:
-        qkv = self.linear_qkv(x)  # (b, s, 3h/tp): norm(x) projected
+        qkv = self.linear_qkv(x)  # (b, s, (h + 2 g d)/tp): norm(x) projected
         b, s = qkv.shape[:2]
-        qkv = qkv.view(b, s, self.num_local_heads, 3, self.head_dim)
-        q, k, v = qkv.unbind(3)  # each (b, s, heads, d): TE's bshd
+        n = self.heads_per_group  # the local layer's layout: per key/value group, n queries, k, v
+        qkv = qkv.view(b, s, self.num_local_groups, n + 2, self.head_dim)
+        if n == 1:
+            q, k, v = qkv.unbind(3)  # each (b, s, heads, d): TE's bshd
+        else:
+            q = qkv[:, :, :, :n].flatten(2, 3)  # (b, s, heads, d), group-major
+            k, v = qkv[:, :, :, n], qkv[:, :, :, n + 1]  # (b, s, groups, d)
         if rotary is not None:  # apply_rotary works on (b, heads, s, d)
             q = apply_rotary(q.transpose(1, 2), *rotary).transpose(1, 2)
             k = apply_rotary(k.transpose(1, 2), *rotary).transpose(1, 2)
@@ -154,14 +162,15 @@ class TEMLP(nn.Module):
     def __init__(self, te: Any, config: ModelConfig, groups: LayerGroups, *,
                  device: torch.device | None) -> None:
         super().__init__()
-        h, f = config.hidden_size, config.ffn_hidden_size
+        h, f, bias = config.hidden_size, config.ffn_hidden_size, config.add_bias_linear
         self.swiglu = config.activation == "swiglu"
+        self.gelu_approximate = "tanh" if config.openai_gelu else "none"
         norm = "RMSNorm" if config.normalization == "rmsnorm" else "LayerNorm"
         kw = _te_kwargs(groups, device)
         self.linear_fc1 = _shard_info(te.LayerNormLinear(
-            h, 2 * f if self.swiglu else f, eps=config.layernorm_epsilon, bias=True,
+            h, 2 * f if self.swiglu else f, eps=config.layernorm_epsilon, bias=bias,
             normalization=norm, parallel_mode="column", **kw), groups, {"weight": 0, "bias": 0})
-        self.linear_fc2 = _shard_info(te.Linear(f, h, bias=True, parallel_mode="row", **kw),
+        self.linear_fc2 = _shard_info(te.Linear(f, h, bias=bias, parallel_mode="row", **kw),
                                       groups, {"weight": 1})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -170,7 +179,7 @@ class TEMLP(nn.Module):
             y = y.unflatten(-1, (-1, 2))  # rows interleave (gate, up), as in the local MLP
             y = torch.nn.functional.silu(y[..., 0]) * y[..., 1]
         else:
-            y = torch.nn.functional.gelu(y)
+            y = torch.nn.functional.gelu(y, approximate=self.gelu_approximate)
         return self.linear_fc2(y)
 
 

@@ -56,7 +56,7 @@ from torch import nn
 from ..config import ModelConfig
 from ..models.gpt import LanguageModelEmbedding
 from ..models.te_layers import make_transformer_layer
-from ..models.transformer import make_norm
+from ..models.transformer import TransformerLayer, make_norm
 from ..parallel.context import LayerGroups, Layout
 from ..parallel import mappings
 from ..parallel.device import resolve_device
@@ -502,6 +502,8 @@ def _with_tp_shards(profile: LayerTypeProfile, cfg: ModelConfig, config: ModelPr
     share = 1.0 + profile.backward_forward_ratio  # of one step, the forward's part
     for tp in degrees:
         with tensor_parallel_compute_only(tp):
+            # our layer's shard even under --transformer-impl transformer_engine: TE's modules
+            # would issue their own TP collectives, which this compute-only timing excludes
             shard = _init_(TransformerLayer(cfg, tp_shard_groups(dev, tp), causal=cfg.causal),
                            cfg.init_method_std).to(dev).train()
             steps = []
