@@ -149,6 +149,9 @@ def test_apex_fused_norm_is_used_when_asked_and_keeps_names_and_numbers(standins
     plain = TransformerLayer(CONFIG, groups)
     fused = TransformerLayer(CONFIG, groups, fused_norm=True)
     assert [n for n, _ in plain.named_parameters()] == [n for n, _ in fused.named_parameters()]
+    with torch.no_grad():  # the linear layers' parameters are allocated uninitialised
+        for p in plain.parameters():
+            p.normal_(0.0, 0.3)
     fused.load_state_dict(plain.state_dict())
     x = torch.randn(2, CONFIG.seq_length, CONFIG.hidden_size)
     torch.testing.assert_close(fused(x), plain(x))
