@@ -153,9 +153,14 @@ def rank_process_groups(plan: Any, rank: int) -> set[tuple]:
     stage = rank // n
     ranks = list(range(stage * n, (stage + 1) * n))
     groups: set[tuple] = {tuple(range(plan.world_size))}
+    ring = plan.virtual_size > 1  # interleaved: chunks wrap from the last stage to the first
     for peer in (rank - n, rank + n):
-        if 0 <= peer < plan.world_size:
+        if ring:
+            peer %= plan.world_size
+        if 0 <= peer < plan.world_size and peer != rank:
             groups.add(("p2p",) + tuple(sorted((rank, peer))))
+    if ring:  # parallel/interleaved.py sends gradients on a world group of their own
+        groups.add(("interleaved_backward",) + tuple(range(plan.world_size)))
     if n > 1:
         groups.add(tuple(ranks))
     if pp > 1 and stage in (0, pp - 1):
@@ -164,7 +169,10 @@ def rank_process_groups(plan: Any, rank: int) -> set[tuple]:
     layouts: set[tuple[int, bool]] = set()
     for i, layer in enumerate(plan.layers):
         s = plan.stage_of_layer(i)
-        if s == stage or (s + 1 == stage and i == plan.stage_layer_range(s)[-1]):
+        # a chunk's input arrives in the previous chunk's last layout
+        feeds = (i + 1 < plan.num_layers and plan.chunk_of_layer(i + 1) != plan.chunk_of_layer(i)
+                 and plan.stage_of_layer(i + 1) == stage)
+        if s == stage or feeds:
             layouts.add((layer.tp, layer.tp_consecutive or layer.tp in (1, n)))
     if stage in (0, pp - 1):
         layouts.add((plan.vocab.tp, True))

@@ -99,6 +99,8 @@ class LayerTypeProfile:
     tp_replicated_fraction: float = 0.0
     boundary_bytes_per_sample: float = 0.0
     tp_message_bytes_per_sample: float = 0.0
+    # Measured with Megatron sequence parallelism (e.g. Galvatron's ``*_sp`` records), per tp.
+    activation_bytes_by_tp_sp: Mapping[int, float] = field(default_factory=dict)
 
     @property
     def moved_bytes_per_sample(self) -> float:
@@ -113,8 +115,9 @@ class LayerTypeProfile:
     def __post_init__(self) -> None:
         object.__setattr__(self, "forward_time_by_tp",
                            {int(k): (float(v[0]), float(v[1])) for k, v in self.forward_time_by_tp.items()})
-        object.__setattr__(self, "activation_bytes_by_tp",
-                           {int(k): float(v) for k, v in self.activation_bytes_by_tp.items()})
+        for table in ("activation_bytes_by_tp", "activation_bytes_by_tp_sp"):
+            object.__setattr__(self, table,
+                               {int(k): float(v) for k, v in getattr(self, table).items()})
         where = f"layer_types.{self.name}."
         _need(isinstance(self.parameter_count, int) and self.parameter_count >= 0,
               where + "parameter_count", self.parameter_count, "must be a non-negative integer")
@@ -138,9 +141,10 @@ class LayerTypeProfile:
         for t, (slope, const) in self.forward_time_by_tp.items():
             _need(t >= 1 and slope >= 0 and const >= 0, where + f"forward_time_by_tp.{t}",
                   (slope, const), "needs tp >= 1 and non-negative (per_sample_s, constant_s)")
-        for t, value in self.activation_bytes_by_tp.items():
-            _need(t >= 1 and value >= 0, where + f"activation_bytes_by_tp.{t}", value,
-                  "needs tp >= 1 and bytes >= 0")
+        for table in ("activation_bytes_by_tp", "activation_bytes_by_tp_sp"):
+            for t, value in getattr(self, table).items():
+                _need(t >= 1 and value >= 0, where + f"{table}.{t}", value,
+                      "needs tp >= 1 and bytes >= 0")
 
     def forward_time(self, samples: float, tp: int) -> float:
         """Seconds of one forward call on ``samples`` samples per rank at TP degree ``tp``.
@@ -185,6 +189,16 @@ class LayerTypeProfile:
         if self.activation_bytes_by_tp:
             return _fit_inverse(self.activation_bytes_by_tp, tp)
         return self.activation_replicated_bytes + self.activation_split_bytes / tp
+
+    def sequence_parallel_activation_bytes(self, tp: int) -> float:
+        """Bytes kept per sample at TP ``tp`` with Megatron sequence parallelism: the measured
+        SP table when there is one, else every kept activation split over the TP group,
+        ``activation_bytes(1) / tp`` (SP shards the norm inputs, dropout masks and residuals
+        along the sequence; the column-parallel inputs are kept as this rank's chunk and
+        re-gathered in backward, ``models/transformer.py``)."""
+        if self.activation_bytes_by_tp_sp:
+            return _fit_inverse(self.activation_bytes_by_tp_sp, tp)
+        return self.activation_bytes(1) / tp
 
     def scratch_bytes(self, tp: int) -> float:
         """Transient bytes per sample while this layer runs its backward."""
@@ -261,6 +275,11 @@ class ModelProfile:
             d = asdict(lt)
             d["forward_time_by_tp"] = {str(t): list(v) for t, v in lt.forward_time_by_tp.items()}
             d["activation_bytes_by_tp"] = {str(t): v for t, v in lt.activation_bytes_by_tp.items()}
+            if lt.activation_bytes_by_tp_sp:
+                d["activation_bytes_by_tp_sp"] = {str(t): v
+                                                  for t, v in lt.activation_bytes_by_tp_sp.items()}
+            else:  # absent = none measured: profiles without SP stay as they were
+                del d["activation_bytes_by_tp_sp"]
             layers[key] = d
         return {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, "precision": self.precision,
                 "source": self.source, "metadata": dict(self.metadata), "layer_types": layers,
@@ -325,12 +344,14 @@ def _build(kind: type, data: Any, where: str) -> Any:
             except (TypeError, ValueError, IndexError):
                 raise ProfileError(f"profile field {where}.forward_time_by_tp={table!r}: must map "
                                    f"tp (as a string) to [per_sample_s, constant_s]") from None
-        if "activation_bytes_by_tp" in kwargs:
-            table = kwargs["activation_bytes_by_tp"]
+        for name in ("activation_bytes_by_tp", "activation_bytes_by_tp_sp"):
+            if name not in kwargs:
+                continue
+            table = kwargs[name]
             try:
-                kwargs["activation_bytes_by_tp"] = {int(t): float(v) for t, v in table.items()}
+                kwargs[name] = {int(t): float(v) for t, v in table.items()}
             except (AttributeError, TypeError, ValueError):
-                raise ProfileError(f"profile field {where}.activation_bytes_by_tp={table!r}: must "
+                raise ProfileError(f"profile field {where}.{name}={table!r}: must "
                                    f"map tp (as a string) to bytes per sample") from None
     try:
         return kind(**kwargs)
