@@ -218,7 +218,9 @@ def _given_plan(args: argparse.Namespace, world_size: int, config: ModelConfig) 
     if args.plan:
         plan = Plan.load(args.plan)
     else:
-        plan = galvatron.plan_from_galvatron_config(args.galvatron_config, world_size=world_size)
+        # Galvatron's --sequence_parallel is a run flag, not in its file: --sequence-parallel
+        plan = galvatron.plan_from_galvatron_config(args.galvatron_config, world_size=world_size,
+                                                    sequence_parallel=args.sequence_parallel)
     if plan.world_size != world_size:
         raise CliError(f"plan world_size={plan.world_size} but the cluster has {world_size} "
                        f"devices; choose the matching --cluster")
@@ -353,7 +355,8 @@ def cmd_import_galvatron(args: argparse.Namespace) -> int:
         if not args.plan_out:
             raise CliError("--galvatron-config needs --plan-out FILE to write the plan to")
         world = args.world_size
-        plan = galvatron.plan_from_galvatron_config(args.galvatron_config, world_size=world)
+        plan = galvatron.plan_from_galvatron_config(args.galvatron_config, world_size=world,
+                                                    sequence_parallel=args.sequence_parallel)
         plan.save(args.plan_out)
         did.append(f"plan ({plan.world_size} ranks, {plan.num_layers} layers) -> {args.plan_out} "
                    f"(use --plan)")
@@ -464,6 +467,10 @@ def build_parser() -> argparse.ArgumentParser:
     g = r.add_argument_group("Galvatron plan -> --plan FILE")
     g.add_argument("--galvatron-config", metavar="FILE", help="galvatron_config_*.json")
     g.add_argument("--world-size", type=int, default=None, help="default: from the file name")
+    g.add_argument("--sequence-parallel", action="store_true",
+                   help="the plan ran with Galvatron's --sequence_parallel (Megatron-SP): every "
+                        "layer with TP > 1 gets sequence_parallel (its use_sp=1 is Ulysses, "
+                        "refused)")
     g.add_argument("--plan-out", metavar="FILE")
     r.set_defaults(func=cmd_import_galvatron)
 

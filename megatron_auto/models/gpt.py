@@ -220,10 +220,12 @@ class TransformerStage(nn.Module):
         for i in plan.chunk_layer_range(self._chunk(chunk)):
             groups = self._layer_groups[i]
             sp = plan.layers[i].sequence_parallel
+            if dtype is not None:
+                # a no-op when it already is; before a leaving SP run's gather, so that it moves
+                # the compute dtype (an SP layer's output is fp32 under autocast: fp32 biases)
+                hidden = hidden.to(dtype)
             if split is not None and not (sp and split.layout == groups.layout):
                 hidden, split = gather_from_sequence(hidden, split.tp_group, reduce_grad=False), None
-            if dtype is not None:
-                hidden = hidden.to(dtype)  # a no-op when it already is
             if split is None:
                 hidden = relayout(hidden, current, groups, self.ctx)
                 if sp:

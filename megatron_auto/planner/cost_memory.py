@@ -134,7 +134,7 @@ def layer_memory(profile: LayerTypeProfile, tp: int, dp: int, dp_mode: str, reco
     activations and copies become transient. The measured backward scratch (incoming gradient,
     input gradient, autograd intermediates) is transient either way.
     """
-    local = profile.parameter_count / tp
+    local = profile.local_parameters(tp)
     params, grads, optim, states_transient = model_states(local, dp_mode, dp)
     copies = profile.weight_copy_bytes_per_parameter * local
     sp = sequence_parallel and tp > 1

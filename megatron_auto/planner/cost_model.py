@@ -228,11 +228,10 @@ def sp_reduced_tensor_bytes(spec: ModelSpec, layer: int) -> tuple[float, ...]:
     """Gradient bytes of the tensors an SP layer all-reduces over its TP group in backward
     (``models/transformer.py``): the two norms' weights (and LayerNorm biases) and the two
     row-parallel biases, fp32 gradients of ``h`` elements each."""
-    h = spec.layer_type(layer).hidden_size
-    config = spec.config or {}
-    norms = 4 if config.get("normalization", "layernorm") == "layernorm" else 2
-    biases = 2 if config.get("add_bias_linear", True) else 0
-    return (float(GRAD_BYTES * h),) * (norms + biases)
+    lt = spec.layer_type(layer)
+    norms = 4 if lt.normalization == "layernorm" else 2
+    biases = 2 if lt.add_bias_linear else 0
+    return (float(GRAD_BYTES * lt.hidden_size),) * (norms + biases)
 
 
 def _layer_tp(plan: Plan, spec: ModelSpec, profile: ModelProfile, i: int
@@ -276,7 +275,7 @@ def stage_collectives(plan: Plan, spec: ModelSpec, profile: ModelProfile, precis
     for i in plan.stage_layers(stage):
         s = plan.layers[i]
         layout = layout_of(s, n)
-        local = profile.layer_types[spec.layer_type(i).name].parameter_count / s.tp
+        local = profile.layer_types[spec.layer_type(i).name].local_parameters(s.tp)
         parts.append(dp_collectives(local, n // s.tp, s.dp_mode, dp_group_consecutive(layout),
                                     precision))
         tp_f, tp_b = _layer_tp(plan, spec, profile, i)

@@ -155,7 +155,7 @@ def layer_time(profile: LayerTypeProfile, cluster: Any, layout: Layout, dp_mode:
         recompute=recompute)
     tp_f = sum(collective_time(cluster, c, stage_size) for c in tp_fwd)
     tp_b = sum(collective_time(cluster, c, stage_size) for c in tp_bwd)
-    local = profile.parameter_count / tp
+    local = profile.local_parameters(tp)
     gather, scatter, allreduce, regather, after_step = _dp_times(
         cluster, local, dp, dp_mode, dp_group_consecutive(layout), stage_size, precision)
     forward = overlap(gather, fwd, g) + tp_f

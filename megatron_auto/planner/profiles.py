@@ -101,6 +101,8 @@ class LayerTypeProfile:
     tp_message_bytes_per_sample: float = 0.0
     # Measured with Megatron sequence parallelism (e.g. Galvatron's ``*_sp`` records), per tp.
     activation_bytes_by_tp_sp: Mapping[int, float] = field(default_factory=dict)
+    # Of ``parameter_count``, those every TP rank holds whole (norms, row-parallel biases).
+    tp_replicated_parameter_count: int = 0
 
     @property
     def moved_bytes_per_sample(self) -> float:
@@ -121,6 +123,10 @@ class LayerTypeProfile:
         where = f"layer_types.{self.name}."
         _need(isinstance(self.parameter_count, int) and self.parameter_count >= 0,
               where + "parameter_count", self.parameter_count, "must be a non-negative integer")
+        _need(isinstance(self.tp_replicated_parameter_count, int)
+              and 0 <= self.tp_replicated_parameter_count <= self.parameter_count,
+              where + "tp_replicated_parameter_count", self.tp_replicated_parameter_count,
+              "must be an integer between 0 and parameter_count")
         for attr in ("forward_time_per_sample_s", "activation_replicated_bytes",
                      "activation_split_bytes", "recompute_bytes_per_sample",
                      "hidden_bytes_per_sample", "forward_time_constant_s",
@@ -189,6 +195,12 @@ class LayerTypeProfile:
         if self.activation_bytes_by_tp:
             return _fit_inverse(self.activation_bytes_by_tp, tp)
         return self.activation_replicated_bytes + self.activation_split_bytes / tp
+
+    def local_parameters(self, tp: int) -> float:
+        """Parameters one rank holds at TP degree ``tp``: the split ones over ``tp``, the
+        replicated ones (norms, row-parallel biases) whole."""
+        replicated = self.tp_replicated_parameter_count
+        return (self.parameter_count - replicated) / tp + replicated
 
     def sequence_parallel_activation_bytes(self, tp: int) -> float:
         """Bytes kept per sample at TP ``tp`` with Megatron sequence parallelism: the measured
@@ -280,6 +292,8 @@ class ModelProfile:
                                                   for t, v in lt.activation_bytes_by_tp_sp.items()}
             else:  # absent = none measured: profiles without SP stay as they were
                 del d["activation_bytes_by_tp_sp"]
+            if not lt.tp_replicated_parameter_count:
+                del d["tp_replicated_parameter_count"]
             layers[key] = d
         return {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, "precision": self.precision,
                 "source": self.source, "metadata": dict(self.metadata), "layer_types": layers,
@@ -430,6 +444,9 @@ def analytic_profile(spec: ModelSpec, training: TrainingSpec, cluster: Any) -> M
             per_sample, by_tp = _gpu_forward_times(lt, beta, training.mixed, backend, rate, hbm)
         layers[lt.name] = LayerTypeProfile(
             name=lt.name, parameter_count=lt.num_parameters,
+            # the norms (weights, LayerNorm biases) and the two row-parallel biases stay whole
+            tp_replicated_parameter_count=(4 if lt.normalization == "layernorm" else 2) * h
+            + (2 * h if lt.add_bias_linear else 0),
             forward_time_per_sample_s=per_sample, activation_replicated_bytes=replicated,
             activation_split_bytes=split, recompute_bytes_per_sample=recompute_input,
             hidden_bytes_per_sample=beta * s * h, tp_message_bytes_per_sample=tp_message,
