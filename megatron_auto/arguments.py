@@ -89,9 +89,6 @@ def _ignored_dest(flag: str) -> str:
 
 # Data flags that only matter when a tokenizer is built (not with --mock-data).
 _TOKENIZER_FLAGS = ("tokenizer_type", "tokenizer_model", "vocab_file", "merge_file")
-# Classic layout flags --auto-parallel does not search yet (the cost model does not price them).
-_NOT_SEARCHED = ("sequence_parallel", "num_layers_per_virtual_pipeline_stage")
-
 
 # ----------------------------------------------------------------------------- flag groups
 def add_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -562,13 +559,10 @@ def plan_source_from_args(args: argparse.Namespace) -> PlanFile | ClassicLayout 
         return PlanFile(args.plan, global_batch_size=args.global_batch_size,
                         micro_batch_size=args.micro_batch_size)
     if args.auto_parallel:
-        for flag in _NOT_SEARCHED:
-            value = getattr(args, flag, None)
-            if value:
-                _fail("--" + flag.replace("_", "-"), value,
-                      "--auto-parallel does not search sequence parallelism or interleaving "
-                      "yet; drop the flag, or give the layout with classic flags or --plan")
-        return SearchPins(tensor_model_parallel_size=args.tensor_model_parallel_size,
+        return SearchPins(sequence_parallel=getattr(args, "sequence_parallel", False),
+                          num_layers_per_virtual_pipeline_stage=getattr(
+                              args, "num_layers_per_virtual_pipeline_stage", None),
+                          tensor_model_parallel_size=args.tensor_model_parallel_size,
                           pipeline_model_parallel_size=args.pipeline_model_parallel_size,
                           global_batch_size=args.global_batch_size,
                           micro_batch_size=args.micro_batch_size,

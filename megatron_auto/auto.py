@@ -32,13 +32,13 @@ import torch.distributed as dist
 
 from .config import ModelConfig
 from .parallel.device import resolve_device
-from .plan import Plan, PlanError
+from .plan import DP_MODES, Plan, PlanError
 from .planner import report
 from .planner.hardware import ClusterSpec
 from .planner.megatron_flags import to_megatron_flags
 from .planner.presets import get_cluster
 from .planner.profiles import ModelProfile
-from .planner.search import InfeasibleError, SearchOptions, search
+from .planner.search import InfeasibleError, SearchOptions, pinned_virtual_sizes, search
 from .planning import planning_inputs
 from .profiler import cache as profile_cache
 from .profiler.cache import default_cache_dir
@@ -56,8 +56,14 @@ class AutoParallelError(ValueError):
 
 
 # --------------------------------------------------------------------------- search options
-def search_options_for(pins: SearchPins, world_size: int) -> SearchOptions:
-    """Planner options from the flags the user pinned; everything else stays searchable."""
+def search_options_for(pins: SearchPins, world_size: int,
+                       num_layers: int | None = None) -> SearchOptions:
+    """Planner options from the flags the user pinned; everything else stays searchable.
+
+    ``--use-distributed-optimizer`` pins ``zero1`` (Megatron's distributed optimizer; before
+    ZeRO-1 existed it meant zero2), ``--sequence-parallel`` pins SP on every layer with tp > 1,
+    ``--num-layers-per-virtual-pipeline-stage N`` the virtual size ``L / (pp N)`` (it needs
+    ``--pipeline-model-parallel-size`` and ``num_layers``)."""
     tp, pp = pins.tensor_model_parallel_size, pins.pipeline_model_parallel_size
     global_batch_size = pins.batch
     num_microbatches = None
@@ -75,12 +81,18 @@ def search_options_for(pins: SearchPins, world_size: int) -> SearchOptions:
                     f"--micro-batch-size={pins.micro_batch_size}: times the data-parallel size "
                     f"{dp} must divide --global-batch-size={global_batch_size}")
             num_microbatches = global_batch_size // per_step
-    dp_modes = ("zero2",) if pins.use_distributed_optimizer else ("ddp", "zero2", "zero3")
+    dp_modes = ("zero1",) if pins.use_distributed_optimizer else DP_MODES
+    try:
+        virtual_sizes = pinned_virtual_sizes(pins.num_layers_per_virtual_pipeline_stage, pp,
+                                             num_layers)
+    except ValueError as err:
+        raise AutoParallelError(str(err)) from None
     if pins.recompute_granularity is not None:
         logger.warning("--recompute-granularity is decided per layer by --auto-parallel; the "
                        "flag is ignored")
     return SearchOptions(tp=tp, pp=pp, num_microbatches=num_microbatches, dp_modes=dp_modes,
-                         show_progress=True)
+                         sequence_parallel=True if pins.sequence_parallel else None,
+                         virtual_sizes=virtual_sizes, show_progress=True)
 
 
 # --------------------------------------------------------------------------- profiles
@@ -202,7 +214,7 @@ def plan_for_run(pins: SearchPins, model_config: ModelConfig | VisionConfig, wor
         cluster.budget_bytes(pins.memory_budget_gb)  # a bad budget stops every rank at once
     except ValueError as err:
         raise AutoParallelError(str(err)) from None
-    options = search_options_for(pins, world_size)
+    options = search_options_for(pins, world_size, model_config.num_layers)
 
     measure = describes_this_machine(cluster)
     if measure:

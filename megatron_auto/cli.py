@@ -31,7 +31,7 @@ from .vision_arguments import add_vision_args, apply_vit_defaults, vision_config
 from .vision_config import BACKBONES, VisionConfig
 from .t5_arguments import add_t5_args, apply_t5_defaults, t5_config_from_args
 from .t5_config import T5Config
-from .plan import Plan
+from .plan import DP_MODES, Plan
 from .plots import plot_metrics, plot_plan
 from .plan_source import plan_from_classic_flags
 from .planner import galvatron, report
@@ -40,7 +40,7 @@ from .planner.megatron_flags import to_megatron_flags
 from .planner.model_spec import ModelSpec, TrainingSpec
 from .planner.presets import PRESET_NAMES, get_cluster
 from .planner.profiles import ModelProfile
-from .planner.search import SearchOptions, evaluate, search
+from .planner.search import SearchOptions, evaluate, pinned_virtual_sizes, search
 from .planning import PlanningInputs, planning_inputs
 from .run_config import resolve_precision
 from .reproduce.cli import add_reproduce_parser
@@ -251,11 +251,20 @@ _OPTION_FLAGS = {"space": "--search-space", "time_limit_s": "--time-limit",
 
 def cmd_plan(args: argparse.Namespace) -> int:
     setup = _setup(args)
+    try:
+        virtual_sizes = pinned_virtual_sizes(args.num_layers_per_virtual_pipeline_stage,
+                                             args.pipeline_model_parallel_size,
+                                             setup.spec.num_layers)
+    except ValueError as err:
+        raise CliError(str(err)) from None
     options = SearchOptions(
         pp=args.pipeline_model_parallel_size, tp=args.tensor_model_parallel_size,
         num_microbatches=args.num_microbatches, schedule=args.schedule,
         allow_recompute=not args.no_recompute, search_batch_size=args.search_batch_size,
-        space=args.search_space, time_limit_s=args.time_limit, show_progress=not args.quiet)
+        space=args.search_space, time_limit_s=args.time_limit, show_progress=not args.quiet,
+        dp_modes=("zero1",) if args.use_distributed_optimizer else DP_MODES,
+        sequence_parallel=True if args.sequence_parallel else None,
+        virtual_sizes=virtual_sizes)
     try:
         options.validate()
     except ValueError as err:  # name our flags, not the SearchOptions fields
@@ -421,6 +430,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--num-microbatches", type=int, default=None, help="pin the micro-batch count")
     g.add_argument("--schedule", default=None, choices=["1f1b", "gpipe"], help="pin the schedule")
     g.add_argument("--no-recompute", action="store_true", help="never recompute activations")
+    g.add_argument("--use-distributed-optimizer", action="store_true",
+                   help="pin zero1 (Megatron's distributed optimizer) on every layer")
+    add_sp_and_virtual_pipeline_args(g)  # pins: SP on tp > 1 layers; the virtual size
     g.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=cmd_plan)
 

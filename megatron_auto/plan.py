@@ -22,11 +22,10 @@ from .jsonfile import read_json, write_json
 
 PLAN_FORMAT = "megatron_auto.plan"
 PLAN_VERSION = 1
-# The data-parallel flavours the search's default space holds (DP_MODES) and the ones plans
-# accept, the runtime trains and the cost model prices (ALL_DP_MODES, with ``zero1``, Megatron's
-# distributed optimizer).
-DP_MODES = ("ddp", "zero2", "zero3")
-ALL_DP_MODES = ("ddp", "zero1", "zero2", "zero3")
+# The data-parallel flavours plans accept, the runtime trains, the cost model prices and the
+# search's default space holds (``zero1`` is Megatron's distributed optimizer).
+DP_MODES = ("ddp", "zero1", "zero2", "zero3")
+ALL_DP_MODES = DP_MODES
 SCHEDULES = ("1f1b", "gpipe")
 
 

@@ -258,6 +258,8 @@ class SearchPins:
     recompute_granularity: str | None = None
     cluster: str | None = None
     memory_budget_gb: float | None = None
+    sequence_parallel: bool = False  # --sequence-parallel: SP on every layer with tp > 1
+    num_layers_per_virtual_pipeline_stage: int | None = None  # pins the virtual size
 
     @property
     def batch(self) -> int:

@@ -362,9 +362,9 @@ def test_bad_virtual_pipeline_flags_name_the_flag(flags, match):
 
 
 @pytest.mark.pure
-def test_sp_and_interleaving_are_not_searched_yet():
-    from megatron_auto.arguments import ArgumentError, parse_run_config
+def test_sp_and_interleaving_flags_pin_the_search():
+    from megatron_auto.arguments import parse_run_config
 
-    with pytest.raises(ArgumentError, match=r"--sequence-parallel=True: --auto-parallel does "
-                                            r"not search sequence parallelism"):
-        parse_run_config(["--auto-parallel", "--sequence-parallel"])
+    pins = parse_run_config(["--auto-parallel", "--sequence-parallel",
+                             "--num-layers-per-virtual-pipeline-stage", "2"]).plan_source
+    assert pins.sequence_parallel and pins.num_layers_per_virtual_pipeline_stage == 2

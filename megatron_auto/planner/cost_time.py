@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Sequence
 
 from ..layout import (Collective, Layout, dp_group_consecutive, dp_size, layer_tp_collectives,
-                      relayout_collectives)
+                      relayout_collectives, sequence_parallel_boundary_collectives)
 from .cost_memory import GRAD_BYTES, MASTER_BYTES, relayout_memory, vocab_parameters
 from .profiles import EmbeddingProfile, LayerTypeProfile
 
@@ -281,6 +281,26 @@ def relayout_time(cluster: Any, old: Layout, new: Layout, microbatch_size: int,
     """Forward + backward seconds of :func:`relayout_cost`."""
     return relayout_cost(cluster, old, new, microbatch_size, hidden_bytes_per_sample,
                          stage_size).total
+
+
+def sequence_parallel_switch_time(cluster: Any, old: Layout, old_sp: bool, new: Layout,
+                                  new_sp: bool, microbatch_size: int, bytes_per_sample: float,
+                                  stage_size: int) -> float:
+    """Forward + backward seconds of the SP boundaries between a layer ``(old, old_sp)`` and
+    the next ``(new, new_sp)`` (``cost_model.chunk_moves`` makes the same moves): nothing inside
+    one run of SP layers of a layout; else leaving an SP run all-gathers the sequence (forward)
+    and entering one all-gathers the gradient (backward), each on its layout's TP group
+    (``layout.sequence_parallel_boundary_collectives``). Relayouts are priced apart."""
+    old_sp, new_sp = old_sp and old.tp > 1, new_sp and new.tp > 1
+    if old_sp and new_sp and old == new:
+        return 0.0
+    total = 0.0
+    for layout, sp, entering in ((old, old_sp, False), (new, new_sp, True)):
+        if sp:
+            whole = microbatch_size / dp_size(layout, stage_size) * bytes_per_sample
+            f, b = sequence_parallel_boundary_collectives(layout, whole, entering=entering)
+            total += sum(collective_time(cluster, c, stage_size) for c in f + b)
+    return total
 
 
 def stage_boundary_cost(cluster: Any, sender: Layout, receiver: Layout, microbatch_size: int,

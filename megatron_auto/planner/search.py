@@ -23,7 +23,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
-from ..plan import DP_MODES, SCHEDULES, LayerStrategy, PipelineSpec, Plan, VocabStrategy
+from ..plan import (ALL_DP_MODES, DP_MODES, SCHEDULES, LayerStrategy, PipelineSpec, Plan,
+                    PlanError, VocabStrategy)
 from ..progress import Progress
 from .cost_model import Estimate, evaluate_plan
 from .gpu_terms import search_total_bytes
@@ -79,6 +80,12 @@ class SearchOptions:
     partition: str = "bmw"
     include_baselines: bool = True
     max_transient_levels: int = 4
+    # Megatron sequence parallelism of tp > 1 layers: None searches it per layer, True pins it
+    # on (``--sequence-parallel``), False leaves it out.
+    sequence_parallel: bool | None = None
+    # Interleaved 1F1B: the virtual sizes tried on the finalists (pp > 1, m a multiple of pp);
+    # a single value > 1 pins it (``--num-layers-per-virtual-pipeline-stage``), (1,) turns it off.
+    virtual_sizes: tuple[int, ...] = (1, 2, 4)
 
     def validate(self) -> None:
         def need(cond: bool, name: str, value: Any, fix: str) -> None:
@@ -87,8 +94,11 @@ class SearchOptions:
         need(self.space in SPACES, "space", self.space, f"choose one of {', '.join(SPACES)}")
         need(self.schedule is None or self.schedule in SCHEDULES, "schedule", self.schedule,
              f"choose one of {', '.join(SCHEDULES)} or leave it unset")
-        need(bool(self.dp_modes) and all(d in DP_MODES for d in self.dp_modes), "dp_modes",
-             self.dp_modes, f"give a non-empty subset of {DP_MODES}")
+        need(bool(self.dp_modes) and all(d in ALL_DP_MODES for d in self.dp_modes), "dp_modes",
+             self.dp_modes, f"give a non-empty subset of {ALL_DP_MODES}")
+        need(bool(self.virtual_sizes) and all(isinstance(v, int) and v >= 1
+                                              for v in self.virtual_sizes),
+             "virtual_sizes", self.virtual_sizes, "give positive integers, e.g. (1, 2, 4)")
         need(self.partition in PARTITIONS, "partition", self.partition,
              f"choose one of {', '.join(PARTITIONS)}")
         for name in ("pp", "tp", "vocab_tp", "max_tp"):
@@ -130,9 +140,11 @@ class _Space:
 
 def _spaces(name: str, options: SearchOptions, world: int) -> list[_Space]:
     """The sub-spaces a named space is the union of (several only for megatron3d)."""
+    sp = {None: (False, True), True: (True,), False: (False,)}[options.sequence_parallel]
     base = SpaceRules(dp_modes=tuple(options.dp_modes), allow_recompute=options.allow_recompute,
                       max_tp=options.max_tp,
-                      tps=(options.tp,) if options.tp is not None else None)
+                      tps=(options.tp,) if options.tp is not None else None,
+                      sequence_parallel=sp)
     if name == "full":
         parts = ("even", "memory", "bmw") if options.partition == "bmw" else (options.partition,)
         return [_Space("full", base, partitions=parts)]
@@ -148,8 +160,9 @@ def _spaces(name: str, options: SearchOptions, world: int) -> list[_Space]:
     if name == "pp":
         return [_Space(name, SpaceRules(tps=(1,), dp_modes=("ddp",), allow_recompute=False),
                        pps=(world,), vocab_tp=1, vocab_modes=("ddp",), partitions=("even",))]
-    if name == "galvatron-base":
-        return [_Space(name, replace(base, allow_recompute=False), partitions=("even",))]
+    if name == "galvatron-base":  # Galvatron's base space: no recompute, no Megatron-SP
+        return [_Space(name, replace(base, allow_recompute=False, sequence_parallel=(False,)),
+                       partitions=("even",))]
     if name == "megatron3d":
         out = []
         for tp in powers_of_two_upto(world):
@@ -225,6 +238,8 @@ def _run_space(space: _Space, spec: ModelSpec, training: TrainingSpec, cluster: 
             for m in ms:
                 if batch % m:
                     continue
+                if _interleaving_pinned(options) and (pp == 1 or m % pp):
+                    continue  # a pinned virtual size needs pp > 1 and m a multiple of pp
                 for sched in schedules:
                     raw.append((batch, pp, m, sched))
     max_len_of = {pp: spec.num_layers if pp == 1 else
@@ -330,9 +345,87 @@ def _build_plan(cand: _Candidate, partition: tuple[int, ...], spec: ModelSpec) -
                 layers=tuple(layers), model=spec.plan_model_record())
 
 
+def pinned_virtual_sizes(per_chunk: int | None, pp: int | None,
+                         num_layers: int | None) -> tuple[int, ...]:
+    """``SearchOptions.virtual_sizes`` for Megatron's ``--num-layers-per-virtual-pipeline-stage``
+    (``per_chunk``, None: search ``(1, 2, 4)``): the virtual size ``L / (pp N)``, which needs
+    the pinned ``pp``. Raises ``ValueError`` naming the flag, the value and the fix."""
+    if per_chunk is None:
+        return (1, 2, 4)
+    flag = "--num-layers-per-virtual-pipeline-stage"
+    if pp is None or num_layers is None:
+        raise ValueError(f"{flag}={per_chunk}: when searching it pins the virtual size, which "
+                         f"needs --pipeline-model-parallel-size too; give it, or drop {flag} "
+                         f"to let the planner choose")
+    if per_chunk < 1 or num_layers % (pp * per_chunk) or num_layers // (pp * per_chunk) < 2:
+        raise ValueError(f"{flag}={per_chunk}: --num-layers={num_layers} must be a multiple of "
+                         f"pp x {per_chunk} = {pp * per_chunk} with at least 2 chunks per "
+                         f"stage; choose a divisor of {num_layers // pp} below {num_layers // pp}")
+    return (num_layers // (pp * per_chunk),)
+
+
+def _interleaving_pinned(options: SearchOptions) -> bool:
+    return min(options.virtual_sizes) > 1
+
+
+def interleaved_variant(plan: Plan, v: int) -> Plan | None:
+    """``plan`` on the interleaved schedule with ``v`` chunks per stage: stage ``k`` keeps its
+    layer count and its layers' strategies, in order, split into ``v`` near-equal chunks
+    (chunk ``j * pp + k`` holds part ``j``), which the runtime runs as the virtual pipeline.
+    None when the plan cannot interleave (one stage, a stage with fewer than ``v`` layers,
+    ``m`` not a multiple of pp, or a strategy the layer now in its place cannot take)."""
+    pp = plan.pp_size
+    if v == 1:
+        return plan
+    if pp == 1 or plan.num_microbatches % pp or plan.pipeline.schedule != "1f1b":
+        return None
+    per_stage = [plan.layers[r.start:r.stop] for r in
+                 (plan.chunk_layer_range(k) for k in range(pp))]
+    if any(len(s) < v for s in per_stage):
+        return None
+    parts = [[list(s[j * len(s) // v:(j + 1) * len(s) // v]) for j in range(v)]
+             for s in per_stage]
+    sizes = tuple(len(parts[k][j]) for j in range(v) for k in range(pp))
+    layers = tuple(x for j in range(v) for k in range(pp) for x in parts[k][j])
+    try:
+        return replace(plan, layers=layers, estimate=None,
+                       pipeline=PipelineSpec(size=pp, schedule="1f1b", layers_per_stage=sizes,
+                                             virtual_size=v))
+    except PlanError:
+        return None
+
+
+def _interleave(plan: Plan, est: Estimate, spec: ModelSpec, training: TrainingSpec,
+                cluster: Any, profile: ModelProfile, budget: float,
+                options: SearchOptions) -> tuple[Plan, Estimate, dict[str, Any]] | None:
+    """The best of ``plan``'s interleaved variants (``options.virtual_sizes``) that fits, and
+    each one's samples/s (None: not possible or over budget)."""
+    tried: dict[str, Any] = {}
+    best: tuple[Plan, Estimate] | None = None
+    for v in options.virtual_sizes:
+        variant = interleaved_variant(plan, v)
+        if variant is None:
+            tried[str(v)] = None
+            continue
+        try:
+            e = est if v == 1 else evaluate_plan(variant, spec, training, cluster, profile,
+                                                 budget)
+        except ValueError:  # a layer type the moved strategy does not fit
+            tried[str(v)] = None
+            continue
+        tried[str(v)] = e.samples_per_s if e.feasible else None
+        if e.feasible and (best is None or e.samples_per_s > best[1].samples_per_s):
+            best = (variant, e)
+    if best is None:
+        return None
+    return best[0], best[1], tried
+
+
 def _finish(cands: list[_Candidate], spec: ModelSpec, training: TrainingSpec, cluster: Any,
-            profile: ModelProfile, budget: float, polish: bool):
-    """Polish, build and evaluate the leading candidates; best feasible (plan, estimate, info)."""
+            profile: ModelProfile, budget: float, polish: bool,
+            options: SearchOptions = SearchOptions(virtual_sizes=(1,))):
+    """Polish, build and evaluate the leading candidates; best feasible (plan, estimate, info).
+    Each candidate's best plan is also tried interleaved (``options.virtual_sizes``)."""
     best = None
     for cand in cands:
         if polish and "bmw" in cand.partitions:
@@ -360,13 +453,20 @@ def _finish(cands: list[_Candidate], spec: ModelSpec, training: TrainingSpec, cl
         for other in ("even", "memory"):
             if other in scores and other != kind:
                 info[f"gain_vs_{other}"] = est.samples_per_s / scores[other] - 1.0
+        if options.virtual_sizes != (1,):
+            interleaved = _interleave(plan, est, spec, training, cluster, profile, budget,
+                                      options)
+            if interleaved is None:
+                continue
+            plan, est, info["virtual_size_samples_per_s"] = interleaved
         if best is None or est.samples_per_s > best[1].samples_per_s:
             best = (plan, est, info, cand)
     return best
 
 
 def _refine(cand: _Candidate, spec: ModelSpec, training: TrainingSpec, cluster: Any,
-            profile: ModelProfile, budget: float, step: int):
+            profile: ModelProfile, budget: float, step: int,
+            options: SearchOptions = SearchOptions(virtual_sizes=(1,))):
     """The winning task again with a finer memory step. Every plan feasible at the coarse step
     stays feasible at a step that divides it, so this can only find more room (the answer is
     the better of the two)."""
@@ -383,7 +483,8 @@ def _refine(cand: _Candidate, spec: ModelSpec, training: TrainingSpec, cluster: 
         lambda part: task.score(part, option), task.max_len, tuple(cand.partitions),
         polish=False, memory_seed=mem_part, row_depends_on_start=len(spec.layer_types) > 1)
     fine = _Candidate(cand.score, task, option, parts, cand.space)
-    return _finish([fine], spec, training, cluster, profile, budget, polish=True)
+    return _finish([fine], spec, training, cluster, profile, budget, polish=True,
+                   options=options)
 
 
 def _respects(plan: Plan, options: SearchOptions) -> bool:
@@ -399,6 +500,10 @@ def _respects(plan: Plan, options: SearchOptions) -> bool:
             and (options.max_tp is None or all(layer.tp <= options.max_tp for layer in layers))
             and all(layer.dp_mode in options.dp_modes or plan.dp_size(i) == 1
                     for i, layer in enumerate(layers))
+            and (options.sequence_parallel is None
+                 or all(layer.sequence_parallel == options.sequence_parallel
+                        for layer in layers if layer.tp > 1))
+            and plan.virtual_size in options.virtual_sizes
             and (options.allow_recompute or not any(layer.recompute for layer in layers)))
 
 
@@ -440,8 +545,11 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: Any, profile: Model
             cands.extend(_run_space(sub, spec, training, cluster, profile, memory_budget_bytes,
                                     options, world, step, deadline_, progress_, stats))
         cands.sort(key=lambda c: c.score)
+        # baseline spaces keep the plain 1F1B schedule (unless interleaving is pinned)
+        opts = options if name == "full" or _interleaving_pinned(options) else \
+            replace(options, virtual_sizes=(1,))
         found = _finish(cands[:3], spec, training, cluster, profile, memory_budget_bytes,
-                        polish=True)
+                        polish=True, options=opts)
         # Refine: when the budget is well below the device memory the device-based step is
         # coarse for it; the finalists' tasks run again at most REFINE_FACTOR times finer and
         # never finer than the budget in AUTO_MEMORY_CELLS cells (bounds the extra DP work).
@@ -452,7 +560,7 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: Any, profile: Model
                 and fine_step < step):
             for cand in cands[:3]:
                 finer = _refine(cand, spec, training, cluster, profile, memory_budget_bytes,
-                                fine_step)
+                                fine_step, opts)
                 if finer is not None and finer[1].samples_per_s > found[1].samples_per_s:
                     found = finer
         return found

@@ -1,15 +1,16 @@
 """The per-layer strategy space.
 
 A layer's strategy inside a pipeline stage of ``n`` ranks is a ``plan.LayerStrategy``: TP degree
-``tp`` (power of two dividing ``n``), data-parallel flavour (``ddp``/``zero2``/``zero3`` over the
-``dp = n/tp`` replicas), TP layout (consecutive or strided ranks) and recompute. Pipeline degree
-is chosen outside (it is one per plan).
+``tp`` (power of two dividing ``n``), data-parallel flavour (``ddp``/``zero1``/``zero2``/``zero3``
+over the ``dp = n/tp`` replicas), TP layout (consecutive or strided ranks), Megatron sequence
+parallelism (``tp > 1`` dividing the sequence) and recompute. Pipeline degree (and the
+interleaving of its stages) is chosen outside (one per plan).
 
 Pruning rules (each keeps the optimum, or encodes a rule of the runtime):
 
 1. ``tp`` must divide the layer's heads and FFN size (Megatron splits both) and ``n``; ``dp``
    must divide the micro-batch (each replica takes an equal slice). Runtime rules.
-2. With ``dp == 1`` the three DP flavours are the same computation with the same memory, so only
+2. With ``dp == 1`` the four DP flavours are the same computation with the same memory, so only
    ``ddp`` is kept (a duplicate would only slow the DP).
 3. The layout flag is kept only where it changes the groups, ``1 < tp < n``: with ``tp == 1`` or
    ``tp == n`` consecutive and strided groups are identical.
@@ -62,6 +63,9 @@ class SpaceRules:
     allow_strided: bool = True
     max_tp: int | None = None
     force_recompute: bool = False  # every layer recomputes (uniform Megatron grids)
+    # Megatron-SP choices of a tp > 1 layer: (False, True) searches it, (True,) pins it on
+    # (``--sequence-parallel``), (False,) leaves it out.
+    sequence_parallel: tuple[bool, ...] = (False,)
 
 
 def layer_strategies(layer_type: LayerType, stage_size: int, microbatch_size: int,
@@ -69,7 +73,8 @@ def layer_strategies(layer_type: LayerType, stage_size: int, microbatch_size: in
     """All strategies of ``layer_type`` in a stage of ``stage_size`` ranks (pruning rules 1-4).
 
     Deterministic order: tp ascending, then layout (consecutive first), DP flavour in
-    ``DP_MODES`` order, recompute off before on.
+    ``rules.dp_modes`` order, sequence parallelism off before on, recompute off before on.
+    SP is offered where ``tp > 1`` divides the sequence (the runtime's rule).
     """
     cap = rules.max_tp if rules.max_tp is not None else devices_per_node
     out: list[LayerStrategy] = []
@@ -87,15 +92,19 @@ def layer_strategies(layer_type: LayerType, stage_size: int, microbatch_size: in
         if dp == 1 and "ddp" not in rules.dp_modes and len(rules.dp_modes) > 0:
             modes = (rules.dp_modes[0],)  # equivalent anyway; keep the name the space uses
         layouts = [True, False] if (1 < tp < stage_size and rules.allow_strided) else [True]
+        sps: tuple[bool, ...] = (False,)
+        if tp > 1 and layer_type.seq_length % tp == 0:
+            sps = rules.sequence_parallel
         for consec in layouts:
             for mode in modes:
                 if rules.force_recompute:
                     recomputes: tuple[bool, ...] = (True,)
                 else:
                     recomputes = (False, True) if rules.allow_recompute else (False,)
-                for recompute in recomputes:
-                    out.append(LayerStrategy(tp=tp, dp_mode=mode, tp_consecutive=consec,
-                                             recompute=recompute))
+                for sp in sps:
+                    for recompute in recomputes:
+                        out.append(LayerStrategy(tp=tp, dp_mode=mode, tp_consecutive=consec,
+                                                 recompute=recompute, sequence_parallel=sp))
     return out
 
 

@@ -6,7 +6,8 @@ flight and transient level), and answers "what does stage ``k`` cost if it holds
 from ``start``?" as arrays over ``L`` for the partition code.
 
 Objective of a layer in the DP: ``m * (forward + backward) + exposed_sync + optimizer`` seconds
-per iteration; of a transition between layout classes: ``m * relayout``. The DP also carries the
+per iteration; of a transition between classes (a layout and whether the layer runs
+sequence parallelism): ``m * (relayout + SP boundaries)``. The DP also carries the
 exposed sync, the backward time and the optimizer step along its optimum so the partition can be scored with the pipeline model.
 
 Transient memory (only the running layer's) enters as a *level* ``tau``: the DP for level ``tau``
@@ -25,8 +26,9 @@ import numpy as np
 
 from ..plan import LayerStrategy
 from .cost_memory import MemoryCost, embedding_memory, layer_memory
-from .cost_model import in_flight, step_overhead
-from .cost_time import TimeCost, embedding_time, layer_time, pipeline_time, relayout_time
+from .cost_model import in_flight, sp_reduced_tensor_bytes, step_overhead
+from .cost_time import (TimeCost, embedding_time, layer_time, pipeline_time, relayout_time,
+                        sequence_parallel_switch_time)
 from .dp import LayerOptions, StageTables, solve_stage
 from .gpu_terms import search_model_budget
 from .model_spec import ModelSpec
@@ -94,29 +96,42 @@ class Task:
         self.strategies: list[list[LayerStrategy]] = []
         self.mem: list[list[MemoryCost]] = []
         self.time: list[list[TimeCost]] = []
-        for lt in spec.layer_types:
+        for t, lt in enumerate(spec.layer_types):
             lp = profile.layer_types[lt.name]
             strategies = layer_strategies(lt, n, self.b_m, rules, cluster.devices_per_node)
             self.strategies.append(strategies)
+            # any layer of this type stands for its norm/bias sizes
+            norms = sp_reduced_tensor_bytes(spec, spec.layer_order.index(t)) \
+                if t in spec.layer_order else ()
             self.mem.append([layer_memory(lp, s.tp, n // s.tp, s.dp_mode, s.recompute,
                                           self.b_m / (n // s.tp),
-                                          first_backward_peak=schedule == "gpipe")
+                                          first_backward_peak=schedule == "gpipe",
+                                          sequence_parallel=s.sequence_parallel)
                              for s in strategies])
             self.time.append([layer_time(lp, cluster, layout_of(s, n), s.dp_mode, s.recompute,
-                                         self.b_m / (n // s.tp), n, profile.precision)
+                                         self.b_m / (n // s.tp), n, profile.precision,
+                                         sequence_parallel=s.sequence_parallel,
+                                         norm_grad_bytes=norms if s.sequence_parallel else ())
                               for s in strategies])
         self.ok = all(self.strategies)
-        self.layouts: list[Layout] = sorted({layout_of(s, n) for group in self.strategies
-                                             for s in group})
-        self.cls = [np.array([self.layouts.index(layout_of(s, n)) for s in group], dtype=np.int64)
-                    for group in self.strategies]
+        # DP classes: a layout and whether the layer runs SP (transitions depend on both)
+        self.layouts: list[tuple[Layout, bool]] = sorted({self.class_of(s) for group in
+                                                          self.strategies for s in group})
+        self.cls = [np.array([self.layouts.index(self.class_of(s)) for s in group],
+                             dtype=np.int64) for group in self.strategies]
         hidden = max(profile.layer_types[t.name].moved_bytes_per_sample for t in spec.layer_types)
+        # what an SP boundary gathers: the hidden state alone
+        sp_hidden = max(profile.layer_types[t.name].hidden_bytes_per_sample
+                        for t in spec.layer_types)
         c = len(self.layouts)
         self.transition = np.zeros((c, c))
-        for i, a in enumerate(self.layouts):
-            for j, b in enumerate(self.layouts):
+        for i, (a, a_sp) in enumerate(self.layouts):
+            for j, (b, b_sp) in enumerate(self.layouts):
                 if i != j:
-                    self.transition[i, j] = m * relayout_time(cluster, a, b, self.b_m, hidden, n)
+                    self.transition[i, j] = m * (
+                        relayout_time(cluster, a, b, self.b_m, hidden, n)
+                        + sequence_parallel_switch_time(cluster, a, a_sp, b, b_sp, self.b_m,
+                                                        sp_hidden, n))
         # penalty[a, b]: most a layer of class a can pay in transitions beyond one of class b
         # (into it from any predecessor, out of it to any successor; never negative).
         tr = self.transition
@@ -146,6 +161,10 @@ class Task:
         self._vocab: dict[tuple, tuple[MemoryCost, TimeCost]] = {}
         # Lower bound on the iteration time of any plan of this task (memory ignored).
         self.lower_bound = self._lower_bound()
+
+    def class_of(self, strategy: LayerStrategy) -> tuple[Layout, bool]:
+        """The DP class of a strategy: its layout and whether it runs sequence parallelism."""
+        return layout_of(strategy, self.n), strategy.sequence_parallel and strategy.tp > 1
 
     def _candidate_levels(self) -> list[int]:
         """Transient levels that can matter: the transient of every strategy that no strategy
@@ -397,9 +416,16 @@ class Task:
         hidden = max(self.profile.layer_types[t.name].moved_bytes_per_sample
                      for t in self.spec.layer_types)
         slice_bytes = self.b_m / (self.n // sender.tp) * hidden
+        sp_hidden = max(self.profile.layer_types[t.name].hidden_bytes_per_sample
+                        for t in self.spec.layer_types)
+        (old, old_sp), (new, new_sp) = self.class_of(sender), self.class_of(receiver)
+        # SP: the sender gathers the sequence before it sends, the receiver enters its run
         return (2 * self.cluster.p2p_time(slice_bytes, self.pp)
-                + relayout_time(self.cluster, layout_of(sender, self.n),
-                                layout_of(receiver, self.n), self.b_m, hidden, self.n))
+                + relayout_time(self.cluster, old, new, self.b_m, hidden, self.n)
+                + sequence_parallel_switch_time(self.cluster, old, old_sp, old, False, self.b_m,
+                                                sp_hidden, self.n)
+                + sequence_parallel_switch_time(self.cluster, new, False, new, new_sp, self.b_m,
+                                                sp_hidden, self.n))
 
     def _picks(self, k: int, start: int, length: int, option: VocabOption) -> list[int] | None:
         """Indices into each layer type's strategy list of the stage optimum."""
