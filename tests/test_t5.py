@@ -37,9 +37,10 @@ FOUR_RANK_PLANS = {
                                layer(tp=2, dp_mode="zero2", consecutive=False)],
                            vocab_tp=2, vocab_dp_mode="zero3"),
     # the boundary inside the encoder: the decoder's embedded input is carried to stage 1,
-    # and the encoder's bias table lives on both stages
-    "pp2-inside-encoder": plan_of(4, [layer(tp=2), layer(tp=1), layer(tp=2), layer(tp=1)],
-                                  layers_per_stage=(1, 3), vocab_tp=2),
+    # and the encoder's bias table lives on both stages; ZeRO-1 on some layers and the vocab
+    "pp2-inside-encoder-zero1": plan_of(4, [layer(tp=2), layer(tp=1, dp_mode="zero1"),
+                                            layer(tp=2), layer(tp=1, dp_mode="zero1")],
+                                        layers_per_stage=(1, 3), vocab_dp_mode="zero1"),
     # exactly at the encoder/decoder boundary, with different layouts on either side
     "pp2-at-enc-dec": plan_of(4, [layer(tp=1), layer(tp=2, consecutive=True),
                                   layer(tp=2, consecutive=False, dp_mode="zero2"),
