@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .config import ModelConfig
+from .config import ArgumentError, ModelConfig
 from .parallel.device import resolve_device
 from .plan import DP_MODES, Plan, PlanError
 from .planner import report
@@ -39,7 +39,7 @@ from .planner.megatron_flags import to_megatron_flags
 from .planner.presets import get_cluster
 from .planner.profiles import ModelProfile
 from .planner.search import InfeasibleError, SearchOptions, pinned_virtual_sizes, search
-from .planning import planning_inputs
+from .planning import planning_inputs, runtime_options
 from .profiler import cache as profile_cache
 from .profiler.cache import default_cache_dir
 from .profiler.hardware_profiler import PROFILER_REVISION, HardwareProfilerConfig, profile_hardware
@@ -214,7 +214,11 @@ def plan_for_run(pins: SearchPins, model_config: ModelConfig | VisionConfig, wor
         cluster.budget_bytes(pins.memory_budget_gb)  # a bad budget stops every rank at once
     except ValueError as err:
         raise AutoParallelError(str(err)) from None
-    options = search_options_for(pins, world_size, model_config.num_layers)
+    try:
+        options = runtime_options(search_options_for(pins, world_size, model_config.num_layers),
+                                  model_config)
+    except ArgumentError as err:
+        raise AutoParallelError(str(err)) from None
 
     measure = describes_this_machine(cluster)
     if measure:

@@ -41,7 +41,7 @@ from .planner.model_spec import ModelSpec, TrainingSpec
 from .planner.presets import PRESET_NAMES, get_cluster
 from .planner.profiles import ModelProfile
 from .planner.search import SearchOptions, evaluate, pinned_virtual_sizes, search
-from .planning import PlanningInputs, planning_inputs
+from .planning import PlanningInputs, planning_inputs, runtime_options
 from .run_config import resolve_precision
 from .reproduce.cli import add_reproduce_parser
 from .profiler.cli import (add_calibrate_parser, add_profile_hardware_parser,
@@ -266,6 +266,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         sequence_parallel=True if args.sequence_parallel else None,
         virtual_sizes=virtual_sizes)
     try:
+        options = runtime_options(options, setup.config)
         options.validate()
     except ValueError as err:  # name our flags, not the SearchOptions fields
         text = str(err)

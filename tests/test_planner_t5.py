@@ -135,3 +135,18 @@ def test_evaluate_a_classic_t5_layout_and_bad_input(tmp_path, capsys):
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--decoder-seq-length=600: is longer than the learned" in err[0]
+
+
+def test_search_offers_t5_only_plans_its_runtime_trains(tmp_path, capsys):
+    # T5 stages run neither Megatron-SP nor the interleaved schedule: not searched, and pinning
+    # them is one error line
+    out = tmp_path / "t5.json"
+    assert main(["plan", *T5_FLAGS, "--global-batch-size", "64", "--plan-out", str(out),
+                 "--quiet"]) == 0
+    plan = Plan.load(out)
+    assert plan.pipeline.virtual_size == 1
+    assert not any(layer.sequence_parallel for layer in plan.layers)
+    capsys.readouterr()
+    assert main(["plan", *T5_FLAGS, "--sequence-parallel", "--plan-out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--sequence-parallel: the t5 model does not run" in err[0]
