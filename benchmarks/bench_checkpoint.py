@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import socket
 import statistics
 import tempfile
 import time
@@ -55,8 +56,11 @@ def main() -> None:
     from megatron_auto.training.checkpoint_verify import choose_checkpoint, describe_files
     from megatron_auto.training.trainer import build_trainer
 
+    with socket.socket() as sock:  # a free port: other runs may hold any fixed one
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
     os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": os.environ.get("MASTER_PORT", "29534")})
+                       "MASTER_PORT": os.environ.get("MASTER_PORT", str(port))})
     dist.init_process_group("gloo")
     cfg = ModelConfig(num_layers=args.num_layers, hidden_size=args.hidden_size,
                       num_attention_heads=args.num_attention_heads, seq_length=64,

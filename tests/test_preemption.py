@@ -162,16 +162,24 @@ def test_sigkill_of_a_rank_under_max_restarts_finishes_with_the_same_losses(tmp_
 
 
 def test_exit_interval_and_exit_duration_save_and_end_the_run(tmp_path, capfd):
-    for flags, reason, stopped in (
+    for case, (flags, reason, stopped) in enumerate((
             (["--exit-interval", "3"], "--exit-interval=3 reached", 3),
+            # Asynchronous interval saves: the exit's save waits for the one of iteration 2.
+            (["--exit-interval", "3", "--async-save", "--save-interval", "2"],
+             "--exit-interval=3 reached", 3),
             # Start-up alone takes longer than 0.001 min, so the first iteration is the last.
-            (["--exit-duration-in-mins", "0.001"], "--exit-duration-in-mins=0.001 reached", 1)):
-        ckpt = tmp_path / f"ckpt{stopped}"
+            (["--exit-duration-in-mins", "0.001"], "--exit-duration-in-mins=0.001 reached", 1))):
+        ckpt = tmp_path / f"ckpt{case}"
         capfd.readouterr()
         assert run_distributed(_main_worker, 2, SMALL + flags + ["--save", str(ckpt)]) == [0, 0]
         out = capfd.readouterr().out
         assert f"> exiting at iteration {stopped}: {reason}" in out, out[-3000:]
         assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == str(stopped)
+        if "--async-save" in flags:
+            assert sorted(os.listdir(ckpt)) == ["iter_0000002", "iter_0000003",
+                                                "latest_checkpointed_iteration.txt"]
+            assert "> training continues while iteration 2's checkpoint is written" in out
+            assert "> asynchronous checkpoint of iteration 3 complete" in out
 
 
 def _timeout_child(rank, port, write_fd):
