@@ -153,14 +153,9 @@ def rank_process_groups(plan: Any, rank: int) -> set[tuple]:
     stage = rank // n
     ranks = list(range(stage * n, (stage + 1) * n))
     groups: set[tuple] = {tuple(range(plan.world_size))}
-    ring = plan.virtual_size > 1  # interleaved: chunks wrap from the last stage to the first
     for peer in (rank - n, rank + n):
-        if ring:
-            peer %= plan.world_size
-        if 0 <= peer < plan.world_size and peer != rank:
+        if 0 <= peer < plan.world_size:
             groups.add(("p2p",) + tuple(sorted((rank, peer))))
-    if ring:  # parallel/interleaved.py sends gradients on a world group of their own
-        groups.add(("interleaved_backward",) + tuple(range(plan.world_size)))
     if n > 1:
         groups.add(tuple(ranks))
     if pp > 1 and stage in (0, pp - 1):
@@ -169,10 +164,7 @@ def rank_process_groups(plan: Any, rank: int) -> set[tuple]:
     layouts: set[tuple[int, bool]] = set()
     for i, layer in enumerate(plan.layers):
         s = plan.stage_of_layer(i)
-        # a chunk's input arrives in the previous chunk's last layout
-        feeds = (i + 1 < plan.num_layers and plan.chunk_of_layer(i + 1) != plan.chunk_of_layer(i)
-                 and plan.stage_of_layer(i + 1) == stage)
-        if s == stage or feeds:
+        if s == stage or (s + 1 == stage and i == plan.stage_layer_range(s)[-1]):
             layouts.add((layer.tp, layer.tp_consecutive or layer.tp in (1, n)))
     if stage in (0, pp - 1):
         layouts.add((plan.vocab.tp, True))
@@ -184,17 +176,75 @@ def rank_process_groups(plan: Any, rank: int) -> set[tuple]:
     return {g for g in groups if len(g) > 1}  # a p2p pair has 3 entries: label and peers
 
 
+def _local_group_keys(j: int, n: int, tp: int, consecutive: bool) -> list[tuple[int, int, int]]:
+    """The TP and DP groups (two ranks or more) of local index ``j`` in a stage of ``n`` under
+    a layout, each as the arithmetic progression ``(start, step, count)`` of its local indices:
+    every group of ``layout.tp_group_ranks``/``dp_group_ranks`` is one, and two progressions of
+    two or more terms are the same set exactly when the triples are equal."""
+    dp = n // tp
+    if consecutive:
+        groups = [(j - j % tp, 1, tp), (j % tp, tp, dp)]          # TP block, DP every tp-th
+    else:
+        groups = [(j % dp, dp, tp), (j - j % dp, 1, dp)]          # TP every dp-th, DP block
+    return [g for g in groups if g[2] > 1]
+
+
+def _stage_layouts(plan: Any, stage: int) -> set[tuple[int, bool]]:
+    """The layouts ``rank_process_groups`` takes into account for a rank of ``stage`` (the same
+    loop: the stage's layers, the previous stage's last layer, the vocab on the end stages)."""
+    n, pp = plan.stage_size, plan.pp_size
+    layouts: set[tuple[int, bool]] = set()
+    for i, layer in enumerate(plan.layers):
+        s = plan.stage_of_layer(i)
+        if s == stage or (s + 1 == stage and i == plan.stage_layer_range(s)[-1]):
+            layouts.add((layer.tp, layer.tp_consecutive or layer.tp in (1, n)))
+    if stage in (0, pp - 1):
+        layouts.add((plan.vocab.tp, True))
+    return layouts
+
+
+def group_count(n: int, pp: int, world: int, stage: int, j: int,
+                layouts: Iterable[tuple[int, bool]]) -> int:
+    """``len(rank_process_groups)`` of local index ``j`` of ``stage`` whose stage uses
+    ``layouts``, without building the groups (O(layouts) instead of O(n) per group)."""
+    keys: set[tuple] = set()
+    if world > 1:
+        keys.add(("local", 0, 1, n) if pp == 1 else ("world",))
+    rank = stage * n + j
+    for peer in (rank - n, rank + n):
+        if 0 <= peer < world:
+            keys.add(("p2p", min(rank, peer), max(rank, peer)))
+    if n > 1:
+        keys.add(("local", 0, 1, n))
+    if pp > 1 and stage in (0, pp - 1) and world > 2:
+        keys.add(("pair", j))  # (j, (pp - 1) n + j); with two ranks in all it is the world
+    for tp, consecutive in layouts:
+        for g in _local_group_keys(j, n, tp, consecutive):
+            keys.add(("local",) + g)
+    return len(keys)
+
+
 def nccl_bytes(plan: Any, rank: int, communicator_bytes: float) -> float:
     """NCCL communicator memory on ``rank``: one communicator per group it belongs to."""
     if communicator_bytes <= 0:
         return 0.0
-    return communicator_bytes * len(rank_process_groups(plan, rank))
+    n = plan.stage_size
+    stage = rank // n
+    return communicator_bytes * group_count(n, plan.pp_size, plan.world_size, stage,
+                                            rank - stage * n, _stage_layouts(plan, stage))
 
 
 def stage_nccl_bytes(plan: Any, stage: int, communicator_bytes: float) -> float:
-    """The most NCCL memory any rank of ``stage`` holds."""
-    n = plan.stage_size
-    return max(nccl_bytes(plan, r, communicator_bytes) for r in range(stage * n, (stage + 1) * n))
+    """The most NCCL memory any rank of ``stage`` holds. Every rank of a stage holds the same
+    number of groups: two progressions of :func:`_local_group_keys` coincide under a condition
+    on the degrees alone (a TP block of ``a`` and a DP block of ``n / b`` when ``a = n / b``,
+    likewise for the strided pair), never on the index, and the p2p peers and the embedding
+    pair are one per stage neighbour; so local index 0 stands for all (the test compares every
+    rank with ``rank_process_groups``)."""
+    if communicator_bytes <= 0:
+        return 0.0
+    return communicator_bytes * group_count(plan.stage_size, plan.pp_size, plan.world_size,
+                                            stage, 0, _stage_layouts(plan, stage))
 
 
 def fragmentation_bytes(fraction: float, dynamic_bytes: float) -> float:
@@ -216,19 +266,21 @@ def search_nccl_bound(cluster: Any, stage_size: int, pp: int) -> float:
     per = float(getattr(cluster, "nccl_communicator_bytes", 0.0))
     if per <= 0:
         return 0.0
-    ranks = list(range(stage_size))
-    most = 0
-    for rank in ranks:
-        groups = set()
-        for lay in all_layouts(stage_size):
-            for members in list(tp_group_ranks(ranks, lay.tp, lay.consecutive)) + list(
-                    dp_group_ranks(ranks, lay.tp, lay.consecutive)):
-                if rank in members and 1 < len(members) < stage_size:
-                    groups.add(tuple(members))
-        most = max(most, len(groups))
+    key = (stage_size, pp)
+    if key not in _NCCL_BOUND_CACHE:
+        most = 0
+        layouts = [(lay.tp, lay.consecutive) for lay in all_layouts(stage_size)]
+        for j in range(stage_size):
+            groups = {g for tp, c in layouts for g in _local_group_keys(j, stage_size, tp, c)
+                      if g[2] < stage_size}
+            most = max(most, len(groups))
+        _NCCL_BOUND_CACHE[key] = most
     # world, stage, embedding pair, the p2p pairs with the previous and next stage
     fixed = 1 + (stage_size > 1) + (pp > 1) + min(2, pp - 1)
-    return per * (most + fixed)
+    return per * (_NCCL_BOUND_CACHE[key] + fixed)
+
+
+_NCCL_BOUND_CACHE: dict[tuple[int, int], int] = {}
 
 
 def search_model_budget(cluster: Any, budget_bytes: float, stage_size: int, pp: int) -> float:
