@@ -21,12 +21,13 @@ Pure: no torch, so the planning CLI starts fast.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import os
 import warnings
 from typing import Any, Callable, Sequence
 
-from .config import ArgumentError, ConfigError, ModelConfig
+from .config import FP8_FORMATS, TRANSFORMER_IMPLS, ArgumentError, ConfigError, ModelConfig
 from .run_config import (DEFAULT_GLOBAL_BATCH_SIZE, CheckpointConfig, ClassicLayout, DataConfig,
                          ExperimentLogConfig, LoggingConfig, LRConfig, OptimizerConfig, PlanFile, PrecisionConfig,
                          RunConfig, SearchPins, TrainingConfig, resolve_precision)
@@ -78,8 +79,6 @@ IGNORED_MEGATRON_FLAGS: dict[str, tuple[str | None, tuple[str, ...] | None]] = {
     "--distributed-backend": ("BACKEND", ("nccl", "gloo")),
     "--num-workers": ("N", None),
     "--dataloader-type": ("TYPE", ("single", "cyclic", "external")),
-    # Only the local implementation is ours: transformer_engine is refused by the choices.
-    "--transformer-impl": ("IMPL", ("local",)),
     "--attention-backend": ("BACKEND", None),
 }
 
@@ -90,9 +89,6 @@ def _ignored_dest(flag: str) -> str:
 
 # Data flags that only matter when a tokenizer is built (not with --mock-data).
 _TOKENIZER_FLAGS = ("tokenizer_type", "tokenizer_model", "vocab_file", "merge_file")
-# Classic layout flags --auto-parallel does not search yet (the cost model does not price them).
-_NOT_SEARCHED = ("sequence_parallel", "num_layers_per_virtual_pipeline_stage")
-
 
 # ----------------------------------------------------------------------------- flag groups
 def add_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -171,6 +167,13 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--hysteresis", type=int, default=2)
     g.add_argument("--compile", action="store_true",
                    help="torch.compile each transformer layer (the schedule stays eager)")
+    g.add_argument("--transformer-impl", default="local", choices=TRANSFORMER_IMPLS,
+                   help="local (ours, default) or transformer_engine (Transformer Engine's "
+                        "LayerNormLinear / Linear / DotProductAttention; needs the package)")
+    g.add_argument("--fp8-format", default=None, choices=FP8_FORMATS,
+                   help="train the GEMMs in FP8 with Transformer Engine's delayed scaling "
+                        "(hybrid: E4M3 forward, E5M2 backward); needs --transformer-impl "
+                        "transformer_engine")
     g.add_argument("--compile-backend", default="inductor",
                    help="torch.compile backend for --compile: inductor (default), aot_eager, "
                         "eager")
@@ -210,6 +213,9 @@ def add_data_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--tokenizer-model", default=None)
     g.add_argument("--vocab-file", default=None)
     g.add_argument("--merge-file", default=None)
+    g.add_argument("--vocab-extra-ids", type=int, default=0,
+                   help="sentinel tokens <extra_id_i> added to the tokenizer (T5 span "
+                        "corruption; pretrain_t5.py: default 100)")
     g.add_argument("--eod-mask-loss", action="store_true")
     g.add_argument("--data-cache-path", default=None)
     return parser
@@ -241,6 +247,24 @@ def add_logging_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                         "(default 10, as Megatron)")
     g.add_argument("--save-interval", type=int, default=None, metavar="N",
                    help="iterations between checkpoints (needs --save)")
+    g.add_argument("--async-save", action="store_true",
+                   help="write checkpoints in the background (torch.distributed.checkpoint."
+                        "async_save): training stalls only while the state is copied (needs "
+                        "--save)")
+    g.add_argument("--no-load-fallback", dest="load_fallback", action="store_false",
+                   help="stop at a damaged --load checkpoint instead of loading the newest "
+                        "intact older one")
+    g.add_argument("--exit-signal-handler", dest="exit_signal_handler", action="store_true",
+                   default=None,
+                   help="on SIGTERM (preemption; torchrun forwards it) finish the iteration, "
+                        "save (with --save) and exit 0 on every rank together. Default: on "
+                        "when --save is given")
+    g.add_argument("--no-exit-signal-handler", dest="exit_signal_handler",
+                   action="store_false", help="keep SIGTERM's default action (end at once)")
+    g.add_argument("--exit-duration-in-mins", type=float, default=None, metavar="MIN",
+                   help="save (with --save) and exit 0 once the run has lasted MIN minutes")
+    g.add_argument("--exit-interval", type=int, default=None, metavar="N",
+                   help="save (with --save) and exit 0 at the first iteration divisible by N")
     t = parser.add_argument_group("TensorBoard and Weights & Biases (the metrics-file records)")
     t.add_argument("--tensorboard-dir", default=None, metavar="DIR")
     t.add_argument("--tensorboard-log-interval", type=int, default=1, metavar="N",
@@ -299,6 +323,24 @@ def _fail(flag: str, value: object, fix: str) -> None:
     raise ArgumentError(f"{flag}={value}: {fix}")
 
 
+def _check_transformer_impl(args: argparse.Namespace) -> None:
+    """--transformer-impl / --fp8-format: refuse at start what cannot run here (the package is
+    looked up, not imported: importing it would load torch and CUDA)."""
+    impl, fp8 = getattr(args, "transformer_impl", "local"), getattr(args, "fp8_format", None)
+    te_missing = importlib.util.find_spec("transformer_engine") is None
+    if fp8 is not None and impl != "transformer_engine":
+        _fail("--fp8-format", fp8, "needs --transformer-impl transformer_engine (FP8 GEMMs are "
+              "Transformer Engine's); add it or drop --fp8-format")
+    if impl == "transformer_engine" and te_missing:
+        _fail("--transformer-impl", impl, "Transformer Engine is not installed here (no module "
+              "transformer_engine); install transformer_engine[pytorch] or use "
+              "--transformer-impl local")
+    if impl == "transformer_engine" and getattr(args, "sequence_parallel", False):
+        _fail("--transformer-impl", impl, "not wired with --sequence-parallel yet (the TP "
+              "all-reduce of the norm-weight gradients that Megatron adds after Transformer "
+              "Engine's backward is missing); drop one of them")
+
+
 def check_args(args: argparse.Namespace) -> None:
     """Reject contradictory flags at start, naming the flag, its value and the fix."""
     resolve_precision(args.bf16, args.fp16)
@@ -308,6 +350,7 @@ def check_args(args: argparse.Namespace) -> None:
     if ignored:
         warnings.warn(f"Megatron-LM flags ignored (no effect in megatron_auto; see "
                       f"docs/training.md): {' '.join(ignored)}", stacklevel=2)
+    _check_transformer_impl(args)
     if args.mock_data and args.data_path:
         _fail("--data-path", " ".join(args.data_path),
               "cannot be combined with --mock-data; drop one of them")
@@ -359,6 +402,15 @@ def check_args(args: argparse.Namespace) -> None:
     if args.load is not None and os.path.exists(args.load) and not os.path.isdir(args.load):
         _fail("--load", args.load, "is a file, not a directory; give the --save directory of an "
               "earlier run")
+    if args.async_save and not args.save:
+        _fail("--async-save", True, "needs --save DIR (where the checkpoints go); add it or drop "
+              "--async-save")
+    if args.exit_duration_in_mins is not None and not (
+            math.isfinite(args.exit_duration_in_mins) and args.exit_duration_in_mins > 0):
+        _fail("--exit-duration-in-mins", args.exit_duration_in_mins,
+              "must be a positive number of minutes (e.g. 230)")
+    if args.exit_interval is not None and args.exit_interval < 1:
+        _fail("--exit-interval", args.exit_interval, "must be a positive integer")
     if not (math.isfinite(args.distributed_timeout_minutes)
             and args.distributed_timeout_minutes > 0):
         _fail("--distributed-timeout-minutes", args.distributed_timeout_minutes,
@@ -429,7 +481,9 @@ def model_config_from_args(args: argparse.Namespace, vocab_size: int | None = No
         normalization=args.normalization.lower(),
         untie_embeddings_and_output_weights=args.untie_embeddings_and_output_weights,
         add_bias_linear=not args.disable_bias_linear, openai_gelu=args.openai_gelu,
-        num_query_groups=_num_query_groups(args))
+        num_query_groups=_num_query_groups(args),
+        transformer_impl=getattr(args, "transformer_impl", "local"),
+        fp8_format=getattr(args, "fp8_format", None))
 
 
 def model_config_from_args_default(args: argparse.Namespace) -> ModelConfig:
@@ -448,7 +502,8 @@ def run_config_from_args(args: argparse.Namespace,
                         split=args.split, tokenizer_type=args.tokenizer_type,
                         tokenizer_model=args.tokenizer_model, vocab_file=args.vocab_file,
                         merge_file=args.merge_file, vocab_size=args.vocab_size,
-                        eod_mask_loss=args.eod_mask_loss, cache_dir=args.data_cache_path),
+                        eod_mask_loss=args.eod_mask_loss, cache_dir=args.data_cache_path,
+                        vocab_extra_ids=args.vocab_extra_ids),
         optimizer=OptimizerConfig(weight_decay=args.weight_decay, adam_beta1=args.adam_beta1,
                                   adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
                                   clip_grad=args.clip_grad),
@@ -475,10 +530,15 @@ def run_config_from_args(args: argparse.Namespace,
         training=TrainingConfig(train_iters=args.train_iters, eval_interval=args.eval_interval,
                                 eval_iters=args.eval_iters, seed=args.seed,
                                 compile_backend=args.compile_backend if args.compile else None,
-                                check_for_nan_in_loss_and_grad=args.check_for_nan_in_loss_and_grad),
+                                check_for_nan_in_loss_and_grad=args.check_for_nan_in_loss_and_grad,
+                                exit_signal_handler=args.exit_signal_handler,
+                                exit_duration_in_mins=args.exit_duration_in_mins,
+                                exit_interval=args.exit_interval),
         distributed_timeout_minutes=args.distributed_timeout_minutes,
         checkpoint=CheckpointConfig(save=args.save, load=args.load,
-                                    save_interval=args.save_interval),
+                                    save_interval=args.save_interval,
+                                    async_save=args.async_save,
+                                    load_fallback=args.load_fallback),
         plan_source=plan_source_from_args(args), plan_out=args.plan_out)
 
 
@@ -499,13 +559,10 @@ def plan_source_from_args(args: argparse.Namespace) -> PlanFile | ClassicLayout 
         return PlanFile(args.plan, global_batch_size=args.global_batch_size,
                         micro_batch_size=args.micro_batch_size)
     if args.auto_parallel:
-        for flag in _NOT_SEARCHED:
-            value = getattr(args, flag, None)
-            if value:
-                _fail("--" + flag.replace("_", "-"), value,
-                      "--auto-parallel does not search sequence parallelism or interleaving "
-                      "yet; drop the flag, or give the layout with classic flags or --plan")
-        return SearchPins(tensor_model_parallel_size=args.tensor_model_parallel_size,
+        return SearchPins(sequence_parallel=getattr(args, "sequence_parallel", False),
+                          num_layers_per_virtual_pipeline_stage=getattr(
+                              args, "num_layers_per_virtual_pipeline_stage", None),
+                          tensor_model_parallel_size=args.tensor_model_parallel_size,
                           pipeline_model_parallel_size=args.pipeline_model_parallel_size,
                           global_batch_size=args.global_batch_size,
                           micro_batch_size=args.micro_batch_size,

@@ -30,21 +30,22 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .config import ModelConfig
+from .config import ArgumentError, ModelConfig
 from .parallel.device import resolve_device
-from .plan import Plan, PlanError
+from .plan import DP_MODES, Plan, PlanError
 from .planner import report
 from .planner.hardware import ClusterSpec
 from .planner.megatron_flags import to_megatron_flags
 from .planner.presets import get_cluster
 from .planner.profiles import ModelProfile
-from .planner.search import InfeasibleError, SearchOptions, search
-from .planning import planning_inputs
+from .planner.search import InfeasibleError, SearchOptions, pinned_virtual_sizes, search
+from .planning import planning_inputs, runtime_options
 from .profiler import cache as profile_cache
 from .profiler.cache import default_cache_dir
 from .profiler.hardware_profiler import PROFILER_REVISION, HardwareProfilerConfig, profile_hardware
 from .profiler.model_profiler import get_or_create_model_profile, profile_cache_key, profile_model
 from .run_config import SearchPins
+from .t5_config import T5Config
 from .vision_config import VisionConfig
 
 logger = logging.getLogger("megatron_auto")
@@ -55,8 +56,14 @@ class AutoParallelError(ValueError):
 
 
 # --------------------------------------------------------------------------- search options
-def search_options_for(pins: SearchPins, world_size: int) -> SearchOptions:
-    """Planner options from the flags the user pinned; everything else stays searchable."""
+def search_options_for(pins: SearchPins, world_size: int,
+                       num_layers: int | None = None) -> SearchOptions:
+    """Planner options from the flags the user pinned; everything else stays searchable.
+
+    ``--use-distributed-optimizer`` pins ``zero1`` (Megatron's distributed optimizer; before
+    ZeRO-1 existed it meant zero2), ``--sequence-parallel`` pins SP on every layer with tp > 1,
+    ``--num-layers-per-virtual-pipeline-stage N`` the virtual size ``L / (pp N)`` (it needs
+    ``--pipeline-model-parallel-size`` and ``num_layers``)."""
     tp, pp = pins.tensor_model_parallel_size, pins.pipeline_model_parallel_size
     global_batch_size = pins.batch
     num_microbatches = None
@@ -74,12 +81,18 @@ def search_options_for(pins: SearchPins, world_size: int) -> SearchOptions:
                     f"--micro-batch-size={pins.micro_batch_size}: times the data-parallel size "
                     f"{dp} must divide --global-batch-size={global_batch_size}")
             num_microbatches = global_batch_size // per_step
-    dp_modes = ("zero2",) if pins.use_distributed_optimizer else ("ddp", "zero2", "zero3")
+    dp_modes = ("zero1",) if pins.use_distributed_optimizer else DP_MODES
+    try:
+        virtual_sizes = pinned_virtual_sizes(pins.num_layers_per_virtual_pipeline_stage, pp,
+                                             num_layers)
+    except ValueError as err:
+        raise AutoParallelError(str(err)) from None
     if pins.recompute_granularity is not None:
         logger.warning("--recompute-granularity is decided per layer by --auto-parallel; the "
                        "flag is ignored")
     return SearchOptions(tp=tp, pp=pp, num_microbatches=num_microbatches, dp_modes=dp_modes,
-                         show_progress=True)
+                         sequence_parallel=True if pins.sequence_parallel else None,
+                         virtual_sizes=virtual_sizes, show_progress=True)
 
 
 # --------------------------------------------------------------------------- profiles
@@ -163,6 +176,10 @@ def contend_while_profiling(model_config: ModelConfig, precision: str, cache_dir
         from .profiler.vision_profiler import (  # noqa: PLC0415 - lazy: the vision models
             profile_vision_model, vision_profile_cache_key)
         key_of, measure = vision_profile_cache_key, profile_vision_model
+    elif isinstance(model_config, T5Config):
+        from .profiler.t5_profiler import (  # noqa: PLC0415 - lazy: the T5 model
+            profile_t5_model, t5_profile_cache_key)
+        key_of, measure = t5_profile_cache_key, profile_t5_model
     key = key_of(model_config, precision, resolve_device())
     cached = _broadcast(profile_cache.load_cached(key, cache_dir) is not None
                         if _rank() == 0 else None)
@@ -177,6 +194,11 @@ def _measured_profile(model_config: Any, precision: str, cache_dir: Path) -> Mod
 
         return lookup_or_measure_vision(model_config, precision, resolve_device(),
                                         cache_dir=cache_dir).profile
+    if isinstance(model_config, T5Config):
+        from .profiler.t5_profiler import lookup_or_measure_t5  # noqa: PLC0415 - lazy: the T5 model
+
+        return lookup_or_measure_t5(model_config, precision, resolve_device(),
+                                    cache_dir=cache_dir).profile
     return get_or_create_model_profile(model_config, precision, resolve_device(),
                                        cache_dir=cache_dir)
 
@@ -192,7 +214,11 @@ def plan_for_run(pins: SearchPins, model_config: ModelConfig | VisionConfig, wor
         cluster.budget_bytes(pins.memory_budget_gb)  # a bad budget stops every rank at once
     except ValueError as err:
         raise AutoParallelError(str(err)) from None
-    options = search_options_for(pins, world_size)
+    try:
+        options = runtime_options(search_options_for(pins, world_size, model_config.num_layers),
+                                  model_config)
+    except ArgumentError as err:
+        raise AutoParallelError(str(err)) from None
 
     measure = describes_this_machine(cluster)
     if measure:

@@ -29,7 +29,9 @@ from .arguments import (DEFAULT_GLOBAL_BATCH_SIZE, add_model_args, check_model_o
 from .config import ModelConfig
 from .vision_arguments import add_vision_args, apply_vit_defaults, vision_config_from_args
 from .vision_config import BACKBONES, VisionConfig
-from .plan import Plan
+from .t5_arguments import add_t5_args, apply_t5_defaults, t5_config_from_args
+from .t5_config import T5Config
+from .plan import DP_MODES, Plan
 from .plots import plot_metrics, plot_plan
 from .plan_source import plan_from_classic_flags
 from .planner import galvatron, report
@@ -38,8 +40,8 @@ from .planner.megatron_flags import to_megatron_flags
 from .planner.model_spec import ModelSpec, TrainingSpec
 from .planner.presets import PRESET_NAMES, get_cluster
 from .planner.profiles import ModelProfile
-from .planner.search import SearchOptions, evaluate, search
-from .planning import PlanningInputs, planning_inputs
+from .planner.search import SearchOptions, evaluate, pinned_virtual_sizes, search
+from .planning import PlanningInputs, planning_inputs, runtime_options
 from .run_config import resolve_precision
 from .reproduce.cli import add_reproduce_parser
 from .profiler.cli import (add_calibrate_parser, add_profile_hardware_parser,
@@ -57,10 +59,12 @@ class CliError(ValueError):
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
     """The pretrain scripts' model shape flags (Megatron-LM names) plus ``--model-type``."""
     add_model_args(parser)
-    parser.add_argument("--model-type", default="gpt", choices=["gpt", "bert", *BACKBONES],
-                        help="gpt (causal decoder, default), bert (encoder), or an image "
-                             "classifier: vit or swin (with pretrain_vision_classify.py's flags)")
+    parser.add_argument("--model-type", default="gpt", choices=["gpt", "bert", "t5", *BACKBONES],
+                        help="gpt (causal decoder, default), bert (encoder), t5 (encoder-decoder, "
+                             "with pretrain_t5.py's flags), or an image classifier: vit or swin "
+                             "(with pretrain_vision_classify.py's flags)")
     add_vision_args(parser, backbone_flag=False, script_defaults=False)
+    add_t5_args(parser, script_defaults=False)
 
 
 def _model_flag_defaults() -> dict[str, Any]:
@@ -81,6 +85,10 @@ def model_config_from_flags(args: argparse.Namespace) -> ModelConfig:
         apply_vit_defaults(vision, MODEL_FLAG_DEFAULTS)
         return vision_config_from_args(vision)
     check_model_option_args(args)
+    if args.model_type == "t5":
+        t5 = argparse.Namespace(**vars(args))
+        apply_t5_defaults(t5, MODEL_FLAG_DEFAULTS)
+        return t5_config_from_args(t5)
     cfg = model_config_from_args(args)
     if args.model_type == "bert":
         cfg = dataclasses.replace(cfg, model_type="bert", num_tokentypes=2)
@@ -146,8 +154,10 @@ def _cluster(args: argparse.Namespace) -> ClusterSpec:
     if args.cluster is None and recorded:
         try:
             return get_cluster(recorded)
-        except ValueError:
-            pass  # e.g. a cluster file that moved: fall back to the default
+        except ValueError:  # e.g. a cluster file that moved: never a silent substitute
+            raise CliError(f"--plan={args.plan}: search.cluster={recorded!r} is neither a preset "
+                           f"nor a cluster file here; give --cluster NAME|FILE for the cluster "
+                           f"the plan is for (presets: {', '.join(PRESET_NAMES)})") from None
     return get_cluster(args.cluster or DEFAULT_CLUSTER)
 
 
@@ -182,8 +192,9 @@ def _plan_and_model(args: argparse.Namespace, world_size: int) -> tuple[Plan, Mo
         plan = Plan.load(args.plan)
         if plan.model and set(plan.model) >= {"num_layers", "hidden_size", "num_attention_heads"}:
             try:
-                config = (VisionConfig.from_dict(plan.model)
-                          if plan.model.get("model_type") in BACKBONES
+                kind = plan.model.get("model_type")
+                config = (VisionConfig.from_dict(plan.model) if kind in BACKBONES
+                          else T5Config.from_dict(plan.model) if kind == "t5"
                           else ModelConfig.from_dict(plan.model))
             except (TypeError, ValueError) as err:
                 raise CliError(f"--plan {args.plan}: its model record does not describe a model "
@@ -207,7 +218,9 @@ def _given_plan(args: argparse.Namespace, world_size: int, config: ModelConfig) 
     if args.plan:
         plan = Plan.load(args.plan)
     else:
-        plan = galvatron.plan_from_galvatron_config(args.galvatron_config, world_size=world_size)
+        # Galvatron's --sequence_parallel is a run flag, not in its file: --sequence-parallel
+        plan = galvatron.plan_from_galvatron_config(args.galvatron_config, world_size=world_size,
+                                                    sequence_parallel=args.sequence_parallel)
     if plan.world_size != world_size:
         raise CliError(f"plan world_size={plan.world_size} but the cluster has {world_size} "
                        f"devices; choose the matching --cluster")
@@ -238,12 +251,22 @@ _OPTION_FLAGS = {"space": "--search-space", "time_limit_s": "--time-limit",
 
 def cmd_plan(args: argparse.Namespace) -> int:
     setup = _setup(args)
+    try:
+        virtual_sizes = pinned_virtual_sizes(args.num_layers_per_virtual_pipeline_stage,
+                                             args.pipeline_model_parallel_size,
+                                             setup.spec.num_layers)
+    except ValueError as err:
+        raise CliError(str(err)) from None
     options = SearchOptions(
         pp=args.pipeline_model_parallel_size, tp=args.tensor_model_parallel_size,
         num_microbatches=args.num_microbatches, schedule=args.schedule,
         allow_recompute=not args.no_recompute, search_batch_size=args.search_batch_size,
-        space=args.search_space, time_limit_s=args.time_limit, show_progress=not args.quiet)
+        space=args.search_space, time_limit_s=args.time_limit, show_progress=not args.quiet,
+        dp_modes=("zero1",) if args.use_distributed_optimizer else DP_MODES,
+        sequence_parallel=True if args.sequence_parallel else None,
+        virtual_sizes=virtual_sizes)
     try:
+        options = runtime_options(options, setup.config)
         options.validate()
     except ValueError as err:  # name our flags, not the SearchOptions fields
         text = str(err)
@@ -342,7 +365,8 @@ def cmd_import_galvatron(args: argparse.Namespace) -> int:
         if not args.plan_out:
             raise CliError("--galvatron-config needs --plan-out FILE to write the plan to")
         world = args.world_size
-        plan = galvatron.plan_from_galvatron_config(args.galvatron_config, world_size=world)
+        plan = galvatron.plan_from_galvatron_config(args.galvatron_config, world_size=world,
+                                                    sequence_parallel=args.sequence_parallel)
         plan.save(args.plan_out)
         did.append(f"plan ({plan.world_size} ranks, {plan.num_layers} layers) -> {args.plan_out} "
                    f"(use --plan)")
@@ -407,6 +431,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--num-microbatches", type=int, default=None, help="pin the micro-batch count")
     g.add_argument("--schedule", default=None, choices=["1f1b", "gpipe"], help="pin the schedule")
     g.add_argument("--no-recompute", action="store_true", help="never recompute activations")
+    g.add_argument("--use-distributed-optimizer", action="store_true",
+                   help="pin zero1 (Megatron's distributed optimizer) on every layer")
+    add_sp_and_virtual_pipeline_args(g)  # pins: SP on tp > 1 layers; the virtual size
     g.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=cmd_plan)
 
@@ -453,6 +480,10 @@ def build_parser() -> argparse.ArgumentParser:
     g = r.add_argument_group("Galvatron plan -> --plan FILE")
     g.add_argument("--galvatron-config", metavar="FILE", help="galvatron_config_*.json")
     g.add_argument("--world-size", type=int, default=None, help="default: from the file name")
+    g.add_argument("--sequence-parallel", action="store_true",
+                   help="the plan ran with Galvatron's --sequence_parallel (Megatron-SP): every "
+                        "layer with TP > 1 gets sequence_parallel (its use_sp=1 is Ulysses, "
+                        "refused)")
     g.add_argument("--plan-out", metavar="FILE")
     r.set_defaults(func=cmd_import_galvatron)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 POSITION_EMBEDDING_TYPES = ("learned", "rope")
 ACTIVATIONS = ("gelu", "swiglu")
@@ -39,12 +39,22 @@ def pad_vocab_size(vocab_size: int, divisible_by: int) -> int:
     return -(-vocab_size // divisible_by) * divisible_by
 
 
+# --transformer-impl values (Megatron's) and the FP8 recipes of --fp8-format.
+TRANSFORMER_IMPLS = ("local", "transformer_engine")
+FP8_FORMATS = ("e4m3", "hybrid")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Shape and numerics of a Transformer language model (GPT decoder or BERT encoder).
 
     ``vocab_size`` is the tokenizer's vocabulary; ``padded_vocab_size`` the embedding rows.
+    A subclass for another family (``t5_config.T5Config``) widens the accepted model and
+    position-embedding types through the two class attributes below.
     """
+
+    model_types: ClassVar[tuple[str, ...]] = MODEL_TYPES
+    position_embedding_types: ClassVar[tuple[str, ...]] = POSITION_EMBEDDING_TYPES
 
     num_layers: int = 4
     hidden_size: int = 256
@@ -69,6 +79,10 @@ class ModelConfig:
     add_bias_linear: bool = True  # biases of the QKV, output and MLP projections (Megatron's)
     openai_gelu: bool = False  # GeLU's tanh approximation (GPT-2's ``gelu_new``), not erf
     num_query_groups: int | None = None  # key/value heads (grouped-query attention); None: heads
+    # --transformer-impl: our layers, or Transformer Engine's modules behind the same layer
+    # interface and parameter names (models/te_layers.py); --fp8-format: TE's FP8 recipe.
+    transformer_impl: str = "local"
+    fp8_format: str | None = None
 
     def __post_init__(self) -> None:
         if self.ffn_hidden_size is None:
@@ -145,15 +159,15 @@ class ModelConfig:
              "must be in [0, 1)")
         need(0.0 <= self.attention_dropout < 1.0, "--attention-dropout", self.attention_dropout,
              "must be in [0, 1)")
-        need(self.position_embedding_type in POSITION_EMBEDDING_TYPES,
+        need(self.position_embedding_type in self.position_embedding_types,
              "--position-embedding-type", self.position_embedding_type,
-             f"choose one of {', '.join(POSITION_EMBEDDING_TYPES)}")
+             f"choose one of {', '.join(self.position_embedding_types)}")
         need(self.activation in ACTIVATIONS, "--activation", self.activation,
              f"choose one of {', '.join(ACTIVATIONS)}")
         need(self.normalization in NORMALIZATIONS, "--normalization", self.normalization,
              f"choose one of {', '.join(NORMALIZATIONS)}")
-        need(self.model_type in MODEL_TYPES, "model_type", self.model_type,
-             f"choose one of {', '.join(MODEL_TYPES)}")
+        need(self.model_type in self.model_types, "model_type", self.model_type,
+             f"choose one of {', '.join(self.model_types)}")
         if self.position_embedding_type == "rope":
             need(self.head_dim % 2 == 0, "--hidden-size", self.hidden_size,
                  "rotary embeddings need an even head dimension (hidden/heads)")
@@ -162,6 +176,14 @@ class ModelConfig:
              and self.num_attention_heads % groups == 0, "--num-query-groups", groups,
              f"must be a positive divisor of --num-attention-heads={self.num_attention_heads} "
              f"(each key/value head serves the same number of query heads)")
+        need(self.transformer_impl in TRANSFORMER_IMPLS, "--transformer-impl",
+             self.transformer_impl, f"choose one of {', '.join(TRANSFORMER_IMPLS)}")
+        need(self.fp8_format in (None,) + FP8_FORMATS, "--fp8-format", self.fp8_format,
+             f"choose one of {', '.join(FP8_FORMATS)}")
+        need(self.fp8_format is None or self.transformer_impl == "transformer_engine",
+             "--fp8-format", self.fp8_format,
+             "needs --transformer-impl transformer_engine (FP8 GEMMs are Transformer Engine's); "
+             "add it or drop --fp8-format")
 
     def check_tensor_parallel(self, tp: int, what: str = "--tensor-model-parallel-size") -> None:
         """Raise ``ConfigError`` unless a TP degree ``tp`` can split this model's layers."""

@@ -22,11 +22,10 @@ from .jsonfile import read_json, write_json
 
 PLAN_FORMAT = "megatron_auto.plan"
 PLAN_VERSION = 1
-# The data-parallel flavours the planner prices and searches. ``zero1`` (Megatron's distributed
-# optimizer) is a valid plan entry that the runtime trains, but the cost model does not price it
-# yet, so the search's default space stays DP_MODES; plans accept ALL_DP_MODES.
-DP_MODES = ("ddp", "zero2", "zero3")
-ALL_DP_MODES = ("ddp", "zero1", "zero2", "zero3")
+# The data-parallel flavours plans accept, the runtime trains, the cost model prices and the
+# search's default space holds (``zero1`` is Megatron's distributed optimizer).
+DP_MODES = ("ddp", "zero1", "zero2", "zero3")
+ALL_DP_MODES = DP_MODES
 SCHEDULES = ("1f1b", "gpipe")
 
 
@@ -229,10 +228,10 @@ class Plan:
     def stage_layer_range(self, stage: int) -> range:
         """The contiguous layers of ``stage``; only without interleaving (else see stage_layers)."""
         if self.virtual_size != 1:
-            # Callers that only know contiguous stages (the cost model, so far) say so clearly.
-            raise PlanError(f"plan field pipeline.virtual_size={self.virtual_size}: interleaved "
-                            f"plans are trained by the runtime but not priced by the cost model "
-                            f"yet; evaluate the plan with virtual_size 1")
+            # Callers that only know contiguous stages say so clearly.
+            raise PlanError(f"plan field pipeline.virtual_size={self.virtual_size}: an "
+                            f"interleaved stage holds several chunks (see stage_layers); use "
+                            f"virtual_size 1 here")
         return self.chunk_layer_range(stage)
 
     def chunk_of_layer(self, layer: int) -> int:

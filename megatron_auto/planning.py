@@ -13,12 +13,17 @@ Pure (the planner's data types, no torch), so the planning CLI starts without to
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from .config import ArgumentError, ModelConfig
 from .planner.hardware import ClusterSpec
 from .planner.model_spec import ModelSpec, TrainingSpec
 from .planner.profiles import ModelProfile, analytic_profile
+from .planner.search import SearchOptions
+from .t5_config import T5Config
+from .vision_config import VisionConfig
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,22 @@ class PlanningInputs:
     cluster: ClusterSpec
     profile: ModelProfile
     budget_bytes: int
+
+
+def runtime_options(options: SearchOptions, config: Any) -> SearchOptions:
+    """``options`` limited to the plans the runtime trains for ``config``: the T5 and image
+    classifier stages run neither Megatron sequence parallelism nor the interleaved schedule
+    (they refuse such plans), so neither is searched for them. Raises ``ArgumentError`` when
+    the caller pinned one of them (``--sequence-parallel``, a virtual size > 1)."""
+    if not isinstance(config, (T5Config, VisionConfig)):
+        return options
+    if options.sequence_parallel:
+        raise ArgumentError(f"--sequence-parallel: the {config.model_type} model does not run "
+                            f"sequence parallelism yet; drop the flag")
+    if min(options.virtual_sizes) > 1:
+        raise ArgumentError(f"--num-layers-per-virtual-pipeline-stage: the {config.model_type} "
+                            f"model runs only non-interleaved schedules; drop the flag")
+    return dataclasses.replace(options, sequence_parallel=False, virtual_sizes=(1,))
 
 
 def planning_inputs(config: ModelConfig, cluster: ClusterSpec, *, precision: str,

@@ -125,6 +125,7 @@ class DataConfig:
     vocab_size: int | None = None
     eod_mask_loss: bool = False
     cache_dir: str | None = None
+    vocab_extra_ids: int = 0  # T5 sentinels added to the tokenizer (Megatron's --vocab-extra-ids)
 
     @property
     def source(self) -> str:
@@ -187,6 +188,11 @@ class TrainingConfig:
     seed: int = 1234
     compile_backend: str | None = None  # --compile: torch.compile backend; None = eager
     check_for_nan_in_loss_and_grad: bool = False  # stop on a non-finite loss or gradient
+    # Ending early (training/exit_control.py): catch SIGTERM (None: only when --save is given),
+    # stop after this many minutes, stop at iterations divisible by this.
+    exit_signal_handler: bool | None = None
+    exit_duration_in_mins: float | None = None
+    exit_interval: int | None = None
 
     def __post_init__(self) -> None:
         if self.compile_backend is not None and self.compile_backend not in COMPILE_BACKENDS:
@@ -201,6 +207,8 @@ class CheckpointConfig:
     save: str | None = None
     load: str | None = None
     save_interval: int | None = None
+    async_save: bool = False  # --async-save: dcp.async_save, written in the background
+    load_fallback: bool = True  # a damaged checkpoint falls back to the previous intact one
 
 
 # ----------------------------------------------------------------------------- plan sources
@@ -250,6 +258,8 @@ class SearchPins:
     recompute_granularity: str | None = None
     cluster: str | None = None
     memory_budget_gb: float | None = None
+    sequence_parallel: bool = False  # --sequence-parallel: SP on every layer with tp > 1
+    num_layers_per_virtual_pipeline_stage: int | None = None  # pins the virtual size
 
     @property
     def batch(self) -> int:

@@ -4,9 +4,12 @@ The space (docs/planner.md §2): pipeline degree ``pp`` (power of two dividing t
 most the layer count), every partition of the layers into ``pp`` non-empty stages, every
 micro-batch count ``m`` dividing the global batch, and per layer every TP degree (power of two
 dividing the stage, the heads and the FFN size, within a node), every TP layout where it
-changes the groups (``1 < tp < stage``), every DP flavour where there is more than one replica,
-recompute on or off; the vocabulary every TP degree dividing the stage and the vocabulary with
-every DP flavour. A data-parallel degree must divide the micro-batch. Schedule 1F1B.
+changes the groups (``1 < tp < stage``), every DP flavour (ddp, zero1, zero2, zero3) where there
+is more than one replica, Megatron sequence parallelism on or off where ``tp > 1`` divides the
+sequence, recompute on or off; the vocabulary every TP degree dividing the stage and the
+vocabulary with every DP flavour. A data-parallel degree must divide the micro-batch. Schedule
+1F1B without interleaving (the search tries interleaving on its answer only; the exhaustive test
+turns that off to compare the exact part).
 
 This module deliberately does not import the planner's strategy code: it is the reference the
 search is compared with.
@@ -19,7 +22,7 @@ from typing import Iterator
 
 from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy
 
-DP_MODES = ("ddp", "zero2", "zero3")
+DP_MODES = ("ddp", "zero1", "zero2", "zero3")
 
 
 def _powers(n: int) -> list[int]:
@@ -44,9 +47,11 @@ def layer_choices(spec, n: int, b_m: int, devices_per_node: int,
             continue
         for consec in ((True, False) if 1 < tp < n else (True,)):
             for mode in (DP_MODES if dp > 1 else ("ddp",)):
-                for rc in (False, True):
-                    out.append(LayerStrategy(tp=tp, dp_mode=mode, tp_consecutive=consec,
-                                             recompute=rc))
+                for sp in ((False, True) if tp > 1 and layer_type.seq_length % tp == 0
+                           else (False,)):
+                    for rc in (False, True):
+                        out.append(LayerStrategy(tp=tp, dp_mode=mode, tp_consecutive=consec,
+                                                 recompute=rc, sequence_parallel=sp))
     return out
 
 

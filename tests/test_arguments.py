@@ -255,8 +255,7 @@ IGNORED_ARGV = ["--use-mcore-models", "--use-flash-attn", "--no-masked-softmax-f
                 "--no-bias-gelu-fusion", "--no-bias-dropout-fusion",
                 "--no-gradient-accumulation-fusion", "--overlap-grad-reduce",
                 "--overlap-param-gather", "--distributed-backend", "nccl", "--num-workers", "2",
-                "--dataloader-type", "cyclic", "--no-async-tensor-model-parallel-allreduce",
-                "--transformer-impl", "local"]
+                "--dataloader-type", "cyclic", "--no-async-tensor-model-parallel-allreduce"]
 
 
 @pytest.mark.pure
@@ -273,12 +272,12 @@ def test_megatron_flags_without_effect_are_accepted_with_one_warning():
         "--no-bias-dropout-fusion --no-gradient-accumulation-fusion "
         "--no-async-tensor-model-parallel-allreduce --overlap-grad-reduce "
         "--overlap-param-gather --distributed-backend=nccl --num-workers=2 "
-        "--dataloader-type=cyclic --transformer-impl=local"]
+        "--dataloader-type=cyclic"]
     assert run == plain  # they change nothing
 
 
 @pytest.mark.parametrize("argv", [["--no-such-megatron-flag"],
-                                  ["--transformer-impl", "transformer_engine"],
+                                  ["--transformer-impl", "apex"],
                                   ["--distributed-backend", "mpi"]])
 @pytest.mark.pure
 def test_unknown_flags_and_values_still_fail(argv, capsys):
@@ -289,8 +288,8 @@ def test_unknown_flags_and_values_still_fail(argv, capsys):
 
 # Flags this project implements or that open issues will: ignoring one would train another model.
 IMPLEMENTED_OR_PLANNED = ("--sequence-parallel", "--num-layers-per-virtual-pipeline-stage",
-                          "--fp8-format", "--disable-bias-linear", "--openai-gelu",
-                          "--group-query-attention", "--num-query-groups", "--swiglu",
+                          "--fp8-format", "--transformer-impl", "--disable-bias-linear",
+                          "--openai-gelu", "--group-query-attention", "--num-query-groups", "--swiglu",
                           "--use-distributed-optimizer", "--recompute-granularity", "--bf16",
                           "--fp16", "--untie-embeddings-and-output-weights",
                           "--timing-log-level")
@@ -299,8 +298,8 @@ IMPLEMENTED_OR_PLANNED = ("--sequence-parallel", "--num-layers-per-virtual-pipel
 @pytest.mark.pure
 def test_implemented_or_planned_flags_are_never_ignored():
     assert not set(IMPLEMENTED_OR_PLANNED) & set(arguments.IGNORED_MEGATRON_FLAGS)
-    # --transformer-impl is ignored only with the value "local".
-    assert arguments.IGNORED_MEGATRON_FLAGS["--transformer-impl"][1] == ("local",)
+    # --transformer-impl is a real flag now (local or transformer_engine), never ignored
+    assert "--transformer-impl" not in arguments.IGNORED_MEGATRON_FLAGS
 
 
 @pytest.mark.pure
@@ -363,9 +362,9 @@ def test_bad_virtual_pipeline_flags_name_the_flag(flags, match):
 
 
 @pytest.mark.pure
-def test_sp_and_interleaving_are_not_searched_yet():
-    from megatron_auto.arguments import ArgumentError, parse_run_config
+def test_sp_and_interleaving_flags_pin_the_search():
+    from megatron_auto.arguments import parse_run_config
 
-    with pytest.raises(ArgumentError, match=r"--sequence-parallel=True: --auto-parallel does "
-                                            r"not search sequence parallelism"):
-        parse_run_config(["--auto-parallel", "--sequence-parallel"])
+    pins = parse_run_config(["--auto-parallel", "--sequence-parallel",
+                             "--num-layers-per-virtual-pipeline-stage", "2"]).plan_source
+    assert pins.sequence_parallel and pins.num_layers_per_virtual_pipeline_stage == 2

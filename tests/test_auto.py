@@ -24,10 +24,23 @@ def test_pinned_flags_become_search_options():
     opts = search_options_for(pins, world_size=8)
     # dp = 8 / (2*2) = 2; micro-batches = 16 / (2 * 2) = 4
     assert (opts.tp, opts.pp, opts.num_microbatches) == (2, 2, 4)
-    assert opts.dp_modes == ("zero2",)
+    # --use-distributed-optimizer is Megatron's distributed optimizer, zero1 (it meant zero2
+    # before ZeRO-1 existed: a deliberate contract change)
+    assert opts.dp_modes == ("zero1",)
+    assert opts.sequence_parallel is None and opts.virtual_sizes == (1, 2, 4)
     free = search_options_for(_pins(["--global-batch-size", "16"]), world_size=8)
     assert (free.tp, free.pp, free.num_microbatches) == (None, None, None)
-    assert free.dp_modes == ("ddp", "zero2", "zero3")
+    assert free.dp_modes == ("ddp", "zero1", "zero2", "zero3")
+
+
+def test_sequence_parallel_and_virtual_size_pins():
+    pins = _pins(["--sequence-parallel", "--pipeline-model-parallel-size", "2",
+                  "--num-layers-per-virtual-pipeline-stage", "1"])
+    opts = search_options_for(pins, world_size=8, num_layers=4)
+    assert opts.sequence_parallel is True and opts.virtual_sizes == (2,)
+    with pytest.raises(AutoParallelError, match="needs --pipeline-model-parallel-size"):
+        search_options_for(_pins(["--num-layers-per-virtual-pipeline-stage", "1"]),
+                           world_size=8, num_layers=4)
 
 
 def test_a_typed_default_still_pins():

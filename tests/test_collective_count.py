@@ -11,6 +11,15 @@ each call, FSDP2 calls them directly) and records each call's kind, group ranks 
    the all-gathers and reduce-scatters of each rank (relayouts at the embedding, between
    layers, across the stage boundary and into the head, and FSDP2's own) equal
    ``cost_model.stage_collectives``, kind, group, bytes and count.
+3. The same with sequence parallelism (SP runs that enter from the embedding, continue, end
+   at a stage boundary, start after the hop, sit next to non-SP and ZeRO layers, recompute)
+   and with ``zero1`` layers and vocab: the SP layers' all-gathers and reduce-scatters and the
+   SP boundaries' gathers match exactly; ``zero1``'s reduce-scatters and parameter all-gathers
+   run on our gradient buckets, which merge the layers of one DP group (and pad them to a
+   multiple of the group size), so those match per group in total bytes (up to the padding),
+   with no more calls than the model's per-layer list.
+4. A T5 step: relayouts and the stage hop move the encoder output beside the decoder's hidden
+   state, as the cost model prices them.
 """
 
 from __future__ import annotations
@@ -40,8 +49,10 @@ WRAPPED = {"all_gather_single": "all_gather", "all_gather_into_tensor": "all_gat
 
 
 @contextlib.contextmanager
-def recording() -> Iterator[list[tuple[str, tuple[int, ...], int, str]]]:
-    """Record ``(kind, group ranks, bytes, dtype)`` of every wrapped collective while open."""
+def recording(pointers: list[int] | None = None
+              ) -> Iterator[list[tuple[str, tuple[int, ...], int, str]]]:
+    """Record ``(kind, group ranks, bytes, dtype)`` of every wrapped collective while open;
+    ``pointers`` (if given) gets each call's unsharded tensor's ``data_ptr()`` alongside."""
     calls: list[tuple[str, tuple[int, ...], int, str]] = []
     saved = {name: getattr(dist, name) for name in WRAPPED if hasattr(dist, name)}
 
@@ -58,6 +69,8 @@ def recording() -> Iterator[list[tuple[str, tuple[int, ...], int, str]]]:
             tensor = list(bound.arguments.values())[position]
             calls.append((WRAPPED[name], ranks, tensor.numel() * tensor.element_size(),
                           str(tensor.dtype)))
+            if pointers is not None:
+                pointers.append(tensor.data_ptr())
             return fn(*args, **kwargs)
         return wrapper
 
@@ -164,6 +177,24 @@ PLANS = {
                 pipeline=PipelineSpec(1, "1f1b", (5,)), vocab=VocabStrategy(tp=2),
                 layers=LAYERS[1:] + LAYERS[:1]),
 }
+SP = lambda tp=2, **kw: LayerStrategy(tp=tp, sequence_parallel=True, **kw)  # noqa: E731
+PLANS.update({
+    # Stage 0: embedding (vocab tp 2) -> SP -> SP (one run) -> gather before the send; stage 1:
+    # SP after the hop -> zero3 tp 1 -> SP with recompute -> head.
+    "pp2-sp": Plan(world_size=4, global_batch_size=8, num_microbatches=2,
+                   pipeline=PipelineSpec(2, "1f1b", (2, 3)), vocab=VocabStrategy(tp=2),
+                   layers=(SP(), SP(), SP(), LayerStrategy(tp=1, dp_mode="zero3"),
+                           SP(recompute=True))),
+    # One stage of 4 ranks: zero1 vocab (tp 1, dp 4) -> zero1 tp 1 -> SP tp 2 strided
+    # zero1 (dp 2) -> SP tp 2 consecutive -> zero1 tp 1 recompute -> zero2 tp 1.
+    "pp1-zero1": Plan(world_size=4, global_batch_size=8, num_microbatches=2,
+                      pipeline=PipelineSpec(1, "1f1b", (5,)),
+                      vocab=VocabStrategy(tp=1, dp_mode="zero1"),
+                      layers=(LayerStrategy(tp=1, dp_mode="zero1"),
+                              SP(dp_mode="zero1", tp_consecutive=False), SP(),
+                              LayerStrategy(tp=1, dp_mode="zero1", recompute=True),
+                              LayerStrategy(tp=1, dp_mode="zero2"))),
+})
 
 
 def _step_worker(rank: int, world_size: int, plan_name: str,
@@ -181,13 +212,19 @@ def _step_worker(rank: int, world_size: int, plan_name: str,
     batch = {"tokens": tokens[:, :-1].contiguous(), "labels": tokens[:, 1:].contiguous(),
              "loss_mask": torch.ones(8, CONFIG.seq_length),
              "position_ids": torch.arange(CONFIG.seq_length).expand(8, -1).contiguous()}
-    with recording() as calls:
+    pointers: list[int] = []
+    with recording(pointers) as calls:
         train_step(trainer, batch if trainer.reads_data else None)
-    return calls
+    # zero1's collectives work on its flat bucket buffers (gradients; parameters)
+    zero1 = trainer.data_parallel.zero1
+    flat = {b.buffer.data_ptr() for b in zero1.buckets.buckets()}
+    flat |= {buf.data_ptr() for buf in zero1._param_buffers}
+    return [call + (ptr in flat,) for call, ptr in zip(calls, pointers)]
 
 
 @pytest.mark.parametrize("plan_name,precision", [("pp2", "fp32"), ("pp2", "bf16"),
-                                                 ("pp1", "bf16")])
+                                                 ("pp1", "bf16"), ("pp2-sp", "fp32"),
+                                                 ("pp2-sp", "bf16"), ("pp1-zero1", "fp32")])
 def test_training_step_gathers_and_scatters_what_the_cost_model_prices(plan_name: str,
                                                                       precision: str) -> None:
     from megatron_auto.planner import ModelSpec, TrainingSpec
@@ -202,19 +239,131 @@ def test_training_step_gathers_and_scatters_what_the_cost_model_prices(plan_name
     # hidden_bytes_per_sample in the compute dtype: what the residual stream carries
     profile = analytic_profile(spec, TrainingSpec(8, precision), FakeCluster())
     as_called = {"all_gather": "all_gather", "zero_gather": "all_gather",
-                 "zero_scatter": "reduce_scatter"}
+                 "zero_scatter": "reduce_scatter", "reduce_scatter": "reduce_scatter"}
     for rank, calls in enumerate(per_rank):
         stage = plan.stage_of_rank(rank)
+        zero1 = _zero1_collectives(plan, spec, profile, precision, stage)
         priced: Counter = Counter()
-        for c, count in stage_collectives(plan, spec, profile, precision, stage).items():
-            if c.kind in as_called:  # all-reduces are not listed (TP, DDP buckets, tied, norms)
+        for c, count in (stage_collectives(plan, spec, profile, precision, stage)
+                         - zero1).items():
+            if c.kind in as_called:  # all-reduces are not compared (DDP buckets, tied, norms)
+                priced[(as_called[c.kind], c.group_size, c.consecutive, c.nbytes)] += count
+        issued = Counter((kind, len(ranks), _is_block(ranks), float(nbytes))
+                         for kind, ranks, nbytes, _, flat in calls
+                         if kind != "all_reduce" and not flat)
+        assert issued == priced, f"rank {rank} ({precision}): runtime {dict(issued)} != " \
+                                 f"priced {dict(priced)}"
+        _check_zero1(zero1, [c for c in calls if c[4]], f"rank {rank}")
+        kinds = Counter(kind for kind, _, _, _, _ in calls)
+        assert kinds["all_gather"] > 0 and kinds["reduce_scatter"] > 0
+        if precision == "bf16" and plan_name in ("pp1", "pp2"):
+            # FSDP2 gathers in bf16, reduce-scatters in fp32
+            assert {d for k, _, _, d, _ in calls if k == "reduce_scatter"} == {"torch.float32"}
+            assert {d for k, _, _, d, _ in calls if k == "all_gather"} == {"torch.bfloat16"}
+        if plan_name == "pp1-zero1":
+            assert zero1 and any(flat for *_, flat in calls)
+
+
+def _zero1_collectives(plan: Plan, spec: Any, profile: Any, precision: str,
+                       stage: int) -> Counter:
+    """The model's zero1 reduce-scatters and parameter all-gathers of one stage's rank: the
+    ``per_iteration`` and ``after_step`` lists ``cost_time.dp_collectives`` gives its zero1
+    layers and vocab (what ``stage_collectives`` adds for them)."""
+    from megatron_auto.layout import dp_group_consecutive, layout_of
+    from megatron_auto.planner.cost_memory import vocab_parameters
+    from megatron_auto.planner.cost_time import dp_collectives
+
+    n, out = plan.stage_size, Counter()
+    parts = [(profile.layer_types[spec.layer_type(i).name].local_parameters(plan.layers[i].tp),
+              plan.layers[i], layout_of(plan.layers[i], n)) for i in plan.stage_layers(stage)]
+    first, last = stage == 0, stage == plan.pp_size - 1
+    if first or last:
+        parts.append((vocab_parameters(profile.embedding, plan.vocab.tp, first, last,
+                                       plan.pp_size), plan.vocab,
+                      layout_of(LayerStrategy(tp=plan.vocab.tp), n)))
+    for local, strategy, layout in parts:
+        if strategy.dp_mode == "zero1":
+            cs = dp_collectives(local, n // strategy.tp, "zero1", dp_group_consecutive(layout),
+                                precision)
+            out.update(cs.per_iteration + cs.after_step)
+    return out
+
+
+def _check_zero1(priced: Counter, calls: list, where: str) -> None:
+    """Per (kind, group size, placement): the bytes the buckets moved are the priced bytes
+    plus at most the padding (fewer than ``dp`` 4-byte elements per bucket), in no more
+    calls than the model lists (buckets merge layers of one DP group)."""
+    want: dict = {}
+    for c, count in priced.items():
+        key = (c.kind, c.group_size, c.consecutive)
+        total, calls_priced = want.get(key, (0.0, 0))
+        want[key] = (total + c.nbytes * count, calls_priced + count)
+    got: dict = {}
+    for kind, ranks, nbytes, dtype, _ in calls:
+        assert dtype == "torch.float32", where  # fp32 gradients and master parameters
+        key = (kind, len(ranks), _is_block(ranks))
+        total, num = got.get(key, (0.0, 0))
+        got[key] = (total + nbytes, num + 1)
+    assert set(got) == set(want), f"{where}: runtime {got} != priced {want}"
+    for key, (total, num) in got.items():
+        priced_total, priced_calls = want[key]
+        assert 1 <= num <= priced_calls, f"{where} {key}: {num} calls, priced {priced_calls}"
+        assert priced_total <= total <= priced_total + num * 4 * (key[1] - 1), \
+            f"{where} {key}: runtime {total} B != priced {priced_total} B"
+
+
+# ------------------------------------------------------------ 3. a T5 training step
+T5_LAYERS = (LayerStrategy(tp=1, dp_mode="zero3"), LayerStrategy(tp=2),
+             LayerStrategy(tp=1, dp_mode="zero2"),
+             LayerStrategy(tp=1, dp_mode="zero3", recompute=True))
+# Stage 0: the embedding (vocab tp 2) -> two encoder layers; the hop at the encoder/decoder
+# boundary carries (s_e + s_d) tokens; stage 1: two decoder layers -> head (vocab tp 2). Every
+# relayout moves the encoder part and the decoder part together.
+T5_PLAN = Plan(world_size=4, global_batch_size=8, num_microbatches=2,
+               pipeline=PipelineSpec(2, "1f1b", (2, 2)), vocab=VocabStrategy(tp=2),
+               layers=T5_LAYERS)
+
+
+def _t5_step_worker(rank: int, world_size: int) -> list[Any]:
+    from megatron_auto.models.t5 import T5Stage
+    from megatron_auto.training.lr_scheduler import LRConfig
+    from megatron_auto.training.trainer import TaskSpec, build_trainer, train_step
+    from t5_utils import make_batch
+    from test_t5 import CONFIG as T5_CONFIG
+
+    trainer = build_trainer(T5_CONFIG, T5_PLAN,
+                            lambda cfg, ctx, seed: T5Stage(cfg, ctx, seed=seed),
+                            lr_config=LRConfig(lr=1e-3, decay_style="constant"), seed=1234,
+                            task=TaskSpec(every_stage_reads_batch=True))
+    with recording() as calls:
+        train_step(trainer, make_batch(T5_CONFIG, 0))
+    return calls
+
+
+def test_t5_step_gathers_and_scatters_what_the_cost_model_prices() -> None:
+    from megatron_auto.planner import ModelSpec, TrainingSpec
+    from megatron_auto.planner.cost_model import stage_collectives
+    from megatron_auto.planner.profiles import analytic_profile
+    from planner_fakes import FakeCluster
+    from test_t5 import CONFIG as T5_CONFIG
+
+    per_rank = run_distributed(_t5_step_worker, T5_PLAN.world_size)
+    spec = ModelSpec.from_model_config(T5_CONFIG)
+    profile = analytic_profile(spec, TrainingSpec(8, "fp32"), FakeCluster())
+    as_called = {"all_gather": "all_gather", "zero_gather": "all_gather",
+                 "zero_scatter": "reduce_scatter"}
+    for rank, calls in enumerate(per_rank):
+        stage = T5_PLAN.stage_of_rank(rank)
+        priced: Counter = Counter()
+        for c, count in stage_collectives(T5_PLAN, spec, profile, "fp32", stage).items():
+            if c.kind in as_called:
                 priced[(as_called[c.kind], c.group_size, c.consecutive, c.nbytes)] += count
         issued = Counter((kind, len(ranks), _is_block(ranks), float(nbytes))
                          for kind, ranks, nbytes, _ in calls if kind != "all_reduce")
-        assert issued == priced, f"rank {rank} ({precision}): runtime {dict(issued)} != " \
+        assert issued == priced, f"t5 rank {rank}: runtime {dict(issued)} != " \
                                  f"priced {dict(priced)}"
-        kinds = Counter(kind for kind, _, _, _ in calls)
-        assert kinds["all_gather"] > 0 and kinds["reduce_scatter"] > 0
-        if precision == "bf16":  # FSDP2 gathers in bf16, reduce-scatters in fp32
-            assert {d for k, _, _, d in calls if k == "reduce_scatter"} == {"torch.float32"}
-            assert {d for k, _, _, d in calls if k == "all_gather"} == {"torch.bfloat16"}
+        # the carry: stage 0's move into the tp-2 encoder layer gathers (s_e + s_d) tokens
+        if stage == 0:
+            carry = 4 * (T5_CONFIG.seq_length + T5_CONFIG.decoder_seq_length) * 32
+            assert any(kind == "all_gather" and nbytes % carry == 0 and nbytes >= carry
+                       for kind, _, nbytes, _ in calls)

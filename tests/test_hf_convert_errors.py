@@ -118,6 +118,9 @@ def test_wrong_model_type_and_direction(gpt2_dir, tmp_path, capsys):
             str(gpt2_dir), "--save-dir", str(tmp_path / "x")]
     assert "nothing to convert" in run(same, capsys)
     assert "no config.json there" in run(import_args(tmp_path, tmp_path), capsys)
+    write_weights_checkpoint(tmp_path / "ckpt", ModelConfig(), {})
+    assert f"--save-dir={tmp_path / 'ckpt'}: already holds a checkpoint" in run(
+        import_args(gpt2_dir, tmp_path), capsys)
 
 
 @needs_transformers
@@ -150,3 +153,23 @@ def test_missing_transformers_says_how_to_install(tmp_path, capsys, monkeypatch)
                str(tmp_path), "--save-dir", str(tmp_path / "ckpt")], capsys)
     assert "Hugging Face conversion needs the `transformers` package, which is not installed; " \
            "pip install 'transformers>=5.0,<6'" in err
+
+
+def test_loading_a_converted_model_with_other_flags_names_the_flag(tmp_path):
+    """``--load`` of an imported LLaMA under flags that forget an option stops naming it."""
+    import dataclasses
+
+    from megatron_auto.training.checkpoint import CheckpointError, check_model_matches, read_info
+
+    config = ModelConfig(num_layers=1, hidden_size=32, num_attention_heads=4, seq_length=16,
+                         vocab_size=60, num_query_groups=2, add_bias_linear=False,
+                         openai_gelu=True)
+    write_weights_checkpoint(tmp_path, config, {"final_norm.weight": torch.ones(32)})
+    saved = read_info(tmp_path)[1]["model"]
+    check_model_matches(saved, config, str(tmp_path))  # the same flags load
+    for change, flag in ((dict(num_query_groups=None), "--group-query-attention "
+                          "--num-query-groups"), (dict(add_bias_linear=True),
+                                                  "--disable-bias-linear"),
+                         (dict(openai_gelu=False), "--openai-gelu")):
+        with pytest.raises(CheckpointError, match=f"set {flag} to match the checkpoint"):
+            check_model_matches(saved, dataclasses.replace(config, **change), str(tmp_path))

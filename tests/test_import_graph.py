@@ -6,7 +6,8 @@ run time). Layers, bottom to top (docs/architecture.md):
 
     base         plan, layout, config, run_config,  pure: no torch, import only each other
                  arguments, vision_config,          (arguments: argparse -> RunConfig, which
-                 jsonfile, atomicfile, plots,       the entry points and training.pretrain use)
+                 t5_config, t5_arguments,           the entry points and training.pretrain use)
+                 jsonfile, atomicfile, plots,
                  progress
     planner      planner.*                          pure (numpy): base only
     parallel     parallel.*                         torch runtime: base only
@@ -47,7 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 TOP_LEVEL_LAYERS = {
     "plan": "base", "layout": "base", "config": "base", "run_config": "base",
     "jsonfile": "base", "atomicfile": "base", "plots": "base", "vision_config": "base",
-    "progress": "base",
+    "progress": "base", "t5_config": "base", "t5_arguments": "base",
     "planning": "plan_inputs", "plan_source": "plan_inputs",
     "arguments": "base", "auto": "auto", "vision_arguments": "entry", "cli": "entry",
     "": "entry",

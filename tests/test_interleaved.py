@@ -183,8 +183,9 @@ def test_virtual_size_round_trips_and_v1_files_stay_as_they_were():
 
 @pytest.mark.single
 def test_callers_of_contiguous_stages_refuse_interleaved_plans_clearly():
-    """The cost model asks for contiguous stages; an interleaved plan says why it cannot."""
+    """A caller that asks for one contiguous range per stage (the vision models) gets a clear
+    error from an interleaved plan, whose stages hold several chunks."""
     plan = Plan.from_dict(INTERLEAVED_PLANS["pp2-v2-uneven"][1])
-    with pytest.raises(PlanError, match=r"pipeline\.virtual_size=2: interleaved plans are "
-                                        r"trained by the runtime but not priced"):
+    with pytest.raises(PlanError, match=r"pipeline\.virtual_size=2: an interleaved stage holds "
+                                        r"several chunks \(see stage_layers\)"):
         plan.stage_layer_range(0)

@@ -119,8 +119,11 @@ def test_model_states_bytes_per_parameter():
     assert sum(model_states(1000, "zero3", 4)[:3]) == pytest.approx(16000 / 4)
     # zero3 gathers the params and produces unsharded grads for the layer in use.
     assert model_states(1000, "zero3", 4)[3] == pytest.approx(8 * 750)
-    with pytest.raises(ValueError, match="dp_mode='zero1'"):
-        model_states(1, "zero1", 2)
+    # zero1: parameters (the fp32 master weights) and gradient buckets whole, Adam moments
+    # of 1/d: 4000 + 4000 + 8000/4, nothing transient.
+    assert model_states(1000, "zero1", 4) == pytest.approx((4000, 4000, 2000, 0))
+    with pytest.raises(ValueError, match="dp_mode='zero5'"):
+        model_states(1, "zero5", 2)
 
 
 def test_recompute_keeps_only_the_input():

@@ -103,7 +103,7 @@ def test_batch_mode_without_length_fits_per_sample_time_and_per_call_constant(tm
     # The plain records are priced (tp 1, 2, 4, 8 as measured) ...
     assert layer.activation_bytes(2) == pytest.approx(26.0 * MB)
     assert layer.recompute_bytes_per_sample == pytest.approx(2.0 * MB)
-    # ... and the Megatron-SP ones are kept, in bytes, for when our runtime splits the same way.
+    # ... and the Megatron-SP ones are kept, in bytes (the layer's also price our SP layers).
     sp = p.metadata["megatron_sp"]
     assert sp["layer_types"]["llama"]["activation_bytes_per_sample_by_tp"] == {
         "1": 40.0 * MB, "2": 20.0 * MB, "4": 10.0 * MB, "8": 5.0 * MB}
@@ -383,3 +383,52 @@ def test_our_swin_spec_with_merging_blocks_takes_the_stage_records(tmp_path):
     with pytest.raises(GalvatronFormatError, match="map them with layer_type_map"):
         model_profile_from_galvatron(comp, mem, spec, BF16, CLUSTER,
                                      layer_type_map={"stage0": 0, "stage1": 1})
+
+
+@pytest.mark.pure
+def test_megatron_sp_records_price_our_sequence_parallel_layers(tmp_path):
+    # Plain records 40/26/19/15.5 MB per sample at tp 1/2/4/8; SP records 40/22/12/7 MB (every
+    # activation split by tp, plus what SP keeps whole). An SP layer is charged the SP record,
+    # a layer without SP the plain one.
+    comp, mem, _ = llama_files(tmp_path)
+    data = json.loads(open(mem).read())
+    data["layertype_0_sp"] = layer_rec(LLAMA.layer_types[0], {1: 40.0, 2: 22.0, 4: 12.0, 8: 7.0},
+                                       2.5)
+    open(mem, "w").write(json.dumps(data))
+    p = model_profile_from_galvatron(comp, mem, LLAMA, BF16, CLUSTER)
+    layer = p.layer_types["llama"]
+    assert layer.sequence_parallel_activation_bytes(2) == pytest.approx(22.0 * MB)
+    assert layer.sequence_parallel_activation_bytes(8) == pytest.approx(7.0 * MB)
+    assert layer.activation_bytes(2) == pytest.approx(26.0 * MB)
+    assert any("*_sp records (tp 1, 2, 4, 8)" in n for n in p.metadata["notes"])
+    path = tmp_path / "profile.json"
+    p.save(path)
+    assert ModelProfile.load(path) == p
+    # without SP records, SP splits the tp=1 measurement: 40 / 2 MB
+    (tmp_path / "plain").mkdir()
+    comp2, mem2, _ = llama_files(tmp_path / "plain", with_sp=False)
+    plain = model_profile_from_galvatron(comp2, mem2, LLAMA, BF16, CLUSTER).layer_types["llama"]
+    assert plain.activation_bytes_by_tp_sp == {}
+    assert plain.sequence_parallel_activation_bytes(2) == pytest.approx(20.0 * MB)
+
+
+@pytest.mark.pure
+def test_galvatron_global_sequence_parallel_maps_to_our_sp(tmp_path):
+    config = {"pp_deg": 1, "tp_sizes_enc": "1,2,4,2", "tp_consecutive_flags": "1,1,1,0",
+              "dp_types_enc": "0,0,0,0", "use_sp": "0,0,0,0", "global_bsz": 16, "chunks": 1,
+              "default_dp_type": "zero2"}
+    plan = plan_from_galvatron_config(config, world_size=8, sequence_parallel=True)
+    assert [layer.sequence_parallel for layer in plan.layers] == [False, True, True, True]
+    assert not any(layer.sequence_parallel
+                   for layer in plan_from_galvatron_config(config, world_size=8).layers)
+    # the CLI flag says the same
+    path = write(tmp_path, "galvatron_config_x_1nodes_8gpus_per_node.json", config)
+    out = tmp_path / "plan.json"
+    assert main(["import-galvatron", "--galvatron-config", str(path), "--sequence-parallel",
+                 "--plan-out", str(out)]) == 0
+    assert [layer["sequence_parallel"] for layer in json.loads(out.read_text())["layers"][1:]] \
+        == [True] * 3
+    # use_sp = 1 is Ulysses: still refused
+    with pytest.raises(GalvatronFormatError, match="Ulysses"):
+        plan_from_galvatron_config({**config, "use_sp": "0,1,0,0"}, world_size=8,
+                                   sequence_parallel=True)

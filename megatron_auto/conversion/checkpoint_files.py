@@ -26,8 +26,9 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from ..atomicfile import atomic_write
 from ..config import ModelConfig
-from ..training.checkpoint import (FORMAT, INFO_FILE, LATEST_FILE, VERSION, CheckpointError,
-                                   has_checkpoint, iteration_dir, read_info)
+from ..training.checkpoint import (FORMAT, INFO_FILE, LATEST_FILE, RECORD_KEY, VERSION,
+                                   CheckpointError, describe_files, has_checkpoint, iteration_dir,
+                                   read_info)
 
 MODEL_PREFIX = "model."
 
@@ -43,10 +44,10 @@ def read_model_checkpoint(load_dir: str | os.PathLike) -> tuple[ModelConfig, dic
                               f" is missing); give the --save directory of a training run")
     path, info = read_info(load_dir)
     model = info.get("model") or {}
-    if "img_h" in model:
+    if "img_h" in model or model.get("model_type") not in ("gpt", "bert"):
         raise CheckpointError(f"--load-dir={os.fspath(load_dir)}: holds a "
-                              f"{model.get('model_type')} image classifier; only GPT and BERT "
-                              f"checkpoints convert to Hugging Face models")
+                              f"{model.get('model_type')} model; only GPT and BERT checkpoints "
+                              f"convert to Hugging Face models")
     config = ModelConfig.from_dict(model)
     metadata = FileSystemReader(path).read_metadata().state_dict_metadata
     state = {key: torch.empty(md.size, dtype=md.properties.dtype)
@@ -61,11 +62,20 @@ def read_model_checkpoint(load_dir: str | os.PathLike) -> tuple[ModelConfig, dic
     return config, {k[len(MODEL_PREFIX):]: v.float() for k, v in state.items()}
 
 
+def check_new_checkpoint_dir(save_dir: str | os.PathLike) -> None:
+    """CheckpointError unless ``save_dir`` holds no checkpoint yet (its ``latest`` would be
+    pointed at the converted model, hiding the training run's own)."""
+    if has_checkpoint(save_dir):
+        raise CheckpointError(f"--save-dir={os.fspath(save_dir)}: already holds a checkpoint "
+                              f"({LATEST_FILE}); choose a new directory for the converted model")
+
+
 def write_weights_checkpoint(save_dir: str | os.PathLike, config: ModelConfig,
                              state: dict[str, torch.Tensor], *, source: str = "") -> str:
     """Write ``state`` (FQN -> full tensor) as a weights-only checkpoint of iteration 0 under
     ``save_dir``; returns the iteration directory. ``source`` is recorded for information."""
     save_dir = os.fspath(save_dir)
+    check_new_checkpoint_dir(save_dir)
     path = iteration_dir(save_dir, 0)
     os.makedirs(path, exist_ok=True)
     tensors = {MODEL_PREFIX + k: v.detach().float().contiguous() for k, v in state.items()}
@@ -75,7 +85,8 @@ def write_weights_checkpoint(save_dir: str | os.PathLike, config: ModelConfig,
     info: dict[str, Any] = {
         "format": FORMAT, "version": VERSION, "iteration": 0, "consumed_samples": 0,
         "skipped_iterations": 0, "weights_only": True, "converted_from": source,
-        "world_size": 1, "plan": {}, "model": config.to_dict()}
+        "world_size": 1, "plan": {}, "model": config.to_dict(),
+        RECORD_KEY: describe_files(path)}  # the verification record a load checks
     atomic_write(os.path.join(path, INFO_FILE), json.dumps(info, indent=1) + "\n", durable=True)
     atomic_write(os.path.join(save_dir, LATEST_FILE), "0\n", durable=True)
     return path

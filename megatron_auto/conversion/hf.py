@@ -25,7 +25,8 @@ from typing import Any, Mapping
 import torch
 
 from ..config import ModelConfig
-from .checkpoint_files import read_model_checkpoint, write_weights_checkpoint
+from .checkpoint_files import (check_new_checkpoint_dir, read_model_checkpoint,
+                               write_weights_checkpoint)
 from .hf_mapping import (ARCHITECTURES, ConversionError, export_problem, from_hf_state,
                          hf_config_kwargs, model_fields_from_hf, pick_architecture, to_hf_state)
 
@@ -188,6 +189,7 @@ def import_checkpoint(hf_dir: str | os.PathLike, save_dir: str | os.PathLike,
                               f"{hf_config.model_type} model ({kind.upper()}); pass "
                               f"--model-type {kind.upper()}")
     config = config_from_hf(hf_config, arch, flags or {}, where)
+    check_new_checkpoint_dir(save_dir)
     model, info = _model_class(transformers, arch, hf_config).from_pretrained(
         where, dtype=torch.float32, output_loading_info=True)
     missing = sorted(info.get("missing_keys") or ())

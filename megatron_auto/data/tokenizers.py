@@ -3,7 +3,9 @@
 Every tokenizer offers ``vocab_size``, ``tokenize(text) -> list[int]``, ``detokenize(ids) ->
 str``, ``eod`` and ``pad``; those usable for BERT also ``cls``, ``sep`` and ``mask``.
 ``build_tokenizer`` is the single entry point; the model's embedding size is
-``config.pad_vocab_size(tokenizer.vocab_size, ...)``.
+``config.pad_vocab_size(tokenizer.vocab_size, ...)``. ``vocab_extra_ids=N`` (Megatron's
+``--vocab-extra-ids``) gives any of them the sentinel tokens ``<extra_id_0> .. <extra_id_N-1>``
+of T5's span corruption (:class:`ExtraIdsTokenizer`).
 """
 
 from __future__ import annotations
@@ -145,6 +147,11 @@ class SentencePieceTokenizer(_SpecialTokens):
     def vocab_size(self) -> int:
         return self._num_pieces + len(self._extra)
 
+    def piece_id(self, piece: str) -> int | None:
+        """The model's id of ``piece``, or None when the model lacks it."""
+        pid = self.sp.piece_to_id(piece)
+        return None if pid == self.sp.unk_id() else int(pid)
+
     def _special(self, key: str) -> int:
         if key not in self._specials:
             raise AttributeError(
@@ -231,6 +238,14 @@ class HuggingFaceTokenizer(_SpecialTokens):
     def vocab_size(self) -> int:
         return self._vocab_size
 
+    def piece_id(self, piece: str) -> int | None:
+        """The vocabulary's id of ``piece`` (T5 tokenizers hold ``<extra_id_i>``), or None."""
+        if self.fast is not None:
+            found = self.fast.token_to_id(piece)
+        else:
+            found = self.hf.get_vocab().get(piece)
+        return None if found is None else int(found)
+
     def _special(self, key: str) -> int:
         if key not in self._specials:
             raise AttributeError(f"this HuggingFace tokenizer has no {key} token ({self._NAMES[key]})")
@@ -249,14 +264,74 @@ class HuggingFaceTokenizer(_SpecialTokens):
         return self.hf.decode(ids)
 
 
+class ExtraIdsTokenizer:
+    """``base`` with ``num_extra_ids`` sentinel tokens ``<extra_id_i>`` (T5's span corruption).
+
+    A sentinel the base vocabulary already holds (T5's SentencePiece and HuggingFace
+    vocabularies do) keeps its id; the others are appended after ``base.vocab_size`` in order.
+    ``additional_special_tokens_ids`` lists the sentinels (Megatron's name); everything else is
+    the base tokenizer's.
+    """
+
+    def __init__(self, base: Tokenizer, num_extra_ids: int) -> None:
+        self.base = base
+        find = getattr(base, "piece_id", None)
+        self._appended: dict[int, str] = {}
+        ids = []
+        for i in range(num_extra_ids):
+            name = f"<extra_id_{i}>"
+            pid = find(name) if callable(find) else None
+            if pid is None:
+                pid = base.vocab_size + len(self._appended)
+                self._appended[pid] = name
+            ids.append(pid)
+        self.additional_special_tokens_ids = ids
+
+    @property
+    def vocab_size(self) -> int:
+        return self.base.vocab_size + len(self._appended)
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.base.tokenize(text)
+
+    def detokenize(self, ids: list[int]) -> str:
+        out, run = [], []
+        for i in ids:
+            if int(i) in self._appended:
+                if run:
+                    out.append(self.base.detokenize(run))
+                    run = []
+                out.append(self._appended[int(i)])
+            else:
+                run.append(int(i))
+        if run:
+            out.append(self.base.detokenize(run))
+        return "".join(out)
+
+    def __getattr__(self, name: str):  # eod, pad, cls, ... of the base tokenizer
+        return getattr(self.__dict__["base"], name)
+
+
 def build_tokenizer(
     tokenizer_type: str,
     tokenizer_model: str | None = None,
     vocab_file: str | None = None,
     merge_file: str | None = None,
     vocab_size: int | None = None,
+    vocab_extra_ids: int = 0,
 ) -> Tokenizer:
-    """Build a tokenizer from Megatron-style arguments (``--tokenizer-type`` and its files)."""
+    """Build a tokenizer from Megatron-style arguments (``--tokenizer-type`` and its files);
+    ``vocab_extra_ids > 0`` wraps it in :class:`ExtraIdsTokenizer`."""
+    base = _build_base_tokenizer(tokenizer_type, tokenizer_model, vocab_file, merge_file,
+                                 vocab_size)
+    if vocab_extra_ids < 0:
+        raise ValueError(f"--vocab-extra-ids={vocab_extra_ids}: must be >= 0")
+    return ExtraIdsTokenizer(base, vocab_extra_ids) if vocab_extra_ids else base
+
+
+def _build_base_tokenizer(tokenizer_type: str, tokenizer_model: str | None,
+                          vocab_file: str | None, merge_file: str | None,
+                          vocab_size: int | None) -> Tokenizer:
 
     def need(value: object, flag: str) -> None:
         if value is None:

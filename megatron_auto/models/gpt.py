@@ -34,7 +34,8 @@ from ..parallel.redistribute import batch_chunk, relayout
 from ..parallel.tensor_parallel import (ColumnParallelLinear, VocabParallelEmbedding,
                                         vocab_parallel_cross_entropy)
 from .init import collect_shard_specs, init_parameters
-from .transformer import RotaryEmbedding, TransformerLayer, make_norm
+from .te_layers import make_transformer_layer
+from .transformer import RotaryEmbedding, make_norm
 
 
 class LanguageModelEmbedding(nn.Module):
@@ -116,9 +117,11 @@ class TransformerStage(nn.Module):
                              if self.is_first_stage or self.is_last_stage else None)
         self._layer_groups = {i: ctx.layer_groups(i) for i in self.layer_ids}
         self.layers = nn.ModuleDict({
-            str(i): TransformerLayer(config, self._layer_groups[i], rng=self.rng,
-                                     causal=self.causal, recompute=plan.layers[i].recompute,
-                                     sequence_parallel=plan.layers[i].sequence_parallel)
+            str(i): make_transformer_layer(config, self._layer_groups[i], rng=self.rng,
+                                           causal=self.causal,
+                                           recompute=plan.layers[i].recompute,
+                                           sequence_parallel=plan.layers[i].sequence_parallel,
+                                           device=ctx.device)
             for i in self.layer_ids})
         self.rotary = (RotaryEmbedding(config.head_dim, config.max_position_embeddings,
                                        config.rotary_base)
@@ -217,10 +220,12 @@ class TransformerStage(nn.Module):
         for i in plan.chunk_layer_range(self._chunk(chunk)):
             groups = self._layer_groups[i]
             sp = plan.layers[i].sequence_parallel
+            if dtype is not None:
+                # a no-op when it already is; before a leaving SP run's gather, so that it moves
+                # the compute dtype (an SP layer's output is fp32 under autocast: fp32 biases)
+                hidden = hidden.to(dtype)
             if split is not None and not (sp and split.layout == groups.layout):
                 hidden, split = gather_from_sequence(hidden, split.tp_group, reduce_grad=False), None
-            if dtype is not None:
-                hidden = hidden.to(dtype)  # a no-op when it already is
             if split is None:
                 hidden = relayout(hidden, current, groups, self.ctx)
                 if sp:

@@ -66,7 +66,9 @@ def shard_tensor(full: torch.Tensor, spec: ShardSpec | None) -> torch.Tensor:
 def _norm_param_fqns(root: nn.Module) -> set[str]:
     names = set()
     for mod_name, module in root.named_modules():
-        if isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+        # a module may say it is a norm (apex's fused norms, the TE layer's views of its
+        # fused norms' parameters: models/te_layers.py)
+        if isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or getattr(module, "is_norm", False):
             for pname, _ in module.named_parameters(recurse=False):
                 names.add(f"{mod_name}.{pname}" if mod_name else pname)
     return names

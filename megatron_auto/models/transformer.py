@@ -50,8 +50,27 @@ from ..parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 Rotary = Optional[tuple[torch.Tensor, torch.Tensor]]
 
 
-def make_norm(config: ModelConfig) -> nn.Module:
-    """LayerNorm or RMSNorm over the hidden size (replicated on every TP rank)."""
+def apex_norm(config: ModelConfig) -> nn.Module | None:
+    """apex's fused norm (``FusedLayerNorm`` / ``FusedRMSNorm(normalized_shape, eps)``, CUDA
+    kernels, the same ``weight`` / ``bias`` parameters and math as torch's), or None when apex
+    does not import."""
+    try:
+        from apex.normalization import FusedLayerNorm, FusedRMSNorm  # noqa: PLC0415 - optional
+    except Exception:  # noqa: BLE001 - apex fails to import in many ways (absent, ABI, CUDA)
+        return None
+    kind = FusedRMSNorm if config.normalization == "rmsnorm" else FusedLayerNorm
+    norm = kind(config.hidden_size, eps=config.layernorm_epsilon)
+    norm.is_norm = True  # models/init.py: a norm's weight starts at 1
+    return norm
+
+
+def make_norm(config: ModelConfig, *, fused: bool = False) -> nn.Module:
+    """LayerNorm or RMSNorm over the hidden size (replicated on every TP rank); with ``fused``
+    apex's kernel when apex imports (CUDA layers), else torch's."""
+    if fused:
+        norm = apex_norm(config)
+        if norm is not None:
+            return norm
     if config.normalization == "rmsnorm":
         return nn.RMSNorm(config.hidden_size, eps=config.layernorm_epsilon)
     return nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)
@@ -161,17 +180,18 @@ class TransformerLayer(nn.Module):
 
     def __init__(self, config: ModelConfig, groups: LayerGroups, *, rng: RNGTracker | None = None,
                  causal: bool = True, recompute: bool = False,
-                 sequence_parallel: bool = False) -> None:
+                 sequence_parallel: bool = False, fused_norm: bool = False) -> None:
         super().__init__()
         config.check_tensor_parallel(groups.tp_size, what="layer tp")
         if sequence_parallel and (groups.tp_size == 1 or config.seq_length % groups.tp_size):
             raise ValueError(f"sequence_parallel=True: needs tp > 1 dividing --seq-length="
                              f"{config.seq_length} (tp={groups.tp_size}); change tp or turn SP off")
         self.sequence_parallel = sequence_parallel
-        self.input_layernorm = make_norm(config)
+        self.normalization = config.normalization
+        self.input_layernorm = make_norm(config, fused=fused_norm)
         self.self_attention = SelfAttention(config, groups, rng, causal=causal,
                                             sequence_parallel=sequence_parallel)
-        self.pre_mlp_layernorm = make_norm(config)
+        self.pre_mlp_layernorm = make_norm(config, fused=fused_norm)
         self.mlp = MLP(config, groups, sequence_parallel=sequence_parallel)
         self.hidden_dropout = config.hidden_dropout
         self.recompute = recompute
@@ -202,8 +222,9 @@ class TransformerLayer(nn.Module):
         # this rank's positions only: the weight gradients are summed over the TP group
         group = self.groups.tp_group
         weight = copy_to_tensor_parallel(norm.weight, group)
-        if isinstance(norm, nn.LayerNorm):
-            bias = None if norm.bias is None else copy_to_tensor_parallel(norm.bias, group)
+        if self.normalization == "layernorm":  # torch's or apex's norm: same parameters
+            bias = getattr(norm, "bias", None)
+            bias = None if bias is None else copy_to_tensor_parallel(bias, group)
             return F.layer_norm(x, norm.normalized_shape, weight, bias, norm.eps)
         return F.rms_norm(x, norm.normalized_shape, weight, norm.eps)
 

@@ -179,6 +179,13 @@ class ParallelContext:
                 dp_size=len(ranks) // layout.tp, dp_ranks=dp_groups[tp_rank],
                 device_type=device_type)
 
+    def group(self, ranks: Sequence[int]) -> Any:
+        """The process group over ``ranks`` (cached by the rank tuple; ``None`` without
+        torch.distributed). Collective on first request: every rank of the world asks for the
+        same tuples in the same order, e.g. a model whose parameters are replicated across
+        stages (T5's relative position bias tables) while every rank builds its stage."""
+        return self._group(ranks)
+
     # ------------------------------------------------------------------- queries
     @property
     def num_groups(self) -> int:

@@ -36,6 +36,11 @@ units, like a tied weight, to the first). The models implement it
   ``embedding.word_embeddings.weight`` as LM head; after the DP sync its gradient is all-reduced
   with the first stage's over ``ctx.embedding_group`` (rank j of the first stage with rank j of
   the last: both use the vocab layout, so shards line up).
+- Shared replicas (optional ``stage.shared_replicas()``: ``(fqn, group, counted_here)``): small
+  parameters kept whole on every rank of several stages, whatever the plan (T5's relative
+  position bias tables). Each rank's gradient is its own part of the sum; after backward it is
+  all-reduced over ``group`` (every rank holding a replica) and counted once in the norm. They
+  belong to no unit, so no dp_mode applies to them.
 
 Tensor-parallel shards are recognised by their module's ``tp_shard_dims`` (``tensor_parallel.py``);
 any other parameter is replicated over its TP group with identical gradients there (the model's
@@ -125,7 +130,11 @@ class DataParallel:
         self.stage = stage
         self.ctx = ctx
         self.precision = precision
-        self._units = self._find_units(stage, ctx)
+        named = dict(stage.named_parameters())
+        shared = getattr(stage, "shared_replicas", None)
+        self._shared = [(fqn, named[fqn], group, counted)
+                        for fqn, group, counted in (shared() if callable(shared) else [])]
+        self._units = self._find_units(stage, ctx, {id(p) for _, p, _, _ in self._shared})
         self._tied = self._has_tied_copy(stage, ctx)
         # Decide, before sharding replaces the parameters, which ones this rank counts in the
         # global gradient norm (by FQN: FSDP2 keeps the names).
@@ -134,6 +143,8 @@ class DataParallel:
         for unit in self._units:
             for fqn, p in unit.params:
                 self._counted[fqn] = self._counts_in_norm(fqn, fqn in tp_fqns, unit)
+        for fqn, _, _, counted in self._shared:
+            self._counted[fqn] = counted
         self._sharded: list[_Unit] = [u for u in self._units if u.dp_mode in ("zero2", "zero3")]
         for unit in self._sharded:
             self._shard(unit)
@@ -166,14 +177,16 @@ class DataParallel:
         return list(groups.values())
 
     @staticmethod
-    def _find_units(stage: nn.Module, ctx: Any) -> list[_Unit]:
-        """The stage's units from its own mapping (``stage.parallel_units()``)."""
+    def _find_units(stage: nn.Module, ctx: Any, shared_ids: set[int] | frozenset = frozenset()
+                    ) -> list[_Unit]:
+        """The stage's units from its own mapping (``stage.parallel_units()``); parameters in
+        ``shared_ids`` (the shared replicas) belong to none."""
         plan = ctx.plan
         if not callable(getattr(stage, "parallel_units", None)):
             raise ValueError(f"DataParallel: {type(stage).__name__} has no parallel_units(); a "
                              f"stage lists its modules by layout there (see "
                              f"models.gpt.TransformerStage.parallel_units)")
-        owner: dict[int, str] = {}
+        owner: dict[int, str] = {i: "shared replica" for i in shared_ids}
         units: list[_Unit] = []
         for position, (name, module, layer) in enumerate(stage.parallel_units()):
             try:
@@ -230,6 +243,11 @@ class DataParallel:
 
     def _shard(self, unit: _Unit) -> None:
         dtype = PRECISIONS[self.precision]
+        # FSDP2 (torch 2.13 docs, MixedPrecisionPolicy): param_dtype is the dtype of the
+        # all-gathered parameters and so of the unsharded gradients; reduce_dtype=fp32 upcasts
+        # them before the reduce-scatter, and the sharded fp32 master gets an fp32 gradient. On
+        # CUDA autocast then computes in the same 16-bit dtype the gather produced (no second
+        # cast); the ddp path keeps fp32 gradients throughout (cost_time.GATHER_BYTES).
         policy = (MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
                   if dtype is not None else MixedPrecisionPolicy())
         fully_shard(unit.module, mesh=unit.groups.dp_mesh,
@@ -281,6 +299,11 @@ class DataParallel:
         self._buckets.set_sync(True)
         self._zero1.buckets.finish()
         self._zero1.buckets.set_sync(True)
+        for _, param, group, _ in self._shared:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            if group is not None:
+                dist.all_reduce(param.grad, group=group)
         if self._tied:
             param = dict(self.stage.named_parameters())[TIED_EMBEDDING_FQN]
             if self._zero1.owns(param):
@@ -324,6 +347,8 @@ class DataParallel:
             if unit.dp_mode == "ddp" and unit.groups.dp_size == 1:
                 for _, p in unit.params:
                     p.grad = None
+        for _, param, _, _ in self._shared:
+            param.grad = None
 
     # ------------------------------------------------------------ reporting
     @property

@@ -6,7 +6,13 @@ exactly this quantity, so the two can be compared (``metrics`` records both).
 
 - CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats`` at the start of the
   iteration. The breakdown holds the parameter, gradient and optimizer-state bytes resident at the
-  end of the iteration, and ``activations_and_temporaries`` = peak minus those.
+  end of the iteration, and ``activations_and_temporaries`` = peak minus those. What decides
+  whether a plan fits the device is more: :attr:`device_peak_bytes` = the allocator's
+  ``max_memory_reserved`` (allocated plus its cached, fragmented blocks, which
+  ``reset_peak_memory_stats`` also resets to the current reserve) plus the bytes in use outside
+  it (``mem_get_info``'s used bytes less ``memory_reserved``: CUDA context, NCCL buffers). The
+  planner's peak (reserve, fragmentation and NCCL terms included) predicts that one; the
+  profiler's transient measurement uses the allocated peak. On CPU both are the same number.
 - CPU: ``torch.distributed._tools.mem_tracker.MemTracker`` (a private PyTorch API, used only in
   this module): a dispatch mode that follows every storage's lifetime and records the peak split
   into parameters, buffers, gradients, activations, temporaries and optimizer state. Entering it
@@ -164,6 +170,7 @@ class PeakMemoryMeter:
             raise ValueError(f"PeakMemoryMeter device={self.device}: only cpu and cuda are "
                              f"supported; pass the device the model lives on")
         self.peak_bytes = 0
+        self.device_peak_bytes = 0  # CUDA: reserved peak + bytes outside the allocator
         self.breakdown: dict[str, int] = {}
         self._modules: list[nn.Module] = []
         self._optimizers: list[torch.optim.Optimizer] = []
@@ -211,13 +218,19 @@ class PeakMemoryMeter:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             self.peak_bytes = int(torch.cuda.max_memory_allocated(self.device))
+            reserved = int(torch.cuda.max_memory_reserved(self.device))
+            free, total = torch.cuda.mem_get_info(self.device)
+            outside = max(0, int(total - free) - int(torch.cuda.memory_reserved(self.device)))
+            self.device_peak_bytes = reserved + outside
             params = storage_bytes(p for m in self._modules for p in m.parameters())
             grads = storage_bytes(p.grad for m in self._modules for p in m.parameters()
                                   if p.grad is not None)
             state = storage_bytes(_state_tensors(self._optimizers))
             self.breakdown = {"parameters": params, "gradients": grads, "optimizer_state": state,
                               "activations_and_temporaries":
-                                  max(0, self.peak_bytes - params - grads - state)}
+                                  max(0, self.peak_bytes - params - grads - state),
+                              "allocator_cache": max(0, reserved - self.peak_bytes),
+                              "outside_allocator": outside}
             return self.peak_bytes
         tracker = self._tracker
         tracker.__exit__(None, None, None)
@@ -233,6 +246,7 @@ class PeakMemoryMeter:
                 total = int(nbytes)
         self.breakdown = breakdown
         self.peak_bytes = total or sum(breakdown.values())
+        self.device_peak_bytes = self.peak_bytes  # no allocator cache or context on CPU
         tracker.reset_mod_stats()  # per-module stats would otherwise grow every iteration
         return self.peak_bytes
 

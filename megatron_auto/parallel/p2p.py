@@ -59,7 +59,11 @@ def communicate(ctx: PipelineNeighbours, *, send_next: torch.Tensor | None = Non
         return from_prev, from_next
     # batch_isend_irecv groups the step's transfers (ncclGroupStart/End on NCCL, where a send
     # and a receive between the same two GPUs could otherwise wait on each other; plain
-    # isend/irecv on gloo), so one code path serves both backends.
+    # isend/irecv on gloo), so one code path serves both backends. torch.distributed's docs for
+    # it: on NCCL the current device must be set (training/pretrain.py selects cuda:LOCAL_RANK
+    # before the process group exists), and if it is the group's first collective every rank
+    # of the group must take part (the trainer's world barrier comes first). Inside one NCCL
+    # group the order of the ops does not matter; gloo needs the receives posted first (above).
     works = dist.batch_isend_irecv([dist.P2POp(fn, t, peer) for fn, t, peer in ops])
     for work in works:
         work.wait()

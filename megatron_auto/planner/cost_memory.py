@@ -1,8 +1,8 @@
 """Memory cost of one layer (or the embedding/head) under one strategy, per rank, in bytes.
 
 Model states follow the runtime (DESIGN §4): fp32 master parameters (4 B), fp32 gradients (4 B)
-and Adam moments (8 B) per parameter whatever the compute precision; ``zero2`` shards gradients
-and optimizer states over the ``dp`` replicas, ``zero3`` parameters too. Activations are kept per
+and Adam moments (8 B) per parameter whatever the compute precision; ``zero1`` shards the
+optimizer states over the ``dp`` replicas, ``zero2`` gradients too, ``zero3`` parameters too. Activations are kept per
 micro-batch in flight; transient bytes exist only while the component runs (a layer's backward,
 the loss), so a stage adds only the largest one. Symbols and derivations: docs/cost_model.md §3.
 """
@@ -84,7 +84,7 @@ def lazy_gradients(dp_mode: str, dp: int) -> bool:
     differentiated have traded one micro-batch of activations ``a_i`` for gradients ``g_i``,
     and at every later backward one micro-batch fewer is in flight.
     """
-    return (dp_mode == "ddp" and dp == 1) or (dp_mode in ("zero2", "zero3") and dp > 1)
+    return (dp_mode in ("ddp", "zero1") and dp == 1) or (dp_mode in ("zero2", "zero3") and dp > 1)
 
 
 def model_states(num_params: float, dp_mode: str, dp: int) -> tuple[float, float, float, float]:
@@ -96,10 +96,16 @@ def model_states(num_params: float, dp_mode: str, dp: int) -> tuple[float, float
     counted at 4 B even when the gather is in 16-bit (conservative).
     Transient: ``zero2`` and ``zero3`` produce each micro-batch's gradient unsharded before the
     reduce-scatter; ``zero3`` also gathers the full fp32 parameters for the layer in use.
+    ``zero1`` (``parallel/distributed_optimizer.py``) keeps the parameters (fp32: they are the
+    master weights too) and the gradient buckets whole, and the AdamW moments of its ``1/dp``
+    slice only: ``4P + 4P + 8P/d``; the reduce-scatter and the all-gather work in place
+    (bucket padding, under ``d`` elements per bucket, is not counted).
     """
     if dp_mode == "ddp" or dp == 1:
         return MASTER_BYTES * num_params, GRAD_BYTES * num_params, ADAM_BYTES * num_params, 0.0
     shard = num_params / dp
+    if dp_mode == "zero1":
+        return MASTER_BYTES * num_params, GRAD_BYTES * num_params, ADAM_BYTES * shard, 0.0
     unsharded = (1 - 1 / dp) * num_params
     if dp_mode == "zero2":
         return (MASTER_BYTES * (num_params + shard), GRAD_BYTES * shard, ADAM_BYTES * shard,
@@ -107,14 +113,20 @@ def model_states(num_params: float, dp_mode: str, dp: int) -> tuple[float, float
     if dp_mode == "zero3":
         return (MASTER_BYTES * shard, GRAD_BYTES * shard, ADAM_BYTES * shard,
                 (MASTER_BYTES + GRAD_BYTES) * unsharded)
-    raise ValueError(f"dp_mode={dp_mode!r}: choose one of ddp, zero2, zero3")
+    raise ValueError(f"dp_mode={dp_mode!r}: choose one of ddp, zero1, zero2, zero3")
 
 
 def layer_memory(profile: LayerTypeProfile, tp: int, dp: int, dp_mode: str, recompute: bool,
-                 samples: float, first_backward_peak: bool = False) -> MemoryCost:
+                 samples: float, first_backward_peak: bool = False,
+                 sequence_parallel: bool = False) -> MemoryCost:
     """Memory of one layer at TP ``tp`` with ``samples`` samples per rank per micro-batch.
     ``first_backward_peak``: the stage peaks at its first backward (GPipe), see
     :func:`lazy_gradients`.
+
+    ``sequence_parallel`` (Megatron-SP, ``tp > 1``): what is kept is split over the TP group
+    (:meth:`LayerTypeProfile.sequence_parallel_activation_bytes`), and a recomputing layer keeps
+    its input's sequence chunk, ``1/tp`` of it. The backward scratch stays as measured without
+    SP (conservative: SP's re-gathered inputs and output gradients are whole-sequence there).
 
     Without recompute a micro-batch keeps ``activation_bytes(tp)`` per sample plus the autocast
     weight copies autograd saved (``weight_copy_bytes_per_parameter`` per local parameter). With
@@ -122,15 +134,17 @@ def layer_memory(profile: LayerTypeProfile, tp: int, dp: int, dp_mode: str, reco
     activations and copies become transient. The measured backward scratch (incoming gradient,
     input gradient, autograd intermediates) is transient either way.
     """
-    local = profile.parameter_count / tp
+    local = profile.local_parameters(tp)
     params, grads, optim, states_transient = model_states(local, dp_mode, dp)
     copies = profile.weight_copy_bytes_per_parameter * local
-    full = profile.activation_bytes(tp) * samples + copies
+    sp = sequence_parallel and tp > 1
+    per_sample = profile.sequence_parallel_activation_bytes(tp) if sp else profile.activation_bytes(tp)
+    full = per_sample * samples + copies
     scratch = profile.scratch_bytes(tp) * samples
     if recompute:
-        kept = profile.recompute_bytes_per_sample * samples
+        kept = profile.recompute_bytes_per_sample * samples / (tp if sp else 1)
         transient = scratch + full + states_transient
-        if dp_mode != "ddp" and dp > 1:
+        if dp_mode in ("zero2", "zero3") and dp > 1:
             # FSDP2 defers the reduce-scatter of a checkpointed layer to the end of the backward
             # pass (measured: all of them pending at once), so its unsharded gradient and the
             # reduce-scatter's input copy stay until then. Once per backward pass, not per

@@ -7,11 +7,14 @@ micro-batches:
 
 - peak memory = reserve + sum of model states + ``in_flight_k`` x activations per micro-batch +
   embedding/head + the largest transient (one layer's backward or the loss);
-  ``in_flight_k = min(pp - k, m)`` for 1F1B and ``m`` for GPipe.
+  ``in_flight_k = min(pp - k, m)`` for 1F1B and ``m`` for GPipe; interleaved plans hold the
+  schedule's worst mix of chunk activations (``interleaving.in_flight_vectors``).
 - time per micro-batch ``C_k`` = layers' forward + backward + the moves of the micro-batch's
   activation, both ways: embedding -> first layer (first stage), the incoming p2p hop and
-  relayout (later stages), layer -> layer, last layer -> LM head (last stage), each priced by
-  ``cost_time.relayout_cost`` / ``stage_boundary_cost`` as the runtime issues it; the largest
+  relayout (later stages and chunks), layer -> layer, last layer -> LM head (last stage), with
+  the sequence-parallel boundaries, each priced by ``cost_time.relayout_cost`` /
+  ``stage_boundary_cost`` and ``layout.sequence_parallel_boundary_collectives`` as the
+  runtime issues it; the largest
   move's transient counts with the other transients. The gradient-sync tail and the pipeline
   formula are in ``cost_time.pipeline_time``.
 """
@@ -22,13 +25,16 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..layout import (Collective, Layout, dp_group_consecutive, layout_of, relayout_collectives,
+from ..layout import (Collective, Layout, dp_group_consecutive, dp_size, layer_tp_collectives,
+                      layout_of, relayout_collectives, sequence_parallel_boundary_collectives,
                       vocab_layout)
 from ..plan import Plan
-from .cost_memory import MemoryCost, embedding_memory, layer_memory, vocab_parameters
-from .cost_time import (NO_MOVE, NO_TIME, MoveCost, TimeCost, dp_collectives, embedding_time,
-                        layer_time, pipeline_time, relayout_cost, stage_boundary_cost)
+from .cost_memory import GRAD_BYTES, MemoryCost, embedding_memory, layer_memory, vocab_parameters
+from .cost_time import (NO_MOVE, NO_TIME, MoveCost, TimeCost, collective_time, dp_collectives,
+                        embedding_time, layer_time, pipeline_time, relayout_cost,
+                        stage_boundary_cost)
 from .gpu_terms import fragmentation_bytes, stage_nccl_bytes
+from .interleaving import peak_activations, pipeline_fill
 from .model_spec import ModelSpec, TrainingSpec
 from .profiles import ModelProfile
 
@@ -120,73 +126,161 @@ def _binding(peak: float, budget: float | None, shares: Mapping[str, float]) -> 
 class Move:
     """One move of a micro-batch's activation on a stage, from layout ``old`` to ``new``
     (``bytes_per_sample`` each); ``hop``: it first crosses the p2p hop from the previous stage
-    (``old`` is then the previous stage's last layer layout)."""
+    (``old`` is then the previous chunk's last layer layout). Sequence parallelism:
+    ``leave_sp``: ``old`` is a run of SP layers that ends here (all-gather the sequence over its
+    TP group first; with ``old == new`` that is all the move does, before a stage's send);
+    ``enter_sp``: ``new`` starts a run of SP layers (keep this rank's positions; backward
+    all-gathers the gradient). ``models/gpt.py`` ``run_layers`` makes exactly these moves."""
 
     old: Layout
     new: Layout
     bytes_per_sample: float
     hop: bool = False
+    leave_sp: bool = False
+    enter_sp: bool = False
+    sp_bytes_per_sample: float = 0.0  # what the SP boundaries gather (0: bytes_per_sample)
 
 
-def stage_moves(plan: Plan, spec: ModelSpec, profile: ModelProfile, stage: int) -> list[Move]:
-    """Every move the runtime makes on ``stage`` per micro-batch, in forward order: embedding
-    -> first layer (first stage) or the hop from the previous stage, layer -> layer, last layer
-    -> final norm and head (last stage, on the vocab layout). ``bytes_per_sample`` is the
-    layer's ``hidden_bytes_per_sample`` on the layer side (the receiving layer between two)."""
+def chunk_moves(plan: Plan, spec: ModelSpec, profile: ModelProfile, chunk: int) -> list[Move]:
+    """Every move the runtime makes for model chunk ``chunk`` per micro-batch, in forward order:
+    embedding -> first layer (chunk 0) or the hop from the previous chunk's stage, layer ->
+    layer, then last layer -> final norm and head (last chunk, on the vocab layout) or, when
+    the chunk ends on an SP layer, the all-gather of the sequence before the send.
+    ``bytes_per_sample`` is the layer's ``moved_bytes_per_sample`` on the layer side (the
+    receiving layer between two; its hidden state and, for T5, the carry beside it), into the
+    head the last layer's hidden state; the SP boundaries move the hidden state alone."""
     n = plan.stage_size
     vocab = vocab_layout(plan.vocab.tp, n)
-    ids = list(plan.stage_layer_range(stage))
+    ids = list(plan.chunk_layer_range(chunk))
 
     def bps(i: int) -> float:
-        return profile.layer_types[spec.layer_type(i).name].hidden_bytes_per_sample
+        return profile.layer_types[spec.layer_type(i).name].moved_bytes_per_sample
 
     def lay(i: int) -> Layout:
         return layout_of(plan.layers[i], n)
 
-    if stage == 0:
-        out = [Move(vocab, lay(ids[0]), bps(ids[0]))]
+    def sp(i: int) -> bool:
+        return plan.layers[i].sequence_parallel and plan.layers[i].tp > 1
+
+    def hidden(i: int) -> float:
+        return profile.layer_types[spec.layer_type(i).name].hidden_bytes_per_sample
+
+    if chunk == 0:
+        out = [Move(vocab, lay(ids[0]), bps(ids[0]), enter_sp=sp(ids[0]),
+                    sp_bytes_per_sample=hidden(ids[0]))]
     else:
-        out = [Move(lay(ids[0] - 1), lay(ids[0]), bps(ids[0]), hop=True)]
-    out += [Move(lay(i - 1), lay(i), bps(i)) for i in ids[1:]]
-    if stage == plan.pp_size - 1:
-        out.append(Move(lay(ids[-1]), vocab, bps(ids[-1])))
+        out = [Move(lay(ids[0] - 1), lay(ids[0]), bps(ids[0]), hop=True, enter_sp=sp(ids[0]),
+                    sp_bytes_per_sample=hidden(ids[0]))]
+    for i in ids[1:]:
+        # consecutive SP layers of one layout pass their sequence chunks straight on
+        same_run = sp(i - 1) and sp(i) and lay(i - 1) == lay(i)
+        out.append(Move(lay(i - 1), lay(i), bps(i), leave_sp=sp(i - 1) and not same_run,
+                        enter_sp=sp(i) and not same_run, sp_bytes_per_sample=hidden(i)))
+    if chunk == plan.num_chunks - 1:  # only the hidden state goes on to the head
+        out.append(Move(lay(ids[-1]), vocab, hidden(ids[-1]), leave_sp=sp(ids[-1])))
+    elif sp(ids[-1]):
+        out.append(Move(lay(ids[-1]), lay(ids[-1]), bps(ids[-1]), leave_sp=True,
+                        sp_bytes_per_sample=hidden(ids[-1])))
     return out
 
 
+def stage_moves(plan: Plan, spec: ModelSpec, profile: ModelProfile, stage: int) -> list[Move]:
+    """:func:`chunk_moves` of every chunk of ``stage`` (one unless interleaved)."""
+    return [m for c in plan.stage_chunks(stage) for m in chunk_moves(plan, spec, profile, c)]
+
+
+def _sp_boundary(move: Move, plan: Plan) -> tuple[tuple[Collective, ...], tuple[Collective, ...]]:
+    """``(forward, backward)`` SP boundary collectives of a move (``layout.py``'s description)."""
+    n, b_m = plan.stage_size, plan.microbatch_size
+    per_sample = move.sp_bytes_per_sample or move.bytes_per_sample
+    forward: tuple[Collective, ...] = ()
+    backward: tuple[Collective, ...] = ()
+    if move.leave_sp:
+        f, b = sequence_parallel_boundary_collectives(
+            move.old, b_m / dp_size(move.old, n) * per_sample, entering=False)
+        forward, backward = forward + f, backward + b
+    if move.enter_sp:
+        f, b = sequence_parallel_boundary_collectives(
+            move.new, b_m / dp_size(move.new, n) * per_sample, entering=True)
+        forward, backward = forward + f, backward + b
+    return forward, backward
+
+
 def move_cost(cluster: Any, move: Move, plan: Plan) -> MoveCost:
-    """``cost_time.relayout_cost`` of a move, or ``stage_boundary_cost`` when it hops."""
+    """``cost_time.relayout_cost`` of a move, or ``stage_boundary_cost`` when it hops, plus its
+    SP boundary all-gathers (the gathered sequence counts as transient)."""
     n, b_m = plan.stage_size, plan.microbatch_size
     if move.hop:
-        return stage_boundary_cost(cluster, move.old, move.new, b_m, move.bytes_per_sample, n,
+        cost = stage_boundary_cost(cluster, move.old, move.new, b_m, move.bytes_per_sample, n,
                                    plan.pp_size)
-    return relayout_cost(cluster, move.old, move.new, b_m, move.bytes_per_sample, n)
+    else:
+        cost = relayout_cost(cluster, move.old, move.new, b_m, move.bytes_per_sample, n)
+    forward, backward = _sp_boundary(move, plan)
+    if not forward and not backward:
+        return cost
+    price = lambda cs: sum(collective_time(cluster, c, n) for c in cs)  # noqa: E731
+    gathered = max(c.nbytes for c in forward + backward)
+    return MoveCost(cost.forward + price(forward), cost.backward + price(backward),
+                    max(cost.transient_bytes, gathered))
+
+
+def sp_reduced_tensor_bytes(spec: ModelSpec, layer: int) -> tuple[float, ...]:
+    """Gradient bytes of the tensors an SP layer all-reduces over its TP group in backward
+    (``models/transformer.py``): the two norms' weights (and LayerNorm biases) and the two
+    row-parallel biases, fp32 gradients of ``h`` elements each."""
+    lt = spec.layer_type(layer)
+    norms = 4 if lt.normalization == "layernorm" else 2
+    biases = 2 if lt.add_bias_linear else 0
+    return (float(GRAD_BYTES * lt.hidden_size),) * (norms + biases)
+
+
+def _layer_tp(plan: Plan, spec: ModelSpec, profile: ModelProfile, i: int
+              ) -> tuple[tuple[Collective, ...], tuple[Collective, ...]]:
+    s = plan.layers[i]
+    n = plan.stage_size
+    lp = profile.layer_types[spec.layer_type(i).name]
+    sp = s.sequence_parallel and s.tp > 1
+    samples = plan.microbatch_size / (n // s.tp)
+    return layer_tp_collectives(layout_of(s, n), n, lp.tp_bytes_per_sample * samples,
+                                sequence_parallel=sp,
+                                norm_tensor_bytes=sp_reduced_tensor_bytes(spec, i) if sp else (),
+                                recompute=s.recompute)
 
 
 def stage_collectives(plan: Plan, spec: ModelSpec, profile: ModelProfile, precision: str,
                       stage: int) -> Counter[Collective]:
     """How often one rank of ``stage`` issues each collective in one iteration, as
-    :func:`evaluate_plan` prices them: both directions of every :func:`stage_moves` relayout and
-    the per-micro-batch ZeRO gathers and reduce-scatters ``m`` times; ``zero2``'s gather and the
-    ``ddp`` all-reduce once (``cost_time.dp_collectives`` of every layer and of the vocab).
-    Not listed: TP all-reduces, p2p hops, the tied-embedding and scalar all-reduces.
+    :func:`evaluate_plan` prices them: both directions of every :func:`stage_moves` relayout
+    and SP boundary, every layer's TP collectives (``layout.layer_tp_collectives``) and the
+    per-micro-batch ZeRO gathers and reduce-scatters ``m`` times; ``zero2``'s gather, the
+    ``ddp`` all-reduce and ``zero1``'s reduce-scatter and all-gather once
+    (``cost_time.dp_collectives`` of every layer and of the vocab).
+    Not listed: p2p hops, the embedding's and head's TP all-reduces, the tied-embedding and
+    scalar all-reduces.
 
-    Known gap: the vocab part is one unit here, while the runtime shards the embedding, the final
-    norm and an untied head as separate FSDP2 units (one gather / reduce-scatter each; the
-    profile does not split the head's parameters into those parts)."""
+    Known gaps: the vocab part is one unit here, while the runtime shards the embedding, the
+    final norm and an untied head as separate FSDP2 units (one gather / reduce-scatter each; the
+    profile does not split the head's parameters into those parts); ``ddp`` and ``zero1``
+    layers of one DP group share the runtime's buckets (fewer, padded collectives of the same
+    total size)."""
     n, m = plan.stage_size, plan.num_microbatches
     out: Counter[Collective] = Counter()
     for move in stage_moves(plan, spec, profile, stage):
         forward, backward = relayout_collectives(move.old, move.new, n,
                                                  plan.microbatch_size * move.bytes_per_sample)
-        for c in forward + backward:
+        sp_f, sp_b = _sp_boundary(move, plan)
+        for c in forward + backward + sp_f + sp_b:
             out[c] += m
     parts = []
-    for i in plan.stage_layer_range(stage):
+    for i in plan.stage_layers(stage):
         s = plan.layers[i]
         layout = layout_of(s, n)
-        local = profile.layer_types[spec.layer_type(i).name].parameter_count / s.tp
+        local = profile.layer_types[spec.layer_type(i).name].local_parameters(s.tp)
         parts.append(dp_collectives(local, n // s.tp, s.dp_mode, dp_group_consecutive(layout),
                                     precision))
+        tp_f, tp_b = _layer_tp(plan, spec, profile, i)
+        for c in tp_f + tp_b:
+            out[c] += m
     first, last = stage == 0, stage == plan.pp_size - 1
     if first or last:
         vtp = plan.vocab.tp
@@ -196,7 +290,7 @@ def stage_collectives(plan: Plan, spec: ModelSpec, profile: ModelProfile, precis
     for part in parts:
         for c in part.forward + part.backward:
             out[c] += m
-        for c in part.per_iteration:
+        for c in part.per_iteration + part.after_step:
             out[c] += 1
     return out
 
@@ -210,7 +304,13 @@ def _add_moves(a: MoveCost, b: MoveCost) -> MoveCost:
 def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: Any,
                   profile: ModelProfile, memory_budget_bytes: float | None = None) -> Estimate:
     """Cost-model estimate of ``plan`` (any source). Raises ``ValueError`` on a mismatch between
-    plan, model and profile (layer count, world size, batch)."""
+    plan, model and profile (layer count, world size, batch).
+
+    Interleaved plans (``pipeline.virtual_size`` v > 1): a stage's chunks each make their own
+    moves (a p2p hop into every chunk but the model's first), its activations peak at the
+    largest in-flight mix of :func:`interleaving.in_flight_vectors`, and the pipeline formula
+    takes the fill ``sum_k max_j c_{k,j}`` and ``m - 1/v`` steady micro-batches
+    (``cost_time.pipeline_time``)."""
     if plan.num_layers != spec.num_layers:
         raise ValueError(f"plan has {plan.num_layers} layers but model {spec.name!r} has "
                          f"{spec.num_layers}; use a plan made for this model")
@@ -218,58 +318,84 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
         raise ValueError(f"plan world_size={plan.world_size} but cluster {cluster.name!r} has "
                          f"only {cluster.world_size} devices; use a plan for this cluster")
     profile.check_matches(spec, training.precision)
-    n, pp, m = plan.stage_size, plan.pp_size, plan.num_microbatches
+    n, pp, m, v = plan.stage_size, plan.pp_size, plan.num_microbatches, plan.virtual_size
     b_m = plan.microbatch_size
     schedule = plan.pipeline.schedule
+    gpipe = schedule == "gpipe"
     emb = profile.embedding
-    micro, backward, tails, steps, stage_parts = [], [], [], [], []
-    per_layer: list[dict[str, float]] = []
+    micro, backward, tails, steps, stage_parts, chunk_times = [], [], [], [], [], []
+    per_layer: list[dict[str, float]] = [{} for _ in range(plan.num_layers)]
     for k in range(pp):
-        k_in = in_flight(schedule, pp, k, m)
         first, last = k == 0, k == pp - 1
+        chunks = plan.stage_chunks(k)
         states = {"parameters": 0.0, "gradients": 0.0, "optimizer_states": 0.0}
-        act, transient = 0.0, 0.0
+        transient = 0.0
         step_peak = 0.0  # model states + the optimizer step's temporaries (activations gone)
         step_temps, sharded = 0.0, False  # foreach temporaries; any FSDP2 (DTensor) shard?
         total = NO_TIME  # layers, then embedding/head, one after the other
-        moves = NO_MOVE  # relayouts (embedding, layers, head) and the incoming p2p hop
-        for i in plan.stage_layer_range(k):
-            s = plan.layers[i]
-            lp = profile.layer_types[spec.layer_type(i).name]
-            layout = layout_of(s, n)
-            dp = n // s.tp
-            samples = b_m / dp
-            mem: MemoryCost = layer_memory(lp, s.tp, dp, s.dp_mode, s.recompute, samples,
-                                           first_backward_peak=schedule == "gpipe")
-            t: TimeCost = layer_time(lp, cluster, layout, s.dp_mode, s.recompute, samples, n,
-                                     training.precision)
-            states["parameters"] += mem.parameters
-            states["gradients"] += mem.gradients_at_peak
-            states["optimizer_states"] += mem.optimizer_states
-            act += k_in * mem.activations_per_microbatch
-            transient = max(transient, mem.transient)
-            step_peak += mem.step_peak
-            step_temps += mem.step_temporary
-            sharded = sharded or (s.dp_mode in ("zero2", "zero3") and dp > 1)
-            total = total + t
-            per_layer.append({"stage": k, "memory_bytes": mem.persistent(k_in),
-                              "transient_bytes": mem.transient,
-                              "forward_time_s": t.forward, "backward_time_s": t.backward,
-                              "sync_time_s": t.sync})
-        for move in stage_moves(plan, spec, profile, k):
-            moves = _add_moves(moves, move_cost(cluster, move, plan))
+        moves = NO_MOVE  # relayouts (embedding, layers, head) and the incoming p2p hops
+        kept = [0.0] * len(chunks)  # activations per micro-batch in flight, per local chunk
+        times = [0.0] * len(chunks)  # per-micro-batch time of each local chunk
+        first_bwd = [0.0] * len(chunks)
+        layer_mems: list[tuple[int, int, MemoryCost, TimeCost]] = []
+        for j, c in enumerate(chunks):
+            chunk_total, chunk_moves_cost = NO_TIME, NO_MOVE
+            for i in plan.chunk_layer_range(c):
+                s = plan.layers[i]
+                lp = profile.layer_types[spec.layer_type(i).name]
+                dp = n // s.tp
+                samples = b_m / dp
+                sp = s.sequence_parallel and s.tp > 1
+                mem = layer_memory(lp, s.tp, dp, s.dp_mode, s.recompute, samples,
+                                   first_backward_peak=gpipe, sequence_parallel=sp)
+                t = layer_time(lp, cluster, layout_of(s, n), s.dp_mode, s.recompute, samples, n,
+                               training.precision, sequence_parallel=sp,
+                               norm_grad_bytes=sp_reduced_tensor_bytes(spec, i) if sp else ())
+                states["parameters"] += mem.parameters
+                states["gradients"] += mem.gradients_at_peak
+                states["optimizer_states"] += mem.optimizer_states
+                kept[j] += mem.activations_per_microbatch
+                transient = max(transient, mem.transient)
+                step_peak += mem.step_peak
+                step_temps += mem.step_temporary
+                sharded = sharded or (s.dp_mode in ("zero2", "zero3") and dp > 1)
+                chunk_total = chunk_total + t
+                layer_mems.append((i, j, mem, t))
+            for move in chunk_moves(plan, spec, profile, c):
+                chunk_moves_cost = _add_moves(chunk_moves_cost, move_cost(cluster, move, plan))
+            total = total + chunk_total
+            moves = _add_moves(moves, chunk_moves_cost)
+            times[j] = chunk_total.microbatch + chunk_moves_cost.total
+            first_bwd[j] = chunk_total.backward + chunk_moves_cost.backward
         transient = max(transient, moves.transient_bytes)
         emb_mem = MemoryCost(0, 0, 0, 0, 0)
+        emb_chunk = 0 if first else len(chunks) - 1
         if first or last:
             vdp = n // plan.vocab.tp
             v_samples = b_m / vdp
             emb_mem = embedding_memory(emb, plan.vocab.tp, vdp, plan.vocab.dp_mode, v_samples,
-                                       first, last, pp, first_backward_peak=schedule == "gpipe")
+                                       first, last, pp, first_backward_peak=gpipe)
             et = embedding_time(emb, cluster, plan.vocab.tp, plan.vocab.dp_mode, v_samples, n,
                                 first, last, pp, spec.seq_length, training.precision)
             total = total + et
             transient = max(transient, emb_mem.transient)
-        embedding_bytes = emb_mem.persistent(k_in)
+            if v > 1:  # pp > 1 here: the embedding's chunk and the head's are different stages
+                times[emb_chunk] += et.microbatch
+                first_bwd[emb_chunk] += et.backward if first else 0.0
+        if v == 1:
+            counts: tuple[int, ...] = (in_flight(schedule, pp, k, m),)
+        else:
+            with_emb = list(kept)
+            with_emb[emb_chunk] += emb_mem.activations_per_microbatch
+            counts = peak_activations(with_emb, pp, v, m, k)[1]
+        act = sum(nj * a for nj, a in zip(counts, kept))
+        k_emb = counts[emb_chunk]
+        for i, j, mem, t in layer_mems:
+            per_layer[i] = {"stage": k, "memory_bytes": mem.persistent(counts[j]),
+                            "transient_bytes": mem.transient,
+                            "forward_time_s": t.forward, "backward_time_s": t.backward,
+                            "sync_time_s": t.sync}
+        embedding_bytes = emb_mem.persistent(k_emb)
         step_peak += emb_mem.step_peak
         step_temps += emb_mem.step_temporary
         sharded = sharded or ((first or last) and plan.vocab.dp_mode in ("zero2", "zero3")
@@ -283,7 +409,7 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
                      "context_reserve": float(cluster.memory_reserve_bytes)}
         nccl = stage_nccl_bytes(plan, k, getattr(cluster, "nccl_communicator_bytes", 0.0))
         frag = fragmentation_bytes(getattr(cluster, "fragmentation_fraction", 0.0),
-                                   act + transient + k_in * emb_mem.activations_per_microbatch)
+                                   act + transient + k_emb * emb_mem.activations_per_microbatch)
         if nccl:  # outside the caching allocator, for the whole run: in both peaks
             breakdown["nccl_communicators"] = nccl
             step_peak += nccl
@@ -297,12 +423,14 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
         fwd, bwd, tail = total.forward, total.backward, total.exposed_sync
         c_k = fwd + bwd + moves.total
         micro.append(c_k)
-        backward.append(bwd + moves.backward)
+        backward.append(bwd + moves.backward if v == 1 else first_bwd[0])
         tails.append(tail)
         steps.append(total.optimizer)
-        stage_parts.append((fwd, bwd, tail, peak, breakdown, k_in, c_k, total.compute,
+        chunk_times.append(times if v > 1 else [c_k])
+        stage_parts.append((fwd, bwd, tail, peak, breakdown, sum(counts), c_k, total.compute,
                             total.tp_comm, total.dp_comm, moves.total))
-    pt = pipeline_time(micro, backward, tails, m, steps, step_overhead(cluster, plan.world_size))
+    pt = pipeline_time(micro, backward, tails, m, steps, step_overhead(cluster, plan.world_size),
+                       virtual_size=v, fill=pipeline_fill(chunk_times) if v > 1 else None)
     stages = []
     for k, (fwd, bwd, tail, peak, breakdown, k_in, c_k, compute, tp_comm, dp_comm, moves) in \
             enumerate(stage_parts):
@@ -313,7 +441,7 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
             time_s=m * c_k + tail + steps[k], microbatch_time_s=c_k, forward_time_s=fwd,
             backward_time_s=bwd, sync_tail_s=tail, peak_memory_bytes=peak,
             memory_breakdown=breakdown, in_flight_microbatches=k_in,
-            num_layers=plan.pipeline.layers_per_stage[k],
+            num_layers=len(plan.stage_layers(k)),
             binding=_binding(peak, memory_budget_bytes, shares)))
     samples_per_s = plan.global_batch_size / pt.iteration
     return Estimate(iteration_time_s=pt.iteration, samples_per_s=samples_per_s,

@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Sequence
 
-from ..layout import (Collective, Layout, dp_group_consecutive, dp_size, relayout_collectives,
-                      tp_group_consecutive)
-from .cost_memory import GRAD_BYTES, relayout_memory, vocab_parameters
+from ..layout import (Collective, Layout, dp_group_consecutive, dp_size, layer_tp_collectives,
+                      relayout_collectives, sequence_parallel_boundary_collectives)
+from .cost_memory import GRAD_BYTES, MASTER_BYTES, relayout_memory, vocab_parameters
 from .profiles import EmbeddingProfile, LayerTypeProfile
 
 # Bytes per parameter of a ZeRO parameter all-gather: FSDP2 gathers in its ``param_dtype``, the
@@ -68,13 +68,16 @@ NO_TIME = TimeCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 @dataclass(frozen=True)
 class DataParallelCollectives:
     """The collectives one rank's data parallelism issues for one component (FSDP2 for ZeRO,
-    our gradient buckets for ``ddp``): ``forward`` and ``backward`` per micro-batch, and
-    ``per_iteration`` once (the ``ddp`` gradient all-reduce; ``zero2``'s parameter gather before
-    the first forward, kept until the last backward)."""
+    our gradient buckets for ``ddp`` and ``zero1``): ``forward`` and ``backward`` per
+    micro-batch, ``per_iteration`` once (the ``ddp`` gradient all-reduce and ``zero1``'s
+    reduce-scatter, both in the last micro-batch's backward; ``zero2``'s parameter gather before
+    the first forward, kept until the last backward) and ``after_step`` once, after the
+    optimizer step (``zero1``'s all-gather of the updated parameters)."""
 
     forward: tuple[Collective, ...] = ()
     backward: tuple[Collective, ...] = ()
     per_iteration: tuple[Collective, ...] = ()
+    after_step: tuple[Collective, ...] = ()
 
 
 def dp_collectives(num_params: float, dp: int, dp_mode: str, consecutive: bool,
@@ -84,6 +87,10 @@ def dp_collectives(num_params: float, dp: int, dp_mode: str, consecutive: bool,
     ZeRO parameter gathers (kind ``zero_gather``) move ``gather_bytes(precision)`` per parameter
     (FSDP2's ``param_dtype``), gradient reduce-scatters (``zero_scatter``) 4 (its fp32
     ``reduce_dtype``); ``nbytes`` is the unsharded size (gather output, reduce-scatter input).
+    ``zero1`` (our buckets, ``parallel/distributed_optimizer.py``): one ``reduce_scatter`` of
+    the fp32 gradients and one ``all_gather`` of the fp32 parameters (they are the master
+    weights) per iteration. The runtime merges the layers of one DP group into buckets; listed
+    here is each layer's share (the merge saves latency only).
     """
     if dp <= 1:
         return DataParallelCollectives()
@@ -96,59 +103,74 @@ def dp_collectives(num_params: float, dp: int, dp_mode: str, consecutive: bool,
     if dp_mode == "ddp":
         return DataParallelCollectives(per_iteration=(
             Collective("all_reduce", dp, consecutive, GRAD_BYTES * num_params),))
-    raise ValueError(f"dp_mode={dp_mode!r}: choose one of ddp, zero2, zero3")
+    if dp_mode == "zero1":
+        return DataParallelCollectives(
+            per_iteration=(Collective("reduce_scatter", dp, consecutive, GRAD_BYTES * num_params),),
+            after_step=(Collective("all_gather", dp, consecutive, MASTER_BYTES * num_params),))
+    raise ValueError(f"dp_mode={dp_mode!r}: choose one of ddp, zero1, zero2, zero3")
 
 
 def _dp_times(cluster: Any, num_params: float, dp: int, dp_mode: str, consecutive: bool,
-              stage_size: int, precision: str) -> tuple[float, float, float, float]:
-    """``(gather, reduce_scatter, allreduce, zero2_gather)`` seconds for ``num_params`` params:
-    one of each per micro-batch (zero3 gathers twice), the last two once per iteration."""
+              stage_size: int, precision: str) -> tuple[float, float, float, float, float]:
+    """``(gather, reduce_scatter, gradient_sync, zero2_gather, after_step)`` seconds for
+    ``num_params`` params: the first two per micro-batch (zero3 gathers twice), the rest once
+    per iteration (``gradient_sync``: the ``ddp`` all-reduce or the ``zero1`` reduce-scatter,
+    in the last backward; ``after_step``: the ``zero1`` parameter all-gather)."""
     cs = dp_collectives(num_params, dp, dp_mode, consecutive, precision)
 
-    def total(collectives: Sequence[Collective], kind: str) -> float:
-        return sum(collective_time(cluster, c, stage_size) for c in collectives if c.kind == kind)
+    def total(collectives: Sequence[Collective], *kinds: str) -> float:
+        return sum(collective_time(cluster, c, stage_size) for c in collectives if c.kind in kinds)
 
     return (total(cs.forward, "zero_gather"), total(cs.backward, "zero_scatter"),
-            total(cs.per_iteration, "all_reduce"), total(cs.per_iteration, "zero_gather"))
+            total(cs.per_iteration, "all_reduce", "reduce_scatter"),
+            total(cs.per_iteration, "zero_gather"), total(cs.after_step, "all_gather"))
 
 
 def layer_time(profile: LayerTypeProfile, cluster: Any, layout: Layout, dp_mode: str,
                recompute: bool, samples: float, stage_size: int,
-               precision: str = "fp32") -> TimeCost:
+               precision: str = "fp32", *, sequence_parallel: bool = False,
+               norm_grad_bytes: Sequence[float] = ()) -> TimeCost:
     """Time of one layer for one micro-batch of ``samples`` samples per rank.
 
-    Forward: compute ``F``, ZeRO-3 parameter gather overlapped with it, two TP all-reduces of the
-    ``(b, s, h)`` activation. Backward: ``r*F`` (plus ``F`` when recomputing, with its two TP
-    all-reduces again), the ZeRO-3 re-gather and the ZeRO-2/3 gradient reduce-scatter overlapped
-    with it, two TP all-reduces. DDP: one all-reduce of the fp32 gradients per iteration.
-    ZeRO gathers move ``gather_bytes(precision)`` per parameter, reduce-scatters 4.
+    Forward: compute ``F``, ZeRO-3 parameter gather overlapped with it, the TP collectives of
+    ``layout.layer_tp_collectives`` (what ``models/transformer.py`` issues): two all-reduces of
+    the ``(b, s, h)`` activation, or with ``sequence_parallel`` two all-gathers and two
+    reduce-scatters of it. Backward: ``r*F`` (plus ``F`` when recomputing, with the forward's
+    collectives but the last again), the ZeRO-3 re-gather and the ZeRO-2/3 gradient
+    reduce-scatter overlapped with it, and the backward TP collectives (SP: also the all-reduces
+    of the norm-weight and row-bias gradients, ``norm_grad_bytes`` one entry per tensor). DDP:
+    one all-reduce of the fp32 gradients per iteration; ZeRO-1: one reduce-scatter of them in
+    the last backward, and the all-gather of the updated parameters after the step, charged to
+    ``optimizer`` (it follows the step on every stage). ZeRO gathers move
+    ``gather_bytes(precision)`` per parameter, reduce-scatters 4.
     """
     tp = layout.tp
     dp = stage_size // tp
     g = cluster.overlap_slowdown
     fwd = profile.forward_time(samples, tp)
     bwd = profile.backward_forward_ratio * fwd + (fwd if recompute else 0.0)
-    tp_ar = 0.0
-    if tp > 1:
-        tp_ar = cluster.allreduce_time(profile.hidden_bytes_per_sample * samples, tp,
-                                       tp_group_consecutive(layout), span=stage_size)
-    local = profile.parameter_count / tp
-    gather, scatter, allreduce, regather = _dp_times(cluster, local, dp, dp_mode,
-                                                     dp_group_consecutive(layout), stage_size,
-                                                     precision)
-    n_bwd_ar = 4 if recompute else 2
-    forward = overlap(gather, fwd, g) + 2 * tp_ar
-    backward = overlap(gather + scatter, bwd, g) + n_bwd_ar * tp_ar
+    tp_fwd, tp_bwd = layer_tp_collectives(
+        layout, stage_size, profile.tp_bytes_per_sample * samples,
+        sequence_parallel=sequence_parallel and tp > 1, norm_tensor_bytes=norm_grad_bytes,
+        recompute=recompute)
+    tp_f = sum(collective_time(cluster, c, stage_size) for c in tp_fwd)
+    tp_b = sum(collective_time(cluster, c, stage_size) for c in tp_bwd)
+    local = profile.local_parameters(tp)
+    gather, scatter, allreduce, regather, after_step = _dp_times(
+        cluster, local, dp, dp_mode, dp_group_consecutive(layout), stage_size, precision)
+    forward = overlap(gather, fwd, g) + tp_f
+    backward = overlap(gather + scatter, bwd, g) + tp_b
     exposed = overlap(allreduce, bwd, g) - bwd if allreduce > 0 else 0.0
     exposed += overlap(regather, fwd, g) - fwd if regather > 0 else 0.0
     return TimeCost(forward, backward, allreduce + regather, exposed, fwd + bwd,
-                    (2 + n_bwd_ar) * tp_ar, 2 * gather + scatter,
-                    _optimizer_time(cluster, local, dp, dp_mode))
+                    tp_f + tp_b, 2 * gather + scatter,
+                    _optimizer_time(cluster, local, dp, dp_mode) + after_step)
 
 
 def _optimizer_time(cluster: Any, num_params: float, dp: int, dp_mode: str) -> float:
     """The optimizer step's share of ``num_params`` local parameters: ZeRO updates its shard."""
-    owned = num_params / dp if dp_mode in ("zero2", "zero3") and dp > 1 else num_params
+    sharded = dp_mode in ("zero1", "zero2", "zero3") and dp > 1
+    owned = num_params / dp if sharded else num_params
     return cluster.optimizer_time_per_parameter_s * owned
 
 
@@ -188,8 +210,8 @@ def embedding_time(profile: EmbeddingProfile, cluster: Any, vocab_tp: int, dp_mo
         fwd += profile.forward_time_constant_s
         tp_comm += tp_ar + loss_comm
     bwd = profile.backward_forward_ratio * fwd
-    gather, scatter, allreduce, regather = _dp_times(cluster, num_params, dp, dp_mode, True,
-                                                     stage_size, precision)
+    gather, scatter, allreduce, regather, after_step = _dp_times(
+        cluster, num_params, dp, dp_mode, True, stage_size, precision)
     tied = 0.0
     if profile.tied and pp > 1:
         tied = cluster.allreduce_time(GRAD_BYTES * profile.embedding_parameters / vocab_tp, 2,
@@ -199,7 +221,8 @@ def embedding_time(profile: EmbeddingProfile, cluster: Any, vocab_tp: int, dp_mo
     exposed = (overlap(allreduce, bwd, g) - bwd if allreduce > 0 else 0.0) + tied
     exposed += overlap(regather, fwd, g) - fwd if regather > 0 else 0.0
     return TimeCost(forward, backward, allreduce + tied + regather, exposed, fwd + bwd, tp_comm,
-                    2 * gather + scatter, _optimizer_time(cluster, num_params, dp, dp_mode))
+                    2 * gather + scatter,
+                    _optimizer_time(cluster, num_params, dp, dp_mode) + after_step)
 
 
 @dataclass(frozen=True)
@@ -222,6 +245,7 @@ NO_MOVE = MoveCost(0.0, 0.0, 0.0)
 
 # The cluster method that prices each kind of collective.
 _PRICES = {"all_gather": "allgather_time", "all_reduce": "allreduce_time",
+           "reduce_scatter": "reduce_scatter_time",
            "zero_gather": "zero_gather_time", "zero_scatter": "zero_scatter_time"}
 
 
@@ -259,6 +283,26 @@ def relayout_time(cluster: Any, old: Layout, new: Layout, microbatch_size: int,
                          stage_size).total
 
 
+def sequence_parallel_switch_time(cluster: Any, old: Layout, old_sp: bool, new: Layout,
+                                  new_sp: bool, microbatch_size: int, bytes_per_sample: float,
+                                  stage_size: int) -> float:
+    """Forward + backward seconds of the SP boundaries between a layer ``(old, old_sp)`` and
+    the next ``(new, new_sp)`` (``cost_model.chunk_moves`` makes the same moves): nothing inside
+    one run of SP layers of a layout; else leaving an SP run all-gathers the sequence (forward)
+    and entering one all-gathers the gradient (backward), each on its layout's TP group
+    (``layout.sequence_parallel_boundary_collectives``). Relayouts are priced apart."""
+    old_sp, new_sp = old_sp and old.tp > 1, new_sp and new.tp > 1
+    if old_sp and new_sp and old == new:
+        return 0.0
+    total = 0.0
+    for layout, sp, entering in ((old, old_sp, False), (new, new_sp, True)):
+        if sp:
+            whole = microbatch_size / dp_size(layout, stage_size) * bytes_per_sample
+            f, b = sequence_parallel_boundary_collectives(layout, whole, entering=entering)
+            total += sum(collective_time(cluster, c, stage_size) for c in f + b)
+    return total
+
+
 def stage_boundary_cost(cluster: Any, sender: Layout, receiver: Layout, microbatch_size: int,
                         bytes_per_sample: float, stage_size: int, pp: int) -> MoveCost:
     """A micro-batch crossing from one stage to the next, charged to the receiving stage.
@@ -284,8 +328,9 @@ class PipelineTime:
 
 def pipeline_time(microbatch: Sequence[float], backward: Sequence[float],
                   tails: Sequence[float], num_microbatches: int,
-                  step: Sequence[float] = (), step_overhead: float = 0.0) -> PipelineTime:
-    """Iteration time of a non-interleaved pipeline (1F1B or GPipe: same time, not same memory).
+                  step: Sequence[float] = (), step_overhead: float = 0.0, *,
+                  virtual_size: int = 1, fill: float | None = None) -> PipelineTime:
+    """Iteration time of a pipeline (1F1B or GPipe: same time, not same memory; or interleaved).
 
     ``microbatch[k]`` is stage k's time for one micro-batch (forward + backward, p2p included),
     ``backward[k]`` its backward part, ``tails[k]`` the gradient sync that does not hide behind
@@ -295,17 +340,23 @@ def pipeline_time(microbatch: Sequence[float], backward: Sequence[float],
     sync tail may use: ``T = max(T_pipe, max_k(T_pipe - sum_{j<k} B_j + tail_k))``.
     The optimizer step follows the global gradient norm, which waits for every stage, so the
     slowest stage's ``step[k]`` and the fixed ``step_overhead`` are added after that.
+
+    Interleaved (``virtual_size`` v > 1): ``microbatch[k]`` is all of stage k's chunks for one
+    micro-batch, ``fill`` the fill-and-drain time ``sum_k max_j c_{k,j}``
+    (``interleaving.pipeline_fill``), and ``T_pipe = fill + (m - 1/v) max_k C_k``: with equal
+    chunks the bubble ``(p - 1) C / v`` is v times smaller. ``backward[k]`` is then the backward of
+    stage k's first chunk (global chunk k), what runs after stage k's last backward.
     """
     m = num_microbatches
-    total = sum(microbatch)
+    total = sum(microbatch) if fill is None else fill
     slowest = max(microbatch)
-    t_pipe = total + (m - 1) * slowest
+    t_pipe = total + (m - 1.0 / virtual_size) * slowest
     finish = []
     ahead = 0.0
     for k, tail in enumerate(tails):
         finish.append(t_pipe - ahead + tail)
         ahead += backward[k]
     iteration = max([t_pipe] + finish) + max(step, default=0.0) + step_overhead
-    busy = m * total / len(microbatch) if microbatch else 0.0
+    busy = m * sum(microbatch) / len(microbatch) if microbatch else 0.0
     bubble = 1.0 - busy / t_pipe if t_pipe > 0 else 0.0
     return PipelineTime(iteration, t_pipe, bubble, tuple(finish))

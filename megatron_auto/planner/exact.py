@@ -227,7 +227,7 @@ class TaskSearch:
             if k in (0, task.pp - 1):
                 layouts.add((task.vocab.tp, True))
             if self.prev_last is not None:
-                lay = task.tables.layouts[self.prev_last[1]]
+                lay = task.tables.layouts[self.prev_last[1]][0]
                 layouts.add((lay.tp, lay.consecutive))
             state = _StageState(e.microbatch, e.optimizer, e.exposed_sync, e.persistent,
                                 e.transient, e.step_floor, -1, -1, -1, frozenset(layouts))
@@ -257,6 +257,8 @@ class TaskSearch:
             trans = task.vocab_moves(t)[0][cls]  # embedding -> first layer
         if r == 0 and k == task.pp - 1:
             trans = trans + task.vocab_moves(t)[1][cls]  # last layer -> head
+        elif r == 0:
+            trans = trans + task.sp_leave[t][cls]  # a stage's SP run ends before the hop
         micro = st.microbatch + c.microbatch + trans
         opt = st.optimizer + c.optimizer
         exp = st.exposed + c.exposed_sync
@@ -303,7 +305,7 @@ class TaskSearch:
                 break
             self.chosen.append(c.strategies[s])
             if r > 0:
-                lay = task.tables.layouts[int(cls[s])]
+                lay = task.tables.layouts[int(cls[s])][0]
                 nxt = _StageState(float(micro[s]), float(opt[s]), float(exp[s]), float(pers[s]),
                                   float(trans_max[s]), float(step[s]), int(cls[s]), t, int(s),
                                   st.layouts | {(lay.tp, lay.consecutive)})
@@ -332,7 +334,7 @@ class TaskSearch:
         for c in np.unique(cls):
             key = (k, layouts, int(c))
             if key not in cache:
-                lay = task.tables.layouts[int(c)]
+                lay = task.tables.layouts[int(c)][0]
                 cache[key] = per * group_count(task.n, task.pp, task.world_size, k, 0,
                                                layouts | {(lay.tp, lay.consecutive)})
             out[cls == c] = cache[key]

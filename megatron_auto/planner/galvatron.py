@@ -11,9 +11,12 @@ module converts units and meanings:
 - Memory: ``parameter_size`` is model states / 4 in MB (16 B/param with Adam) -> parameter count
   ``MB * 2**20 / 4``; ``tp_activation_per_bsz_dict[t]`` MB per sample -> bytes per sample at tp t;
   ``checkpoint`` -> bytes kept per sample when recomputing. Records profiled with Megatron
-  sequence parallelism (``*_sp``) split *all* activations by tp, which our runtime does not; for
-  files that have only those, the tp=1 value is used and the tp split follows the analytic
-  replicated/split ratio; the SP records themselves are kept in ``metadata["megatron_sp"]``.
+  sequence parallelism (``*_sp``, Galvatron's global ``--sequence_parallel``) split *all*
+  activations by tp, as our ``sequence_parallel`` layers do: their per-tp activations become the
+  layer profile's ``activation_bytes_by_tp_sp`` (what the cost model charges an SP layer); for
+  files that have only those, the non-SP activations take the tp=1 value with the analytic
+  replicated/split ratio. The embedding/head SP records stay in ``metadata["megatron_sp"]``
+  (our vocabulary layers never run SP).
   Embedding/head model states (``other_memory_*``) are 16 B/param too.
 - What Galvatron does not measure (backward scratch, the fp32 logits transient, autocast weight
   copies) comes from the analytic profile, so the imported profile is never less conservative.
@@ -123,6 +126,8 @@ def _with_merge(measured: Any, plain: Any, merge: Any) -> Any:
         activation_split_bytes=measured.activation_split_bytes * ratio("activation_split_bytes"),
         activation_bytes_by_tp={t: v * ratio("activation_split_bytes")
                                 for t, v in measured.activation_bytes_by_tp.items()},
+        activation_bytes_by_tp_sp={t: v * ratio("activation_split_bytes")
+                                   for t, v in measured.activation_bytes_by_tp_sp.items()},
         recompute_bytes_per_sample=measured.recompute_bytes_per_sample
         * ratio("recompute_bytes_per_sample"),
         flops_per_sample=merge.flops_per_sample)
@@ -151,8 +156,30 @@ def _sp_metadata(sp: gm.GalvatronMemoryRecords, spec: ModelSpec, index: Mapping[
         other[pos] = {"model_state_bytes_by_vocab_tp": table(rec.model_states_mb),
                       "activation_bytes_per_sample_by_vocab_tp": table(rec.activation_mb_per_sample)}
     return {"what": "Galvatron's *_sp records: measured with Megatron sequence parallelism "
-                    "(every activation split by tp); not used by the cost model yet",
+                    "(every activation split by tp); the layers' activations price our "
+                    "sequence_parallel layers (activation_bytes_by_tp_sp), the embedding/head "
+                    "ones are for reference",
             "layer_types": layers, "embedding_head": other}
+
+
+def _sp_activations(mem: gm.GalvatronMemory, layer_type: int, seq: int,
+                    notes: list[str]) -> dict[int, float]:
+    """Bytes per sample by tp of layer type ``layer_type`` measured with Megatron-SP (the
+    ``*_sp`` records), when measured at two or more tp degrees (one degree says nothing about
+    the split); a note says which."""
+    if mem.megatron_sp is None or layer_type not in mem.megatron_sp.layers:
+        return {}
+    try:
+        rec, _ = mem.megatron_sp.layer(layer_type, seq)
+    except GalvatronFormatError as err:  # the SP records are extra: never block the import
+        notes.append(f"layertype_{layer_type}: Megatron-SP records not used: {err}")
+        return {}
+    acts = {t: v * MB for t, v in rec.activation_mb_per_sample.items()}
+    if len(acts) < 2:
+        return {}
+    notes.append(f"layertype_{layer_type}: sequence-parallel layers priced with the *_sp "
+                 f"records (tp {', '.join(str(t) for t in sorted(acts))})")
+    return acts
 
 
 def model_profile_from_galvatron(computation_path: str | os.PathLike,
@@ -166,8 +193,10 @@ def model_profile_from_galvatron(computation_path: str | os.PathLike,
     its stage's measured block plus what the analytic profile says the merging adds. Sequence
     lengths are matched exactly when profiled, else the next longer profiled one is used
     (conservative); several profiled batch sizes give a per-sample time and a per-call constant
-    (a least-squares line). The plain records are priced; Megatron-SP (``*_sp``) records are
-    priced only when they are all the file has (tp=1 value, analytic tp split) and are kept in
+    (a least-squares line). The plain records price layers without SP; Megatron-SP (``*_sp``)
+    records price ``sequence_parallel`` layers (``activation_bytes_by_tp_sp``, measured at two or
+    more tp degrees; else SP is priced as the tp=1 value over tp) and, when they are all the file
+    has, the non-SP activations too (tp=1 value, analytic tp split); they are kept in
     ``metadata["megatron_sp"]``. Notes on every choice go into ``metadata["notes"]``.
     """
     comp = gf.read_computation(computation_path)
@@ -209,8 +238,9 @@ def model_profile_from_galvatron(computation_path: str | os.PathLike,
             notes.append(f"layertype_{k}: activations measured up to tp {max(acts)}; larger tp "
                          f"(up to {widest} here) follows the line a + b/tp through the two largest "
                          f"measured degrees")
+        acts_sp = _sp_activations(mem, k, lt.seq_length, notes)
         layers[lt.name] = replace(
-            analytic, name=lt.name, parameter_count=params,
+            analytic, name=lt.name, parameter_count=params, activation_bytes_by_tp_sp=acts_sp,
             forward_time_per_sample_s=time.per_sample_ms / 1000.0,
             forward_time_constant_s=time.per_call_ms / 1000.0, backward_forward_ratio=2.0,
             activation_replicated_bytes=rep, activation_split_bytes=split,
@@ -367,8 +397,13 @@ def _scalar(path: str, data: Mapping[str, Any], key: str, default: Any = None) -
 
 
 def plan_from_galvatron_config(source: str | os.PathLike | Mapping[str, Any], world_size: int | None = None,
-                               model: Mapping[str, Any] | None = None) -> Plan:
+                               model: Mapping[str, Any] | None = None, *,
+                               sequence_parallel: bool = False) -> Plan:
     """Convert a Galvatron ``galvatron_config_*.json`` (path or loaded dict) into a ``Plan``.
+
+    ``sequence_parallel``: the plan was run with Galvatron's global ``--sequence_parallel``
+    (Megatron-SP, not in the file): every layer with tp > 1 gets ``sequence_parallel``. The
+    file's own ``use_sp`` is Ulysses sequence parallelism, which is refused.
 
     ``world_size`` defaults to the ``<n>nodes_<g>gpus_per_node`` part of the file name.
     ``dp_types_enc`` 1 means ZeRO-3, 0 the file's ``default_dp_type`` (``ddp`` or ``zero2``);
@@ -423,7 +458,8 @@ def plan_from_galvatron_config(source: str | os.PathLike | Mapping[str, Any], wo
         raise GalvatronFormatError(f"galvatron config {path}: key 'dp_types_enc' entry {bad[0]} is "
                                    f"{dp_types[bad[0]]}; use 0 (default dp type) or 1 (ZeRO-3)")
     layers = tuple(LayerStrategy(tp=t, dp_mode="zero3" if d else default_dp,
-                                 tp_consecutive=bool(c), recompute=bool(r))
+                                 tp_consecutive=bool(c), recompute=bool(r),
+                                 sequence_parallel=sequence_parallel and t > 1)
                    for t, c, d, r in zip(tps, consec, dp_types, ckpt))
     vocab = VocabStrategy(tp=int(data.get("vtp", 1)),
                           dp_mode="zero3" if int(data.get("embed_sdp", 0)) else default_dp)
@@ -434,6 +470,8 @@ def plan_from_galvatron_config(source: str | os.PathLike | Mapping[str, Any], wo
     if not division:
         pipeline = replace(pipeline, layers_per_stage=even_partition(n, pp))
     notes = [f"imported from Galvatron config {os.path.basename(path)}"]
+    if sequence_parallel:
+        notes.append("Galvatron's --sequence_parallel: Megatron-SP on every layer with tp > 1")
     last_error: PlanError | None = None
     for m in range(max(chunks, 1), global_bsz + 1):
         if global_bsz % m:
@@ -468,6 +506,15 @@ def plan_to_galvatron_config(plan: Plan) -> tuple[dict[str, Any] | None, list[st
     if len(defaults) > 1:
         reasons.append(f"layers use both {defaults[0]} and {defaults[1]}; Galvatron has one "
                        f"default_dp_type besides ZeRO-3")
+    elif defaults and defaults[0] not in ("ddp", "zero2"):
+        reasons.append(f"dp_mode {defaults[0]} has no Galvatron default_dp_type (ddp or zero2)")
+    sp = [layer.sequence_parallel for layer in plan.layers if layer.tp > 1]
+    if any(sp) and not all(sp):
+        reasons.append("sequence_parallel on some tp > 1 layers only; Galvatron's Megatron-SP "
+                       "(--sequence_parallel) is global")
+    if plan.virtual_size > 1:
+        reasons.append(f"pipeline.virtual_size={plan.virtual_size}: Galvatron has no "
+                       f"interleaved schedule")
     if reasons:
         return None, reasons
     default = defaults[0] if defaults else "zero2"

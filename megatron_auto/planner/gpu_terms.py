@@ -190,15 +190,14 @@ def _local_group_keys(j: int, n: int, tp: int, consecutive: bool) -> list[tuple[
 
 
 def _stage_layouts(plan: Any, stage: int) -> set[tuple[int, bool]]:
-    """The layouts ``rank_process_groups`` takes into account for a rank of ``stage``."""
+    """The layouts ``rank_process_groups`` takes into account for a rank of ``stage`` (the same
+    loop: the stage's layers, the previous stage's last layer, the vocab on the end stages)."""
     n, pp = plan.stage_size, plan.pp_size
     layouts: set[tuple[int, bool]] = set()
-    lo, hi = plan.stage_layer_range(stage)[0], plan.stage_layer_range(stage)[-1]
-    if stage > 0:
-        lo -= 1  # the previous stage's last layer: the input layout of this one
-    for i in range(lo, hi + 1):
-        layer = plan.layers[i]
-        layouts.add((layer.tp, layer.tp_consecutive or layer.tp in (1, n)))
+    for i, layer in enumerate(plan.layers):
+        s = plan.stage_of_layer(i)
+        if s == stage or (s + 1 == stage and i == plan.stage_layer_range(s)[-1]):
+            layouts.add((layer.tp, layer.tp_consecutive or layer.tp in (1, n)))
     if stage in (0, pp - 1):
         layouts.add((plan.vocab.tp, True))
     return layouts

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..config import ModelConfig
+from ..t5_config import T5Config
 from ..vision_config import VisionConfig
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -29,7 +30,11 @@ PLAN_MODEL_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidd
                    "num_tokentypes", "num_query_groups", "add_bias_linear",
                    # image classifiers (vision_config.VisionConfig)
                    "img_h", "img_w", "patch_dim", "num_channels", "num_classes",
-                   "swin_embed_dim", "swin_depths", "swin_num_heads", "swin_window_size")
+                   "swin_embed_dim", "swin_depths", "swin_num_heads", "swin_window_size",
+                   # T5 (t5_config.T5Config)
+                   "encoder_num_layers", "decoder_num_layers", "decoder_seq_length",
+                   "kv_channels", "relative_attention_num_buckets",
+                   "relative_attention_max_distance")
 
 
 class SpecError(ValueError):
@@ -58,6 +63,12 @@ class LayerType:
     per attention head); keys and values are ``g * head_dim`` wide and TP must divide ``g``.
     ``add_bias_linear=False``: the four projections have no bias; ``normalization`` decides
     whether a norm has a bias (LayerNorm) or not (RMSNorm).
+
+    Encoder-decoder layers (T5): ``kv_channels`` ``> 0`` is the width of one head (default
+    ``hidden_size / heads``); ``cross_attention_seq_length`` ``> 0`` means the layer also attends
+    that many encoder tokens (a decoder layer: query, key/value and output projections, norm);
+    ``carried_seq_length`` tokens of width ``hidden_size`` travel beside the layer's own hidden
+    state through every relayout and stage boundary around it (the pipeline carry).
     """
 
     name: str
@@ -73,6 +84,9 @@ class LayerType:
     num_query_groups: int = 0
     add_bias_linear: bool = True
     normalization: str = "layernorm"
+    kv_channels: int = 0
+    cross_attention_seq_length: int = 0
+    carried_seq_length: int = 0
 
     def __post_init__(self) -> None:
         where = f"layer_types[{self.name!r}]"
@@ -82,7 +96,8 @@ class LayerType:
               f"must divide num_attention_heads={self.num_attention_heads} (0: one per head)")
         _need(self.normalization in ("layernorm", "rmsnorm"), f"{where}.normalization",
               self.normalization, "choose layernorm or rmsnorm")
-        for attr in ("window_size", "merge_input_hidden"):
+        for attr in ("window_size", "merge_input_hidden", "kv_channels",
+                     "cross_attention_seq_length", "carried_seq_length"):
             value = getattr(self, attr)
             _need(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
                   f"{where}.{attr}", value, "must be an integer >= 0 (0: not used)")
@@ -99,27 +114,41 @@ class LayerType:
     def kv_size(self) -> int:
         """Width of the keys (and of the values): ``g * head_dim``, ``h`` without GQA."""
         groups = self.num_query_groups or self.num_attention_heads
-        return groups * (self.hidden_size // self.num_attention_heads)
+        return groups * (self.kv_channels or self.hidden_size // self.num_attention_heads)
 
     @property
     def num_parameters(self) -> int:
-        """Weights, biases and the two norms of one layer (Megatron GPT/BERT layout)."""
-        h, f, kv = self.hidden_size, self.ffn_hidden_size, self.kv_size
+        """Weights, biases and the norms of one layer (Megatron GPT/BERT layout; T5's
+        decoder adds cross-attention)."""
+        h, f, kv, p = self.hidden_size, self.ffn_hidden_size, self.kv_size, self.attention_width
         bias = 1 if self.add_bias_linear else 0
-        # fused QKV ((h + 2kv) x h) and output projection (h x h), with their biases
-        attention = 2 * h * h + 2 * h * kv + bias * (2 * h + 2 * kv)
+        # fused QKV ((p + 2kv) x h) and output projection (h x p), with their biases
+        attention = 2 * h * p + 2 * h * kv + bias * (p + h + 2 * kv)
         if self.activation == "swiglu":
             mlp = 3 * h * f + bias * (2 * f + h)  # two input projections (gate, up), one output
         else:
             mlp = 2 * h * f + bias * (f + h)
         norms = 4 * h if self.normalization == "layernorm" else 2 * h
         extra = 0
+        if self.cross_attention_seq_length:
+            # query (p x h), fused key/value (2p x h) and output projections, and their norm
+            extra += 4 * h * p + bias * (3 * p + h) + norms // 2
         if self.window_size:
             extra += (2 * self.window_size - 1) ** 2 * self.num_attention_heads
         if self.merge_input_hidden:
             m = self.merge_input_hidden
             extra += 4 * m * h + 2 * 4 * m  # reduction (no bias) and its norm
         return attention + mlp + norms + extra
+
+    @property
+    def attention_width(self) -> int:
+        """Width of all heads together: ``heads * kv_channels`` (``hidden_size`` by default)."""
+        return self.num_attention_heads * self.kv_channels if self.kv_channels else self.hidden_size
+
+    @property
+    def boundary_seq_length(self) -> int:
+        """Tokens per sample a relayout or stage boundary next to this layer moves."""
+        return self.seq_length + self.carried_seq_length
 
     @property
     def attended_tokens(self) -> int:
@@ -236,6 +265,8 @@ class ModelSpec:
         image classifier, see :meth:`from_vision_config`)."""
         if isinstance(cfg, VisionConfig):
             return cls.from_vision_config(cfg)
+        if isinstance(cfg, T5Config):
+            return cls.from_t5_config(cfg)
         lt = LayerType(name=cfg.model_type, hidden_size=cfg.hidden_size,
                        num_attention_heads=cfg.num_attention_heads,
                        ffn_hidden_size=cfg.ffn_hidden_size, seq_length=cfg.seq_length,
@@ -289,6 +320,40 @@ class ModelSpec:
             embedding_parameter_count=embedding,
             head_parameter_count=2 * h_out + h_out * cfg.num_classes + cfg.num_classes,
             head_tokens=1, head_hidden_size=h_out)
+
+    @classmethod
+    def from_t5_config(cls, cfg: T5Config) -> "ModelSpec":
+        """The spec of a T5 (``t5_config.T5Config``): layer types ``t5_encoder`` (``s_e``
+        tokens, carrying the decoder's ``s_d`` embedded tokens) and ``t5_decoder`` (``s_d``
+        tokens, cross-attention over ``s_e``, carrying the encoder output), in that order.
+
+        The embedding holds the word (and learned position) table; the head its bias, the
+        decoder's final norm and the tied word copy, and projects the ``s_d`` decoder tokens.
+        The encoder's final norm and the relative bias tables (a few KB) are counted in the
+        head's parameters, though they live on the stages of the last encoder layer and of
+        each stack."""
+        common = dict(hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads,
+                      ffn_hidden_size=cfg.ffn_hidden_size, activation=cfg.activation,
+                      kv_channels=cfg.kv_channels, add_bias_linear=cfg.add_bias_linear,
+                      normalization=cfg.normalization)
+        enc = LayerType(name="t5_encoder", seq_length=cfg.seq_length,
+                        count=cfg.encoder_num_layers, causal=False,
+                        carried_seq_length=cfg.decoder_seq_length, **common)
+        dec = LayerType(name="t5_decoder", seq_length=cfg.decoder_seq_length,
+                        count=cfg.decoder_num_layers, causal=True,
+                        cross_attention_seq_length=cfg.seq_length,
+                        carried_seq_length=cfg.seq_length, **common)
+        h, v = cfg.hidden_size, cfg.padded_vocab_size
+        positions = cfg.max_position_embeddings if cfg.position_embedding_type == "learned" else 0
+        norm = 2 * h if cfg.normalization == "layernorm" else h
+        stacked = cls.stacked([(enc, cfg.encoder_num_layers), (dec, cfg.decoder_num_layers)],
+                              vocab_size=v, embedding_hidden_size=h, seq_length=cfg.seq_length,
+                              name="t5")
+        return dataclasses.replace(
+            stacked, tied_embeddings=True, config=cfg.to_dict(), num_position_embeddings=positions,
+            embedding_parameter_count=(v + positions) * h,
+            head_parameter_count=2 * norm + v + cfg.relative_bias_parameters(),
+            head_tokens=cfg.decoder_seq_length, head_hidden_size=h)
 
     @classmethod
     def uniform(cls, num_layers: int, hidden_size: int, num_attention_heads: int,

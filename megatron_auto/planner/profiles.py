@@ -70,7 +70,12 @@ class LayerTypeProfile:
     per sample while the layer runs its backward. Under mixed precision, autocast saves a
     compute-dtype copy of every weight for backward: ``weight_copy_bytes_per_parameter`` per
     parameter per micro-batch in flight. ``hidden_bytes_per_sample`` is one ``(s, h)`` activation
-    in the compute dtype (TP messages, p2p, relayouts).
+    in the compute dtype (TP messages, p2p, relayouts). Two optional refinements (0: use
+    ``hidden_bytes_per_sample``): ``boundary_bytes_per_sample`` is what a relayout or a stage
+    boundary next to the layer moves per sample (T5: the hidden state and the carry beside it,
+    ``(s_e + s_d, h)``; :attr:`moved_bytes_per_sample`), ``tp_message_bytes_per_sample`` the
+    mean size of its TP all-reduces (a T5 decoder layer has more of them, some over the encoder
+    tokens; :attr:`tp_bytes_per_sample`).
     """
 
     name: str
@@ -92,20 +97,42 @@ class LayerTypeProfile:
     # ran) or assumed by the analytic profile (the cluster's attention_backend).
     attention_backend: str = "math"
     tp_replicated_fraction: float = 0.0
+    boundary_bytes_per_sample: float = 0.0
+    tp_message_bytes_per_sample: float = 0.0
+    # Measured with Megatron sequence parallelism (e.g. Galvatron's ``*_sp`` records), per tp.
+    activation_bytes_by_tp_sp: Mapping[int, float] = field(default_factory=dict)
+    # Of ``parameter_count``, those every TP rank holds whole (norms, row-parallel biases).
+    tp_replicated_parameter_count: int = 0
+
+    @property
+    def moved_bytes_per_sample(self) -> float:
+        """Bytes per sample of a relayout or stage boundary next to this layer."""
+        return self.boundary_bytes_per_sample or self.hidden_bytes_per_sample
+
+    @property
+    def tp_bytes_per_sample(self) -> float:
+        """Bytes per sample of each of the layer's priced TP all-reduces."""
+        return self.tp_message_bytes_per_sample or self.hidden_bytes_per_sample
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "forward_time_by_tp",
                            {int(k): (float(v[0]), float(v[1])) for k, v in self.forward_time_by_tp.items()})
-        object.__setattr__(self, "activation_bytes_by_tp",
-                           {int(k): float(v) for k, v in self.activation_bytes_by_tp.items()})
+        for table in ("activation_bytes_by_tp", "activation_bytes_by_tp_sp"):
+            object.__setattr__(self, table,
+                               {int(k): float(v) for k, v in getattr(self, table).items()})
         where = f"layer_types.{self.name}."
         _need(isinstance(self.parameter_count, int) and self.parameter_count >= 0,
               where + "parameter_count", self.parameter_count, "must be a non-negative integer")
+        _need(isinstance(self.tp_replicated_parameter_count, int)
+              and 0 <= self.tp_replicated_parameter_count <= self.parameter_count,
+              where + "tp_replicated_parameter_count", self.tp_replicated_parameter_count,
+              "must be an integer between 0 and parameter_count")
         for attr in ("forward_time_per_sample_s", "activation_replicated_bytes",
                      "activation_split_bytes", "recompute_bytes_per_sample",
                      "hidden_bytes_per_sample", "forward_time_constant_s",
                      "backward_scratch_replicated_bytes", "backward_scratch_split_bytes",
-                     "weight_copy_bytes_per_parameter", "flops_per_sample"):
+                     "weight_copy_bytes_per_parameter", "flops_per_sample",
+                     "boundary_bytes_per_sample", "tp_message_bytes_per_sample"):
             value = getattr(self, attr)
             _need(isinstance(value, (int, float)) and math.isfinite(value) and value >= 0,
                   where + attr, value, "must be a finite number >= 0")
@@ -120,9 +147,10 @@ class LayerTypeProfile:
         for t, (slope, const) in self.forward_time_by_tp.items():
             _need(t >= 1 and slope >= 0 and const >= 0, where + f"forward_time_by_tp.{t}",
                   (slope, const), "needs tp >= 1 and non-negative (per_sample_s, constant_s)")
-        for t, value in self.activation_bytes_by_tp.items():
-            _need(t >= 1 and value >= 0, where + f"activation_bytes_by_tp.{t}", value,
-                  "needs tp >= 1 and bytes >= 0")
+        for table in ("activation_bytes_by_tp", "activation_bytes_by_tp_sp"):
+            for t, value in getattr(self, table).items():
+                _need(t >= 1 and value >= 0, where + f"{table}.{t}", value,
+                      "needs tp >= 1 and bytes >= 0")
 
     def forward_time(self, samples: float, tp: int) -> float:
         """Seconds of one forward call on ``samples`` samples per rank at TP degree ``tp``.
@@ -167,6 +195,22 @@ class LayerTypeProfile:
         if self.activation_bytes_by_tp:
             return _fit_inverse(self.activation_bytes_by_tp, tp)
         return self.activation_replicated_bytes + self.activation_split_bytes / tp
+
+    def local_parameters(self, tp: int) -> float:
+        """Parameters one rank holds at TP degree ``tp``: the split ones over ``tp``, the
+        replicated ones (norms, row-parallel biases) whole."""
+        replicated = self.tp_replicated_parameter_count
+        return (self.parameter_count - replicated) / tp + replicated
+
+    def sequence_parallel_activation_bytes(self, tp: int) -> float:
+        """Bytes kept per sample at TP ``tp`` with Megatron sequence parallelism: the measured
+        SP table when there is one, else every kept activation split over the TP group,
+        ``activation_bytes(1) / tp`` (SP shards the norm inputs, dropout masks and residuals
+        along the sequence; the column-parallel inputs are kept as this rank's chunk and
+        re-gathered in backward, ``models/transformer.py``)."""
+        if self.activation_bytes_by_tp_sp:
+            return _fit_inverse(self.activation_bytes_by_tp_sp, tp)
+        return self.activation_bytes(1) / tp
 
     def scratch_bytes(self, tp: int) -> float:
         """Transient bytes per sample while this layer runs its backward."""
@@ -243,6 +287,13 @@ class ModelProfile:
             d = asdict(lt)
             d["forward_time_by_tp"] = {str(t): list(v) for t, v in lt.forward_time_by_tp.items()}
             d["activation_bytes_by_tp"] = {str(t): v for t, v in lt.activation_bytes_by_tp.items()}
+            if lt.activation_bytes_by_tp_sp:
+                d["activation_bytes_by_tp_sp"] = {str(t): v
+                                                  for t, v in lt.activation_bytes_by_tp_sp.items()}
+            else:  # absent = none measured: profiles without SP stay as they were
+                del d["activation_bytes_by_tp_sp"]
+            if not lt.tp_replicated_parameter_count:
+                del d["tp_replicated_parameter_count"]
             layers[key] = d
         return {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, "precision": self.precision,
                 "source": self.source, "metadata": dict(self.metadata), "layer_types": layers,
@@ -307,12 +358,14 @@ def _build(kind: type, data: Any, where: str) -> Any:
             except (TypeError, ValueError, IndexError):
                 raise ProfileError(f"profile field {where}.forward_time_by_tp={table!r}: must map "
                                    f"tp (as a string) to [per_sample_s, constant_s]") from None
-        if "activation_bytes_by_tp" in kwargs:
-            table = kwargs["activation_bytes_by_tp"]
+        for name in ("activation_bytes_by_tp", "activation_bytes_by_tp_sp"):
+            if name not in kwargs:
+                continue
+            table = kwargs[name]
             try:
-                kwargs["activation_bytes_by_tp"] = {int(t): float(v) for t, v in table.items()}
+                kwargs[name] = {int(t): float(v) for t, v in table.items()}
             except (AttributeError, TypeError, ValueError):
-                raise ProfileError(f"profile field {where}.activation_bytes_by_tp={table!r}: must "
+                raise ProfileError(f"profile field {where}.{name}={table!r}: must "
                                    f"map tp (as a string) to bytes per sample") from None
     try:
         return kind(**kwargs)
@@ -341,21 +394,45 @@ def analytic_profile(spec: ModelSpec, training: TrainingSpec, cluster: Any) -> M
     layers = {}
     for lt in spec.layer_types:
         s, h, f, a = lt.seq_length, lt.hidden_size, lt.ffn_hidden_size, lt.num_attention_heads
+        p = lt.attention_width  # h unless kv_channels says otherwise (T5)
         mlp_mats = 3 if lt.activation == "swiglu" else 2
         k = lt.attended_tokens  # s, or the w^2 tokens of a window (Swin)
         kv = lt.kv_size  # keys and values: h, or g * head_dim with grouped-query attention
-        # Matmuls: 2 FLOPs per multiply-add; QKV + output projection (2h^2 + 2h*kv), MLP (2 or
-        # 3 h*f), attention scores and the weighted sum (2 * s * k * h each).
-        flops = 2 * s * (2 * h * h + 2 * h * kv + mlp_mats * h * f) + \
-            gpu_terms.attention_score_flops(s, k, h, lt.causal, backend)
+        # Matmuls: 2 FLOPs per multiply-add; Q + output projection (2hp, p = heads x head_dim:
+        # h unless kv_channels says otherwise), K and V (2h*kv), MLP (2 or 3 h*f), attention
+        # scores and the weighted sum (2 * s * k * p each).
+        flops = 2 * s * (2 * h * p + 2 * h * kv + mlp_mats * h * f) + \
+            gpu_terms.attention_score_flops(s, k, p, lt.causal, backend)
         # Kept for backward (Korthikanti et al. 2022, generalised to any dtype and FFN width):
         # not split by TP: two norm inputs, the QKV and FC1 inputs (beta*s*h each) and two
-        # 1-byte dropout masks; split: Q, K, V and the projection input (beta*s*(2h + 2kv)),
+        # 1-byte dropout masks; split: Q, K, V and the projection input (beta*s*(2p + 2kv)),
         # the MLP intermediates, and per head the softmax output, its dropout mask and output.
         replicated = (4 * beta + 2) * s * h
         mlp_kept = (2 * beta if lt.activation == "gelu" else 3 * beta) * s * f
-        split = beta * s * (2 * h + 2 * kv) + mlp_kept + gpu_terms.attention_kept_bytes(
+        split = beta * s * (2 * p + 2 * kv) + mlp_kept + gpu_terms.attention_kept_bytes(
             beta, a, s, k, backend)
+        tp_message = 0.0  # 0: the (s, h) hidden state, two TP all-reduces per direction
+        recompute_input = beta * s * h
+        m = lt.cross_attention_seq_length
+        if m:
+            # Cross-attention (T5 decoder) over m encoder tokens: query and output projections
+            # on s, key/value projections on m, scores and weighted sum s x m. Kept: its norm
+            # input, the query input and a dropout mask (replicated), Q, K, V, the projection
+            # input and per head the softmax, its mask and output (split), and the encoder
+            # output it reads (replicated; an upper bound where decoder layers of one layout
+            # share it). Its TP messages: one more all-reduce of (s, h) forward, and backward
+            # the query input's and the key/value input's (m, h): three of s and one of m per
+            # direction on average become the two priced messages.
+            flops += cross_attention_flops(lt, backend)
+            replicated += (2 * beta + 1) * s * h + beta * m * h
+            split += 2 * beta * s * p + 2 * beta * m * p + gpu_terms.attention_kept_bytes(
+                beta, a, s, m, backend)
+            tp_message = beta * h * (6 * s + m) / 4
+            recompute_input += beta * m * h  # a recomputing decoder layer keeps both inputs
+        if lt.carried_seq_length and not m:
+            # the carried decoder input rides in the received buffer of an encoder stage
+            # (an upper bound: counted per encoder layer, held once per stage)
+            replicated += beta * lt.carried_seq_length * h
         if lt.merge_input_hidden:
             # Patch merging (Swin): the 4m-wide concatenation and its normalised copy are kept
             # (replicated); its projection costs 2 * s * 4m * h.
@@ -367,9 +444,14 @@ def analytic_profile(spec: ModelSpec, training: TrainingSpec, cluster: Any) -> M
             per_sample, by_tp = _gpu_forward_times(lt, beta, training.mixed, backend, rate, hbm)
         layers[lt.name] = LayerTypeProfile(
             name=lt.name, parameter_count=lt.num_parameters,
+            # the norms (weights, LayerNorm biases) and the two row-parallel biases stay whole
+            tp_replicated_parameter_count=(4 if lt.normalization == "layernorm" else 2) * h
+            + (2 * h if lt.add_bias_linear else 0),
             forward_time_per_sample_s=per_sample, activation_replicated_bytes=replicated,
-            activation_split_bytes=split, recompute_bytes_per_sample=beta * s * h,
-            hidden_bytes_per_sample=beta * s * h,
+            activation_split_bytes=split, recompute_bytes_per_sample=recompute_input,
+            hidden_bytes_per_sample=beta * s * h, tp_message_bytes_per_sample=tp_message,
+            boundary_bytes_per_sample=(beta * lt.boundary_seq_length * h
+                                       if lt.carried_seq_length else 0.0),
             forward_time_constant_s=ANALYTIC_LAYER_CALL_OVERHEAD_S,
             backward_forward_ratio=2.0,
             # Backward scratch: the incoming and outgoing activation gradients (2 x s*h) and the
@@ -412,6 +494,18 @@ def analytic_profile(spec: ModelSpec, training: TrainingSpec, cluster: Any) -> M
                                      if hbm > 0 or backend != "math" else {})})
 
 
+def cross_attention_flops(lt: Any, backend: str = "math") -> float:
+    """Forward FLOPs per sample of a layer's cross-attention (T5 decoder, 0 without): query and
+    output projections on its ``s`` tokens, key/value projections on the ``m`` encoder tokens,
+    scores and weighted sum over ``s x m``."""
+    m = lt.cross_attention_seq_length
+    if not m:
+        return 0.0
+    s, h, p = lt.seq_length, lt.hidden_size, lt.attention_width
+    return 2 * s * 2 * h * p + 2 * m * 2 * h * p + gpu_terms.attention_score_flops(
+        s, m, p, False, backend)
+
+
 def _gpu_forward_times(lt: Any, beta: int, mixed: bool, backend: str, rate: float,
                        hbm: float) -> tuple[float, dict[int, tuple[float, float]]]:
     """Per-sample forward seconds at TP 1 and a ``(per_sample_s, constant_s)`` table for every
@@ -430,6 +524,7 @@ def _gpu_forward_times(lt: Any, beta: int, mixed: bool, backend: str, rate: floa
                                                   backend, beta, tp, rate, hbm, kv=lt.kv_size)
         if lt.merge_input_hidden:
             per_sample += 2 * s * 4 * lt.merge_input_hidden * h / tp / rate
+        per_sample += cross_attention_flops(lt, backend) / tp / rate  # at the FLOP rate
         cast = gpu_terms.weight_cast_bytes(lt.num_parameters / tp, beta, mixed) / hbm
         table[tp] = (per_sample, ANALYTIC_LAYER_CALL_OVERHEAD_S + cast / (1 + 2.0))
     return table[1][0], table

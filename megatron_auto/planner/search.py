@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
-from ..plan import DP_MODES, SCHEDULES, Plan, VocabStrategy
+from ..plan import ALL_DP_MODES, DP_MODES, SCHEDULES, PipelineSpec, Plan, PlanError, VocabStrategy
 from ..progress import Progress as Reporter
 from .cluster_model import ClusterModel
 from .cost_model import Estimate, evaluate_plan
@@ -91,6 +91,12 @@ class SearchOptions:
     partition: str = "exact"
     include_baselines: bool = True
     progress: Progress | None = field(default=None, compare=False)
+    # Megatron sequence parallelism of tp > 1 layers: None searches it per layer, True pins it
+    # on (``--sequence-parallel``), False leaves it out.
+    sequence_parallel: bool | None = None
+    # Interleaved 1F1B: the virtual sizes tried on the answer (pp > 1, m a multiple of pp); a
+    # single value > 1 pins it (``--num-layers-per-virtual-pipeline-stage``), (1,) turns it off.
+    virtual_sizes: tuple[int, ...] = (1, 2, 4)
 
     def validate(self) -> None:
         def need(cond: bool, name: str, value: Any, fix: str) -> None:
@@ -99,8 +105,11 @@ class SearchOptions:
         need(self.space in SPACES, "space", self.space, f"choose one of {', '.join(SPACES)}")
         need(self.schedule is None or self.schedule in SCHEDULES, "schedule", self.schedule,
              f"choose one of {', '.join(SCHEDULES)} or leave it unset")
-        need(bool(self.dp_modes) and all(d in DP_MODES for d in self.dp_modes), "dp_modes",
-             self.dp_modes, f"give a non-empty subset of {DP_MODES}")
+        need(bool(self.dp_modes) and all(d in ALL_DP_MODES for d in self.dp_modes), "dp_modes",
+             self.dp_modes, f"give a non-empty subset of {ALL_DP_MODES}")
+        need(bool(self.virtual_sizes) and all(isinstance(v, int) and v >= 1
+                                              for v in self.virtual_sizes),
+             "virtual_sizes", self.virtual_sizes, "give positive integers, e.g. (1, 2, 4)")
         need(self.partition in PARTITIONS, "partition", self.partition,
              f"choose one of {', '.join(PARTITIONS)}")
         for name in ("pp", "tp", "vocab_tp", "max_tp"):
@@ -128,9 +137,11 @@ class SearchResult:
 
 def spaces_of(name: str, options: SearchOptions, world: int) -> list[Space]:
     """The sub-spaces a named space is the union of (several only for megatron3d)."""
+    sp = {None: (False, True), True: (True,), False: (False,)}[options.sequence_parallel]
     base = SpaceRules(dp_modes=tuple(options.dp_modes), allow_recompute=options.allow_recompute,
                       max_tp=options.max_tp,
-                      tps=(options.tp,) if options.tp is not None else None)
+                      tps=(options.tp,) if options.tp is not None else None,
+                      sequence_parallel=sp)
     single = dict(vocab_modes=("ddp",), even_split=True)
     if name == "full":
         return [Space("full", base)]
@@ -146,8 +157,9 @@ def spaces_of(name: str, options: SearchOptions, world: int) -> list[Space]:
     if name == "pp":
         return [Space(name, SpaceRules(tps=(1,), dp_modes=("ddp",), allow_recompute=False),
                       pps=(world,), vocab_tp=1, **single)]
-    if name == "galvatron-base":
-        return [Space(name, replace(base, allow_recompute=False), even_split=True)]
+    if name == "galvatron-base":  # Galvatron's base space: no recompute, no Megatron-SP
+        return [Space(name, replace(base, allow_recompute=False, sequence_parallel=(False,)),
+                      even_split=True)]
     if name == "megatron3d":
         out = []
         for tp in powers_of_two_upto(world):
@@ -207,6 +219,8 @@ def _tasks(space: Space, spec: ModelSpec, training: TrainingSpec, cluster: Clust
             for m in ms:
                 if batch % m:
                     continue
+                if _interleaving_pinned(options) and (pp == 1 or m % pp):
+                    continue  # a pinned virtual size needs pp > 1 and m a multiple of pp
                 for sched in schedules:
                     for vocab in _vocabs(spec, space, options, world // pp, batch // m,
                                          space.rules, cluster.devices_per_node):
@@ -390,6 +404,22 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
             if best.stopped and found.plan is not None and found.value < best.value:
                 best, adopted = found, name
                 best.stopped = True
+    # Interleaving on the answer: each stage keeps its layers and strategies, split into v
+    # chunks (a choice per plan, priced by evaluate_plan; the exact search is over v = 1).
+    tried: dict[str, Any] | None = None
+    chosen = (best.plan, best.estimate)
+    if options.virtual_sizes != (1,):
+        interleaved = _interleave(best.plan, best.estimate, spec, training, cluster, profile,
+                                  budget, options)
+        if interleaved is None and _interleaving_pinned(options):
+            raise InfeasibleError(
+                f"no interleaved plan with virtual size {options.virtual_sizes[0]} fits: the "
+                f"best plan's stages cannot be split into that many chunks within the budget; "
+                f"choose another --num-layers-per-virtual-pipeline-stage or drop it", None)
+        if interleaved is not None:
+            plan_v, est_v, tried = interleaved
+            if est_v.samples_per_s > best.estimate.samples_per_s or _interleaving_pinned(options):
+                chosen = (plan_v, est_v)
     report_s = min(REPORT_TIME_LIMIT_S, end - time.monotonic())
     info = {
         "space": options.space, "objective": "evaluate (iteration time), exact",
@@ -409,8 +439,86 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
         "baselines": {k: (v.samples_per_s if v else None) for k, v in baselines.items()},
         "baselines_time_limited": baselines_cut,
     }
-    plan = replace(best.plan, estimate=best.estimate.to_dict(), search=info)
-    return SearchResult(plan=plan, estimate=best.estimate, baselines=baselines)
+    if tried is not None:
+        info["partition"] = {"virtual_size_samples_per_s": tried}
+    plan = replace(chosen[0], estimate=chosen[1].to_dict(), search=info)
+    return SearchResult(plan=plan, estimate=chosen[1], baselines=baselines)
+
+
+def pinned_virtual_sizes(per_chunk: int | None, pp: int | None,
+                         num_layers: int | None) -> tuple[int, ...]:
+    """``SearchOptions.virtual_sizes`` for Megatron's ``--num-layers-per-virtual-pipeline-stage``
+    (``per_chunk``, None: search ``(1, 2, 4)``): the virtual size ``L / (pp N)``, which needs
+    the pinned ``pp``. Raises ``ValueError`` naming the flag, the value and the fix."""
+    if per_chunk is None:
+        return (1, 2, 4)
+    flag = "--num-layers-per-virtual-pipeline-stage"
+    if pp is None or num_layers is None:
+        raise ValueError(f"{flag}={per_chunk}: when searching it pins the virtual size, which "
+                         f"needs --pipeline-model-parallel-size too; give it, or drop {flag} "
+                         f"to let the planner choose")
+    if per_chunk < 1 or num_layers % (pp * per_chunk) or num_layers // (pp * per_chunk) < 2:
+        raise ValueError(f"{flag}={per_chunk}: --num-layers={num_layers} must be a multiple of "
+                         f"pp x {per_chunk} = {pp * per_chunk} with at least 2 chunks per "
+                         f"stage; choose a divisor of {num_layers // pp} below {num_layers // pp}")
+    return (num_layers // (pp * per_chunk),)
+
+
+def _interleaving_pinned(options: SearchOptions) -> bool:
+    return min(options.virtual_sizes) > 1
+
+
+def interleaved_variant(plan: Plan, v: int) -> Plan | None:
+    """``plan`` on the interleaved schedule with ``v`` chunks per stage: stage ``k`` keeps its
+    layer count and its layers' strategies, in order, split into ``v`` near-equal chunks
+    (chunk ``j * pp + k`` holds part ``j``), which the runtime runs as the virtual pipeline.
+    None when the plan cannot interleave (one stage, a stage with fewer than ``v`` layers,
+    ``m`` not a multiple of pp, or a strategy the layer now in its place cannot take)."""
+    pp = plan.pp_size
+    if v == 1:
+        return plan
+    if pp == 1 or plan.num_microbatches % pp or plan.pipeline.schedule != "1f1b":
+        return None
+    per_stage = [plan.layers[r.start:r.stop] for r in
+                 (plan.chunk_layer_range(k) for k in range(pp))]
+    if any(len(s) < v for s in per_stage):
+        return None
+    parts = [[list(s[j * len(s) // v:(j + 1) * len(s) // v]) for j in range(v)]
+             for s in per_stage]
+    sizes = tuple(len(parts[k][j]) for j in range(v) for k in range(pp))
+    layers = tuple(x for j in range(v) for k in range(pp) for x in parts[k][j])
+    try:
+        return replace(plan, layers=layers, estimate=None,
+                       pipeline=PipelineSpec(size=pp, schedule="1f1b", layers_per_stage=sizes,
+                                             virtual_size=v))
+    except PlanError:
+        return None
+
+
+def _interleave(plan: Plan, est: Estimate, spec: ModelSpec, training: TrainingSpec,
+                cluster: Any, profile: ModelProfile, budget: float,
+                options: SearchOptions) -> tuple[Plan, Estimate, dict[str, Any]] | None:
+    """The best of ``plan``'s interleaved variants (``options.virtual_sizes``) that fits, and
+    each one's samples/s (None: not possible or over budget)."""
+    tried: dict[str, Any] = {}
+    best: tuple[Plan, Estimate] | None = None
+    for v in options.virtual_sizes:
+        variant = interleaved_variant(plan, v)
+        if variant is None:
+            tried[str(v)] = None
+            continue
+        try:
+            e = est if v == 1 else evaluate_plan(variant, spec, training, cluster, profile,
+                                                 budget)
+        except ValueError:  # a layer type the moved strategy does not fit
+            tried[str(v)] = None
+            continue
+        tried[str(v)] = e.samples_per_s if e.feasible else None
+        if e.feasible and (best is None or e.samples_per_s > best[1].samples_per_s):
+            best = (variant, e)
+    if best is None:
+        return None
+    return best[0], best[1], tried
 
 
 def _report_step(least: float) -> float:

@@ -3,21 +3,23 @@
 Galvatron-BMW decomposes the choice of a plan as a decision tree (paper, §3; Galvatron 2.4's
 ``generate_strategies``): the pipeline degree ``pp`` is chosen first (outermost: one per plan),
 then per layer inside a stage of ``n = world/pp`` ranks the TP degree ``tp`` (a power of two)
-with ``dp = n/tp`` replicas, the data-parallel flavour (``ddp``, ``zero2``, ``zero3``: the paper
-has DP and sharded DP), the TP layout (consecutive or strided ranks) and recompute as a binary
-choice. A layer's strategy is a ``plan.LayerStrategy``.
+with ``dp = n/tp`` replicas, the data-parallel flavour (``ddp``, ``zero1``, ``zero2``, ``zero3``:
+the paper has DP and sharded DP), the TP layout (consecutive or strided ranks), Megatron sequence
+parallelism (``tp > 1`` dividing the sequence) and recompute as binary choices; interleaving of
+the pipeline is tried on the finalists (``search``). A layer's strategy is a ``plan.LayerStrategy``.
 
 Rules that prune the tree (each keeps the optimum, or is a runtime rule):
 
 1. ``tp`` divides the layer's heads and FFN size and ``n``; ``dp`` divides the micro-batch.
    Runtime rules (Megatron splits heads and FFN; each replica takes an equal slice).
-2. ``dp == 1``: one DP flavour only; the three are the same computation with the same memory.
+2. ``dp == 1``: one DP flavour only; the four are the same computation with the same memory.
 3. The layout flag only where it changes the groups, ``1 < tp < n``.
 4. ``tp`` at most the devices of one node unless ``max_tp`` (or a pinned ``tp``) asks for more:
    this one *defines* the default space (a TP group across nodes pays inter-node all-reduces
    four times per layer and micro-batch); it is not claimed to keep the optimum of a wider one.
 5. Dominance (``stage_costs.prune_dominated``, once costs are known): a strategy of the same
-   layout class that is no worse in every priced quantity makes another redundant. Exact.
+   class (layout and sequence parallelism) that is no worse in every priced quantity makes
+   another redundant. Exact.
 
 :func:`decision_tree_counts` counts the candidates per world size and what each rule removes
 (docs/planner.md §2 prints the table; a test checks it against a brute-force count).
@@ -52,6 +54,9 @@ class SpaceRules:
     allow_strided: bool = True
     max_tp: int | None = None
     force_recompute: bool = False  # every layer recomputes (uniform Megatron grids)
+    # Megatron-SP choices of a tp > 1 layer: (False, True) searches it, (True,) pins it on
+    # (``--sequence-parallel``), (False,) leaves it out.
+    sequence_parallel: tuple[bool, ...] = (False,)
 
 
 @dataclass(frozen=True)
@@ -82,7 +87,8 @@ def layer_strategies(layer_type: LayerType, stage_size: int, microbatch_size: in
     """All strategies of ``layer_type`` in a stage of ``stage_size`` ranks (rules 1-4).
 
     Deterministic order: tp ascending, then layout (consecutive first), DP flavour in
-    ``DP_MODES`` order, recompute off before on.
+    ``rules.dp_modes`` order, sequence parallelism off before on, recompute off before on.
+    SP is offered where ``tp > 1`` divides the sequence (the runtime's rule).
     """
     out: list[LayerStrategy] = []
     for tp in powers_of_two_upto(stage_size):
@@ -96,11 +102,15 @@ def layer_strategies(layer_type: LayerType, stage_size: int, microbatch_size: in
         layouts = [True, False] if (1 < tp < stage_size and rules.allow_strided) else [True]
         recomputes = (True,) if rules.force_recompute else \
             ((False, True) if rules.allow_recompute else (False,))
+        sps: tuple[bool, ...] = (False,)
+        if tp > 1 and layer_type.seq_length % tp == 0:
+            sps = rules.sequence_parallel
         for consec in layouts:
             for mode in modes:
-                for recompute in recomputes:
-                    out.append(LayerStrategy(tp=tp, dp_mode=mode, tp_consecutive=consec,
-                                             recompute=recompute))
+                for sp in sps:
+                    for recompute in recomputes:
+                        out.append(LayerStrategy(tp=tp, dp_mode=mode, tp_consecutive=consec,
+                                                 recompute=recompute, sequence_parallel=sp))
     return out
 
 
@@ -117,19 +127,20 @@ def decision_tree_counts(world: int, devices_per_node: int | None = None) -> dic
     each pruning rule in turn (rule 1's divisibility by heads and batch is model-specific and
     left out: every power of two divides them here).
 
-    ``branches``: every pp, every tp with pp*tp <= world, 3 DP flavours, 2 layouts, recompute
+    ``branches``: every pp, every tp with pp*tp <= world, 4 DP flavours, 2 layouts, recompute
     on/off. ``rule 2``: one flavour when dp == 1. ``rule 3``: the layout only for 1 < tp < n.
     ``rule 4``: tp within a node of ``devices_per_node`` (default: all of ``world``)."""
     node = devices_per_node or world
+    f = len(DP_MODES)
     counts = {"branches": 0, "rule 2": 0, "rule 3": 0, "rule 4": 0}
     for pp in powers_of_two_upto(world):
         n = world // pp
         for tp in powers_of_two_upto(n):
             dp = n // tp
-            counts["branches"] += 3 * 2 * 2
-            after2 = (3 if dp > 1 else 1) * 2 * 2
+            counts["branches"] += f * 2 * 2
+            after2 = (f if dp > 1 else 1) * 2 * 2
             counts["rule 2"] += after2
-            after3 = (3 if dp > 1 else 1) * (2 if 1 < tp < n else 1) * 2
+            after3 = (f if dp > 1 else 1) * (2 if 1 < tp < n else 1) * 2
             counts["rule 3"] += after3
             counts["rule 4"] += after3 if tp <= node else 0
     return counts

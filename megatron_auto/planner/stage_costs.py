@@ -37,7 +37,9 @@ class StrategyCosts:
     """
 
     strategies: tuple[LayerStrategy, ...]
-    layouts: tuple[Layout, ...]
+    # each strategy's class: its layout and whether it runs sequence parallelism (transitions
+    # depend on both)
+    layouts: tuple[tuple[Layout, bool], ...]
     forward: np.ndarray
     backward: np.ndarray
     exposed_sync: np.ndarray
@@ -88,8 +90,11 @@ class EmbeddingCosts:
 
 def strategy_costs(profile: LayerTypeProfile, cluster: ClusterModel,
                    strategies: list[LayerStrategy], stage_size: int, microbatch_size: int,
-                   in_flight: int, schedule: str, precision: str) -> StrategyCosts:
-    """Price every strategy of one layer type (``evaluate_plan``'s per-layer terms)."""
+                   in_flight: int, schedule: str, precision: str,
+                   norm_grad_bytes: tuple[float, ...] = ()) -> StrategyCosts:
+    """Price every strategy of one layer type (``evaluate_plan``'s per-layer terms).
+    ``norm_grad_bytes``: ``cost_model.sp_reduced_tensor_bytes`` of the type, all-reduced by its
+    sequence-parallel strategies."""
     n = stage_size
     cols: dict[str, list[float]] = {k: [] for k in (
         "forward", "backward", "exposed_sync", "optimizer", "persistent", "transient",
@@ -101,10 +106,12 @@ def strategy_costs(profile: LayerTypeProfile, cluster: ClusterModel,
         layout = layout_of(s, n)
         dp = n // s.tp
         samples = microbatch_size / dp
+        sp = s.sequence_parallel and s.tp > 1
         mem = layer_memory(profile, s.tp, dp, s.dp_mode, s.recompute, samples,
-                           first_backward_peak=schedule == "gpipe")
-        t = layer_time(profile, cluster, layout, s.dp_mode, s.recompute, samples, n, precision)
-        layouts.append(layout)
+                           first_backward_peak=schedule == "gpipe", sequence_parallel=sp)
+        t = layer_time(profile, cluster, layout, s.dp_mode, s.recompute, samples, n, precision,
+                       sequence_parallel=sp, norm_grad_bytes=norm_grad_bytes if sp else ())
+        layouts.append((layout, sp))
         cols["forward"].append(t.forward)
         cols["backward"].append(t.backward)
         cols["exposed_sync"].append(t.exposed_sync)
@@ -153,7 +160,8 @@ def fragmentation_of(cluster: ClusterModel) -> float:
 
 
 def prune_dominated(costs: StrategyCosts) -> np.ndarray:
-    """Indices of the strategies no other strategy of the same layout dominates (rule 5).
+    """Indices of the strategies no other strategy of the same class (layout and sequence
+    parallelism) dominates (rule 5).
 
     ``j`` dominates ``i`` when it is no worse in every quantity: forward, backward, exposed sync,
     optimizer step, persistent, transient and step-peak memory, and both are sharded or both
@@ -161,7 +169,7 @@ def prune_dominated(costs: StrategyCosts) -> np.ndarray:
     ``cost_time.pipeline_time`` does not decrease when a stage's forward, backward, tail or step
     grows (a longer backward hides more of a later stage's tail, but lengthens the pipeline by
     at least as much), stage memory is a sum and maxima of these terms, and transitions depend
-    only on the layout. Ties keep the first.
+    only on the class. Ties keep the first.
     """
     keys = np.stack([costs.forward, costs.backward, costs.exposed_sync, costs.optimizer,
                      costs.persistent, costs.transient, costs.step_peak, costs.step_floor],

@@ -30,8 +30,9 @@ import numpy as np
 
 from ..plan import VocabStrategy
 from .cluster_model import ClusterModel
-from .cost_model import in_flight, step_overhead
-from .cost_time import relayout_cost, relayout_time, stage_boundary_cost
+from .cost_model import in_flight, sp_reduced_tensor_bytes, step_overhead
+from .cost_time import (relayout_cost, relayout_time, sequence_parallel_switch_time,
+                        stage_boundary_cost)
 from .dp import LayerOptions, solve_stage
 from .gpu_terms import group_count
 from .model_spec import ModelSpec
@@ -124,12 +125,19 @@ class Task:
         key = ("vocab_moves", t)
         if key not in self._future:
             v = vocab_layout(self.vocab.tp, self.n)
-            h = self.tables.hidden[t]
+            mv, h = self.tables.moved[t], self.tables.hidden[t]
+            cl = self.cluster
+            # embedding -> first layer: its moved bytes, then entering its SP run; last layer
+            # -> head: the hidden state alone, leaving the SP run first (chunk_moves)
             self._future[key] = (
-                np.array([relayout_cost(self.cluster, v, b, self.b_m, h, self.n).total
-                          for b in self.tables.layouts]),
-                np.array([relayout_cost(self.cluster, a, v, self.b_m, h, self.n).total
-                          for a in self.tables.layouts]))
+                np.array([relayout_cost(cl, v, b, self.b_m, mv, self.n).total
+                          + sequence_parallel_switch_time(cl, b, False, b, sp, self.b_m, h,
+                                                          self.n)
+                          for b, sp in self.tables.layouts]),
+                np.array([relayout_cost(cl, a, v, self.b_m, h, self.n).total
+                          + sequence_parallel_switch_time(cl, a, sp, a, False, self.b_m, h,
+                                                          self.n)
+                          for a, sp in self.tables.layouts]))
         return self._future[key]
 
     @property
@@ -371,21 +379,40 @@ class _LayerTables:
     def _prepare(self) -> None:
         self._prepared = True
         n, b_m, cluster = self.n, self.b_m, self.cluster
-        self.layouts: list[Layout] = sorted({layout_of(s, n) for group in self.strategies
-                                             for s in group})
-        hidden = [self.profile.layer_types[lt.name].hidden_bytes_per_sample
-                  for lt in self.spec.layer_types]
-        self.hidden = hidden
-        # relayout[t][a, b]: forward + backward seconds per micro-batch from layout a into a
-        # layer of type t with layout b (evaluate_plan prices it with the receiver's width).
-        self.relayout = [np.array([[relayout_time(cluster, a, b, b_m, h, n)
-                                    for b in self.layouts] for a in self.layouts])
+        # classes: a layout and whether the layer runs sequence parallelism (the transitions
+        # depend on both, cost_model.chunk_moves)
+        self.layouts: list[tuple[Layout, bool]] = sorted(
+            {(layout_of(s, n), s.sequence_parallel and s.tp > 1) for group in self.strategies
+             for s in group})
+        types = [self.profile.layer_types[lt.name] for lt in self.spec.layer_types]
+        # what a relayout or stage hop moves into a layer (its hidden state and, for T5, the
+        # carry beside it), and what an SP boundary gathers (the hidden state alone)
+        moved = [p.moved_bytes_per_sample for p in types]
+        hidden = [p.hidden_bytes_per_sample for p in types]
+        self.moved, self.hidden = moved, hidden
+
+        def switch(a: tuple[Layout, bool], b: tuple[Layout, bool], h: float) -> float:
+            return sequence_parallel_switch_time(cluster, a[0], a[1], b[0], b[1], b_m, h, n)
+
+        # relayout[t][a, b]: forward + backward seconds per micro-batch from class a into a
+        # layer of type t with class b (evaluate_plan prices it with the receiver's width),
+        # the SP boundaries between them included.
+        self.relayout = [np.array([[relayout_time(cluster, a[0], b[0], b_m, mv, n)
+                                    + switch(a, b, h) for b in self.layouts]
+                                   for a in self.layouts])
+                         for mv, h in zip(moved, hidden)]
+        # sp_leave[t][a]: a stage's last layer of type t and class a leaving its SP run before
+        # the hop (charged to that stage, as chunk_moves does).
+        self.sp_leave = [np.array([switch(a, (a[0], False), h) for a in self.layouts])
                          for h in hidden]
         # boundary[t][a, b]: a micro-batch crossing into a stage whose first layer has type t
-        # and layout b from a previous stage ending in layout a (p2p hop and relayout).
-        self.boundary = [np.array([[stage_boundary_cost(cluster, a, b, b_m, h, n, self.pp).total
+        # and class b from a previous stage ending in class a (p2p hop, relayout, entering
+        # the receiver's SP run).
+        self.boundary = [np.array([[stage_boundary_cost(cluster, a[0], b[0], b_m, mv, n,
+                                                        self.pp).total
+                                    + switch((b[0], False), b, h)
                                     for b in self.layouts] for a in self.layouts])
-                         for h in hidden]
+                         for mv, h in zip(moved, hidden)]
         self.min_boundary = 0.0 if self.pp == 1 else min(float(x.min()) for x in self.boundary)
         transients = sorted({float(x) for c in self.one for x in c.transient})
         picks = sorted({int(round(x)) for x in np.linspace(0, len(transients) - 1, MAX_LEVELS)})
@@ -403,16 +430,19 @@ class _LayerTables:
         key = (t, k_in)
         if key not in self._costs:
             lp = self.profile.layer_types[self.spec.layer_types[t].name]
+            # any layer of this type stands for its norm/bias sizes
+            order = self.spec.layer_order
+            norms = sp_reduced_tensor_bytes(self.spec, order.index(t)) if t in order else ()
             full = strategy_costs(lp, self.cluster, self.strategies[t], self.n, self.b_m, k_in,
-                                  self.schedule, self.profile.precision)
+                                  self.schedule, self.profile.precision, norm_grad_bytes=norms)
             self._costs[key] = full.take(prune_dominated(full))
         return self._costs[key]
 
     def classes(self, t: int, k_in: int) -> np.ndarray:
         key = (t, k_in)
         if key not in self._cls:
-            self._cls[key] = np.array([self.layouts.index(lay)
-                                       for lay in self.costs(t, k_in).layouts], dtype=np.int64)
+            self._cls[key] = np.array([self.layouts.index(cl)
+                                       for cl in self.costs(t, k_in).layouts], dtype=np.int64)
         return self._cls[key]
 
 

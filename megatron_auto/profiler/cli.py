@@ -124,6 +124,8 @@ def cmd_profile_model(args: argparse.Namespace) -> int:
     measure = lookup_or_measure
     if getattr(config, "model_type", None) in ("vit", "swin"):  # an image classifier
         from .vision_profiler import lookup_or_measure_vision as measure  # noqa: PLC0415 - lazy: the vision models
+    elif getattr(config, "model_type", None) == "t5":
+        from .t5_profiler import lookup_or_measure_t5 as measure  # noqa: PLC0415 - lazy: the T5 model
     found = measure(config, precision, args.device, args.cache_dir, config=settings,
                     force=args.force)
     profile, cached = found.profile, not found.measured

@@ -48,7 +48,7 @@ import torch.distributed as dist
 from ..layout import tp_group_ranks
 from ..parallel.device import resolve_device
 from ..planner.hardware import GiB, ClusterSpec
-from ..planner.presets import make_cluster
+from ..planner.presets import FRAGMENTATION_FRACTION, make_cluster
 from ..progress import Progress
 from . import comm_bench as cb
 
@@ -128,6 +128,11 @@ class HardwareProfile:
     zero: list[tuple[int, float, float]] = field(default_factory=list)  # bytes, gather, scatter
     optimizer: list[tuple[int, float]] = field(default_factory=list)  # parameters, seconds
     nodes: list[str] = field(default_factory=list)  # per node: where its ranks ran (the record)
+    # GPU terms (docs/cost_model.md §9), measured on CUDA only (0 elsewhere): device memory one
+    # NCCL communicator took (the most over the partitions' groups) and a copy's bandwidth.
+    device_type: str = "cpu"
+    nccl_communicator_bytes: float = 0.0
+    hbm_bandwidth: float = 0.0
 
     @property
     def num_nodes(self) -> int:
@@ -196,7 +201,19 @@ class HardwareProfile:
             p2p_latency_s=statistics.median([r.latency_s for r in self.p2p]) if self.p2p
             else defaults.p2p_latency_s,
             allreduce_busbw_table=table,
-            p2p_bw_table={r.group_size: r.busbw for r in self.p2p}, **zero, **step)
+            p2p_bw_table={r.group_size: r.busbw for r in self.p2p}, **zero, **step,
+            **self._gpu_terms())
+
+    def _gpu_terms(self) -> dict[str, Any]:
+        """The cluster's GPU fields: measured HBM bandwidth and NCCL communicator bytes, the
+        flash kernel and fused AdamW (what the runtime uses on CUDA), and the presets' assumed
+        fragmentation (measured per plan by benchmarks/gpu_check.py). Nothing on CPU."""
+        if self.device_type != "cuda":
+            return {}
+        return {"hbm_bandwidth": self.hbm_bandwidth, "attention_backend": "flash",
+                "fused_optimizer": True,
+                "nccl_communicator_bytes": float(self.nccl_communicator_bytes),
+                "fragmentation_fraction": FRAGMENTATION_FRACTION}
 
 
 class _ClusterDefaults:
@@ -305,6 +322,35 @@ def _device_info(device: torch.device, local_world: int) -> tuple[str, int, int]
     return f"cpu-{platform.machine() or 'unknown'}", per_rank, 0
 
 
+def outside_allocator_bytes(device: torch.device) -> int | None:
+    """Device bytes in use outside PyTorch's caching allocator (CUDA context, NCCL buffers);
+    None off CUDA. ``torch.cuda.mem_get_info`` is the driver's view of the whole device, so the
+    allocator's own ``memory_reserved`` is taken off."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    free, total = torch.cuda.mem_get_info(device)
+    return int(total - free - torch.cuda.memory_reserved(device))
+
+
+def copy_bandwidth(device: torch.device, nbytes: int = 2**30, iters: int = 10) -> float:
+    """Bytes/s a device-to-device copy moves (each byte read and written once, counted
+    twice): the sustained HBM bandwidth element-wise kernels reach."""
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    torch.cuda.synchronize(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        dst.copy_(src)
+    end.record()
+    torch.cuda.synchronize(device)
+    seconds = start.elapsed_time(end) / 1e3 / iters
+    del src, dst
+    return 2.0 * nbytes / seconds
+
+
 def profile_hardware(config: HardwareProfilerConfig = HardwareProfilerConfig()) -> HardwareProfile:
     """Measure the cluster; collective over the world (call on every rank, same ``config``).
 
@@ -329,6 +375,7 @@ def profile_hardware(config: HardwareProfilerConfig = HardwareProfilerConfig()) 
                               device_memory_bytes=memory, backend=backend,
                               memory_reserve_bytes=reserve, nodes=nodes)
 
+    profile.device_type = device.type
     gap = cb.compute_gap(device)  # calls are timed after compute, as a training step issues them
     shapes = group_shapes(world)
     pps = sorted({g for g, _ in shapes})
@@ -336,8 +383,10 @@ def profile_hardware(config: HardwareProfilerConfig = HardwareProfilerConfig()) 
     # and the optimizer step; rank 0 reports.
     progress = Progress("megatron-auto profile-hardware", len(shapes) * len(config.ops)
                         + len(pps) + 4, "measurements", enabled=rank == 0, delay_s=2.0)
+    nccl = 0
     for g, consecutive in shapes:
         groups = partition_groups(world, g, consecutive)
+        outside = outside_allocator_bytes(device)  # before this partition's communicator exists
         handles = [dist.new_group(ranks) for ranks in groups]  # collective: every rank, same order
         mine = next(i for i, ranks in enumerate(groups) if rank in ranks)
         spanned = max(nodes_of(ranks, local) for ranks in groups)
@@ -348,6 +397,9 @@ def profile_hardware(config: HardwareProfilerConfig = HardwareProfilerConfig()) 
                 cb.world_barrier(device)
                 times.append(cb.time_loop(step, config.warmup_iters, config.iters, device,
                                           before=gap))
+                if outside is not None:  # NCCL makes the communicator at its first collective
+                    nccl = max(nccl, outside_allocator_bytes(device) - outside)
+                    outside = None
             times = cb.world_max(times, device)
             result = CommResult(op, g, consecutive, spanned, list(sizes), times)
             result.latency_s, result.busbw = cb.fit_latency_bandwidth(
@@ -398,6 +450,9 @@ def profile_hardware(config: HardwareProfilerConfig = HardwareProfilerConfig()) 
     progress.update(1, last="overlap")
     profile.zero = cb.zero_collectives(device, sizes, config.warmup_iters, config.iters)
     progress.update(1, last="ZeRO collectives")
+    if device.type == "cuda":
+        profile.nccl_communicator_bytes = float(cb.world_max([float(nccl)], device)[0])
+        profile.hbm_bandwidth = -cb.world_max([-copy_bandwidth(device)], device)[0]
     profile.optimizer = cb.optimizer_step_times(
         device, GPU_OPTIMIZER_COUNTS if device.type == "cuda" else CPU_OPTIMIZER_COUNTS,
         config.warmup_iters, config.iters)

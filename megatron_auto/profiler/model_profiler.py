@@ -55,6 +55,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..models.gpt import LanguageModelEmbedding
+from ..models.te_layers import make_transformer_layer
 from ..models.transformer import TransformerLayer, make_norm
 from ..parallel.context import LayerGroups, Layout
 from ..parallel import mappings
@@ -65,6 +66,7 @@ from ..parallel.memory import PeakMemoryMeter, storage_bytes
 from ..progress import Progress
 from . import cache as profile_cache
 from .activation_meter import SavedTensorMeter, transformer_classifier, vocab_classifier
+from .sdpa_probe import sdpa_backend
 
 logger = logging.getLogger(__name__)
 
@@ -375,7 +377,8 @@ def _profile_model(model_config: ModelConfig, precision: str = "fp32",
     progress = Progress(f"megatron-auto profile-model ({cfg.model_type})", 3 * len(sizes),
                         "measurements", enabled=_first_rank(), delay_s=2.0)
 
-    layer = _init_(TransformerLayer(cfg, groups, causal=cfg.causal), cfg.init_method_std).to(dev)
+    layer = _init_(make_transformer_layer(cfg, groups, causal=cfg.causal, device=dev),
+                   cfg.init_method_std).to(dev)
     layer.train()
 
     def layer_run(b: int) -> tuple[Callable[[], torch.Tensor], list]:
@@ -391,6 +394,7 @@ def _profile_model(model_config: ModelConfig, precision: str = "fp32",
 
     lay = _measure(layer, layer_run, sizes, config, dev, transformer_classifier, True,
                    set_recompute, progress=progress)
+    attention_backend = sdpa_backend(layer_run(sizes[0])[0])  # the kernel the numbers are of
     num_params = sum(p.numel() for p in layer.parameters())
     beta_bytes = 4 if precision == "fp32" else 2
     split_a, split_b = fit_line(sizes, lay.split)
@@ -409,7 +413,7 @@ def _profile_model(model_config: ModelConfig, precision: str = "fp32",
         backward_scratch_split_bytes=float(max(0.0, scratch_a - grad_io)),
         weight_copy_bytes_per_parameter=(0.0 if precision == "fp32"
                                          else (split_b + rep_b) / max(num_params, 1)),
-        forward_time_by_tp={1: (fwd_a, fwd_b)},
+        forward_time_by_tp={1: (fwd_a, fwd_b)}, attention_backend=attention_backend,
         flops_per_sample=float(2 * s * (4 * h * h + (3 if cfg.activation == "swiglu" else 2)
                                         * h * cfg.ffn_hidden_size) + 4 * s * s * h))
     del layer
@@ -498,6 +502,8 @@ def _with_tp_shards(profile: LayerTypeProfile, cfg: ModelConfig, config: ModelPr
     share = 1.0 + profile.backward_forward_ratio  # of one step, the forward's part
     for tp in degrees:
         with tensor_parallel_compute_only(tp):
+            # our layer's shard even under --transformer-impl transformer_engine: TE's modules
+            # would issue their own TP collectives, which this compute-only timing excludes
             shard = _init_(TransformerLayer(cfg, tp_shard_groups(dev, tp), causal=cfg.causal),
                            cfg.init_method_std).to(dev).train()
             steps = []

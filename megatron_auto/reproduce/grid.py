@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from ..config import ModelConfig
-from ..planner.model_spec import LayerType, ModelSpec
+from ..planner.model_spec import ModelSpec
+from ..t5_config import T5Config
 from ..vision_config import VisionConfig
 
 #: Bumped whenever a cell's inputs or a record's meaning change: a results file written by
@@ -37,22 +38,19 @@ class GridError(ValueError):
 @dataclass(frozen=True)
 class GridModel:
     """One workload. ``config`` is the runtime's model description (a ``ModelConfig`` or
-    ``VisionConfig``; ``None`` for T5, whose planner spec is built by ``spec_builder``),
+    ``VisionConfig`` or ``T5Config``),
     ``script`` the entry script that trains it (``--run``)."""
 
     name: str
     family: str  # bert | t5 | vit | swin | gpt
     source: str
     global_batch_size: int = PAPER_BATCH
-    config: ModelConfig | VisionConfig | None = None
-    spec_builder: Callable[[], ModelSpec] | None = None
+    config: ModelConfig | VisionConfig | None = None  # T5Config is a ModelConfig
     script: str = "pretrain_gpt.py"
     precision: str = "bf16"
 
     def spec(self) -> ModelSpec:
-        if self.spec_builder is not None:
-            return self.spec_builder()
-        assert self.config is not None  # every entry has one or the other
+        assert self.config is not None  # every entry has one
         return ModelSpec.from_model_config(self.config)
 
     def flags(self) -> list[str]:
@@ -72,6 +70,16 @@ class GridModel:
                         "--swin-num-heads", ",".join(map(str, cfg.swin_num_heads)),
                         "--swin-window-size", str(cfg.swin_window_size)]
             return out
+        if isinstance(cfg, T5Config):
+            return ["--encoder-num-layers", str(cfg.encoder_num_layers),
+                    "--decoder-num-layers", str(cfg.decoder_num_layers),
+                    "--hidden-size", str(cfg.hidden_size),
+                    "--num-attention-heads", str(cfg.num_attention_heads),
+                    "--kv-channels", str(cfg.kv_channels),
+                    "--ffn-hidden-size", str(cfg.ffn_hidden_size),
+                    "--encoder-seq-length", str(cfg.seq_length),
+                    "--decoder-seq-length", str(cfg.decoder_seq_length),
+                    "--vocab-size", str(cfg.vocab_size)]
         if isinstance(cfg, ModelConfig):
             return ["--num-layers", str(cfg.num_layers), "--hidden-size", str(cfg.hidden_size),
                     "--num-attention-heads", str(cfg.num_attention_heads),
@@ -123,24 +131,16 @@ def _swin(depth3: int) -> GridModel:
                      config=cfg)
 
 
-def _t5_large_spec() -> ModelSpec:
-    """T5-Large's stack for the planner: 24 encoder layers (bidirectional, seq 512) and 24
-    decoder layers (causal, seq 128) of width 1024, 16 heads, FFN 4096 (Raffel et al. 2020,
-    Table 14; Megatron's T5 example uses encoder 512 / decoder 128 tokens)."""
-    enc = LayerType(name="t5_encoder", hidden_size=1024, num_attention_heads=16,
-                    ffn_hidden_size=4096, seq_length=512, count=24, causal=False)
-    dec = LayerType(name="t5_decoder", hidden_size=1024, num_attention_heads=16,
-                    ffn_hidden_size=4096, seq_length=128, count=24, causal=True)
-    return ModelSpec.stacked([(enc, 24), (dec, 24)], vocab_size=32128,
-                             embedding_hidden_size=1024, seq_length=512, name="t5")
-
-
 MODELS: dict[str, GridModel] = {m.name: m for m in [
     _bert(32), _bert(48),
     GridModel(name="t5-large", family="t5", script="pretrain_t5.py",
-              source="Galvatron-BMW paper: T5-Large class; T5-Large shape (Raffel et al. 2020): "
-                     "24+24 layers, d_model 1024, 16 heads, d_ff 4096, vocab 32128",
-              spec_builder=_t5_large_spec),
+              source="Galvatron-BMW paper: T5-Large class; T5-Large's shape (Raffel et al. 2020): "
+                     "24+24 layers, d_model 1024, 16 heads, d_ff 4096, vocabulary 32128; "
+                     "encoder 512 / decoder 128 tokens as Megatron-LM's T5 example",
+              config=T5Config(encoder_num_layers=24, decoder_num_layers=24, hidden_size=1024,
+                              num_attention_heads=16, ffn_hidden_size=4096, seq_length=512,
+                              decoder_seq_length=128, vocab_size=32128, hidden_dropout=0.0,
+                              attention_dropout=0.0)),
     _vit(32), _vit(48), _swin(26), _swin(42),
     _gpt("gpt3-1.3b", 24, 2048, 16, "GPT-3 paper (Brown et al. 2020), Table 2.1: GPT-3 XL"),
     _gpt("gpt3-2.7b", 32, 2560, 32, "GPT-3 paper, Table 2.1: GPT-3 2.7B"),

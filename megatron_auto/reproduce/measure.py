@@ -94,7 +94,7 @@ def measure_cluster(out: Path, nproc: int, timeout_s: float = 900) -> Path:
 def _model_type_flags(model: GridModel) -> list[str]:
     if model.family in ("vit", "swin"):
         return ["--model-type", model.family]
-    return ["--model-type", "bert"] if model.family == "bert" else []
+    return ["--model-type", model.family] if model.family in ("bert", "t5") else []
 
 
 def _precision_flags(model: GridModel) -> list[str]:

@@ -4,7 +4,8 @@ Layout (Megatron's)::
 
     SAVE_DIR/latest_checkpointed_iteration.txt    # "100": the last COMPLETE checkpoint
     SAVE_DIR/iter_0000100/.metadata, __*_*.distcp # DCP files (every rank writes its pieces)
-    SAVE_DIR/iter_0000100/checkpoint_info.json    # scalars, plan and model config (rank 0)
+    SAVE_DIR/iter_0000100/checkpoint_info.json    # scalars, plan, model config and the
+                                                  # verification record (rank 0, written last)
 
 What DCP holds, keyed by plan-independent names (DESIGN §4):
 
@@ -36,16 +37,23 @@ replicas would break its no-overlap rule). Offsets need none of that. The ``stat
 initialisation returns early when gradients exist (our ``ddp`` gradients are permanent views
 into the all-reduce buckets) and resets gradients to ``None`` (detaching them from the buckets).
 
-Atomicity: ``latest_checkpointed_iteration.txt`` is replaced (``atomicfile.atomic_write``, fsynced) only after
-``dcp.save`` returned on every rank, i.e. after DCP wrote its ``.metadata`` file last; a crash
-mid-save leaves ``latest`` on the previous complete checkpoint.
+Atomicity and verification (``checkpoint_verify.py``): a save writes into a hidden
+``.incomplete_iter_NNNNNNN`` directory; after ``dcp.save`` returned on every rank (DCP wrote its
+``.metadata`` last) the ranks checksum the files, rank 0 writes ``checkpoint_info.json`` with that
+record, renames the directory to ``iter_NNNNNNN`` and then replaces ``latest`` (``atomic_write``,
+fsynced). A crash at any point leaves ``latest`` and every ``iter_*`` directory complete; a load
+verifies the record and falls back to the newest intact older checkpoint. ``async_save``: the
+same steps in a background thread over a gloo group of their own, after ``dcp.async_save``
+copied the state.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import os
+import shutil
 import time
 from typing import Any, Protocol
 
@@ -66,14 +74,13 @@ from ..config import ModelConfig
 from ..parallel.context import ParallelContext
 from ..parallel.data_parallel import DataParallel
 from ..plan import Plan
+from ..t5_config import T5Config
 from ..vision_config import BACKBONES, VisionConfig
-from .precision import LossScaler
+from .checkpoint_verify import (FORMAT, INFO_FILE, LATEST_FILE, RECORD_KEY, VERSION,  # noqa: F401 - re-exported
+                                CheckpointError, INCOMPLETE_PREFIX, choose_checkpoint,
+                                describe_files, incomplete_dir, iteration_dir, latest_iteration)
 from .logging import get_logger
-
-LATEST_FILE = "latest_checkpointed_iteration.txt"
-INFO_FILE = "checkpoint_info.json"
-FORMAT = "megatron_auto.checkpoint"
-VERSION = 1
+from .precision import LossScaler
 
 #: model-config fields that decide parameter names and shapes (or what they mean), with the flag
 #: that sets each one; a checkpoint loads only into a model that agrees on all of them.
@@ -98,6 +105,12 @@ SHAPE_FIELDS = {
     "query_groups": "--group-query-attention --num-query-groups",
     "add_bias_linear": "--disable-bias-linear", "openai_gelu": "--openai-gelu",
 }
+T5_SHAPE_FIELDS = {
+    **SHAPE_FIELDS, "model_type": "the entry script (pretrain_t5.py)",
+    "encoder_num_layers": "--encoder-num-layers", "decoder_num_layers": "--decoder-num-layers",
+    "kv_channels": "--kv-channels",
+    "relative_attention_num_buckets": "--relative-attention-num-buckets",
+}
 
 
 class TrainingState(Protocol):
@@ -116,36 +129,11 @@ class TrainingState(Protocol):
     skipped_iterations: int
 
 
-class CheckpointError(ValueError):
-    """A checkpoint flag or directory that cannot be used (message names what and the fix)."""
-
-
-def iteration_dir(root: str | os.PathLike, iteration: int) -> str:
-    return os.path.join(os.fspath(root), f"iter_{iteration:07d}")
-
-
 def has_checkpoint(root: str | os.PathLike) -> bool:
     """Whether ``root`` records a finished save (its ``latest`` file). A missing or empty
     directory, or one holding only an interrupted save, has none: training starts from scratch
     there, as Megatron does, so one ``--save D --load D`` command serves every restart."""
     return os.path.isfile(os.path.join(os.fspath(root), LATEST_FILE))
-
-
-def latest_iteration(root: str | os.PathLike) -> int:
-    """The iteration of the last complete checkpoint under ``root``; CheckpointError if none."""
-    root = os.fspath(root)
-    path = os.path.join(root, LATEST_FILE)
-    if not os.path.isdir(root):
-        raise CheckpointError(f"--load={root}: no such directory; give the --save directory of "
-                              f"an earlier run")
-    if not os.path.isfile(path):
-        raise CheckpointError(f"--load={root}: holds no checkpoint ({LATEST_FILE} is missing); "
-                              f"give the --save directory of an earlier run, or drop --load")
-    text = open(path, encoding="utf-8").read().strip()
-    if not text.isdigit():
-        raise CheckpointError(f"--load={root}: {LATEST_FILE} holds {text!r}, not an iteration "
-                              f"number; rewrite it with the number of a complete iter_* directory")
-    return int(text)
 
 
 # ------------------------------------------------------------------------ chunk description
@@ -299,56 +287,139 @@ def _set_rng_state(trainer: TrainingState, state: dict[str, torch.Tensor]) -> No
 
 
 # ----------------------------------------------------------------------------------- save
-def save_checkpoint(trainer: TrainingState, save_dir: str | os.PathLike) -> str:
+_SAVE_THREAD: concurrent.futures.ThreadPoolExecutor | None = None
+_PENDING: concurrent.futures.Future | None = None  # the asynchronous save still being finished
+_ASYNC_GROUP: Any = None
+
+
+def _async_group() -> Any:
+    """The gloo group asynchronous saves talk over (made once, collectively, at the first one):
+    their collectives run in a background thread and must not interleave with training's."""
+    global _ASYNC_GROUP
+    if _ASYNC_GROUP is None:
+        _ASYNC_GROUP = dist.new_group(backend="gloo")
+    return _ASYNC_GROUP
+
+
+def wait_for_pending_save() -> None:
+    """Block until the previous asynchronous save is complete (record and ``latest`` written);
+    re-raises its error. Every rank calls it before the next save, a load, and exit."""
+    global _PENDING
+    pending, _PENDING = _PENDING, None
+    if pending is not None:
+        start = time.perf_counter()
+        pending.result()
+        waited = time.perf_counter() - start
+        if waited > 0.01:
+            get_logger().info(f"> waited {waited:.2f} s for the previous asynchronous save")
+
+
+def _info(trainer: TrainingState) -> dict[str, Any]:
+    return {"format": FORMAT, "version": VERSION, "iteration": trainer.iteration,
+            "consumed_samples": trainer.consumed_samples,
+            "skipped_iterations": trainer.skipped_iterations,
+            "loss_scaler": trainer.scaler.state_dict(),
+            "world_size": trainer.ctx.world_size,
+            "plan": trainer.plan.to_dict(), "model": trainer.model_config.to_dict()}
+
+
+def _publish(info: dict[str, Any], work: str, save_dir: str, group: Any = None) -> str:
+    """Collective over ``group``, after DCP finished writing ``work`` on every rank: the
+    verification record (written last), the rename to ``iter_*``, then ``latest``."""
+    info = dict(info, **{RECORD_KEY: describe_files(work, group)})
+    final = iteration_dir(save_dir, info["iteration"])
+    if dist.get_rank(group) == 0:
+        atomic_write(os.path.join(work, INFO_FILE), json.dumps(info, indent=1) + "\n",
+                     durable=True)
+        if os.path.lexists(final):  # an older save of this iteration (e.g. a damaged one)
+            stale = os.path.join(save_dir, f"{INCOMPLETE_PREFIX}replaced_{os.path.basename(final)}")
+            shutil.rmtree(stale, ignore_errors=True)
+            os.replace(final, stale)
+            os.replace(work, final)
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            os.replace(work, final)
+        _fsync_dir(save_dir)
+        atomic_write(os.path.join(save_dir, LATEST_FILE), f"{info['iteration']}\n", durable=True)
+    dist.barrier(group)  # nobody moves on (or loads) before ``latest`` names the new checkpoint
+    return final
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(trainer: TrainingState, save_dir: str | os.PathLike, *,
+                    async_save: bool = False) -> str:
     """Collective: write ``save_dir/iter_<iteration>`` and then point ``latest`` at it.
 
-    Call between iterations (gradients are not saved). Returns the iteration directory.
+    Call between iterations (gradients are not saved). Returns the iteration directory (which
+    exists once the save is complete). The files go to ``incomplete_dir`` first and are renamed
+    after the verification record is written, so no ``iter_*`` directory is ever partial.
+    ``async_save``: ``dcp.async_save`` copies the state (the only stall) and a background
+    thread writes it, then the record and ``latest`` (:func:`wait_for_pending_save` waits).
+    A save always waits for the previous one first.
     """
+    global _PENDING, _SAVE_THREAD
     log = get_logger()
+    wait_for_pending_save()
     start = time.perf_counter()
     save_dir = os.fspath(save_dir)
-    path = iteration_dir(save_dir, trainer.iteration)
+    work = incomplete_dir(save_dir, trainer.iteration)
     if dist.get_rank() == 0:
-        os.makedirs(path, exist_ok=True)
+        os.makedirs(save_dir, exist_ok=True)
+        for name in os.listdir(save_dir):  # debris of interrupted saves
+            if name.startswith(INCOMPLETE_PREFIX):
+                shutil.rmtree(os.path.join(save_dir, name), ignore_errors=True)
+        os.makedirs(work)
     dist.barrier()
     state, chunks = _tensor_state(trainer)
     state.update(_rng_state(trainer))
-    mib = _world_mib(state, trainer.ctx.device)
-    log.info(f"> saving checkpoint at iteration {trainer.iteration} to {path} "
-             f"({mib:.1f} MiB from {dist.get_world_size()} rank(s)) ...")
-    dcp.save(state, checkpoint_id=path, planner=_ChunkSavePlanner(chunks))
-    if dist.get_rank() == 0:
-        info = {"format": FORMAT, "version": VERSION, "iteration": trainer.iteration,
-                "consumed_samples": trainer.consumed_samples,
-                "skipped_iterations": trainer.skipped_iterations,
-                "loss_scaler": trainer.scaler.state_dict(),
-                "world_size": trainer.ctx.world_size,
-                "plan": trainer.plan.to_dict(), "model": trainer.model_config.to_dict()}
-        atomic_write(os.path.join(path, INFO_FILE), json.dumps(info, indent=1) + "\n",
-                     durable=True)
-        atomic_write(os.path.join(save_dir, LATEST_FILE), f"{trainer.iteration}\n", durable=True)
-    dist.barrier()  # nobody moves on (or loads) before ``latest`` names the new checkpoint
-    seconds = time.perf_counter() - start
-    log.info(f"> saved checkpoint at iteration {trainer.iteration} to {path} "
-             f"in {seconds:.2f} s ({mib / max(seconds, 1e-9):.1f} MiB/s)")
-    return path
+    info = _info(trainer)
+    final = iteration_dir(save_dir, trainer.iteration)
+    mib = _world_mib(state, trainer.ctx.device)  # collective
+    log.info(f"> saving checkpoint at iteration {trainer.iteration} to {final} "
+             f"({mib:.1f} MiB from {dist.get_world_size()} rank(s)"
+             f"{', asynchronously' if async_save else ''}) ...")
+    if not async_save:
+        dcp.save(state, checkpoint_id=work, planner=_ChunkSavePlanner(chunks))
+        _publish(info, work, save_dir)
+        seconds = time.perf_counter() - start
+        log.info(f"> saved checkpoint at iteration {trainer.iteration} to {final} "
+                 f"in {seconds:.2f} s ({mib / max(seconds, 1e-9):.1f} MiB/s)")
+        return final
+    group = _async_group()
+    response = dcp.async_save(state, checkpoint_id=work, planner=_ChunkSavePlanner(chunks),
+                              process_group=group)
+    upload = getattr(response, "upload_completion", response)  # a Future in either API shape
+    iteration = trainer.iteration
+
+    def finish() -> None:
+        upload.result()
+        _publish(info, work, save_dir, group)
+        seconds = time.perf_counter() - start
+        log.info(f"> asynchronous checkpoint of iteration {iteration} complete: {final} "
+                 f"({seconds:.2f} s after it started, {mib / max(seconds, 1e-9):.1f} MiB/s)")
+
+    if _SAVE_THREAD is None:
+        _SAVE_THREAD = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ckpt")
+    _PENDING = _SAVE_THREAD.submit(finish)
+    log.info(f"> training continues while iteration {iteration}'s checkpoint is written "
+             f"(stalled {time.perf_counter() - start:.2f} s)")
+    return final
 
 
 # ----------------------------------------------------------------------------------- load
-def read_info(load_dir: str | os.PathLike) -> tuple[str, dict[str, Any]]:
-    """(iteration directory, its checkpoint_info.json) of the latest checkpoint under ``load_dir``."""
-    path = iteration_dir(load_dir, latest_iteration(load_dir))
-    info_path = os.path.join(path, INFO_FILE)
-    if not (os.path.isfile(info_path) and os.path.isfile(os.path.join(path, ".metadata"))):
-        raise CheckpointError(f"--load={os.fspath(load_dir)}: {path} is incomplete (no {INFO_FILE} "
-                              f"or DCP .metadata); point {LATEST_FILE} at a complete iteration")
-    with open(info_path, encoding="utf-8") as f:
-        info = json.load(f)
-    if info.get("format") != FORMAT or info.get("version") != VERSION:
-        raise CheckpointError(f"--load={os.fspath(load_dir)}: {info_path} has format "
-                              f"{info.get('format')!r} version {info.get('version')!r}; this "
-                              f"release reads {FORMAT!r} version {VERSION}")
-    return path, info
+def read_info(load_dir: str | os.PathLike, *, fallback: bool = True) -> tuple[str, dict[str, Any]]:
+    """(iteration directory, its checkpoint_info.json) of the checkpoint to load under
+    ``load_dir``: the latest intact one (collective when distributed; see
+    :func:`~megatron_auto.training.checkpoint_verify.choose_checkpoint`)."""
+    wait_for_pending_save()
+    return choose_checkpoint(load_dir, fallback=fallback)
 
 
 def check_model_matches(saved: dict[str, Any], config: ModelConfig, where: str) -> None:
@@ -365,6 +436,12 @@ def check_model_matches(saved: dict[str, Any], config: ModelConfig, where: str) 
                                   f"{config.model_type} classifier; load a checkpoint of this "
                                   f"model")
         saved_config = VisionConfig.from_dict(saved)
+    elif isinstance(config, T5Config) or saved.get("model_type") == "t5":
+        if saved.get("model_type") != config.model_type:
+            raise CheckpointError(f"--load={where}: the checkpoint holds a "
+                                  f"{saved.get('model_type')} model, this run trains a "
+                                  f"{config.model_type}; load a checkpoint of this model")
+        fields, saved_config = T5_SHAPE_FIELDS, T5Config.from_dict(saved)
     else:
         saved_config = ModelConfig.from_dict(saved)
     for name, flag in fields.items():
@@ -400,15 +477,18 @@ def _init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
             p.grad = next(grads)
 
 
-def load_checkpoint(trainer: TrainingState, load_dir: str | os.PathLike) -> int:
-    """Collective: restore the latest checkpoint under ``load_dir`` into ``trainer``.
+def load_checkpoint(trainer: TrainingState, load_dir: str | os.PathLike, *,
+                    fallback: bool = True,
+                    chosen: tuple[str, dict[str, Any]] | None = None) -> int:
+    """Collective: restore the latest intact checkpoint under ``load_dir`` into ``trainer``
+    (``chosen``: the ``(directory, info)`` a :func:`read_info` of every rank already picked).
 
     Works under any plan for the same model (see the module docstring). Returns the iteration.
     """
     log = get_logger()
     start = time.perf_counter()
     where = os.fspath(load_dir)
-    path, info = read_info(load_dir)
+    path, info = chosen if chosen is not None else read_info(load_dir, fallback=fallback)
     check_model_matches(info["model"], trainer.model_config, where)
     if info.get("weights_only"):  # a converted model (tools/checkpoint/convert.py)
         return _load_weights_only(trainer, path)
@@ -433,8 +513,9 @@ def load_checkpoint(trainer: TrainingState, load_dir: str | os.PathLike) -> int:
     trainer.consumed_samples = int(info["consumed_samples"])
     trainer.skipped_iterations = int(info.get("skipped_iterations", 0))
     trainer.scaler.load_state_dict(info["loss_scaler"])
-    how = "same plan" if same_plan else (f"resharded from a {info['world_size']}-rank plan; "
-                                         f"dropout streams start afresh")
+    how = "same plan" if same_plan else (
+        f"resharded: saved under {_plan_summary(info['plan'])}, now "
+        f"{_plan_summary(trainer.plan.to_dict())}; dropout streams start afresh")
     seconds = time.perf_counter() - start
     log.info(f"> loaded checkpoint {path} (iteration {trainer.iteration}, consumed samples "
              f"{trainer.consumed_samples}, {how}) in {seconds:.2f} s "
@@ -454,6 +535,23 @@ def _load_weights_only(trainer: TrainingState, path: str) -> int:
     get_logger().info(f"> loaded the weights of {path} (a converted model: optimizer and data "
                       f"start fresh) in {time.perf_counter() - start:.2f} s")
     return trainer.iteration
+
+
+def _plan_summary(plan: dict[str, Any]) -> str:
+    """A plan dict in one phrase for the log (world, stages, per-layer tp/dp mode runs)."""
+    runs: list[list[Any]] = []
+    for layer in plan.get("layers", []):
+        key = f"tp{layer.get('tp', 1)}/{layer.get('dp_mode', 'ddp')}" + \
+            ("/rc" if layer.get("recompute") else "")
+        if runs and runs[-1][0] == key:
+            runs[-1][1] += 1
+        else:
+            runs.append([key, 1])
+    pipeline = plan.get("pipeline", {})
+    layers = " ".join(f"{n}x{key}" for key, n in runs)
+    return (f"a {plan.get('world_size')}-rank plan (pp={pipeline.get('size', 1)} "
+            f"{list(pipeline.get('layers_per_stage', []))}, layers {layers}, "
+            f"{plan.get('num_microbatches')} micro-batches)")
 
 
 def _layout(plan: dict[str, Any]) -> dict[str, Any]:

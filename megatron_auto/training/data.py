@@ -55,7 +55,8 @@ def prepare_data_source(config: DataConfig, *, build_first: Callable[[Callable[[
     if config.source == "embedded":
         prefix, model = build_first(lambda: data_lib.embedded_dataset(
             config.cache_dir, split_sentences=sentence_level))
-        tokenizer = data_lib.build_tokenizer(data_lib.EMBEDDED_TOKENIZER_TYPE, tokenizer_model=model)
+        tokenizer = data_lib.build_tokenizer(data_lib.EMBEDDED_TOKENIZER_TYPE, tokenizer_model=model,
+                                             vocab_extra_ids=config.vocab_extra_ids)
         return DataSource(kind="embedded", tokenizer=tokenizer, vocab_size=tokenizer.vocab_size,
                           data_prefix=[prefix])
     if config.tokenizer_type is None:
@@ -65,7 +66,7 @@ def prepare_data_source(config: DataConfig, *, build_first: Callable[[Callable[[
         tokenizer = data_lib.build_tokenizer(
             config.tokenizer_type, tokenizer_model=config.tokenizer_model,
             vocab_file=config.vocab_file, merge_file=config.merge_file,
-            vocab_size=config.vocab_size)
+            vocab_size=config.vocab_size, vocab_extra_ids=config.vocab_extra_ids)
     except (ValueError, OSError) as err:
         raise DataError(f"--tokenizer-type={config.tokenizer_type}: {err}") from None
     return DataSource(kind="files", tokenizer=tokenizer, vocab_size=tokenizer.vocab_size,
@@ -104,6 +105,11 @@ def split_microbatches(batch: Mapping[str, torch.Tensor], num_microbatches: int,
     step = size // num_microbatches
     shared = {k: (v.to(device) if isinstance(v, torch.Tensor) else v)
               for k, v in batch.items() if k not in batched}
+    # non_blocking: from pinned host memory the copy is asynchronous; from pageable memory (our
+    # batches) CUDA stages it and the call returns when the host buffer may be reused, so it is
+    # safe either way (PyTorch's guide on non_blocking and pin_memory). Pinning here would add
+    # a host copy for the few KiB of token ids a step moves, for no overlap: the step waits on
+    # them at once.
     return [{**{k: v[i * step:(i + 1) * step].to(device, non_blocking=True)
                 for k, v in batched.items()}, **shared}
             for i in range(num_microbatches)]

@@ -42,6 +42,7 @@ from ..plan_source import make_plan
 from ..run_config import RunConfig, SearchPins
 from . import checkpoint
 from .data import DataError, DataSource, load_global_batch, prepare_data_source
+from .exit_control import ExitControl
 from .experiment_log import ExperimentLog, ExperimentLogError
 from .logging import format_eval_line, format_iteration_line, get_logger, setup_logging
 from .metrics import (MetricsWriter, device_peak_tflops, format_prediction_line,
@@ -66,8 +67,29 @@ def _init_distributed(timeout_minutes: float) -> torch.device:
                                "MASTER_ADDR": "127.0.0.1"})
             os.environ.setdefault("MASTER_PORT", str(_free_port()))
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=timeout_minutes))
+        # cuda:LOCAL_RANK first: NCCL binds each communicator to the current device when it
+        # is made, and batch_isend_irecv on NCCL hangs unless torch.cuda.set_device was called
+        # (torch.distributed docs). No device_id: communicators stay lazily created per group,
+        # as the cost model's NCCL memory per process group assumes.
+        select_local_cuda_device()
+        timeout = datetime.timedelta(minutes=timeout_minutes)
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        if attempt is not None:
+            # torchrun's restarted workers rendezvous in the agent's store, which still holds
+            # the previous attempt's keys (gloo's peer addresses among them: a restarted rank
+            # could read a dead peer's address and fail with "connection refused"). A key
+            # prefix per attempt keeps each attempt to its own keys.
+            store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
+            store = dist.PrefixStore(f"megatron_auto/attempt_{attempt}", store)
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                    timeout=timeout)
+        else:
+            dist.init_process_group(backend, timeout=timeout)
     select_local_cuda_device()
+    if torch.cuda.is_available():
+        # fp32 matmuls stay IEEE fp32 (torch's default "highest", made explicit): TF32 would
+        # change the numbers of every fp32 plan and the presets' fp32 peak assumes no TF32.
+        torch.set_float32_matmul_precision("highest")
     return resolve_device()
 
 
@@ -116,6 +138,7 @@ def pretrain(config: RunConfig, model_provider: ModelProvider,
     :func:`launch` turns them into one line and exit status 2.
     """
     log = get_logger()
+    started = time.monotonic()  # --exit-duration-in-mins counts from here
     device = _init_distributed(config.distributed_timeout_minutes)
     rank, world_size = dist.get_rank(), dist.get_world_size()
     setup_logging(rank)
@@ -133,9 +156,11 @@ def pretrain(config: RunConfig, model_provider: ModelProvider,
     resume = bool(ckpt.load) and checkpoint.has_checkpoint(ckpt.load)
     if ckpt.load and not resume:
         log.info(f"> --load={ckpt.load}: no finished checkpoint there yet; starting from scratch")
+    chosen = None
     if resume:  # fail before building anything when the checkpoint cannot serve this model
-        _, info = checkpoint.read_info(ckpt.load)
-        checkpoint.check_model_matches(info["model"], model_config, ckpt.load)
+        # Collective: every rank verifies and all take the same (newest intact) checkpoint.
+        chosen = checkpoint.read_info(ckpt.load, fallback=ckpt.load_fallback)
+        checkpoint.check_model_matches(chosen[1]["model"], model_config, ckpt.load)
     plan = _plan_for_run(config, model_config, world_size)
     if config.plan_out and rank == 0:
         plan.save(config.plan_out)
@@ -150,12 +175,17 @@ def pretrain(config: RunConfig, model_provider: ModelProvider,
                             check_for_nan=train_config.check_for_nan_in_loss_and_grad,
                             timing_log_level=config.logging.timing_log_level)
     if resume:
-        checkpoint.load_checkpoint(trainer, ckpt.load)
+        checkpoint.load_checkpoint(trainer, ckpt.load, chosen=chosen)
     start_iteration = trainer.iteration
     if start_iteration >= train_config.train_iters:
         log.info(f"> --load={ckpt.load}: the checkpoint is at iteration {start_iteration}, "
                  f"--train-iters={train_config.train_iters}: nothing left to train; raise "
                  f"--train-iters to continue")
+    handle_signal = (train_config.exit_signal_handler if train_config.exit_signal_handler
+                     is not None else bool(ckpt.save))
+    exit_control = ExitControl(handle_signal=handle_signal,
+                               duration_mins=train_config.exit_duration_in_mins,
+                               interval=train_config.exit_interval, start_time=started)
     gbs = plan.global_batch_size
     num_evals = train_config.train_iters // train_config.eval_interval
     train_ds, valid_ds, _ = datasets_provider(
@@ -163,13 +193,17 @@ def pretrain(config: RunConfig, model_provider: ModelProvider,
         train_config.train_iters * gbs, num_evals * train_config.eval_iters * gbs, 0)
     experiment_log = _experiment_log(config, rank)
     try:
-        last_saved = _train_loop(trainer, config, train_ds, valid_ds, batch_fn, experiment_log)
+        last_saved = _train_loop(trainer, config, train_ds, valid_ds, batch_fn, experiment_log,
+                                 exit_control)
     finally:
         experiment_log.close()
-    # At the end, unless the last interval saved it or nothing was trained (a resumed run that
-    # had already reached --train-iters must not rewrite the checkpoint it loaded).
+        exit_control.close()
+    # At the end (also of a run told to exit early), unless the last interval saved it or
+    # nothing was trained (a resumed run that had already reached --train-iters must not
+    # rewrite the checkpoint it loaded).
     if ckpt.save and trainer.iteration > start_iteration and last_saved != trainer.iteration:
-        checkpoint.save_checkpoint(trainer, ckpt.save)
+        checkpoint.save_checkpoint(trainer, ckpt.save, async_save=ckpt.async_save)
+    checkpoint.wait_for_pending_save()  # an asynchronous save finishes before the run ends
     return trainer
 
 
@@ -194,8 +228,10 @@ def _experiment_log(config: RunConfig, rank: int) -> ExperimentLog:
 
 
 def _train_loop(trainer: Trainer, config: RunConfig, train_ds: Any, valid_ds: Any,
-                batch_fn: BatchFn, experiment_log: ExperimentLog) -> int | None:
-    """Iterate up to --train-iters; returns the iteration of the last checkpoint it saved."""
+                batch_fn: BatchFn, experiment_log: ExperimentLog,
+                exit_control: ExitControl | None = None) -> int | None:
+    """Iterate up to --train-iters, or until ``exit_control`` says stop (the caller then saves);
+    returns the iteration of the last checkpoint it saved."""
     log = get_logger()
     ctx, plan, cfg = trainer.ctx, trainer.plan, trainer.model_config
     train_config, save = config.training, config.checkpoint
@@ -230,8 +266,10 @@ def _train_loop(trainer: Trainer, config: RunConfig, train_ds: Any, valid_ds: An
         done += 1
         if metered:
             peak_bytes = _max_over_ranks(int(meter.stop()), ctx.device)
-            measured_peak = peak_bytes if ctx.device.type == "cuda" else \
-                max(peak_bytes, measured_peak or 0)
+            # CUDA: what the device holds (reserved peak + context and NCCL, which the plan's
+            # estimate also counts), not only the allocated peak (parallel/memory.py)
+            measured_peak = _max_over_ranks(int(meter.device_peak_bytes), ctx.device) \
+                if ctx.device.type == "cuda" else max(peak_bytes, measured_peak or 0)
         if ctx.device.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
@@ -302,8 +340,13 @@ def _train_loop(trainer: Trainer, config: RunConfig, train_ds: Any, valid_ds: An
             writer.write(record)
             experiment_log.write(record)
         if save.save and save.save_interval and it % save.save_interval == 0:
-            checkpoint.save_checkpoint(trainer, save.save)
+            checkpoint.save_checkpoint(trainer, save.save, async_save=save.async_save)
             last_saved = it
+        reason = exit_control.check(it, ctx.device) if exit_control is not None else None
+        if reason is not None and it < train_config.train_iters:
+            saving = "; saving a checkpoint" if save.save else " (no --save: nothing is saved)"
+            log.info(f"> exiting at iteration {it}: {reason}{saving}")
+            break
     return last_saved
 
 

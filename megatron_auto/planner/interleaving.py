@@ -1,0 +1,98 @@
+"""The interleaved 1F1B schedule as the cost model sees it (``pipeline.virtual_size`` v > 1).
+
+The runtime's schedule is ``parallel/interleaved.py`` (Megatron's virtual pipeline); this module
+restates, without torch, the two facts the cost model needs from it, and
+``tests/test_planner_interleaving.py`` checks both against the runtime's own order:
+
+- the warm-up count of stage ``k``: ``W_k = 2 (pp - k - 1) + (v - 1) pp`` forwards before the
+  first backward, capped by the ``m v`` forwards of the iteration, and all of them when
+  ``m == pp`` (Megatron's rule); the steady state then runs one more forward before each
+  backward, so at most ``min(W_k + 1, m v)`` (micro-batch, chunk) activations are in flight;
+- which local chunks those in-flight activations belong to, over time: forward ``t`` of a stage
+  is of local chunk ``(t // pp) mod v``, backward ``t`` of local chunk
+  ``v - 1 - (t // pp) mod v``. The mix changes during the steady state (a stage may hold more
+  of its first chunk later than at the end of its warm-up), so the peak with uneven chunks is
+  the largest ``sum_j n_j a_j`` over the count vectors ``n`` the schedule passes through;
+  :func:`in_flight_vectors` returns the maximal ones (each right after a forward).
+
+Pure Python, no torch.
+"""
+
+from __future__ import annotations
+
+import functools
+
+
+def num_warmup(pp: int, v: int, num_microbatches: int, stage: int) -> int:
+    """Forwards stage ``stage`` runs before its first backward (Megatron's count)."""
+    total = num_microbatches * v
+    if num_microbatches == pp:
+        return total
+    return min(2 * (pp - stage - 1) + (v - 1) * pp, total)
+
+
+def max_in_flight(pp: int, v: int, num_microbatches: int, stage: int) -> int:
+    """The most (micro-batch, chunk) activations stage ``stage`` holds at once."""
+    return min(num_warmup(pp, v, num_microbatches, stage) + 1, num_microbatches * v)
+
+
+def _local_chunk(t: int, pp: int, v: int, forward: bool) -> int:
+    j = (t // pp) % v
+    return j if forward else v - 1 - j
+
+
+@functools.lru_cache(maxsize=None)
+def in_flight_vectors(pp: int, v: int, num_microbatches: int,
+                      stage: int) -> tuple[tuple[int, ...], ...]:
+    """The maximal per-local-chunk in-flight counts of ``stage`` over one iteration.
+
+    Entry ``j`` of a vector counts the micro-batches whose local chunk ``j`` (global chunk
+    ``j * pp + stage``) activations are held; a vector dominated entry by entry by another is
+    dropped. With ``v == 1`` (the non-interleaved 1F1B of ``parallel/pipeline.py``, whose
+    warm-up is ``pp - k - 1``) this is ``((min(pp - stage, m),),)``.
+    """
+    if v == 1:
+        return ((min(pp - stage, num_microbatches),),)
+    total = num_microbatches * v
+    warmup = num_warmup(pp, v, num_microbatches, stage)
+    held = [0] * v
+    seen: list[tuple[int, ...]] = []
+    forwards = iter(range(total))
+
+    def forward() -> None:
+        held[_local_chunk(next(forwards), pp, v, True)] += 1
+        seen.append(tuple(held))
+
+    for _ in range(warmup):
+        forward()
+    for i in range(total - warmup):
+        forward()
+        held[_local_chunk(i, pp, v, False)] -= 1
+    maximal = []
+    for vec in dict.fromkeys(seen):
+        if not any(o != vec and all(a >= b for a, b in zip(o, vec)) for o in seen):
+            maximal.append(vec)
+    return tuple(maximal)
+
+
+def peak_activations(per_chunk: list[float], pp: int, v: int, num_microbatches: int,
+                     stage: int) -> tuple[float, tuple[int, ...]]:
+    """``(bytes, counts)``: the largest ``sum_j n_j per_chunk[j]`` over :func:`in_flight_vectors`
+    and the counts that reach it (the first in schedule order on ties)."""
+    best, best_vec = -1.0, ()
+    for vec in in_flight_vectors(pp, v, num_microbatches, stage):
+        value = sum(n * a for n, a in zip(vec, per_chunk))
+        if value > best:
+            best, best_vec = value, vec
+    return max(best, 0.0), best_vec
+
+
+def pipeline_fill(chunk_times: list[list[float]]) -> float:
+    """The fill-and-drain part of an interleaved iteration: ``sum_k max_j c_{k,j}`` over stages
+    ``k`` and their chunks' per-micro-batch times ``c_{k,j}`` (with v = 1, ``sum_k C_k``).
+
+    With equal chunks this is ``sum_k C_k / v``: the bubble shrinks by ``v``. The iteration is
+    then ``fill + (m - 1/v) max_k C_k`` (``cost_time.pipeline_time``): against a simulation of
+    the runtime's order exact with equal chunks, an upper bound within 10% when only the stages
+    differ, and approximate when a stage's chunks differ (docs/cost_model.md §6)."""
+    return sum(max(times) for times in chunk_times)
