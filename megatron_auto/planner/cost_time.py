@@ -142,15 +142,19 @@ def vocab_units(profile: EmbeddingProfile, vocab_tp: int, first: bool, last: boo
 def vocab_dp_collectives(profile: EmbeddingProfile, vocab_tp: int, dp: int, dp_mode: str,
                          first: bool, last: bool, pp: int,
                          precision: str) -> DataParallelCollectives:
-    """:func:`dp_collectives` of every :func:`vocab_units` unit, each gather repeated per use
+    """ZeRO-2/3: :func:`dp_collectives` of every :func:`vocab_units` unit, each gather repeated per use
     (measured: with one tied stage FSDP2 gathers the embedding twice per forward and twice per
     backward under ZeRO-3, and twice per iteration under ZeRO-2, whose last backward reshards
-    it after the head's use; one reduce-scatter per unit and micro-batch either way)."""
+    it after the head's use; one reduce-scatter per unit and micro-batch either way). ``ddp``
+    and ``zero1`` go through our gradient buckets, not units: one piece of all the parameters."""
+    units = vocab_units(profile, vocab_tp, first, last, pp)
+    if dp_mode not in ("zero2", "zero3"):  # ddp / zero1: our buckets, not units (one piece)
+        return dp_collectives(sum(p for p, _ in units), dp, dp_mode, True, precision)
     forward: list[Collective] = []
     backward: list[Collective] = []
     per_iteration: list[Collective] = []
     after_step: list[Collective] = []
-    for num_params, uses in vocab_units(profile, vocab_tp, first, last, pp):
+    for num_params, uses in units:
         cs = dp_collectives(num_params, dp, dp_mode, True, precision)
         for out, part in ((forward, cs.forward), (backward, cs.backward),
                           (per_iteration, cs.per_iteration), (after_step, cs.after_step)):
