@@ -8,6 +8,8 @@ iterations after the first), with the relative errors::
 
     python benchmarks/validate_cost_model.py                 # one rank per core, >= 9 plans
     python benchmarks/validate_cost_model.py --nproc 8 --iters 6
+    python benchmarks/validate_cost_model.py --reprice DIR   # a finished run's work dir, priced
+                                                             # again by the current cost model
 
 Targets on CPU (issue 5): memory error <= 10% for every plan and never an under-estimate by more
 than 5%; iteration-time error <= 25%. It then calibrates the cost model (the fit of
@@ -116,7 +118,14 @@ def main() -> int:
                         help="ranks (default: one per CPU core, at most 4, at least 2)")
     parser.add_argument("--iters", type=int, default=6)
     parser.add_argument("--only", nargs="*", default=None, help="plan names to run")
+    parser.add_argument("--table-out", default=None, metavar="FILE",
+                        help="also write the results as a Markdown table (for docs/)")
+    parser.add_argument("--reprice", default=None, metavar="DIR",
+                        help="measure nothing: price the plans of an earlier run's work dir "
+                             "(its profiles, plans and metrics) with the current cost model")
     args = parser.parse_args()
+    if args.reprice:
+        return reprice(Path(args.reprice), args.table_out)
 
     work = Path(tempfile.mkdtemp(prefix="validate_cost_model_"))
     env = dict(os.environ, MEGATRON_AUTO_CACHE=str(work / "cache"), OMP_NUM_THREADS="1")
@@ -188,6 +197,60 @@ def main() -> int:
               f"{statistics.median(time_err) * 100:.1f}% (target 25%)")
     if len(runs) >= 3:
         leave_one_out(runs, cluster, profile, spec, training)
+    if args.table_out and rows:
+        Path(args.table_out).write_text(markdown_table(rows, args.nproc, args.iters))
+    return 0
+
+
+def markdown_table(rows, nproc: int, iters: int | None) -> str:
+    """The per-plan results as a Markdown table, with the summary line under it."""
+    how = f"--nproc {nproc} --iters {iters}" if iters else "--reprice DIR"
+    out = [f"`python benchmarks/validate_cost_model.py {how}` ({nproc} CPU ranks, gloo, fp32):",
+           "",
+           "| plan | memory predicted MiB | measured MiB | error | time predicted ms | "
+           "measured ms | error |", "|---|---|---|---|---|---|---|"]
+    for name, pm, mm, pt, mt in rows:
+        out.append(f"| {name} | {pm / 2**20:.1f} | {mm / 2**20:.1f} | {_err(pm, mm)} | "
+                   f"{pt * 1e3:.1f} | {mt * 1e3:.1f} | {_err(pt, mt)} |")
+    time_err = [abs(p / m - 1) for _, _, _, p, m in rows if m]
+    mem_err = [abs(p / m - 1) for _, p, m, _, _ in rows if m]
+    out += ["", f"Time: max |error| {max(time_err) * 100:.1f}%, median "
+                f"{statistics.median(time_err) * 100:.1f}%; memory: max |error| "
+                f"{max(mem_err) * 100:.1f}%.", ""]
+    return "\n".join(out)
+
+
+def reprice(work: Path, table_out: str | None) -> int:
+    """Price every plan of a finished run's work dir again with the current cost model,
+    against the iteration times and peaks that run measured (same rules as a fresh run)."""
+    from megatron_auto.planner.profiles import ModelProfile  # noqa: PLC0415
+
+    cluster = ClusterSpec.load(work / "cluster.json")
+    profiles = sorted((work / "cache").glob("*.json"))
+    if not cluster or not profiles:
+        print(f"--reprice {work}: no cluster.json or cache/*.json (a validate_cost_model work dir?)")
+        return 2
+    profile = ModelProfile.load(profiles[0])
+    spec = ModelSpec.from_model_config(MODEL)
+    training = TrainingSpec(global_batch_size=GLOBAL_BATCH, precision="fp32")
+    rows = []
+    order = list(plans(cluster.world_size))
+    for metrics_file in sorted(work.glob("*.jsonl"), key=lambda f: (
+            order.index(f.stem) if f.stem in order else len(order), f.stem)):
+        plan = Plan.load(work / f"{metrics_file.stem}.json")
+        records = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+        later = records[2:] or records
+        measured_time = statistics.median(r["iteration_time_s"] for r in later)
+        measured_mem = max((r.get("peak_memory_bytes") or 0) for r in records)
+        est = evaluate(plan, spec, training, cluster, profile)
+        pred_mem = max(s.peak_memory_bytes for s in est.stages)
+        rows.append((metrics_file.stem, pred_mem, measured_mem, est.iteration_time_s,
+                     measured_time))
+        print(f"{metrics_file.stem:22s} memory {_err(pred_mem, measured_mem):>7s} | time "
+              f"predicted {est.iteration_time_s * 1e3:8.1f} ms measured "
+              f"{measured_time * 1e3:8.1f} ms ({_err(est.iteration_time_s, measured_time)})")
+    if table_out and rows:
+        Path(table_out).write_text(markdown_table(rows, cluster.world_size, None))
     return 0
 
 

@@ -29,10 +29,10 @@ from ..layout import (Collective, Layout, dp_group_consecutive, dp_size, layer_t
                       layout_of, relayout_collectives, sequence_parallel_boundary_collectives,
                       vocab_layout)
 from ..plan import Plan
-from .cost_memory import GRAD_BYTES, MemoryCost, embedding_memory, layer_memory, vocab_parameters
+from .cost_memory import GRAD_BYTES, MemoryCost, embedding_memory, layer_memory
 from .cost_time import (NO_MOVE, NO_TIME, MoveCost, TimeCost, collective_time, dp_collectives,
                         embedding_time, layer_time, pipeline_time, relayout_cost,
-                        stage_boundary_cost)
+                        stage_boundary_cost, vocab_dp_collectives)
 from .gpu_terms import fragmentation_bytes, stage_nccl_bytes
 from .interleaving import peak_activations, pipeline_fill
 from .model_spec import ModelSpec, TrainingSpec
@@ -254,15 +254,14 @@ def stage_collectives(plan: Plan, spec: ModelSpec, profile: ModelProfile, precis
     and SP boundary, every layer's TP collectives (``layout.layer_tp_collectives``) and the
     per-micro-batch ZeRO gathers and reduce-scatters ``m`` times; ``zero2``'s gather, the
     ``ddp`` all-reduce and ``zero1``'s reduce-scatter and all-gather once
-    (``cost_time.dp_collectives`` of every layer and of the vocab).
+    (``cost_time.dp_collectives`` of every layer; the vocab modules as the runtime's units,
+    ``cost_time.vocab_units``).
     Not listed: p2p hops, the embedding's and head's TP all-reduces, the tied-embedding and
     scalar all-reduces.
 
-    Known gaps: the vocab part is one unit here, while the runtime shards the embedding, the
-    final norm and an untied head as separate FSDP2 units (one gather / reduce-scatter each; the
-    profile does not split the head's parameters into those parts); ``ddp`` and ``zero1``
-    layers of one DP group share the runtime's buckets (fewer, padded collectives of the same
-    total size)."""
+    Known gap: ``ddp`` and ``zero1`` layers of one DP group share the runtime's buckets (fewer,
+    padded collectives of the same total size; the ``ddp`` price charges each layer its share
+    of a bucket's latency, ``cost_time.bucketed_allreduce_time``)."""
     n, m = plan.stage_size, plan.num_microbatches
     out: Counter[Collective] = Counter()
     for move in stage_moves(plan, spec, profile, stage):
@@ -284,9 +283,8 @@ def stage_collectives(plan: Plan, spec: ModelSpec, profile: ModelProfile, precis
     first, last = stage == 0, stage == plan.pp_size - 1
     if first or last:
         vtp = plan.vocab.tp
-        parts.append(dp_collectives(vocab_parameters(profile.embedding, vtp, first, last,
-                                                     plan.pp_size),
-                                    n // vtp, plan.vocab.dp_mode, True, precision))
+        parts.append(vocab_dp_collectives(profile.embedding, vtp, n // vtp, plan.vocab.dp_mode,
+                                          first, last, plan.pp_size, precision))
     for part in parts:
         for c in part.forward + part.backward:
             out[c] += m

@@ -11,7 +11,7 @@ docs/cost_model.md §4-5.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Sequence
 
 from ..layout import (Collective, Layout, dp_group_consecutive, dp_size, layer_tp_collectives,
@@ -23,6 +23,9 @@ from .profiles import EmbeddingProfile, LayerTypeProfile
 # compute dtype under bf16/fp16 (``MixedPrecisionPolicy(param_dtype=..., reduce_dtype=fp32)``,
 # parallel/data_parallel.py); gradients are reduce-scattered in fp32 (``GRAD_BYTES``).
 GATHER_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+# The runtime's ``ddp`` gradient bucket (``parallel/data_parallel.py``'s default, checked by
+# tests/test_cost_time_zero.py): one all-reduce per bucket, not per layer.
+DDP_BUCKET_BYTES = 25 * 2**20
 
 
 def gather_bytes(precision: str) -> int:
@@ -110,20 +113,98 @@ def dp_collectives(num_params: float, dp: int, dp_mode: str, consecutive: bool,
     raise ValueError(f"dp_mode={dp_mode!r}: choose one of ddp, zero1, zero2, zero3")
 
 
+def vocab_units(profile: EmbeddingProfile, vocab_tp: int, first: bool, last: bool,
+                pp: int) -> list[tuple[float, int]]:
+    """``(local parameters, forward uses per micro-batch)`` of each unit the runtime shards
+    of this stage's vocab-layout modules (``models.gpt.GPTStage.parallel_units``): the
+    embedding (first stage), the final norm and an untied output layer (last stage), the tied
+    word embedding's own copy (a last stage that is not the first). With one stage and tied
+    weights the embedding is the LM head too: one unit, used twice per forward (``embed`` and
+    ``logits``), which FSDP2 gathers for each use under ZeRO-3. The parameters add up to
+    ``cost_memory.vocab_parameters``."""
+    emb = profile.embedding_parameters / vocab_tp
+    units: list[tuple[float, int]] = [(emb, 1)] if first else []
+    if last:
+        if profile.tied:
+            units.append((float(profile.head_parameters), 1))  # the final norm alone
+            if first:
+                units[0] = (emb, 2)
+            else:
+                units.append((emb, 1))
+        elif 0 < profile.final_norm_parameters < profile.head_parameters:
+            units += [(float(profile.final_norm_parameters), 1),
+                      (float(profile.head_parameters - profile.final_norm_parameters), 1)]
+        else:  # the norm's share not recorded: one unit
+            units.append((float(profile.head_parameters), 1))
+    return units
+
+
+def vocab_dp_collectives(profile: EmbeddingProfile, vocab_tp: int, dp: int, dp_mode: str,
+                         first: bool, last: bool, pp: int,
+                         precision: str) -> DataParallelCollectives:
+    """ZeRO-2/3: :func:`dp_collectives` of every :func:`vocab_units` unit, each gather repeated per use
+    (measured: with one tied stage FSDP2 gathers the embedding twice per forward and twice per
+    backward under ZeRO-3, and twice per iteration under ZeRO-2, whose last backward reshards
+    it after the head's use; one reduce-scatter per unit and micro-batch either way). ``ddp``
+    and ``zero1`` go through our gradient buckets, not units: one piece of all the parameters."""
+    units = vocab_units(profile, vocab_tp, first, last, pp)
+    if dp_mode not in ("zero2", "zero3"):  # ddp / zero1: our buckets, not units (one piece)
+        return dp_collectives(sum(p for p, _ in units), dp, dp_mode, True, precision)
+    forward: list[Collective] = []
+    backward: list[Collective] = []
+    per_iteration: list[Collective] = []
+    after_step: list[Collective] = []
+    for num_params, uses in units:
+        cs = dp_collectives(num_params, dp, dp_mode, True, precision)
+        for out, part in ((forward, cs.forward), (backward, cs.backward),
+                          (per_iteration, cs.per_iteration), (after_step, cs.after_step)):
+            for c in part:
+                out.extend([c] * (uses if c.kind == "zero_gather" else 1))
+    return DataParallelCollectives(tuple(forward), tuple(backward), tuple(per_iteration),
+                                   tuple(after_step))
+
+
 def _dp_times(cluster: Any, num_params: float, dp: int, dp_mode: str, consecutive: bool,
-              stage_size: int, precision: str) -> tuple[float, float, float, float, float]:
+              stage_size: int, precision: str,
+              collectives: DataParallelCollectives | None = None
+              ) -> tuple[float, float, float, float, float]:
     """``(gather, reduce_scatter, gradient_sync, zero2_gather, after_step)`` seconds for
-    ``num_params`` params: the first two per micro-batch (zero3 gathers twice), the rest once
-    per iteration (``gradient_sync``: the ``ddp`` all-reduce or the ``zero1`` reduce-scatter,
-    in the last backward; ``after_step``: the ``zero1`` parameter all-gather)."""
-    cs = dp_collectives(num_params, dp, dp_mode, consecutive, precision)
+    ``num_params`` params (or the given ``collectives``): the first two per micro-batch (zero3
+    gathers twice), the rest once per iteration (``gradient_sync``: the ``ddp`` all-reduce, in
+    buckets, or the ``zero1`` reduce-scatter, in the last backward; ``after_step``: the
+    ``zero1`` parameter all-gather)."""
+    cs = collectives if collectives is not None else dp_collectives(
+        num_params, dp, dp_mode, consecutive, precision)
 
     def total(collectives: Sequence[Collective], *kinds: str) -> float:
         return sum(collective_time(cluster, c, stage_size) for c in collectives if c.kind in kinds)
 
+    allreduce = sum(bucketed_allreduce_time(cluster, c, stage_size)
+                    for c in cs.per_iteration if c.kind == "all_reduce")
     return (total(cs.forward, "zero_gather"), total(cs.backward, "zero_scatter"),
-            total(cs.per_iteration, "all_reduce", "reduce_scatter"),
+            allreduce + total(cs.per_iteration, "reduce_scatter"),
             total(cs.per_iteration, "zero_gather"), total(cs.after_step, "all_gather"))
+
+
+def bucketed_allreduce_time(cluster: Any, collective: Collective, stage_size: int,
+                            bucket_bytes: float = DDP_BUCKET_BYTES) -> float:
+    """A component's share of the bucketed ``ddp`` gradient all-reduce: its bytes at the
+    group's bandwidth plus ``nbytes / bucket_bytes`` of one call's latency.
+
+    The runtime packs the gradients of every ``ddp`` component on one DP group into buckets of
+    ``bucket_bytes`` and issues one all-reduce per bucket (``parallel/ddp_buckets.py``), so a
+    stage pays ``ceil(total / bucket_bytes)`` latencies, not one per layer; the per-component
+    share keeps the price additive (it falls short of the runtime by less than one latency per
+    DP group and stage, the partly filled last bucket). The latency is read off the cluster's
+    own price, which is affine in the bytes: ``L = 2 t(n) - t(2n)``.
+    """
+    one = collective_time(cluster, collective, stage_size)
+    if one <= 0:
+        return 0.0
+    twice = collective_time(cluster, replace(collective, nbytes=2 * collective.nbytes),
+                            stage_size)
+    latency = min(one, max(0.0, 2 * one - twice))
+    return one - latency + latency * collective.nbytes / bucket_bytes
 
 
 def layer_time(profile: LayerTypeProfile, cluster: Any, layout: Layout, dp_mode: str,
@@ -211,7 +292,8 @@ def embedding_time(profile: EmbeddingProfile, cluster: Any, vocab_tp: int, dp_mo
         tp_comm += tp_ar + loss_comm
     bwd = profile.backward_forward_ratio * fwd
     gather, scatter, allreduce, regather, after_step = _dp_times(
-        cluster, num_params, dp, dp_mode, True, stage_size, precision)
+        cluster, num_params, dp, dp_mode, True, stage_size, precision,
+        vocab_dp_collectives(profile, vocab_tp, dp, dp_mode, first, last, pp, precision))
     tied = 0.0
     if profile.tied and pp > 1:
         tied = cluster.allreduce_time(GRAD_BYTES * profile.embedding_parameters / vocab_tp, 2,

@@ -241,6 +241,10 @@ class EmbeddingProfile:
     head_transient_split_bytes: float
     forward_time_constant_s: float = 0.0
     backward_forward_ratio: float = 2.0
+    # The final norm's share of head_parameters: under ZeRO the runtime shards it as a unit of
+    # its own, apart from an untied output layer (one more gather and reduce-scatter each).
+    # 0 = not recorded (profiles written before it): the head is priced as one unit.
+    final_norm_parameters: int = 0
 
     def __post_init__(self) -> None:
         for attr, value in asdict(self).items():
@@ -485,7 +489,9 @@ def analytic_profile(spec: ModelSpec, training: TrainingSpec, cluster: Any) -> M
         # In the loss's forward, beside the shifted fp32 copy: the logits in the compute dtype
         # and, when that is not fp32, their fp32 upcast. Its backward works in place.
         head_transient_split_bytes=(beta + (4 if beta != 4 else 0)) * t * v,
-        forward_time_constant_s=ANALYTIC_LAYER_CALL_OVERHEAD_S)
+        forward_time_constant_s=ANALYTIC_LAYER_CALL_OVERHEAD_S,
+        final_norm_parameters=max(0, spec.head_parameters - (
+            0 if spec.tied_embeddings else v * (spec.head_hidden_size or h))))
     return ModelProfile(layer_types=layers, embedding=emb, precision=training.precision,
                         source="analytic",
                         metadata={"model": spec.name, "cluster": getattr(cluster, "name", ""),

@@ -473,7 +473,8 @@ def _profile_model(model_config: ModelConfig, precision: str = "fp32",
         head_activation_split_bytes=fit_line(sizes, head_series.split)[0],
         head_transient_split_bytes=fit_line(sizes, head_series.transient)[0],
         forward_time_constant_s=(e_fwd_b + h_fwd_b) / 2,
-        backward_forward_ratio=_ratio(emb_series, head_series))
+        backward_forward_ratio=_ratio(emb_series, head_series),
+        final_norm_parameters=sum(p.numel() for p in norm.parameters()))
     elapsed = time.perf_counter() - started
     metadata = {
         "model": cfg.model_type, "device": device_name(dev), "torch": torch.__version__,
