@@ -23,3 +23,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(
             "every test needs exactly one tier marker (pure, single or multirank; see "
             "tests/conftest.py):\n  " + "\n  ".join(wrong))
+
+
+@pytest.fixture(autouse=True)
+def _package_logger_restored():
+    """Put the package logger back as it was after each test.
+
+    ``setup_logging`` (called by every entry point a test runs in-process) attaches a handler
+    to the stream that is ``sys.stdout`` at that moment, which under pytest is the test's own
+    capture; a later test logging through it writes to a closed stream and gets a logging error
+    on its stderr instead of its own output."""
+    import logging
+
+    logger = logging.getLogger("megatron_auto")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    yield
+    logger.handlers[:] = saved[0]
+    logger.setLevel(saved[1])
+    logger.propagate = saved[2]
