@@ -35,6 +35,7 @@ def test_every_cell_has_every_method_and_ours_is_never_below_a_baseline(grid_run
     records = list(res.all())
     assert len(records) == 2 * 2 * len(methods.METHODS)
     by_cell: dict[str, dict[str, dict]] = {}
+    compared = 0
     for r in records:
         by_cell.setdefault(results.record_key(r)[0], {})[r["method"]] = r
     for key, row in by_cell.items():
@@ -48,7 +49,10 @@ def test_every_cell_has_every_method_and_ours_is_never_below_a_baseline(grid_run
             if r["status"] == "ok":
                 if ours["proven_optimal"]:
                     assert ours["samples_per_s"] >= r["samples_per_s"] * (1 - 1e-9), (key, name)
+                    compared += 1
                 assert r["peak_memory_bytes"] <= float(r["cell"]["budget_gb"]) * 1e9
+    # The 16 GB cells are proven within seconds: the comparison is never vacuous.
+    assert compared >= 5
 
 
 def test_an_oom_mark_states_a_minimum_above_the_budget(grid_run):
