@@ -576,3 +576,25 @@ def get_or_create_model_profile(model_config: ModelConfig, precision: str = "fp3
     """:func:`lookup_or_measure`'s profile (cached, or measured and stored)."""
     return lookup_or_measure(model_config, precision, device, cache_dir, config=config,
                              force=force).profile
+
+def config_cache_key(cfg: Any, precision: str, device: str | torch.device | None,
+                     config: ModelProfilerConfig) -> dict[str, Any]:
+    """Cache key of a family profiled from its config alone (T5, ViT, Swin; see cache.py)."""
+    dev = resolve_device(device)
+    return {"measurement": MEASUREMENT_VERSION, "device": device_name(dev),
+            "precision": precision, "torch": torch.__version__, "model": cfg.to_dict(),
+            "batch_sizes": list(config.sizes(dev)), "iters": config.iters,
+            "warmup_iters": config.warmup_iters}
+
+def cached_or_measured(key: dict[str, Any], measure: Callable[[], ModelProfile],
+                       cache_dir: str | None, force: bool) -> ProfileLookup:
+    """The profile cached under ``key``, or ``measure()`` stored there with its key."""
+    if not force:
+        cached = profile_cache.load_cached(key, cache_dir)
+        if cached is not None:
+            return ProfileLookup(cached, measured=False)
+    profile = measure()
+    profile = dataclasses.replace(profile, metadata={**profile.metadata,
+                                                     profile_cache.KEY_FIELD: key})
+    profile_cache.store(profile, key, cache_dir)
+    return ProfileLookup(profile, measured=True)

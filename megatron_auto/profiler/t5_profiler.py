@@ -28,11 +28,10 @@ from ..parallel.device import resolve_device
 from ..planner.model_spec import ModelSpec, TrainingSpec
 from ..planner.profiles import EmbeddingProfile, LayerTypeProfile, ModelProfile, analytic_profile
 from ..t5_config import T5Config
-from . import cache as profile_cache
 from .activation_meter import transformer_classifier, vocab_classifier
-from .model_profiler import (MEASUREMENT_VERSION, ModelProfilerConfig, ProfileLookup,
-                             _autocast, _check_precision, _init_, _measure, _ratio, device_name,
-                             fit_line, tp1_groups)
+from .model_profiler import (cached_or_measured, config_cache_key, ModelProfilerConfig,
+                             ProfileLookup, _autocast, _check_precision, _init_, _measure, _ratio,
+                             device_name, fit_line, tp1_groups)
 
 logger = logging.getLogger(__name__)
 
@@ -189,11 +188,7 @@ class _UnitRate:
 def t5_profile_cache_key(cfg: T5Config, precision: str, device: str | torch.device | None,
                          config: ModelProfilerConfig = ModelProfilerConfig()) -> dict[str, Any]:
     """Everything that changes the measured numbers (see cache.py)."""
-    dev = resolve_device(device)
-    return {"measurement": MEASUREMENT_VERSION, "device": device_name(dev),
-            "precision": precision, "torch": torch.__version__, "model": cfg.to_dict(),
-            "batch_sizes": list(config.sizes(dev)), "iters": config.iters,
-            "warmup_iters": config.warmup_iters}
+    return config_cache_key(cfg, precision, device, config)
 
 
 def lookup_or_measure_t5(cfg: T5Config, precision: str = "fp32",
@@ -203,12 +198,5 @@ def lookup_or_measure_t5(cfg: T5Config, precision: str = "fp32",
                          force: bool = False) -> ProfileLookup:
     """The cached profile of ``cfg`` on this device, or a fresh measurement stored there."""
     key = t5_profile_cache_key(cfg, precision, device, config)
-    if not force:
-        cached = profile_cache.load_cached(key, cache_dir)
-        if cached is not None:
-            return ProfileLookup(cached, measured=False)
-    profile = profile_t5_model(cfg, precision, device, config=config)
-    profile = dataclasses.replace(profile, metadata={**profile.metadata,
-                                                     profile_cache.KEY_FIELD: key})
-    profile_cache.store(profile, key, cache_dir)
-    return ProfileLookup(profile, measured=True)
+    return cached_or_measured(key, lambda: profile_t5_model(cfg, precision, device, config=config),
+                              cache_dir, force)
