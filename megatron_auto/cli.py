@@ -32,9 +32,7 @@ from .vision_config import BACKBONES, VisionConfig
 from .t5_arguments import add_t5_args, apply_t5_defaults, t5_config_from_args
 from .t5_config import T5Config
 from .plan import DP_MODES, Plan
-from .plots import plot_metrics, plot_plan
-from .plan_source import plan_from_classic_flags
-from .planner import galvatron, report
+from .planner import report
 from .planner.hardware import GB, ClusterSpec
 from .planner.megatron_flags import to_megatron_flags
 from .planner.model_spec import ModelSpec, TrainingSpec
@@ -43,9 +41,10 @@ from .planner.profiles import ModelProfile
 from .planner.search import SearchOptions, evaluate, pinned_virtual_sizes, search
 from .planning import PlanningInputs, planning_inputs, runtime_options
 from .run_config import resolve_precision
-from .reproduce.cli import add_reproduce_parser
-from .profiler.cli import (add_calibrate_parser, add_profile_hardware_parser,
-                           add_profile_model_parser)
+
+# Imported where used (start-up time, docs/planner.md §7): the Galvatron readers, the classic
+# flags' plan maker, plotting, and the profiler's and reproduce's subcommands, none of which
+# ``plan`` needs.
 
 DEFAULT_CLUSTER = "a100-40g-1x8"
 DEFAULT_GLOBAL_BATCH = DEFAULT_GLOBAL_BATCH_SIZE  # the pretrain scripts' default
@@ -67,14 +66,17 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     add_t5_args(parser, script_defaults=False)
 
 
+_DEFAULTS: dict[str, Any] = {}
+
+
 def _model_flag_defaults() -> dict[str, Any]:
-    """Every model flag's destination and default (a parser of the model flags alone)."""
-    parser = argparse.ArgumentParser(add_help=False)
-    add_model_flags(parser)
-    return vars(parser.parse_args([]))
-
-
-MODEL_FLAG_DEFAULTS = _model_flag_defaults()
+    """Every model flag's destination and default (a parser of the model flags alone), built
+    on first use: only vision, T5 and plan-file inputs need it."""
+    if not _DEFAULTS:
+        parser = argparse.ArgumentParser(add_help=False)
+        add_model_flags(parser)
+        _DEFAULTS.update(vars(parser.parse_args([])))
+    return _DEFAULTS
 
 
 def model_config_from_flags(args: argparse.Namespace) -> ModelConfig:
@@ -82,12 +84,12 @@ def model_config_from_flags(args: argparse.Namespace) -> ModelConfig:
     ``VisionConfig`` for ``--model-type vit|swin``, with the vision script's defaults)."""
     if args.model_type in BACKBONES:
         vision = argparse.Namespace(**vars(args))
-        apply_vit_defaults(vision, MODEL_FLAG_DEFAULTS)
+        apply_vit_defaults(vision, _model_flag_defaults())
         return vision_config_from_args(vision)
     check_model_option_args(args)
     if args.model_type == "t5":
         t5 = argparse.Namespace(**vars(args))
-        apply_t5_defaults(t5, MODEL_FLAG_DEFAULTS)
+        apply_t5_defaults(t5, _model_flag_defaults())
         return t5_config_from_args(t5)
     cfg = model_config_from_args(args)
     if args.model_type == "bert":
@@ -179,7 +181,7 @@ def _setup(args: argparse.Namespace, global_batch_size: int | None = None,
 
 
 def _model_flags_given(args: argparse.Namespace) -> bool:
-    return any(getattr(args, dest) != default for dest, default in MODEL_FLAG_DEFAULTS.items())
+    return any(getattr(args, dest) != default for dest, default in _model_flag_defaults().items())
 
 
 def _plan_and_model(args: argparse.Namespace, world_size: int) -> tuple[Plan, ModelConfig]:
@@ -214,11 +216,13 @@ def _given_plan(args: argparse.Namespace, world_size: int, config: ModelConfig) 
         given = ["--" + s.replace("_", "-") for s in sources + classic]
         raise CliError(f"{' and '.join(given)} given together: choose one plan source")
     if not sources:  # made and validated by the classic flags' plan maker
+        from .plan_source import plan_from_classic_flags  # noqa: PLC0415 - start-up time
         return plan_from_classic_flags(classic_layout_from_args(args), config, world_size)
     if args.plan:
         plan = Plan.load(args.plan)
     else:
         # Galvatron's --sequence_parallel is a run flag, not in its file: --sequence-parallel
+        from .planner import galvatron  # noqa: PLC0415 - start-up time
         plan = galvatron.plan_from_galvatron_config(args.galvatron_config, world_size=world_size,
                                                     sequence_parallel=args.sequence_parallel)
     if plan.world_size != world_size:
@@ -312,6 +316,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     estimate = _evaluate(setup, plan)
     print(_explain_text(setup, plan, estimate), end="")
     if args.plot:
+        from .plots import plot_plan  # noqa: PLC0415 - start-up time
         plot_plan(plan, args.plot, estimate.to_dict(), setup.budget_bytes)
         print(f"\nplot written to {args.plot}")
     return 0
@@ -329,12 +334,14 @@ def cmd_plot_metrics(args: argparse.Namespace) -> int:
                 raise CliError(f"{args.metrics_file}:{number}: not a JSON object ({err.msg}); "
                                f"pass the file written by --metrics-file") from None
     out = args.output or os.path.splitext(args.metrics_file)[0] + ".png"
+    from .plots import plot_metrics  # noqa: PLC0415 - start-up time
     plot_metrics(records, out)
     print(f"plot written to {out}")
     return 0
 
 
 def cmd_import_galvatron(args: argparse.Namespace) -> int:
+    from .planner import galvatron  # noqa: PLC0415 - start-up time
     did = []
     if bool(args.computation) != bool(args.memory):
         raise CliError("--computation and --memory go together (both Galvatron model profile "
@@ -407,13 +414,62 @@ _EPILOGS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+# The subcommands this module defines; the others (profiler, reproduce) come from their
+# packages, imported only when one of them runs or the full parser is asked for (--help).
+OWN_COMMANDS = ("plan", "evaluate", "explain", "import-galvatron", "plot-metrics")
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``megatron-auto`` parser. With ``command`` one of ``OWN_COMMANDS``, only that
+    subcommand is added (argparse reads only the chosen one's flags, so parsing is the same):
+    ``main`` does this to keep the planning commands' start-up short."""
     parser = argparse.ArgumentParser(
         prog="megatron-auto", description="Search, price and explain per-layer parallel plans.",
         allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     fmt = argparse.RawDescriptionHelpFormatter
 
+    def wanted(name: str) -> bool:
+        return command not in OWN_COMMANDS or command == name
+
+    if wanted("plan"):
+        _add_plan_parser(sub, fmt)
+    for name, func, help_text in (("evaluate", cmd_evaluate, "cost-model estimate of a plan"),
+                                  ("explain", cmd_explain, "human-readable plan report")):
+        if not wanted(name):
+            continue
+        q = sub.add_parser(name, help=help_text, epilog=_EPILOGS[name], formatter_class=fmt,
+                           allow_abbrev=False)
+        _add_common(q)
+        _add_plan_source(q)
+        if name == "explain":
+            q.add_argument("--plot", default=None, metavar="FILE",
+                           help="also draw the per-layer strategy map and per-stage memory and "
+                                "time (.png/.pdf/.svg; needs matplotlib, the 'plots' extra)")
+        if name == "evaluate":
+            q.add_argument("--json", action="store_true",
+                           help="print the estimate as JSON (the plan file's estimate fields)")
+            q.add_argument("--plan-out", default=None, metavar="FILE",
+                           help="also write the plan with this estimate")
+        q.set_defaults(func=func)
+    if wanted("import-galvatron"):
+        _add_import_galvatron_parser(sub, fmt)
+    if wanted("plot-metrics"):
+        m = sub.add_parser("plot-metrics", help="plot a --metrics-file: loss, throughput, "
+                                                "predicted against measured time and memory",
+                           allow_abbrev=False)
+        m.add_argument("metrics_file", metavar="METRICS.jsonl")
+        m.add_argument("--output", "-o", default=None, metavar="FILE",
+                       help="image to write (default: the metrics file with .png)")
+        m.set_defaults(func=cmd_plot_metrics)
+    if command not in OWN_COMMANDS:
+        from .reproduce.cli import add_reproduce_parser  # noqa: PLC0415 - start-up time
+        _add_profiler_subcommands(sub)
+        add_reproduce_parser(sub)
+    return parser
+
+
+def _add_plan_parser(sub: Any, fmt: Any) -> None:
     p = sub.add_parser("plan", help="search the fastest plan that fits and write it",
                        epilog=_EPILOGS["plan"], formatter_class=fmt, allow_abbrev=False)
     _add_common(p)
@@ -437,23 +493,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=cmd_plan)
 
-    for name, func, help_text in (("evaluate", cmd_evaluate, "cost-model estimate of a plan"),
-                                  ("explain", cmd_explain, "human-readable plan report")):
-        q = sub.add_parser(name, help=help_text, epilog=_EPILOGS[name], formatter_class=fmt,
-                           allow_abbrev=False)
-        _add_common(q)
-        _add_plan_source(q)
-        if name == "explain":
-            q.add_argument("--plot", default=None, metavar="FILE",
-                           help="also draw the per-layer strategy map and per-stage memory and "
-                                "time (.png/.pdf/.svg; needs matplotlib, the 'plots' extra)")
-        if name == "evaluate":
-            q.add_argument("--json", action="store_true",
-                           help="print the estimate as JSON (the plan file's estimate fields)")
-            q.add_argument("--plan-out", default=None, metavar="FILE",
-                           help="also write the plan with this estimate")
-        q.set_defaults(func=func)
 
+def _add_import_galvatron_parser(sub: Any, fmt: Any) -> None:
     r = sub.add_parser("import-galvatron", help="convert Galvatron profiles and plans",
                        epilog=_EPILOGS["import-galvatron"], formatter_class=fmt,
                        allow_abbrev=False)
@@ -487,20 +528,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--plan-out", metavar="FILE")
     r.set_defaults(func=cmd_import_galvatron)
 
-    m = sub.add_parser("plot-metrics", help="plot a --metrics-file: loss, throughput, predicted "
-                                            "against measured time and memory",
-                       allow_abbrev=False)
-    m.add_argument("metrics_file", metavar="METRICS.jsonl")
-    m.add_argument("--output", "-o", default=None, metavar="FILE",
-                   help="image to write (default: the metrics file with .png)")
-    m.set_defaults(func=cmd_plot_metrics)
-    _add_profiler_subcommands(sub)
-    add_reproduce_parser(sub)
-    return parser
-
 
 def _add_profiler_subcommands(sub: Any) -> None:
     """profile-model, profile-hardware and calibrate live with the profiler (it owns them)."""
+    from .profiler.cli import (  # noqa: PLC0415 - start-up time of the planning commands
+        add_calibrate_parser, add_profile_hardware_parser, add_profile_model_parser)
     add_profile_model_parser(sub, add_model_flags, model_config_from_flags)
     add_profile_hardware_parser(sub)
     add_calibrate_parser(sub)
@@ -508,9 +540,11 @@ def _add_profiler_subcommands(sub: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand; returns the exit status (0 ok, 2 bad input)."""
-    parser = build_parser()
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    # The first word names the subcommand (the top-level parser has no options but --help).
+    parser = build_parser(args_list[0] if args_list else None)
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(args_list)
     except SystemExit as exit_:  # argparse already printed its message
         return int(exit_.code or 0)
     if not getattr(args, "command", None):

@@ -104,6 +104,20 @@ def test_dp_equals_brute_force_on_random_instances(seed):
                 assert choice is None
 
 
+def test_memory_axis_stops_where_memory_no_longer_binds():
+    # Fast (time 1, 4 cells) and lean (time 3, 1 cell): three fast layers need 12 cells, so
+    # with a 1000-cell cap the DP runs over 0..12 only; every larger cap has the optimum 3.
+    layer = opts([4, 1], [1.0, 3.0], [0, 0])
+    tables = solve_stage([layer] * 3, np.zeros((1, 1)), 1000)
+    assert tables.solved_cells == 12 and tables.max_cells == 1000
+    assert tables.value(3, 11)[0] == pytest.approx(1.0 + 1.0 + 3.0)
+    for cap in (12, 13, 500, 1000):
+        assert tables.value(3, cap)[0] == pytest.approx(3.0)
+        assert tables.choices(3, cap) == [0, 0, 0]
+    # A strategy above the cap never counts: 2 cells, one layer -> the lean one.
+    assert solve_stage([layer], np.zeros((1, 1)), 2).value(1, 2)[0] == pytest.approx(3.0)
+
+
 def test_bad_options_are_rejected():
     with pytest.raises(ValueError, match="one entry per strategy"):
         LayerOptions(mem=np.array([1, 2]), cost=np.array([1.0]), aux=np.zeros((2, 1)),

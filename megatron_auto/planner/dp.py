@@ -20,6 +20,11 @@ compare it with brute force.
 One run answers every prefix length and every budget up to ``max_cells`` (``f`` is
 non-increasing in ``v``), which the search uses to price stages of any length and position with
 one DP per (layer-type sequence, micro-batches in flight, transient level).
+
+Where memory does not bind, the memory axis is cut short (exactly): a DP without memory first
+finds, for every prefix, an optimal path and its cells ``W_l``; ``best[l, v]`` is that optimum
+for every ``v >= W_l``, so the DP runs over ``0..max_l W_l`` cells only and the columns beyond
+repeat its last one.
 """
 
 from __future__ import annotations
@@ -76,6 +81,8 @@ class StageTables:
     best_aux: np.ndarray
     best_s: np.ndarray
     pred: list[np.ndarray]
+    # Cells the DP ran over (the columns of ``pred``); ``best`` repeats its last column beyond.
+    solved_cells: int | None = None
 
     @property
     def max_cells(self) -> int:
@@ -90,7 +97,7 @@ class StageTables:
 
     def choices(self, num_layers: int, cells: int) -> list[int] | None:
         """Strategy index of each of the first ``num_layers`` layers in the optimum, or None."""
-        cells = min(cells, self.max_cells)
+        cells = min(cells, self.max_cells if self.solved_cells is None else self.solved_cells)
         if cells < 0 or not np.isfinite(self.best[num_layers - 1, cells]):
             return None
         s = int(self.best_s[num_layers - 1, cells])
@@ -116,6 +123,8 @@ def solve_stage(layers: Sequence[LayerOptions], transition: np.ndarray,
     if max_cells < 0:
         raise ValueError(f"max_cells={max_cells}: must be >= 0")
     transition = np.asarray(transition, dtype=DTYPE)
+    full = max_cells + 1
+    max_cells = min(max_cells, _unconstrained_cells(layers, transition, max_cells))
     num_classes = transition.shape[0]
     width = max_cells + 1
     v = np.arange(width)
@@ -173,12 +182,49 @@ def solve_stage(layers: Sequence[LayerOptions], transition: np.ndarray,
         f, aux = f_new, aux_new
         preds.append(pred)                                           # (c, v)
         _record(layer, f, aux, v, best, best_aux, best_s)
+    if width < full:  # memory does not bind beyond max_cells: the last column repeats
+        pad = full - width
+        best = np.concatenate([best, np.repeat(best[:, -1:], pad, axis=1)], axis=1)
+        best_s = np.concatenate([best_s, np.repeat(best_s[:, -1:], pad, axis=1)], axis=1)
+        best_aux = np.concatenate([best_aux, np.repeat(best_aux[:, -1:], pad, axis=1)], axis=1)
     return StageTables(layers=list(layers), best=best, best_aux=best_aux, best_s=best_s,
-                       pred=preds)
+                       pred=preds, solved_cells=max_cells)
+
+
+def _unconstrained_cells(layers: Sequence[LayerOptions], transition: np.ndarray,
+                         max_cells: int) -> int:
+    """The most cells an optimal path of some prefix needs when memory is ignored (strategies
+    over ``max_cells`` left out); ``max_cells`` where some prefix has no path at all.
+
+    For each prefix, the DP without memory gives its optimum and the cells of one path that
+    reaches it: with at least that many cells the capped DP reaches the optimum too, and no
+    cap does better. So beyond the largest of these the capped DP's columns are all equal.
+    """
+    first = layers[0]
+    mem = np.asarray(first.mem, dtype=np.int64)
+    g = np.where(mem <= max_cells, np.asarray(first.cost, dtype=DTYPE), INF)
+    used = mem.copy()
+    need = 0
+    for layer in range(len(layers)):
+        if layer:
+            prev, opts = layers[layer - 1], layers[layer]
+            into = g[:, None] + transition[np.asarray(prev.cls)][:, opts.class_list]  # (s', c)
+            arg = into.argmin(axis=0)
+            col = {c: j for j, c in enumerate(opts.class_list.tolist())}
+            pick = np.array([col[c] for c in np.asarray(opts.cls).tolist()])
+            mem = np.asarray(opts.mem, dtype=np.int64)
+            g = np.where(mem <= max_cells, into[arg, np.arange(len(arg))][pick] + opts.cost, INF)
+            used = used[arg][pick] + mem
+        s = int(g.argmin())
+        if not np.isfinite(g[s]):
+            return max_cells
+        need = max(need, int(used[s]))
+    return need
 
 
 def _class_groups(cls: np.ndarray) -> list[tuple[int, np.ndarray]]:
-    return [(int(c), np.nonzero(cls == c)[0]) for c in np.unique(cls)]
+    # sorted(set()) rather than np.unique, which imports numpy.ma (tens of ms of start-up)
+    return [(c, np.nonzero(cls == c)[0]) for c in sorted(set(cls.tolist()))]
 
 
 def _record(layer: int, f: np.ndarray, aux: np.ndarray, v: np.ndarray, best: np.ndarray,

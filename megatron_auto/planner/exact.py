@@ -331,7 +331,7 @@ class TaskSearch:
             return 0.0
         cache = self.__dict__.setdefault("_nccl_cache", {})
         out = np.empty(len(cls))
-        for c in np.unique(cls):
+        for c in set(cls.tolist()):  # not np.unique: it imports numpy.ma (start-up time)
             key = (k, layouts, int(c))
             if key not in cache:
                 lay = task.tables.layouts[int(c)][0]

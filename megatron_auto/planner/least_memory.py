@@ -94,7 +94,7 @@ def _fronts(task: Task, window: tuple[int, ...], k_in: int, tau: float,
         qc = (q_prev[:, None] + q[None, :]).ravel()
         sel = _pareto(pc, qc)
         if len(sel) > MAX_FRONT:  # keep the extremes; see MAX_FRONT
-            sel = np.unique(np.concatenate([sel[:MAX_FRONT], sel[-1:]]))
+            sel = np.sort(np.concatenate([sel[:MAX_FRONT], sel[-1:]]))  # distinct indices
         out.persistent.append(pc[sel])
         out.step.append(qc[sel])
         out.parent.append(sel // len(p))

@@ -196,11 +196,17 @@ class Task:
 
     def cheap_bound(self, with_embedding: bool = True) -> float:
         """A lower bound on every plan's iteration time that needs no DP (memory ignored): each
-        layer at its fastest, stages perfectly balanced, the embedding/head at its own cost
-        (left out with ``with_embedding=False``: a weaker bound shared by every vocabulary
-        layout of the task's batch, pp and micro-batch count, that prices no embedding)."""
+        layer at its fastest, stages perfectly balanced, the embedding/head at its own cost.
+
+        ``with_embedding=False``: a weaker bound that prices nothing, shared by every
+        vocabulary layout of the task's batch, pp and micro-batch count: each layer's compute
+        alone (``compute_bound``). Tasks are sorted and cut by it, so the strategy tables of
+        a task are priced only when its compute can beat the best plan found."""
         key = ("_cheap", with_embedding)
         if key in self.__dict__:
+            return self.__dict__[key]
+        if not with_embedding:
+            self.__dict__[key] = self.compute_bound()
             return self.__dict__[key]
         order = self.spec.layer_order
         one = self.tables.one
@@ -218,6 +224,28 @@ class Task:
             out = least * (1 + (self.m - 1) / self.pp) + self.overhead
         self.__dict__[key] = out
         return out
+
+    def compute_bound(self) -> float:
+        """Lower bound on every plan's iteration time from the layers' compute alone.
+
+        A layer's time per micro-batch is at least its forward plus backward compute
+        (``cost_time.layer_time``: ``forward >= F`` and ``backward >= r F``, communication
+        only adds, recompute adds ``F``), ``F`` the profile's forward time at the strategy's
+        samples per rank and tp; the fastest over the task's tp degrees stands for the layer.
+        With one stage the iteration is at least ``m`` times their sum; with more, at least the
+        sum times ``1 + (m - 1) / pp`` (the largest stage is at least the mean). Everything else
+        (communication, sync tails, optimizer steps, embedding/head) is ``>= 0`` and left out;
+        the fixed step overhead is kept. Needs no strategy table."""
+        fastest = []
+        for t, lt in enumerate(self.spec.layer_types):
+            p = self.profile.layer_types[lt.name]
+            fastest.append(min((1.0 + p.backward_forward_ratio)
+                               * p.forward_time(self.b_m / (self.n // tp), tp)
+                               for tp in {s.tp for s in self.tables.strategies[t]}))
+        least = sum(fastest[t] for t in self.spec.layer_order)
+        if self.pp == 1:
+            return self.m * least + self.overhead
+        return least * (1 + (self.m - 1) / self.pp) + self.overhead
 
     # ------------------------------------------------------------------ bounds
     def cells_of(self, room: float) -> int:
