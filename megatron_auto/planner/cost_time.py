@@ -40,6 +40,20 @@ def overlap(comm: float, compute: float, slowdown: float) -> float:
     return max(comm, compute) + (slowdown - 1.0) * min(comm, compute)
 
 
+def zero_slowdown(cluster: Any) -> float:
+    """The ``g`` of :func:`overlap` for FSDP2's gathers and reduce-scatters (ZeRO-2/3).
+
+    On a GPU FSDP2 runs them on side streams, overlapped with compute: the cluster's
+    ``overlap_slowdown``. On a CPU it has no streams: each collective runs synchronously on the
+    compute thread, before (gather) or after (reduce-scatter) the unit's compute, so the two add
+    up, which is ``overlap`` with ``g = 2`` (``max + min``), whatever the measured slowdown of
+    truly concurrent work (the DDP buckets' asynchronous all-reduce keeps that one).
+    """
+    if str(getattr(cluster, "device_name", "")).startswith("cpu"):
+        return 2.0
+    return cluster.overlap_slowdown
+
+
 @dataclass(frozen=True)
 class TimeCost:
     """Seconds. ``forward``/``backward`` per micro-batch include the layer's own TP and ZeRO
@@ -239,10 +253,11 @@ def layer_time(profile: LayerTypeProfile, cluster: Any, layout: Layout, dp_mode:
     local = profile.local_parameters(tp)
     gather, scatter, allreduce, regather, after_step = _dp_times(
         cluster, local, dp, dp_mode, dp_group_consecutive(layout), stage_size, precision)
-    forward = overlap(gather, fwd, g) + tp_f
-    backward = overlap(gather + scatter, bwd, g) + tp_b
+    gz = zero_slowdown(cluster)
+    forward = overlap(gather, fwd, gz) + tp_f
+    backward = overlap(gather + scatter, bwd, gz) + tp_b
     exposed = overlap(allreduce, bwd, g) - bwd if allreduce > 0 else 0.0
-    exposed += overlap(regather, fwd, g) - fwd if regather > 0 else 0.0
+    exposed += overlap(regather, fwd, gz) - fwd if regather > 0 else 0.0
     return TimeCost(forward, backward, allreduce + regather, exposed, fwd + bwd,
                     tp_f + tp_b, 2 * gather + scatter,
                     _optimizer_time(cluster, local, dp, dp_mode) + after_step)
@@ -298,10 +313,11 @@ def embedding_time(profile: EmbeddingProfile, cluster: Any, vocab_tp: int, dp_mo
     if profile.tied and pp > 1:
         tied = cluster.allreduce_time(GRAD_BYTES * profile.embedding_parameters / vocab_tp, 2,
                                       False)
-    forward = overlap(gather, fwd, g) + (tp_ar if first else 0.0) + loss_comm
-    backward = overlap(gather + scatter, bwd, g) + (tp_ar if last else 0.0)
+    gz = zero_slowdown(cluster)
+    forward = overlap(gather, fwd, gz) + (tp_ar if first else 0.0) + loss_comm
+    backward = overlap(gather + scatter, bwd, gz) + (tp_ar if last else 0.0)
     exposed = (overlap(allreduce, bwd, g) - bwd if allreduce > 0 else 0.0) + tied
-    exposed += overlap(regather, fwd, g) - fwd if regather > 0 else 0.0
+    exposed += overlap(regather, fwd, gz) - fwd if regather > 0 else 0.0
     return TimeCost(forward, backward, allreduce + tied + regather, exposed, fwd + bwd, tp_comm,
                     2 * gather + scatter,
                     _optimizer_time(cluster, num_params, dp, dp_mode) + after_step)

@@ -279,11 +279,18 @@ def zero_collectives(device: torch.device, sizes: Sequence[int], warmup: int, it
 
     The runtime's ZeRO is FSDP2 (``parallel/data_parallel.py``), whose collectives carry more
     than the raw all-gather: copy-in/copy-out of the flat buffer, DTensor bookkeeping, the
-    pre/post hooks. So this times ``num_modules`` layer-like units (:func:`_layer_like`) under
-    ``fully_shard`` (resharding after forward, as ``zero3``) on a single input row, minus the
-    same units unsharded: forward = one gather per unit, backward = a gather and a
-    reduce-scatter per unit. Both variants run a :func:`compute_gap` between the units in
-    forward and in backward, as a model's layers do. Empty on a world of one.
+    pre/post hooks. So this runs one forward and backward of ``num_modules`` layer-like units
+    (:func:`_layer_like`, a :func:`compute_gap` before each in both directions, as between a
+    model's layers) in the runtime's three ways: unsharded, ``zero2`` (``fully_shard`` keeping
+    the parameters gathered from forward to the end of backward: one gather per unit in forward,
+    one reduce-scatter per unit in backward) and ``zero3`` (resharding after forward: the
+    forward's gathers are the same). Per unit, ``gather`` = the sharded forwards minus the
+    unsharded one, ``scatter`` = the ``zero2`` backward minus the unsharded one: each a
+    collective alone, not one inferred from another. The three run in turn inside each round
+    (so a change of load hits all of them), each round's time is the slowest rank's (it paces a
+    step; taking the maximum of per-rank differences instead counts every rank's scheduler noise
+    as communication), and the median of the rounds' differences is kept. Empty on a world of
+    one.
     """
     if not dist.is_initialized() or dist.get_world_size() < 2:
         return []
@@ -293,40 +300,58 @@ def zero_collectives(device: torch.device, sizes: Sequence[int], warmup: int, it
     world = dist.get_world_size()
     mesh = init_device_mesh(device.type, (world,))
     gap = compute_gap(device)
-    out = []
+    modes = ("plain", "zero2", "zero3")
+    sizes_out, samples = [], []  # samples: per size, per mode, (forward, backward) per round
     for nbytes in sizes:
         width = max(world, int((nbytes // 16) ** 0.5) // world * world)  # 4 w^2 fp32 weights
-        per_mode = {}
-        for sharded in (False, True):
+        variants = {}
+        for mode in modes:
             torch.manual_seed(0)
             units = torch.nn.ModuleList([_layer_like(width, device) for _ in range(num_modules)])
-            if sharded:
+            if mode != "plain":
                 for unit in units:
-                    fully_shard(unit, mesh=mesh, reshard_after_forward=True)
+                    fully_shard(unit, mesh=mesh, reshard_after_forward=mode == "zero3")
                     unit.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
-            x = torch.randn(1, width, device=device)
-            fwd, bwd = [], []
-            for i in range(warmup + iters):
-                world_barrier(device)
-                start = time.perf_counter()
-                y = x
-                for unit in units:  # compute between the units, as between a model's layers
-                    y = unit(_ComputeGap.apply(y, gap))
-                sync(device)
-                middle = time.perf_counter()
-                y.sum().backward()
-                sync(device)
+            variants[mode] = units
+        x = torch.randn(1, width, device=device)
+        rounds: dict[str, list[tuple[float, float]]] = {mode: [] for mode in modes}
+        for i in range(warmup + iters):
+            for mode in modes:
+                timed = _units_step(variants[mode], x, gap, device)
                 if i >= warmup:
-                    fwd.append(middle - start)
-                    bwd.append(time.perf_counter() - middle)
-            per_mode[sharded] = (float(np.median(fwd)), float(np.median(bwd)))
-            del units
-        (f0, b0), (f1, b1) = per_mode[False], per_mode[True]
-        gather = max(1e-7, (f1 - f0) / num_modules)
-        scatter = max(1e-7, (b1 - b0) / num_modules - gather)
-        out.append((4 * (4 * width * width + 8 * width), gather, scatter))
-    times = world_max([t for _, g, s in out for t in (g, s)], device)
-    return [(b, times[2 * i], times[2 * i + 1]) for i, (b, _, _) in enumerate(out)]
+                    rounds[mode].append(timed)
+        del variants
+        sizes_out.append(4 * (4 * width * width + 8 * width))
+        samples.append(rounds)
+    flat = [t for rounds in samples for mode in modes for pair in rounds[mode] for t in pair]
+    flat = world_max(flat, device)  # each round's forward/backward as the slowest rank took it
+    out, pos = [], 0
+    for nbytes, rounds in zip(sizes_out, samples):
+        per_mode = {}
+        for mode in modes:
+            n = len(rounds[mode])
+            per_mode[mode] = np.asarray(flat[pos:pos + 2 * n]).reshape(n, 2)
+            pos += 2 * n
+        plain, zero2, zero3 = per_mode["plain"], per_mode["zero2"], per_mode["zero3"]
+        gather = np.median(((zero2[:, 0] + zero3[:, 0]) / 2 - plain[:, 0]) / num_modules)
+        scatter = np.median((zero2[:, 1] - plain[:, 1]) / num_modules)
+        out.append((nbytes, max(1e-7, float(gather)), max(1e-7, float(scatter))))
+    return out
+
+
+def _units_step(units: torch.nn.ModuleList, x: torch.Tensor, gap: Callable[[], None],
+                device: torch.device) -> tuple[float, float]:
+    """Seconds of one forward and one backward through ``units``, from a barrier."""
+    world_barrier(device)
+    start = time.perf_counter()
+    y = x
+    for unit in units:  # compute between the units, as between a model's layers
+        y = unit(_ComputeGap.apply(y, gap))
+    sync(device)
+    middle = time.perf_counter()
+    y.sum().backward()
+    sync(device)
+    return middle - start, time.perf_counter() - middle
 
 
 def _layer_like(width: int, device: torch.device) -> torch.nn.Module:

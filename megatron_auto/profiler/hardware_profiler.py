@@ -59,8 +59,9 @@ CPU_OPTIMIZER_COUNTS = (1 << 17, 1 << 20)
 GPU_OPTIMIZER_COUNTS = (1 << 22, 1 << 26)
 # What a profile measures; part of --auto-parallel's cache key, so that a profile cached by an
 # older profiler is measured again instead of silently lacking its changes (revision 2: ZeRO and
-# optimizer-step timings; 3: communication timed after compute, as a step issues it).
-PROFILER_REVISION = 3
+# optimizer-step timings; 3: communication timed after compute, as a step issues it; 4: ZeRO
+# gather and reduce-scatter each measured directly, the unit variants interleaved per round).
+PROFILER_REVISION = 4
 _KNOWN_GPUS = (("H200", "h200-141g"), ("H100", "h100-80g"), ("A100", None))
 
 
