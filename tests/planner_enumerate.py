@@ -8,8 +8,10 @@ changes the groups (``1 < tp < stage``), every DP flavour (ddp, zero1, zero2, ze
 is more than one replica, Megatron sequence parallelism on or off where ``tp > 1`` divides the
 sequence, recompute on or off; the vocabulary every TP degree dividing the stage and the
 vocabulary with every DP flavour. A data-parallel degree must divide the micro-batch. Schedule
-1F1B without interleaving (the search tries interleaving on its answer only; the exhaustive test
-turns that off to compare the exact part).
+1F1B, plain and interleaved: with ``pp > 1`` and ``m`` a multiple of ``pp`` (the interleaved
+schedule's rule) every virtual size ``v`` of ``VIRTUAL_SIZES`` (the search's default) that
+leaves at least one layer per chunk, and every split of the layers into the ``pp v`` chunks
+(uneven included; chunk ``c`` on stage ``c mod pp``).
 
 This module deliberately does not import the planner's strategy code: it is the reference the
 search is compared with.
@@ -23,6 +25,7 @@ from typing import Iterator
 from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy
 
 DP_MODES = ("ddp", "zero1", "zero2", "zero3")
+VIRTUAL_SIZES = (2, 4)
 
 
 def _powers(n: int) -> list[int]:
@@ -35,8 +38,9 @@ def compositions(n: int, k: int) -> Iterator[tuple[int, ...]]:
         yield tuple(b - a for a, b in zip(bounds, bounds[1:]))
 
 
-def layer_choices(spec, n: int, b_m: int, devices_per_node: int,
-                  layer_type) -> list[LayerStrategy]:
+def layer_choices(spec, n: int, b_m: int, devices_per_node: int, layer_type,
+                  dp_modes: tuple[str, ...] = DP_MODES,
+                  recompute: tuple[bool, ...] = (False, True)) -> list[LayerStrategy]:
     out = []
     for tp in _powers(n):
         if tp > devices_per_node or layer_type.num_attention_heads % tp \
@@ -46,67 +50,87 @@ def layer_choices(spec, n: int, b_m: int, devices_per_node: int,
         if b_m % dp:
             continue
         for consec in ((True, False) if 1 < tp < n else (True,)):
-            for mode in (DP_MODES if dp > 1 else ("ddp",)):
+            for mode in (dp_modes if dp > 1 else ("ddp",)):
                 for sp in ((False, True) if tp > 1 and layer_type.seq_length % tp == 0
                            else (False,)):
-                    for rc in (False, True):
+                    for rc in recompute:
                         out.append(LayerStrategy(tp=tp, dp_mode=mode, tp_consecutive=consec,
                                                  recompute=rc, sequence_parallel=sp))
     return out
 
 
-def vocab_choices(spec, n: int, b_m: int, devices_per_node: int) -> list[VocabStrategy]:
+def vocab_choices(spec, n: int, b_m: int, devices_per_node: int,
+                  dp_modes: tuple[str, ...] = DP_MODES) -> list[VocabStrategy]:
     out = []
     for tp in _powers(n):
         if tp > devices_per_node or spec.vocab_size % tp or b_m % (n // tp):
             continue
-        for mode in (DP_MODES if n // tp > 1 else ("ddp",)):
+        for mode in (dp_modes if n // tp > 1 else ("ddp",)):
             out.append(VocabStrategy(tp=tp, dp_mode=mode))
     return out
 
 
-def all_plans(spec, global_batch: int, world: int, devices_per_node: int) -> Iterator[Plan]:
-    """Every plan of the full space (see the module docstring)."""
+def virtual_sizes(layers: int, pp: int, m: int) -> list[int]:
+    """1 and every interleaved virtual size a (pp, m) admits (module docstring)."""
+    if pp == 1 or m % pp:
+        return [1]
+    return [1] + [v for v in VIRTUAL_SIZES if pp * v <= layers]
+
+
+def all_plans(spec, global_batch: int, world: int, devices_per_node: int,
+              **restrict) -> Iterator[Plan]:
+    """Every plan of the full space (see the module docstring), or of the sub-space that
+    ``restrict`` names as the search options do: ``pp`` (one degree), ``dp_modes`` (layers and
+    vocabulary), ``recompute`` (the values allowed)."""
     layers = spec.num_layers
+    dp_modes = restrict.get("dp_modes", DP_MODES)
+    recompute = restrict.get("recompute", (False, True))
     for pp in _powers(world):
-        if pp > layers:
+        if pp > layers or restrict.get("pp", pp) != pp:
             continue
         n = world // pp
         for m in range(1, global_batch + 1):
             if global_batch % m:
                 continue
             b_m = global_batch // m
-            per_type = [layer_choices(spec, n, b_m, devices_per_node, lt)
+            per_type = [layer_choices(spec, n, b_m, devices_per_node, lt, dp_modes, recompute)
                         for lt in spec.layer_types]
-            vocabs = vocab_choices(spec, n, b_m, devices_per_node)
+            vocabs = vocab_choices(spec, n, b_m, devices_per_node, dp_modes)
             choices = [per_type[spec.layer_order[i]] for i in range(layers)]
             if not vocabs or not all(choices):
                 continue
-            for part in compositions(layers, pp):
-                pipe = PipelineSpec(size=pp, schedule="1f1b", layers_per_stage=part)
-                for combo in itertools.product(*choices):
-                    for vocab in vocabs:
-                        yield Plan(world_size=world, global_batch_size=global_batch,
-                                   num_microbatches=m, pipeline=pipe, vocab=vocab,
-                                   layers=tuple(combo), model=spec.plan_model_record())
+            for v in virtual_sizes(layers, pp, m):
+                for part in compositions(layers, pp * v):
+                    pipe = PipelineSpec(size=pp, schedule="1f1b", layers_per_stage=part,
+                                        virtual_size=v)
+                    for combo in itertools.product(*choices):
+                        for vocab in vocabs:
+                            yield Plan(world_size=world, global_batch_size=global_batch,
+                                       num_microbatches=m, pipeline=pipe, vocab=vocab,
+                                       layers=tuple(combo), model=spec.plan_model_record())
 
 
-def count_plans(spec, global_batch: int, world: int, devices_per_node: int) -> int:
+def count_plans(spec, global_batch: int, world: int, devices_per_node: int,
+                **restrict) -> int:
+    """How many plans :func:`all_plans` yields (without building them)."""
     total = 0
     layers = spec.num_layers
+    dp_modes = restrict.get("dp_modes", DP_MODES)
+    recompute = restrict.get("recompute", (False, True))
     for pp in _powers(world):
-        if pp > layers:
+        if pp > layers or restrict.get("pp", pp) != pp:
             continue
         n = world // pp
         for m in range(1, global_batch + 1):
             if global_batch % m:
                 continue
             b_m = global_batch // m
-            per_type = [len(layer_choices(spec, n, b_m, devices_per_node, lt))
-                        for lt in spec.layer_types]
-            v = len(vocab_choices(spec, n, b_m, devices_per_node))
+            per_type = [len(layer_choices(spec, n, b_m, devices_per_node, lt, dp_modes,
+                                          recompute)) for lt in spec.layer_types]
+            v = len(vocab_choices(spec, n, b_m, devices_per_node, dp_modes))
             prod = 1
             for i in range(layers):
                 prod *= per_type[spec.layer_order[i]]
-            total += prod * v * sum(1 for _ in compositions(layers, pp))
+            total += prod * v * sum(1 for w in virtual_sizes(layers, pp, m)
+                                    for _ in compositions(layers, pp * w))
     return total

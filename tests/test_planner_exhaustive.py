@@ -6,8 +6,8 @@ of the enumerated plans that fit the budget (relative 1e-9) and ``evaluate`` con
 with and without the baseline spaces. Below the enumerated least peak the search raises
 ``InfeasibleError`` with a minimum between that least peak and 1 % above it, and searching at the
 reported minimum succeeds. Budgets: several fractions of the least peak, from binding at the
-minimum to not binding at all. Interleaving is off in these searches: the search tries it on its
-answer only (a heuristic choice per plan, not part of the exact claim).
+minimum to not binding at all. Interleaving is part of the space: the enumeration holds every
+virtual size and chunk split (``planner_enumerate``), the search its default virtual sizes.
 """
 
 from __future__ import annotations
@@ -25,23 +25,49 @@ from planner_enumerate import all_plans
 
 pytestmark = [pytest.mark.pure, pytest.mark.exhaustive]
 
-# (devices, layers, precision, global batch) and their plan counts with zero1 and sequence
-# parallelism in the space (planner_enumerate.count_plans): 54,880 plans in all.
+# (devices, layers, precision, global batch, attention heads, sub-space) and their plan counts
+# with zero1, sequence parallelism and interleaving in the space (planner_enumerate.count_plans;
+# the sub-space restricts search and enumeration alike): 93,036 plans in all. Interleaving needs
+# pp * v <= layers with pp, v >= 2, so the 4-layer instances hold it (v = 2, uneven chunks
+# wherever the count allows); one head keeps the first one's pp = 1 plans (every TP layout
+# would be 12 per layer) within the time, the last one pins pp = 2 so that its interleaved
+# stages have two ranks (TP, SP and ZeRO inside the chunks) within the plan limit.
+NO_RECOMPUTE = dict(pp=2, dp_modes=("ddp", "zero1", "zero3"), recompute=(False,))
 INSTANCES = [
-    (2, 4, "fp32", 1),    # 304
-    (2, 3, "fp32", 4),    # 17,392
-    (4, 3, "fp32", 1),    # 192
-    (4, 2, "bf16", 4),    # 25,376
-    (8, 2, "fp32", 2),    # 11,616
+    (2, 4, "fp32", 1, 4, None),           # 304
+    (2, 3, "fp32", 4, 4, None),           # 17,392
+    (4, 3, "fp32", 1, 4, None),           # 192
+    (4, 2, "bf16", 4, 4, None),           # 25,376
+    (8, 2, "fp32", 2, 4, None),           # 11,616
+    (2, 4, "bf16", 2, 1, None),           # 20,592, 16 of them interleaved
+    (4, 4, "fp32", 4, 4, NO_RECOMPUTE),   # 17,564, 5,056 of them interleaved
 ]
 BUDGET_FRACTIONS = (1.0, 1.01, 1.05, 1.2, 1.6, 3.0)
 _CACHE: dict = {}
 
 
-def instance(world, layers, precision, batch):
-    key = (world, layers, precision, batch)
+def _id(case):
+    world, layers, precision, batch, heads, restrict = case
+    return f"{world}dev-{layers}L-{precision}-B{batch}" + (f"-h{heads}" if heads != 4 else "") \
+        + ("-pp2-norecompute" if restrict else "")
+
+
+def _options(case, **kw):
+    restrict = case[5] or {}
+    pins = {}
+    if "pp" in restrict:
+        pins["pp"] = restrict["pp"]
+    if "dp_modes" in restrict:
+        pins["dp_modes"] = restrict["dp_modes"]
+    if "recompute" in restrict:
+        pins["allow_recompute"] = True in restrict["recompute"]
+    return SearchOptions(show_progress=False, **pins, **kw)
+
+
+def instance(world, layers, precision, batch, heads, restrict):
+    key = (world, layers, precision, batch, heads, tuple(sorted((restrict or {}).items())))
     if key not in _CACHE:
-        spec = ModelSpec.uniform(layers, 64, 4, 32, 128, name="gpt")
+        spec = ModelSpec.uniform(layers, 64, heads, 32, 128, name="gpt")
         training = TrainingSpec(batch, precision)
         # A small reserve so that the model's own memory decides which plans fit; the preset's
         # GPU terms stay on (fused AdamW, 5 % fragmentation), the NCCL communicators scaled
@@ -52,42 +78,74 @@ def instance(world, layers, precision, batch):
                                       nccl_communicator_bytes=5e3)
         profile = analytic_profile(spec, training, cluster)
         priced = []
-        for plan in all_plans(spec, batch, world, cluster.devices_per_node):
+        for plan in all_plans(spec, batch, world, cluster.devices_per_node, **(restrict or {})):
             est = evaluate(plan, spec, training, cluster, profile)
-            priced.append((est.iteration_time_s, est.peak_memory_bytes))
+            priced.append((est.iteration_time_s, est.peak_memory_bytes, plan.virtual_size))
         _CACHE[key] = (spec, training, cluster, profile, priced)
     return _CACHE[key]
 
 
-def optimum(priced, budget):
-    fits = [t for t, peak in priced if peak <= budget]
+def optimum(priced, budget, interleaved=None):
+    """Least iteration time within ``budget`` (of the interleaved plans only, or of the plain
+    ones only, when ``interleaved`` says so)."""
+    fits = [t for t, peak, v in priced if peak <= budget
+            and (interleaved is None or (v > 1) == interleaved)]
     return min(fits) if fits else None
 
 
-@pytest.mark.parametrize("case", INSTANCES, ids=lambda c: "{}dev-{}L-{}-B{}".format(*c))
+def _check(result, best, spec, training, cluster, profile, budget, what):
+    again = evaluate(result.plan, spec, training, cluster, profile, budget)
+    assert again.feasible, what
+    assert again.iteration_time_s == pytest.approx(result.estimate.iteration_time_s, rel=1e-12)
+    assert result.estimate.iteration_time_s == pytest.approx(best, rel=1e-9), \
+        (what, result.estimate.iteration_time_s / best - 1)
+    assert result.plan.search["proven_optimal"] is True
+
+
+@pytest.mark.parametrize("case", INSTANCES, ids=_id)
 def test_search_equals_the_enumerated_optimum(case):
     spec, training, cluster, profile, priced = instance(*case)
-    least = min(peak for _, peak in priced)
+    least = min(peak for peak in (p for _, p, _ in priced))
     assert len(priced) <= 2 * 10 ** 5
     for fraction in BUDGET_FRACTIONS:
         budget = int(math.ceil(least * fraction))
         best = optimum(priced, budget)
         for baselines in (False, True):
             result = search(spec, training, cluster, profile, budget,
-                            SearchOptions(show_progress=False, include_baselines=baselines,
-                                          virtual_sizes=(1,)))
-            again = evaluate(result.plan, spec, training, cluster, profile, budget)
-            assert again.feasible, (fraction, baselines)
-            assert result.estimate.iteration_time_s == pytest.approx(best, rel=1e-9), \
-                (fraction, baselines, result.estimate.iteration_time_s / best - 1)
-            assert result.plan.search["proven_optimal"] is True
+                            _options(case, include_baselines=baselines))
+            _check(result, best, spec, training, cluster, profile, budget,
+                   (fraction, baselines))
+        # interleaving off, and pinned: the optimum of the plain plans, of the interleaved ones
+        plain = search(spec, training, cluster, profile, budget,
+                       _options(case, include_baselines=False, virtual_sizes=(1,)))
+        _check(plain, optimum(priced, budget, False), spec, training, cluster, profile, budget,
+               (fraction, "v=1"))
+        inter = optimum(priced, budget, True)
+        if inter is not None:
+            pinned = search(spec, training, cluster, profile, budget,
+                            _options(case, include_baselines=False, virtual_sizes=(2,)))
+            assert pinned.plan.virtual_size == 2
+            _check(pinned, inter, spec, training, cluster, profile, budget, (fraction, "v=2"))
 
 
-@pytest.mark.parametrize("case", INSTANCES, ids=lambda c: "{}dev-{}L-{}-B{}".format(*c))
+def test_the_instances_hold_interleaved_optima():
+    # Not a vacuous v dimension: at some budget of the instances the optimum is interleaved.
+    wins = []
+    for case in INSTANCES:
+        _, _, _, _, priced = instance(*case)
+        least = min(p for _, p, _ in priced)
+        for fraction in BUDGET_FRACTIONS:
+            budget = least * fraction
+            best = min((t, v) for t, p, v in priced if p <= budget)
+            wins.append(best[1] > 1)
+    assert any(wins)
+
+
+@pytest.mark.parametrize("case", INSTANCES, ids=_id)
 def test_infeasible_minimum_is_the_enumerated_least_peak(case):
     spec, training, cluster, profile, priced = instance(*case)
-    least = min(peak for _, peak in priced)
-    options = SearchOptions(show_progress=False, include_baselines=False, virtual_sizes=(1,))
+    least = min(p for _, p, _ in priced)
+    options = _options(case, include_baselines=False)
     with pytest.raises(InfeasibleError, match="least memory") as info:
         search(spec, training, cluster, profile, int(least * 0.999), options)
     reported = info.value.min_memory_bytes

@@ -21,6 +21,24 @@ Why nothing better is pruned (each argument is tested by enumeration, tests/test
   any sum, maximum or transition, so within such a run strategy indices never decrease.
 - Ties: a branch whose bound is within ``TIE`` of the best is cut (the answer is optimal to
   that relative precision, far below the cost model's).
+
+Interleaved tasks (``task.v > 1``): the walk is over the ``pp v`` model chunks in model order
+(chunk ``c`` on stage ``c mod pp``, lengths from 1, every split), with the same arguments:
+
+- Bounds: ``J_b`` with the interleaved weights (tasks module: ``sum_k C_k / v + (m - 1/v)
+  C_b + step_b + tail_0 + overhead`` is at most ``cost_time.pipeline_time``'s iteration time
+  because the fill ``sum_k max_j c_{k,j}`` is at least ``sum_k C_k / v``); additive over
+  chunks, so the chunk-level DP and ``Task.future`` over chunk positions bound it as above.
+  The Alpa-form bound is not used (a weaker bound, still correct).
+- Memory: a stage's persistent bytes, largest transient, step peak and NCCL layouts carry
+  from its earlier chunks into its later ones; each chunk's activations are charged at
+  ``interleaving.chunk_in_flight`` (one count vector the schedule passes through, at most the
+  peak mix ``evaluate_plan`` charges). A cut adds only the least bytes of the current chunk's
+  remaining layers (the stage's later chunks add at least nothing).
+- Symmetry only inside a chunk (chunks of one stage hold different in-flight counts).
+- Seeds: the incumbent and, while there is none, the plain sibling task's seeds, each cut into
+  ``v`` chunks per stage (``interleaving.interleaved_variant``); leaves are priced by
+  ``evaluate_plan`` as for ``v = 1``.
 """
 
 from __future__ import annotations
@@ -31,10 +49,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..plan import LayerStrategy, PipelineSpec, Plan, even_partition
+from ..plan import LayerStrategy, PipelineSpec, Plan
 from .cost_model import Estimate, evaluate_plan
-from .dp import LayerOptions, solve_stage
 from .gpu_terms import group_count
+from .interleaving import interleaved_variant
 from .model_spec import TrainingSpec
 from .seed import seed_plans
 from .tasks import Task, Weights
@@ -95,12 +113,15 @@ class TaskSearch:
         self.limit = task.budget * (1 + MEMORY_SLACK) - task.cluster.memory_reserve_bytes
         self.chosen: list[LayerStrategy] = []
         self.lengths: list[int] = []
-        self.prev_last: tuple[int, int] | None = None  # (type, class) ending the last stage
-        self._weights = [task.weight_arrays(k) for k in range(task.pp)]
+        self.prev_last: tuple[int, int] | None = None  # (type, class) ending the last chunk
+        # Interleaved: the memory a stage's earlier chunks placed (persistent, transient,
+        # step peak, layouts), carried into its next chunk.
+        self.stage_mem: list[tuple[float, float, float, frozenset] | None] = [None] * task.pp
+        self._weights = [task.weight_arrays(k) for k in range(task.chunks)]
         self.sum_max = None
-        # Branches sharing the weights of stage k (at most two kinds: bottleneck or not).
+        # Branches sharing the weights of position k (at most two kinds: bottleneck or not).
         self._pairs = []
-        for k in range(task.pp):
+        for k in range(task.chunks):
             alpha, beta, _ = self._weights[k]
             pairs = []
             for pair in sorted(set(zip(alpha.tolist(), beta.tolist()))):
@@ -117,7 +138,7 @@ class TaskSearch:
         if "_least_bytes" not in task.__dict__:
             order = np.asarray(task.spec.layer_order)
             out = {}
-            for k in range(task.pp):
+            for k in range(task.chunks):
                 k_in = task.in_flight[k]
                 types = range(len(task.spec.layer_types))
                 per_p = np.array([task.tables.costs(t, k_in).persistent.min() for t in types])
@@ -134,11 +155,26 @@ class TaskSearch:
     def seed(self) -> bool:
         """Price the heuristic plans of ``seed.seed_plans`` (the pinned partition, if any):
         incumbents found fast, so that bounds prune from the start; the answer is still the
-        search's. True if one of them fits the budget."""
+        search's. True if one of them fits the budget. Interleaved tasks take the incumbent
+        and (while there is none) the seeds of their non-interleaved sibling, each cut into
+        ``v`` chunks per stage (``interleaving.interleaved_variant``)."""
         self.task.on_new_table = self._check_deadline
         fits = False
+        task = self.task
         try:
-            for plan in seed_plans(self.task, self.partition):
+            if task.v == 1:
+                plans = seed_plans(task, self.partition)
+            else:
+                plans = [self.best.plan] if self.best.plan is not None else []
+                if self.best.plan is None:
+                    plans += seed_plans(task.sibling(), None)
+                plans = [interleaved_variant(p, task.v) for p in plans
+                         if (p.pp_size, p.num_microbatches, p.vocab, p.global_batch_size)
+                         == (task.pp, task.m, task.vocab, task.global_batch)]
+                plans = [p for p in plans if p is not None and (
+                    self.partition is None
+                    or tuple(p.pipeline.layers_per_stage) == tuple(self.partition))]
+            for plan in plans:
                 fits = self.offer(plan) or fits
         except _Stopped:
             self.best.stopped = True
@@ -163,7 +199,7 @@ class TaskSearch:
         """Search the task; the incumbent is updated in place (``stopped`` if cut short)."""
         self.known = (0.0, 0.0, 0.0)  # completed stages: sum C + tail_0, max C, max step
         task = self.task
-        if self.partition is not None or task.pp == 1:
+        if task.v == 1 and (self.partition is not None or task.pp == 1):
             if all(len(task.costs(k, i)) == 1 for k in range(task.pp)
                    for i in range(task.num_layers)):
                 # One strategy per layer and one partition: the task has one plan.
@@ -177,14 +213,15 @@ class TaskSearch:
                 self._leaf()
                 self.chosen, self.lengths = [], []
                 return
-        if self.best.plan is None:
+        if self.best.plan is None or task.v > 1:
             self.seed()
         self.task.on_new_table = self._check_deadline  # DP tables are the slow part
         try:
             if self.task.root_bound() >= self.threshold():
                 return
             self.futures = np.stack([self.task.future(b) for b in self.task.branches])
-            self.sum_max = self.task.sum_max() if self.task.pp > 1 else None
+            # bound 2 (the Alpa form) is for v = 1; interleaved tasks prune with J_b alone
+            self.sum_max = self.task.sum_max() if self.task.pp > 1 and task.v == 1 else None
             self._stage(0, 0, np.zeros(len(self.task.branches)))
         except _Stopped:
             self.best.stopped = True
@@ -193,9 +230,10 @@ class TaskSearch:
 
     # ------------------------------------------------------------------ stages
     def _stage(self, k: int, start: int, acc: np.ndarray) -> None:
+        """Chunk position ``k`` (a stage unless interleaved) from layer ``start``."""
         task = self.task
-        L, pp = task.num_layers, task.pp
-        left = L - start - (pp - 1 - k)  # the longest this stage can be
+        L, pp = task.num_layers, task.chunks
+        left = L - start - (pp - 1 - k)  # the longest this chunk can be
         if self.partition is not None:
             lengths = [self.partition[k]] if self.partition[k] <= left else []
         else:
@@ -223,14 +261,18 @@ class TaskSearch:
                 break
             length = int(lens[j])
             e = task.emb[k]
-            layouts = set()
-            if k in (0, task.pp - 1):
-                layouts.add((task.vocab.tp, True))
-            if self.prev_last is not None:
+            stage = task.stage_of(k)
+            prev = self.stage_mem[stage]
+            if prev is None:  # the stage's first chunk
+                layouts = {(task.vocab.tp, True)} if stage in (0, task.pp - 1) else set()
+                prev = (0.0, 0.0, 0.0, frozenset(layouts))
+            layouts = set(prev[3])
+            if self.prev_last is not None:  # this chunk's input layout (gpu_terms)
                 lay = task.tables.layouts[self.prev_last[1]][0]
                 layouts.add((lay.tp, lay.consecutive))
-            state = _StageState(e.microbatch, e.optimizer, e.exposed_sync, e.persistent,
-                                e.transient, e.step_floor, -1, -1, -1, frozenset(layouts))
+            state = _StageState(e.microbatch, e.optimizer, e.exposed_sync,
+                                prev[0] + e.persistent, max(prev[1], e.transient),
+                                prev[2] + e.step_floor, -1, -1, -1, frozenset(layouts))
             self.lengths.append(length)
             self._layer(k, start, length, 0, state, acc)
             self.lengths.pop()
@@ -247,15 +289,15 @@ class TaskSearch:
         cls = task.classes(k, i)
         # NCCL communicators grow with the set of layouts a stage uses (gpu_terms): the layouts
         # so far plus the candidate's give a floor for every plan below (0 where not modelled).
-        limit = self.limit - self._nccl(k, st.layouts, cls)
-        r = length - j - 1  # layers of this stage still to place
+        limit = self.limit - self._nccl(task.stage_of(k), st.layouts, cls)
+        r = length - j - 1  # layers of this chunk still to place
         if j > 0:
             trans = task.relayout[t][st.last_class, cls]
         elif self.prev_last is not None:
             trans = task.boundary[t][self.prev_last[1], cls]
         else:
             trans = task.vocab_moves(t)[0][cls]  # embedding -> first layer
-        if r == 0 and k == task.pp - 1:
+        if r == 0 and k == task.chunks - 1:
             trans = trans + task.vocab_moves(t)[1][cls]  # last layer -> head
         elif r == 0:
             trans = trans + task.sp_leave[t][cls]  # a stage's SP run ends before the hop
@@ -312,15 +354,23 @@ class TaskSearch:
                 self._layer(k, start, length, j + 1, nxt, acc)
             else:
                 done = acc + alpha * micro[s] + beta * opt[s] + gamma * exp[s]
-                if k == task.pp - 1:
+                if k == task.chunks - 1:
                     self._leaf()
                 else:
                     saved, known = self.prev_last, self.known
+                    stage = task.stage_of(k)
+                    saved_mem = self.stage_mem[stage]
+                    if task.v > 1:
+                        lay = task.tables.layouts[int(cls[s])][0]
+                        self.stage_mem[stage] = (float(pers[s]), float(trans_max[s]),
+                                                 float(step[s]),
+                                                 st.layouts | {(lay.tp, lay.consecutive)})
                     self.prev_last = (t, int(cls[s]))
                     self.known = (known[0] + float(micro[s] + gamma * exp[s]),
                                   max(known[1], float(micro[s])), max(known[2], float(opt[s])))
                     self._stage(k + 1, start + length, done)
                     self.prev_last, self.known = saved, known
+                    self.stage_mem[stage] = saved_mem
             self.chosen.pop()
 
     def _nccl(self, k: int, layouts: frozenset, cls: np.ndarray) -> np.ndarray | float:
@@ -346,7 +396,8 @@ class TaskSearch:
         plan = Plan(world_size=task.world_size, global_batch_size=task.global_batch,
                     num_microbatches=task.m,
                     pipeline=PipelineSpec(size=task.pp, schedule=task.schedule,
-                                          layers_per_stage=tuple(self.lengths)),
+                                          layers_per_stage=tuple(self.lengths),
+                                          virtual_size=task.v),
                     vocab=task.vocab, layers=tuple(self.chosen),
                     model=task.spec.plan_model_record())
         est = evaluate_plan(plan, task.spec, self.training, task.cluster, task.profile,

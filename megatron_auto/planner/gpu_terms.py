@@ -161,13 +161,7 @@ def rank_process_groups(plan: Any, rank: int) -> set[tuple]:
     if pp > 1 and stage in (0, pp - 1):
         j = rank - stage * n
         groups.add((j, (pp - 1) * n + j))
-    layouts: set[tuple[int, bool]] = set()
-    for i, layer in enumerate(plan.layers):
-        s = plan.stage_of_layer(i)
-        if s == stage or (s + 1 == stage and i == plan.stage_layer_range(s)[-1]):
-            layouts.add((layer.tp, layer.tp_consecutive or layer.tp in (1, n)))
-    if stage in (0, pp - 1):
-        layouts.add((plan.vocab.tp, True))
+    layouts = _stage_layouts(plan, stage)
     for tp, consecutive in layouts:
         for members in list(tp_group_ranks(ranks, tp, consecutive)) + list(
                 dp_group_ranks(ranks, tp, consecutive)):
@@ -190,14 +184,19 @@ def _local_group_keys(j: int, n: int, tp: int, consecutive: bool) -> list[tuple[
 
 
 def _stage_layouts(plan: Any, stage: int) -> set[tuple[int, bool]]:
-    """The layouts ``rank_process_groups`` takes into account for a rank of ``stage`` (the same
-    loop: the stage's layers, the previous stage's last layer, the vocab on the end stages)."""
+    """The layouts a rank of ``stage`` makes groups for (``parallel/context.py``
+    ``all_layouts``): the stage's layers, the last layer of every chunk whose next chunk runs
+    on this stage (its input layout; the previous stage's last layer without interleaving),
+    the vocab on the end stages."""
     n, pp = plan.stage_size, plan.pp_size
     layouts: set[tuple[int, bool]] = set()
-    for i, layer in enumerate(plan.layers):
-        s = plan.stage_of_layer(i)
-        if s == stage or (s + 1 == stage and i == plan.stage_layer_range(s)[-1]):
-            layouts.add((layer.tp, layer.tp_consecutive or layer.tp in (1, n)))
+    for c in range(plan.num_chunks):
+        ids = plan.chunk_layer_range(c)
+        for i in ids:
+            layer = plan.layers[i]
+            if c % pp == stage or (c + 1 < plan.num_chunks and (c + 1) % pp == stage
+                                   and i == ids[-1]):
+                layouts.add((layer.tp, layer.tp_consecutive or layer.tp in (1, n)))
     if stage in (0, pp - 1):
         layouts.add((plan.vocab.tp, True))
     return layouts

@@ -21,6 +21,9 @@ Pure Python, no torch.
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
+
+from ..plan import PipelineSpec, Plan, PlanError
 
 
 def num_warmup(pp: int, v: int, num_microbatches: int, stage: int) -> int:
@@ -96,3 +99,66 @@ def pipeline_fill(chunk_times: list[list[float]]) -> float:
     the runtime's order exact with equal chunks, an upper bound within 10% when only the stages
     differ, and approximate when a stage's chunks differ (docs/cost_model.md §6)."""
     return sum(max(times) for times in chunk_times)
+
+
+def chunk_in_flight(pp: int, v: int, num_microbatches: int) -> list[int]:
+    """Per model chunk ``c`` (stage ``c % pp``, local chunk ``c // pp``), the micro-batches of
+    that chunk held at ONE moment of its stage's schedule: the maximal in-flight vector with
+    the largest total (the first on ties). Any single vector the schedule passes through is at
+    most the stage's peak mix (``peak_activations`` takes the largest), so pricing each chunk's
+    activations at this count never exceeds ``evaluate_plan``'s activation bytes: the exact
+    search's memory cuts and bounds use it as a lower bound."""
+    out = [0] * (pp * v)
+    for stage in range(pp):
+        vec = max(in_flight_vectors(pp, v, num_microbatches, stage), key=sum)
+        for j, count in enumerate(vec):
+            out[j * pp + stage] = count
+    return out
+
+
+def interleaved_variant(plan: Plan, v: int) -> Plan | None:
+    """``plan`` on the interleaved schedule with ``v`` chunks per stage: stage ``k`` keeps its
+    layer count and its layers' strategies, in order, split into ``v`` near-equal chunks
+    (chunk ``j * pp + k`` holds part ``j``). A starting point (a seed) for the exact search of
+    the interleaved tasks. None when the plan cannot interleave (one stage, a stage with fewer
+    than ``v`` layers, ``m`` not a multiple of pp, or a strategy the layer now in its place
+    cannot take). ``plan`` may itself be interleaved: its stages' layers are taken in chunk
+    order."""
+    pp = plan.pp_size
+    if v == plan.virtual_size:
+        return plan
+    if pp == 1 or plan.num_microbatches % pp or plan.pipeline.schedule != "1f1b":
+        return None
+    per_stage = [[plan.layers[i] for c in plan.stage_chunks(k)
+                  for i in plan.chunk_layer_range(c)] for k in range(pp)]
+    if any(len(s) < v for s in per_stage):
+        return None
+    parts = [[list(s[j * len(s) // v:(j + 1) * len(s) // v]) for j in range(v)]
+             for s in per_stage]
+    sizes = tuple(len(parts[k][j]) for j in range(v) for k in range(pp))
+    layers = tuple(x for j in range(v) for k in range(pp) for x in parts[k][j])
+    try:
+        return replace(plan, layers=layers, estimate=None, search=None,
+                       pipeline=PipelineSpec(size=pp, schedule="1f1b", layers_per_stage=sizes,
+                                             virtual_size=v))
+    except PlanError:
+        return None
+
+
+def pinned_virtual_sizes(per_chunk: int | None, pp: int | None,
+                         num_layers: int | None) -> tuple[int, ...]:
+    """``SearchOptions.virtual_sizes`` for Megatron's ``--num-layers-per-virtual-pipeline-stage``
+    (``per_chunk``, None: search ``(1, 2, 4)``): the virtual size ``L / (pp N)``, which needs
+    the pinned ``pp``. Raises ``ValueError`` naming the flag, the value and the fix."""
+    if per_chunk is None:
+        return (1, 2, 4)
+    flag = "--num-layers-per-virtual-pipeline-stage"
+    if pp is None or num_layers is None:
+        raise ValueError(f"{flag}={per_chunk}: when searching it pins the virtual size, which "
+                         f"needs --pipeline-model-parallel-size too; give it, or drop {flag} "
+                         f"to let the planner choose")
+    if per_chunk < 1 or num_layers % (pp * per_chunk) or num_layers // (pp * per_chunk) < 2:
+        raise ValueError(f"{flag}={per_chunk}: --num-layers={num_layers} must be a multiple of "
+                         f"pp x {per_chunk} = {pp * per_chunk} with at least 2 chunks per "
+                         f"stage; choose a divisor of {num_layers // pp} below {num_layers // pp}")
+    return (num_layers // (pp * per_chunk),)

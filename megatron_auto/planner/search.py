@@ -6,11 +6,13 @@ the least memory any plan of the space needs. Steps (docs/planner.md §3-5):
 
 1. Tasks: every global batch (one unless ``search_batch_size``), pipeline degree (power of two
    dividing the world, at most the layer count), micro-batch count (divisor of the batch),
-   schedule and vocabulary layout (``tasks.Task``).
-2. Tasks are visited in order of a cheap lower bound and skipped once it, or the DP-based bound
-   of the task, cannot beat the best plan found.
+   schedule, vocabulary layout and virtual size (``tasks.Task``; interleaved tasks where
+   ``pp > 1``, ``m`` is a multiple of ``pp`` and every chunk can hold a layer).
+2. Tasks are visited in order of a cheap lower bound (the plain ones first, then the
+   interleaved ones, seeded with the incumbent cut into chunks) and skipped once it, or the
+   DP-based bound of the task, cannot beat the best plan found.
 3. Each task's plans are searched exactly by branch and bound (``exact.TaskSearch``), every
-   partition and per-layer strategy included; complete plans are priced by ``evaluate_plan``.
+   partition (every chunk split when interleaved) and per-layer strategy included; complete plans are priced by ``evaluate_plan``.
    The answer is the best plan of the full space: proven optimal unless ``time_limit_s`` cut the
    search short (``plan.search["proven_optimal"]``).
 4. Baseline spaces are searched the same way and reported, never adopted; the winner's task is
@@ -25,11 +27,14 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
-from ..plan import ALL_DP_MODES, DP_MODES, SCHEDULES, PipelineSpec, Plan, PlanError, VocabStrategy
+from ..plan import ALL_DP_MODES, DP_MODES, SCHEDULES, Plan, VocabStrategy, even_partition
 from ..progress import Progress as Reporter
 from .cluster_model import ClusterModel
 from .cost_model import Estimate, evaluate_plan
 from .exact import MEMORY_SLACK, TIE, Incumbent, TaskSearch
+from .infeasible import InfeasibleError, infeasible_error, interleaved_least_peak
+from .interleaving import interleaved_variant
+from .interleaving import pinned_virtual_sizes  # noqa: F401  (the CLI's import path)
 from .least_memory import cheap_least_peak, task_least_peak
 from .model_spec import ModelSpec, TrainingSpec
 from .profiles import ModelProfile
@@ -53,14 +58,6 @@ SEEDS_PER_TABLE = 2
 PARTITIONS = ("exact", "even", "memory", "time", "bmw-paper")
 
 Progress = Callable[[int, int, float | None], None]
-
-
-class InfeasibleError(ValueError):
-    """No plan of the space fits the budget; ``min_memory_bytes`` would (None if none ever can)."""
-
-    def __init__(self, message: str, min_memory_bytes: float | None) -> None:
-        super().__init__(message)
-        self.min_memory_bytes = min_memory_bytes
 
 
 @dataclass(frozen=True)
@@ -94,8 +91,9 @@ class SearchOptions:
     # Megatron sequence parallelism of tp > 1 layers: None searches it per layer, True pins it
     # on (``--sequence-parallel``), False leaves it out.
     sequence_parallel: bool | None = None
-    # Interleaved 1F1B: the virtual sizes tried on the answer (pp > 1, m a multiple of pp); a
-    # single value > 1 pins it (``--num-layers-per-virtual-pipeline-stage``), (1,) turns it off.
+    # Interleaved 1F1B: the virtual sizes searched (tasks with pp > 1, m a multiple of pp and
+    # at least one layer per chunk; every chunk split); a single value > 1 pins it
+    # (``--num-layers-per-virtual-pipeline-stage``), (1,) turns interleaving off.
     virtual_sizes: tuple[int, ...] = (1, 2, 4)
 
     def validate(self) -> None:
@@ -219,21 +217,45 @@ def _tasks(space: Space, spec: ModelSpec, training: TrainingSpec, cluster: Clust
             for m in ms:
                 if batch % m:
                     continue
-                if _interleaving_pinned(options) and (pp == 1 or m % pp):
-                    continue  # a pinned virtual size needs pp > 1 and m a multiple of pp
                 for sched in schedules:
+                    if space.even_split or space.pps is not None:
+                        vs = [1]  # a baseline space keeps its own rules: no interleaving
+                    else:
+                        vs = [v for v in sorted(set(options.virtual_sizes))
+                              if v == 1 or _interleaves(options, spec, pp, m, sched, v)]
                     for vocab in _vocabs(spec, space, options, world // pp, batch // m,
                                          space.rules, cluster.devices_per_node):
-                        task = Task(spec, profile, cluster, world, batch, pp, m, sched,
-                                    space.rules, vocab, budget, step, shared)
-                        if task.ok:
+                        base = None
+                        for v in vs:
+                            task = Task(spec, profile, cluster, world, batch, pp, m, sched,
+                                        space.rules, vocab, budget, step, shared,
+                                        virtual_size=v)
+                            if not task.ok:
+                                break
+                            if v == 1:
+                                base = task
+                            elif base is not None:
+                                task.__dict__["_sibling"] = base  # share its least peak
                             out.append(task)
     return out
 
 
+def _interleaves(options: SearchOptions, spec: ModelSpec, pp: int, m: int, schedule: str,
+                 v: int) -> bool:
+    """Whether tasks with virtual size ``v > 1`` exist: pp > 1, m a multiple of pp (the
+    schedule's rule), 1F1B, at least one layer per chunk, and every partition or the even one
+    searched (the other partition kinds are defined for contiguous stages)."""
+    return (pp > 1 and m % pp == 0 and schedule == "1f1b" and pp * v <= spec.num_layers
+            and options.partition in ("exact", "even"))
+
+
 def _partition_pin(task: Task, space: Space, options: SearchOptions) -> tuple[int, ...] | None:
     kind = "even" if space.even_split else options.partition
-    return None if kind == "exact" else pinned_partition(task, kind)
+    if kind == "exact":
+        return None
+    if task.v > 1:  # only "even" reaches here (_interleaves)
+        return tuple(even_partition(task.num_layers, task.chunks))
+    return pinned_partition(task, kind)
 
 
 def _stopped(deadline: float, best: Incumbent) -> bool:
@@ -251,11 +273,14 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cluster: 
     """Search the union of ``spaces``; the incumbent, every (task, pinned partition), and the
     winner's task.
 
-    Tasks are visited in order of their cheap bound. Pass 1, before any branching: a task whose
-    cheap memory bound exceeds the budget is skipped; the others are seeded (``seed``); when no
-    seed fits, the task's exact least peak (``least_memory``) decides: above the budget the task
-    is skipped (no plan of it fits), else the plan reaching it is a first incumbent. Pass 2: the
-    branch and bound of every task left. Every step stops at ``deadline`` once a plan exists.
+    The non-interleaved tasks first, then the interleaved ones (which start from the
+    incumbent cut into chunks), each group in order of the tasks' cheap bounds. Pass 1, before
+    any branching: a task whose cheap memory bound exceeds the budget is skipped; the others
+    are seeded (``seed``); when no seed fits, the task's exact least peak (``least_memory``)
+    decides: above the budget the task is skipped (no plan of it fits), else the plan reaching
+    it is a first incumbent (interleaved tasks: their sibling's least peak, a lower bound, see
+    ``infeasible.interleaved_least_peak``). Pass 2: the branch and bound of every task left. Every step
+    stops at ``deadline`` once a plan exists.
     """
     best = Incumbent(comparison=comparison)
     tasks = []
@@ -271,77 +296,86 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cluster: 
             tasks.append((t, sp))
     # Sorted by the bound without the embedding (shared by a task's vocabulary layouts, so
     # the embedding of most tasks is never priced); the full cheap bound is checked on visit.
-    tasks.sort(key=lambda x: keys[id(x[0])])
+    tasks.sort(key=lambda x: (x[0].v > 1, keys[id(x[0])]))
     limit = budget * (1 + MEMORY_SLACK)
-    winner = None
-    pruned = memory_pruned = 0
-    pinned: list[tuple[Task, tuple[int, ...] | None]] = []
+    counts = {"winner": None, "pruned": 0, "memory_pruned": 0, "done": 0}
+    pinned = [(task, _partition_pin(task, space, options)) for task, space in tasks]
     seeded: dict[int, int] = {}  # seeded tasks per layer table (batch, pp, micro-batches)
-    live: list[tuple[Task, tuple[int, ...] | None]] = []
-    for task, space in tasks:
-        pin = _partition_pin(task, space, options)
-        pinned.append((task, pin))
-    # Pass 1: memory and seeds, cheapest bound first. A task whose least peak exceeds the
-    # budget has no plan that fits; the others get the least-memory plan and the seed plans.
+
     def report(done: int) -> None:
         if progress:
             progress(done, len(pinned), 1 / best.value if math.isfinite(best.value) else None)
 
-    for i, (task, pin) in enumerate(pinned):
-        report(i - len(live))  # tasks settled without branching so far
-        if task.cheap_bound(False) / task.global_batch >= best.value * (1 - TIE):
-            pruned += len(pinned) - i
-            break
-        if _stopped(deadline, best):
-            best.stopped = True
-            pruned += len(pinned) - i
-            break
-        if task.cheap_bound() / task.global_batch >= best.value * (1 - TIE):
-            pruned += 1
-            continue
-        if cheap_least_peak(task) > limit:
-            memory_pruned += 1
-            continue
-        before = best.plan
-        search_task = TaskSearch(task, training, best, deadline, pin)
-        table = id(task.tables)
-        seeded[table] = seeded.get(table, 0) + 1
-        fits = seeded[table] <= SEEDS_PER_TABLE and search_task.seed()
-        if not fits:
-            # No seed fits: the exact least peak decides whether any plan of the task can.
-            least = task_least_peak(task, pin)
-            if least.bytes > limit:
-                memory_pruned += 1
+    def passes(group: list[tuple[Task, tuple[int, ...] | None]]) -> None:
+        live: list[tuple[Task, tuple[int, ...] | None]] = []
+        base = counts["done"]
+        # Pass 1: memory and seeds, cheapest bound first.
+        for i, (task, pin) in enumerate(group):
+            report(base + i - len(live))  # tasks settled without branching so far
+            if task.cheap_bound(False) / task.global_batch >= best.value * (1 - TIE):
+                counts["pruned"] += len(group) - i
+                break
+            if _stopped(deadline, best):
+                best.stopped = True
+                counts["pruned"] += len(group) - i
+                break
+            if task.cheap_bound() / task.global_batch >= best.value * (1 - TIE):
+                counts["pruned"] += 1
                 continue
-            if least.plan is not None and best.plan is None:
-                search_task.offer(least.plan)  # a first answer, so the deadline can apply
-        if best.plan is not before:
-            winner = task
-        live.append((task, pin))
-    # Pass 2: branch and bound over the tasks that can fit, cheapest bound first.
-    for i, (task, pin) in enumerate(live):
-        report(len(pinned) - len(live) + i)
-        if task.cheap_bound(False) / task.global_batch >= best.value * (1 - TIE):
-            pruned += len(live) - i
-            break
-        if _stopped(deadline, best):
-            best.stopped = True  # tasks left unsearched: the answer is not proven
-            pruned += len(live) - i
-            break
-        if task.cheap_bound() / task.global_batch >= best.value * (1 - TIE):
-            pruned += 1
-            continue
-        before = best.plan
-        TaskSearch(task, training, best, deadline, pin).run()
-        if best.plan is not before:
-            winner = task
+            if cheap_least_peak(task) > limit:
+                counts["memory_pruned"] += 1
+                continue
+            if task.v > 1:  # seeded in pass 2, from the incumbent of the plain tasks
+                if interleaved_least_peak(task) > limit:
+                    counts["memory_pruned"] += 1
+                    continue
+                live.append((task, pin))
+                continue
+            before = best.plan
+            search_task = TaskSearch(task, training, best, deadline, pin)
+            table = id(task.tables)
+            seeded[table] = seeded.get(table, 0) + 1
+            fits = seeded[table] <= SEEDS_PER_TABLE and search_task.seed()
+            if not fits:
+                # No seed fits: the exact least peak decides whether any plan of the task can.
+                least = task_least_peak(task, pin)
+                if least.bytes > limit:
+                    counts["memory_pruned"] += 1
+                    continue
+                if least.plan is not None and best.plan is None:
+                    search_task.offer(least.plan)  # a first answer, so the deadline can apply
+            if best.plan is not before:
+                counts["winner"] = task
+            live.append((task, pin))
+        # Pass 2: branch and bound over the tasks that can fit, cheapest bound first.
+        settled = len(group) - len(live)
+        for i, (task, pin) in enumerate(live):
+            report(base + settled + i)
+            if task.cheap_bound(False) / task.global_batch >= best.value * (1 - TIE):
+                counts["pruned"] += len(live) - i
+                break
+            if _stopped(deadline, best):
+                best.stopped = True  # tasks left unsearched: the answer is not proven
+                counts["pruned"] += len(live) - i
+                break
+            if task.cheap_bound() / task.global_batch >= best.value * (1 - TIE):
+                counts["pruned"] += 1
+                continue
+            before = best.plan
+            TaskSearch(task, training, best, deadline, pin).run()
+            if best.plan is not before:
+                counts["winner"] = task
+        counts["done"] += len(group)
+
+    passes([x for x in pinned if x[0].v == 1])
+    passes([x for x in pinned if x[0].v > 1])
     report(len(pinned))
     stats["tasks"] = stats.get("tasks", 0) + len(tasks)
-    stats["pruned"] = stats.get("pruned", 0) + pruned
-    stats["memory_pruned"] = stats.get("memory_pruned", 0) + memory_pruned
+    stats["pruned"] = stats.get("pruned", 0) + counts["pruned"]
+    stats["memory_pruned"] = stats.get("memory_pruned", 0) + counts["memory_pruned"]
     stats["nodes"] = stats.get("nodes", 0) + best.nodes
     stats["plans_priced"] = stats.get("plans_priced", 0) + best.leaves
-    return best, pinned, winner
+    return best, pinned, counts["winner"]
 
 
 def _bound_step(budget: float, cluster: ClusterModel, options: SearchOptions) -> int:
@@ -381,7 +415,15 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
     if reporter is not None:
         reporter.close()
     if best.plan is None:
-        raise _infeasible(options.space, world, budget, tasks, training)
+        if _interleaving_pinned(options):
+            raise InfeasibleError(
+                f"no interleaved plan with virtual size {options.virtual_sizes[0]} fits the "
+                f"budget of {budget / GB:.3f} GB per device; choose another "
+                f"--num-layers-per-virtual-pipeline-stage or drop it", None)
+        # Interleaving never lowers the least peak (infeasible.interleaved_least_peak): the minimum
+        # is the plain tasks'.
+        raise infeasible_error(options.space, world, budget,
+                          [(t, pin) for t, pin in tasks if t.v == 1], training)
     assert best.estimate is not None and winner is not None
     baselines: dict[str, Estimate | None] = {}
     baselines_cut: list[str] = []
@@ -404,28 +446,15 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
             if best.stopped and found.plan is not None and found.value < best.value:
                 best, adopted = found, name
                 best.stopped = True
-    # Interleaving on the answer: each stage keeps its layers and strategies, split into v
-    # chunks (a choice per plan, priced by evaluate_plan; the exact search is over v = 1).
-    tried: dict[str, Any] | None = None
     chosen = (best.plan, best.estimate)
-    if options.virtual_sizes != (1,):
-        interleaved = _interleave(best.plan, best.estimate, spec, training, cluster, profile,
-                                  budget, options)
-        if interleaved is None and _interleaving_pinned(options):
-            raise InfeasibleError(
-                f"no interleaved plan with virtual size {options.virtual_sizes[0]} fits: the "
-                f"best plan's stages cannot be split into that many chunks within the budget; "
-                f"choose another --num-layers-per-virtual-pipeline-stage or drop it", None)
-        if interleaved is not None:
-            plan_v, est_v, tried = interleaved
-            if est_v.samples_per_s > best.estimate.samples_per_s or _interleaving_pinned(options):
-                chosen = (plan_v, est_v)
+    tried = _virtual_size_report(best.plan, best.estimate, spec, training, cluster, profile,
+                                 budget, options)
     report_s = min(REPORT_TIME_LIMIT_S, end - time.monotonic())
     info = {
         "space": options.space, "objective": "evaluate (iteration time), exact",
         "proven_optimal": not best.stopped, "time_limited": best.stopped,
         "time_limit_s": limit_s,
-        "partitions": (partition_report(winner, training, best, report_s)
+        "partitions": (partition_report(winner.sibling(), training, best, report_s)
                        if report_s > 0 and adopted is None else
                        "not priced: the time limit was reached"),
         "adopted_from_baseline": adopted,
@@ -439,123 +468,40 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
         "baselines": {k: (v.samples_per_s if v else None) for k, v in baselines.items()},
         "baselines_time_limited": baselines_cut,
     }
-    if tried is not None:
+    if tried:
         info["partition"] = {"virtual_size_samples_per_s": tried}
     plan = replace(chosen[0], estimate=chosen[1].to_dict(), search=info)
     return SearchResult(plan=plan, estimate=chosen[1], baselines=baselines)
-
-
-def pinned_virtual_sizes(per_chunk: int | None, pp: int | None,
-                         num_layers: int | None) -> tuple[int, ...]:
-    """``SearchOptions.virtual_sizes`` for Megatron's ``--num-layers-per-virtual-pipeline-stage``
-    (``per_chunk``, None: search ``(1, 2, 4)``): the virtual size ``L / (pp N)``, which needs
-    the pinned ``pp``. Raises ``ValueError`` naming the flag, the value and the fix."""
-    if per_chunk is None:
-        return (1, 2, 4)
-    flag = "--num-layers-per-virtual-pipeline-stage"
-    if pp is None or num_layers is None:
-        raise ValueError(f"{flag}={per_chunk}: when searching it pins the virtual size, which "
-                         f"needs --pipeline-model-parallel-size too; give it, or drop {flag} "
-                         f"to let the planner choose")
-    if per_chunk < 1 or num_layers % (pp * per_chunk) or num_layers // (pp * per_chunk) < 2:
-        raise ValueError(f"{flag}={per_chunk}: --num-layers={num_layers} must be a multiple of "
-                         f"pp x {per_chunk} = {pp * per_chunk} with at least 2 chunks per "
-                         f"stage; choose a divisor of {num_layers // pp} below {num_layers // pp}")
-    return (num_layers // (pp * per_chunk),)
 
 
 def _interleaving_pinned(options: SearchOptions) -> bool:
     return min(options.virtual_sizes) > 1
 
 
-def interleaved_variant(plan: Plan, v: int) -> Plan | None:
-    """``plan`` on the interleaved schedule with ``v`` chunks per stage: stage ``k`` keeps its
-    layer count and its layers' strategies, in order, split into ``v`` near-equal chunks
-    (chunk ``j * pp + k`` holds part ``j``), which the runtime runs as the virtual pipeline.
-    None when the plan cannot interleave (one stage, a stage with fewer than ``v`` layers,
-    ``m`` not a multiple of pp, or a strategy the layer now in its place cannot take)."""
-    pp = plan.pp_size
-    if v == 1:
-        return plan
-    if pp == 1 or plan.num_microbatches % pp or plan.pipeline.schedule != "1f1b":
-        return None
-    per_stage = [plan.layers[r.start:r.stop] for r in
-                 (plan.chunk_layer_range(k) for k in range(pp))]
-    if any(len(s) < v for s in per_stage):
-        return None
-    parts = [[list(s[j * len(s) // v:(j + 1) * len(s) // v]) for j in range(v)]
-             for s in per_stage]
-    sizes = tuple(len(parts[k][j]) for j in range(v) for k in range(pp))
-    layers = tuple(x for j in range(v) for k in range(pp) for x in parts[k][j])
-    try:
-        return replace(plan, layers=layers, estimate=None,
-                       pipeline=PipelineSpec(size=pp, schedule="1f1b", layers_per_stage=sizes,
-                                             virtual_size=v))
-    except PlanError:
-        return None
-
-
-def _interleave(plan: Plan, est: Estimate, spec: ModelSpec, training: TrainingSpec,
-                cluster: Any, profile: ModelProfile, budget: float,
-                options: SearchOptions) -> tuple[Plan, Estimate, dict[str, Any]] | None:
-    """The best of ``plan``'s interleaved variants (``options.virtual_sizes``) that fits, and
-    each one's samples/s (None: not possible or over budget)."""
-    tried: dict[str, Any] = {}
-    best: tuple[Plan, Estimate] | None = None
-    for v in options.virtual_sizes:
+def _virtual_size_report(plan: Plan, est: Estimate, spec: ModelSpec, training: TrainingSpec,
+                         cluster: Any, profile: ModelProfile, budget: float,
+                         options: SearchOptions) -> dict[str, float | None]:
+    """For the record (``plan.search.partition.virtual_size_samples_per_s``): the answer's
+    samples/s and, for each other virtual size searched, that of the answer's stages cut into
+    that many chunks (``interleaving.interleaved_variant``; None where it cannot be cut or
+    does not fit). The answer is the optimum over every virtual size; these show what the
+    interleaving of its stages is worth. Empty for a one-stage answer."""
+    if plan.pp_size == 1 or options.virtual_sizes == (1,):
+        return {}
+    out: dict[str, float | None] = {}
+    for v in sorted(set(options.virtual_sizes) | {plan.virtual_size}):
         variant = interleaved_variant(plan, v)
         if variant is None:
-            tried[str(v)] = None
+            out[str(v)] = None
             continue
         try:
-            e = est if v == 1 else evaluate_plan(variant, spec, training, cluster, profile,
-                                                 budget)
+            e = est if v == plan.virtual_size else evaluate_plan(
+                variant, spec, training, cluster, profile, budget)
         except ValueError:  # a layer type the moved strategy does not fit
-            tried[str(v)] = None
+            out[str(v)] = None
             continue
-        tried[str(v)] = e.samples_per_s if e.feasible else None
-        if e.feasible and (best is None or e.samples_per_s > best[1].samples_per_s):
-            best = (variant, e)
-    if best is None:
-        return None
-    return best[0], best[1], tried
-
-
-def _report_step(least: float) -> float:
-    """The step the least memory is reported at: a power of ten of bytes at most 0.5 % of it
-    and at most 1 MB (so gigabytes show three decimals), never below one byte."""
-    return float(10 ** max(0, min(6, math.floor(math.log10(max(least * 0.005, 1.0))))))
-
-
-def _infeasible(space: str, world: int, budget: float,
-                tasks: list[tuple[Task, tuple[int, ...] | None]],
-                training: TrainingSpec) -> InfeasibleError:
-    """The error for a budget no plan fits: the least peak over the tasks, as ``evaluate``
-    prices the plan reaching it, rounded up to the report step (so searching at it succeeds)."""
-    least = math.inf
-    for task, pin in sorted(tasks, key=lambda x: cheap_least_peak(x[0])):
-        if cheap_least_peak(task) >= least:
-            break
-        lp = task_least_peak(task, pin)
-        if lp.plan is None or lp.bytes >= least:
-            continue
-        peak = evaluate_plan(lp.plan, task.spec,
-                             replace(training, global_batch_size=task.global_batch),
-                             task.cluster, task.profile).peak_memory_bytes
-        least = min(least, max(peak, lp.bytes))
-    if not math.isfinite(least):
-        return InfeasibleError(
-            f"no plan of space {space!r} exists for this model on {world} devices (check "
-            f"divisibility of batch, heads and layers, or widen the space)", None)
-    unit = _report_step(least)
-    shown = math.ceil(least / unit) * unit
-    digits = max(3, 9 - int(round(math.log10(unit))))
-    text = f"{shown / GB:.{digits}f}"
-    return InfeasibleError(
-        f"memory budget {budget / GB:.3f} GB per device is too small: the least memory any plan "
-        f"of space {space!r} needs is {text} GB (framework reserve included); raise "
-        f"--memory-budget-gb to at least {text}, lower the global batch, or widen the "
-        f"search space", shown)
+        out[str(v)] = e.samples_per_s if e.feasible else None
+    return out
 
 
 class _Reporter:

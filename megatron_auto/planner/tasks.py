@@ -18,6 +18,17 @@ micro-batch; ``C_b <= max C``, ``step_b <= max step``, stage 0's sync tail is ne
 ``J_b`` is additive over stages and layers: stage ``k`` weighs its per-micro-batch time by
 ``alpha = m`` if ``k == b`` else 1, its optimizer step by ``beta = [k == b]`` and its sync tail
 by ``gamma = [k == 0]``. With one stage ``J_0`` is the iteration time exactly.
+
+Interleaved tasks (``virtual_size`` v > 1; positions are the ``pp v`` model chunks, chunk ``c``
+on stage ``c mod pp``): ``cost_time.pipeline_time`` is ``T_pipe = sum_k max_j c_{k,j} +
+(m - 1/v) max_k C_k`` before the tails and the step, with ``C_k = sum_j c_{k,j}`` over the
+stage's chunks. Since ``max_j c_{k,j} >= C_k / v`` and ``m - 1/v >= 0``, for every stage ``b``
+``J_b = sum_k C_k / v + (m - 1/v) C_b + step_b + tail_0 + overhead`` is at most the iteration
+time (stage 0's tail is never hidden: ``T >= T_pipe + tail_0``): chunk ``c`` weighs its time by
+``alpha = m`` if its stage is ``b`` else ``1/v``, and ``beta``, ``gamma`` by its stage as above;
+with ``v = 1`` these are the weights above. Memory per chunk position uses
+``interleaving.chunk_in_flight``: one count vector the schedule passes through, so each
+position's bytes are at most what the stage's peak holds of that chunk.
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ from .cost_time import (relayout_cost, relayout_time, sequence_parallel_switch_t
                         stage_boundary_cost)
 from .dp import LayerOptions, solve_stage
 from .gpu_terms import group_count
+from .interleaving import chunk_in_flight
 from .model_spec import ModelSpec
 from .profiles import ModelProfile
 from .spaces import SpaceRules, layer_strategies
@@ -73,8 +85,13 @@ class Task:
     def __init__(self, spec: ModelSpec, profile: ModelProfile, cluster: ClusterModel,
                  world_size: int, global_batch: int, pp: int, m: int, schedule: str,
                  rules: SpaceRules, vocab: VocabStrategy, budget_bytes: float,
-                 step: int, shared: dict | None = None) -> None:
+                 step: int, shared: dict | None = None, virtual_size: int = 1) -> None:
         self.spec, self.profile, self.cluster = spec, profile, cluster
+        # Interleaved 1F1B (v > 1): the search walks the pp * v model chunks in model order,
+        # chunk c on stage c % pp; every per-position array below is per chunk (per stage
+        # when v == 1, where chunks and stages are the same).
+        self.v = virtual_size
+        self.chunks = pp * virtual_size
         self.world_size, self.global_batch = world_size, global_batch
         self.pp, self.m, self.schedule, self.rules, self.vocab = pp, m, schedule, rules, vocab
         self.n = world_size // pp
@@ -84,8 +101,11 @@ class Task:
         self.step = step
         self.cells = max(int(self.room // step), 0)
         self.num_layers = spec.num_layers
-        self.max_len = spec.num_layers - pp + 1
-        self.in_flight = [in_flight(schedule, pp, k, m) for k in range(pp)]
+        self.max_len = spec.num_layers - self.chunks + 1
+        if virtual_size == 1:
+            self.in_flight = [in_flight(schedule, pp, k, m) for k in range(pp)]
+        else:
+            self.in_flight = chunk_in_flight(pp, virtual_size, m)
         self.overhead = step_overhead(cluster, world_size)
         # Everything but the embedding/head is the same for every vocabulary layout of a
         # (batch, pp, m, schedule): computed once, on first use, and shared through ``shared``.
@@ -101,6 +121,18 @@ class Task:
         self.branches = list(range(pp))
         self.on_new_table: Callable[[], None] | None = None  # e.g. a deadline check
 
+    def sibling(self) -> "Task":
+        """The same task without interleaving (v = 1), sharing the layer tables."""
+        if self.v == 1:
+            return self
+        if "_sibling" not in self.__dict__:
+            key = (self.global_batch, self.pp, self.m, self.schedule, self.rules)
+            self.__dict__["_sibling"] = Task(
+                self.spec, self.profile, self.cluster, self.world_size, self.global_batch,
+                self.pp, self.m, self.schedule, self.rules, self.vocab, self.budget, self.step,
+                {key: self.tables})
+        return self.__dict__["_sibling"]
+
     def __getattr__(self, name: str):
         # The layer tables' attributes (layouts, relayout, hop, buckets, ...) read through.
         if name in ("tables", "__setstate__") or "tables" not in self.__dict__:
@@ -109,14 +141,16 @@ class Task:
 
     @property
     def emb(self) -> list[EmbeddingCosts]:
-        """Embedding/head costs per stage position (zeros in between), on first use."""
+        """Embedding/head costs per chunk position (the embedding on the first, the head on the
+        last, zeros in between), on first use."""
         if self._emb is None:
+            last = self.chunks - 1
             self._emb = [embedding_costs(self.profile.embedding, self.cluster, self.vocab,
                                          self.n, self.b_m, self.in_flight[k], self.schedule,
-                                         k == 0, k == self.pp - 1, self.pp,
+                                         k == 0, k == last, self.pp,
                                          self.spec.seq_length, self.profile.precision)
-                         if k in (0, self.pp - 1)
-                         else EmbeddingCosts() for k in range(self.pp)]
+                         if k in (0, last)
+                         else EmbeddingCosts() for k in range(self.chunks)]
         return self._emb
 
     def vocab_moves(self, t: int) -> tuple[np.ndarray, np.ndarray]:
@@ -168,7 +202,7 @@ class Task:
     @property
     def min_transient(self) -> list[float]:
         return [min(float(self.tables.costs(t, self.in_flight[k]).transient.min())
-                    for t in set(self.spec.layer_order)) for k in range(self.pp)]
+                    for t in set(self.spec.layer_order)) for k in range(len(self.in_flight))]
 
     # ------------------------------------------------------------------ costs
     def costs(self, k: int, layer: int) -> StrategyCosts:
@@ -179,20 +213,26 @@ class Task:
         return self.tables.classes(self.spec.layer_order[layer], self.in_flight[k])
 
     def bound_in_flight(self, k: int) -> int:
-        """Micro-batches in flight the bound tables of stage ``k`` assume: the exact count
+        """Micro-batches in flight the bound tables of position ``k`` assume: the exact count
         rounded down to a power of two (less memory, so still a relaxation; few tables)."""
-        return 1 << (self.in_flight[k].bit_length() - 1)
+        k_in = self.in_flight[k]
+        return 1 << (k_in.bit_length() - 1) if k_in > 0 else 0
+
+    def stage_of(self, k: int) -> int:
+        """The stage chunk position ``k`` runs on."""
+        return k % self.pp
 
     def weights(self, k: int, b: int) -> Weights:
-        """Stage ``k``'s weights in the bound ``J_b`` (module docstring)."""
-        return Weights(alpha=float(self.m) if k == b else 1.0, beta=1.0 if k == b else 0.0,
-                       gamma=1.0 if k == 0 else 0.0)
+        """Chunk position ``k``'s weights in the bound ``J_b`` (module docstring)."""
+        own = self.stage_of(k) == b
+        return Weights(alpha=float(self.m) if own else 1.0 / self.v, beta=1.0 if own else 0.0,
+                       gamma=1.0 if self.stage_of(k) == 0 else 0.0)
 
     def weight_arrays(self, k: int) -> tuple[np.ndarray, np.ndarray, float]:
-        """``(alpha, beta)`` over the branches ``b`` and ``gamma`` of stage ``k``."""
+        """``(alpha, beta)`` over the branches ``b`` and ``gamma`` of chunk position ``k``."""
         alpha = np.array([self.weights(k, b).alpha for b in self.branches])
         beta = np.array([self.weights(k, b).beta for b in self.branches])
-        return alpha, beta, 1.0 if k == 0 else 0.0
+        return alpha, beta, 1.0 if self.stage_of(k) == 0 else 0.0
 
     def cheap_bound(self, with_embedding: bool = True) -> float:
         """A lower bound on every plan's iteration time that needs no DP (memory ignored): each
@@ -221,7 +261,8 @@ class Task:
             out = (float(counts @ per) + self.m * e.microbatch + e.exposed_sync + e.optimizer
                    + self.overhead)
         else:
-            out = least * (1 + (self.m - 1) / self.pp) + self.overhead
+            # fill >= sum C / v and max C >= sum C / pp (module docstring)
+            out = least * (1 / self.v + (self.m - 1 / self.v) / self.pp) + self.overhead
         self.__dict__[key] = out
         return out
 
@@ -323,10 +364,10 @@ class Task:
         return out + fixed
 
     def future(self, b: int) -> np.ndarray:
-        """``F[k, a]``: least ``J_b`` share of stages ``k..pp-1`` over layers ``[a, L)``."""
+        """``F[k, a]``: least ``J_b`` share of chunk positions ``k..`` over layers ``[a, L)``."""
         if b in self._future:
             return self._future[b]
-        L, pp = self.num_layers, self.pp
+        L, pp = self.num_layers, self.chunks
         f = np.full((pp + 1, L + 1), INF)
         f[pp, L] = 0.0
         for k in range(pp - 1, -1, -1):
@@ -373,7 +414,7 @@ class Task:
     def root_bound(self) -> float:
         """Lower bound on the iteration time of every plan of this task."""
         best = max(float(self.future(b)[0, 0]) for b in self.branches)
-        if self.pp > 1:
+        if self.pp > 1 and self.v == 1:
             total, most = self.sum_max()
             steady = (self.m - 1) * float(most[0, 0]) if self.m > 1 else 0.0
             best = max(best, float(total[0, 0]) + steady)

@@ -1,0 +1,88 @@
+"""The exact search's interleaved tasks (``virtual_size`` v > 1): the facts its bounds and
+memory cuts rest on (``tasks`` and ``infeasible.interleaved_least_peak`` docstrings), checked on
+the schedule and against every plan of small tasks priced with ``evaluate``."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+
+import pytest
+
+from megatron_auto.plan import PipelineSpec, Plan, VocabStrategy
+from megatron_auto.planner import ModelSpec, TrainingSpec, analytic_profile, evaluate
+from megatron_auto.planner.infeasible import interleaved_least_peak
+from megatron_auto.planner.interleaving import (chunk_in_flight, in_flight_vectors,
+                                                peak_activations)
+from megatron_auto.planner.least_memory import cheap_least_peak
+from megatron_auto.planner.presets import make_cluster
+from megatron_auto.planner.spaces import SpaceRules
+from megatron_auto.planner.tasks import Task
+
+from planner_enumerate import compositions, layer_choices
+
+pytestmark = pytest.mark.pure
+
+SCHEDULES = [(pp, v, m) for pp in (2, 3, 4, 8) for v in (2, 3, 4) for m in (pp, 2 * pp, 5 * pp)]
+
+
+@pytest.mark.parametrize("pp,v,m", SCHEDULES)
+def test_each_local_chunk_holds_at_least_the_plain_count_at_one_moment(pp, v, m):
+    # infeasible.interleaved_least_peak: some moment of stage k's order holds >= pp - k micro-batches of
+    # every local chunk (the count a plain 1F1B stage k holds), since m >= pp.
+    for k in range(pp):
+        need = min(pp - k, m)
+        assert any(all(n >= need for n in vec) for vec in in_flight_vectors(pp, v, m, k))
+
+
+@pytest.mark.parametrize("pp,v,m", SCHEDULES)
+def test_chunk_in_flight_prices_at_most_the_peak_mix(pp, v, m):
+    rng = random.Random(pp * 1000 + v * 100 + m)
+    counts = chunk_in_flight(pp, v, m)
+    for k in range(pp):
+        assert tuple(counts[j * pp + k] for j in range(v)) in in_flight_vectors(pp, v, m, k)
+        for _ in range(20):
+            kept = [rng.uniform(0.0, 10.0) for _ in range(v)]
+            assert sum(counts[j * pp + k] * a for j, a in enumerate(kept)) \
+                <= peak_activations(kept, pp, v, m, k)[0] + 1e-9
+
+
+def _setup(world, layers, batch, precision="fp32"):
+    spec = ModelSpec.uniform(layers, 64, 4, 32, 128, name="gpt")
+    training = TrainingSpec(batch, precision)
+    cluster = dataclasses.replace(make_cluster("a100-40g", 1, world), memory_reserve_bytes=10 ** 5,
+                                  device_memory_bytes=10 ** 8, nccl_communicator_bytes=5e3)
+    return spec, training, cluster, analytic_profile(spec, training, cluster)
+
+
+@pytest.mark.parametrize("world,layers,batch,m,v", [(4, 4, 4, 2, 2), (2, 6, 4, 2, 3),
+                                                    (2, 8, 8, 4, 2), (4, 5, 8, 4, 2)])
+def test_task_bounds_are_below_every_plan_of_the_task(world, layers, batch, m, v):
+    # The root bound (J_b with the interleaved weights over every chunk split), the cheap
+    # bound and both memory bounds are at most the iteration time / peak of every plan priced
+    # (every chunk split, the first 400 strategy combinations of each; recompute off and two
+    # DP flavours keep it small).
+    spec, training, cluster, profile = _setup(world, layers, batch)
+    pp, n = 2, world // 2
+    rules = SpaceRules(dp_modes=("ddp", "zero3"), allow_recompute=False,
+                       sequence_parallel=(False, True))
+    vocab = VocabStrategy(tp=1, dp_mode="ddp")
+    task = Task(spec, profile, cluster, world, batch, pp, m, "1f1b", rules, vocab, 10 ** 9,
+                10 ** 4, virtual_size=v)
+    choices = layer_choices(spec, n, batch // m, 8, spec.layer_types[0], ("ddp", "zero3"),
+                            (False,))
+    times, peaks = [], []
+    for part in compositions(layers, pp * v):
+        pipe = PipelineSpec(size=pp, schedule="1f1b", layers_per_stage=part, virtual_size=v)
+        for combo in itertools.islice(itertools.product(choices, repeat=layers), 400):
+            plan = Plan(world_size=world, global_batch_size=batch, num_microbatches=m,
+                        pipeline=pipe, vocab=vocab, layers=combo,
+                        model=spec.plan_model_record())
+            est = evaluate(plan, spec, training, cluster, profile)
+            times.append(est.iteration_time_s)
+            peaks.append(est.peak_memory_bytes)
+    assert task.root_bound() <= min(times) * (1 + 1e-12)
+    assert task.cheap_bound() <= min(times) * (1 + 1e-12)
+    assert cheap_least_peak(task) <= min(peaks) * (1 + 1e-12)
+    assert 0 < interleaved_least_peak(task) <= min(peaks) * (1 + 1e-12)
