@@ -84,5 +84,6 @@ def test_task_bounds_are_below_every_plan_of_the_task(world, layers, batch, m, v
             peaks.append(est.peak_memory_bytes)
     assert task.root_bound() <= min(times) * (1 + 1e-12)
     assert task.cheap_bound() <= min(times) * (1 + 1e-12)
+    assert task.cheap_bound(False) <= min(times) * (1 + 1e-12)
     assert cheap_least_peak(task) <= min(peaks) * (1 + 1e-12)
     assert 0 < interleaved_least_peak(task) <= min(peaks) * (1 + 1e-12)

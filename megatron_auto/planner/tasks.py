@@ -274,7 +274,8 @@ class Task:
         only adds, recompute adds ``F``), ``F`` the profile's forward time at the strategy's
         samples per rank and tp; the fastest over the task's tp degrees stands for the layer.
         With one stage the iteration is at least ``m`` times their sum; with more, at least the
-        sum times ``1 + (m - 1) / pp`` (the largest stage is at least the mean). Everything else
+        sum times ``1 + (m - 1) / pp`` (the largest stage is at least the mean), interleaved
+        ``1/v + (m - 1/v) / pp``. Everything else
         (communication, sync tails, optimizer steps, embedding/head) is ``>= 0`` and left out;
         the fixed step overhead is kept. Needs no strategy table."""
         fastest = []
@@ -286,7 +287,8 @@ class Task:
         least = sum(fastest[t] for t in self.spec.layer_order)
         if self.pp == 1:
             return self.m * least + self.overhead
-        return least * (1 + (self.m - 1) / self.pp) + self.overhead
+        # interleaved: the fill is at least sum C / v (module docstring); v = 1 as above
+        return least * (1 / self.v + (self.m - 1 / self.v) / self.pp) + self.overhead
 
     # ------------------------------------------------------------------ bounds
     def cells_of(self, room: float) -> int:
