@@ -25,7 +25,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from ..plan import ALL_DP_MODES, DP_MODES, SCHEDULES, Plan, VocabStrategy, even_partition
 from ..progress import Progress as Reporter
@@ -95,6 +95,9 @@ class SearchOptions:
     # at least one layer per chunk; every chunk split); a single value > 1 pins it
     # (``--num-layers-per-virtual-pipeline-stage``), (1,) turns interleaving off.
     virtual_sizes: tuple[int, ...] = (1, 2, 4)
+    # Price the winner's task under the other partition kinds too (plan.search["partitions"]);
+    # False for callers that need only the answer (it can cost more than the search).
+    report_partitions: bool = True
 
     def validate(self) -> None:
         def need(cond: bool, name: str, value: Any, fix: str) -> None:
@@ -268,7 +271,7 @@ def _stopped(deadline: float, best: Incumbent) -> bool:
 def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
          profile: ModelProfile, budget: float, options: SearchOptions, world: int, step: int,
          deadline: float, progress: Progress | None,
-         stats: dict[str, Any], comparison: bool = False
+         stats: dict[str, Any], comparison: bool = False, start: Incumbent | None = None
          ) -> tuple[Incumbent, list[tuple[Task, tuple[int, ...] | None]], Task | None]:
     """Search the union of ``spaces``; the incumbent, every (task, pinned partition), and the
     winner's task.
@@ -282,7 +285,7 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cluster: 
     ``infeasible.interleaved_least_peak``). Pass 2: the branch and bound of every task left. Every step
     stops at ``deadline`` once a plan exists.
     """
-    best = Incumbent(comparison=comparison)
+    best = start or Incumbent(comparison=comparison)
     tasks = []
     keys: dict[int, float] = {}
     for sp in spaces:
@@ -387,8 +390,13 @@ def _bound_step(budget: float, cluster: ClusterModel, options: SearchOptions) ->
 def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
            profile: ModelProfile, memory_budget_bytes: int,
            options: SearchOptions = SearchOptions(),
-           world_size: int | None = None) -> SearchResult:
+           world_size: int | None = None, incumbents: Sequence[Plan] = ()) -> SearchResult:
     """Best plan for ``spec`` on ``cluster`` within ``memory_budget_bytes`` per device.
+
+    ``incumbents``: plans *of the searched space* (the caller's contract; e.g. the answers of
+    its sub-spaces) to start from: the fastest that fits is the first incumbent, so the answer
+    is never below it even when the time limit stops the search, and a proven answer is still
+    the optimum of the space (``plan.search["from_incumbent"]``: no searched plan beat it).
 
     Raises ``InfeasibleError`` (with the least memory that would work) when nothing fits, and
     ``ValueError`` for bad options.
@@ -411,7 +419,8 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
     stats: dict[str, Any] = {}
     subspaces = spaces_of(options.space, options, world)
     best, tasks, winner = _run(subspaces, spec, training, cluster, profile, budget, options,
-                               world, step, t0 + share * limit_s, progress, stats)
+                               world, step, t0 + share * limit_s, progress, stats,
+                               start=_given(incumbents, spec, training, cluster, profile, budget))
     if reporter is not None:
         reporter.close()
     if best.plan is None:
@@ -424,7 +433,7 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
         # is the plain tasks'.
         raise infeasible_error(options.space, world, budget,
                           [(t, pin) for t, pin in tasks if t.v == 1], training)
-    assert best.estimate is not None and winner is not None
+    assert best.estimate is not None and (winner is not None or incumbents)
     baselines: dict[str, Estimate | None] = {}
     baselines_cut: list[str] = []
     adopted = None
@@ -450,13 +459,20 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
     tried = _virtual_size_report(best.plan, best.estimate, spec, training, cluster, profile,
                                  budget, options)
     report_s = min(REPORT_TIME_LIMIT_S, end - time.monotonic())
+    if not options.report_partitions:
+        partitions: Any = "not asked for"
+    elif winner is None:
+        partitions = "not priced: the answer is a given incumbent"
+    elif report_s > 0 and adopted is None:
+        partitions = partition_report(winner.sibling(), training, best, report_s)
+    else:
+        partitions = "not priced: the time limit was reached"
     info = {
         "space": options.space, "objective": "evaluate (iteration time), exact",
         "proven_optimal": not best.stopped, "time_limited": best.stopped,
         "time_limit_s": limit_s,
-        "partitions": (partition_report(winner.sibling(), training, best, report_s)
-                       if report_s > 0 and adopted is None else
-                       "not priced: the time limit was reached"),
+        "partitions": partitions,
+        "from_incumbent": winner is None,
         "adopted_from_baseline": adopted,
         "search_time_s": time.monotonic() - t0, "tasks": stats.get("tasks", 0),
         "tasks_pruned": stats.get("pruned", 0),
@@ -476,6 +492,21 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
 
 def _interleaving_pinned(options: SearchOptions) -> bool:
     return min(options.virtual_sizes) > 1
+
+
+def _given(plans: Sequence[Plan], spec: ModelSpec, training: TrainingSpec,
+           cluster: ClusterModel, profile: ModelProfile, budget: float) -> Incumbent | None:
+    """The fastest of ``plans`` that fits ``budget`` (priced by ``evaluate_plan``), as a
+    first incumbent; None without one."""
+    best = None
+    for plan in plans:
+        est = evaluate_plan(plan, spec, replace(training, global_batch_size=plan.global_batch_size),
+                            cluster, profile, budget)
+        value = est.iteration_time_s / plan.global_batch_size
+        if est.feasible and (best is None or value < best.value * (1 - TIE)):
+            best = Incumbent(value=value, plan=replace(plan, estimate=None, search=None),
+                             estimate=est)
+    return best
 
 
 def _virtual_size_report(plan: Plan, est: Estimate, spec: ModelSpec, training: TrainingSpec,
