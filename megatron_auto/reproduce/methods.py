@@ -5,6 +5,12 @@ by the same engine with the same memory step and priced by the same cost model (
 a difference between two columns is a difference of the spaces, never of two estimators.
 ``ours`` is the full space; the two ablations remove one ingredient each, and every baseline is a
 sub-space of ``ours`` (so ``ours`` is never below any of them, equality allowed).
+
+The grid makes that hold even when a search stops at its time limit: the methods of a cell run
+in :data:`METHODS` order (the cheap, small spaces first), and each search starts from every plan
+found so far in its cell that :func:`in_space` finds in its own space (``search``'s
+``incumbents``). A seeded search returns a plan at least as fast as each seed, and its answer is
+still a plan of its own space, which ``in_space`` checks rule by rule.
 """
 
 from __future__ import annotations
@@ -13,7 +19,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from ..planner.search import SearchOptions
+from ..plan import Plan, even_partition
+from ..planner.model_spec import ModelSpec
+from ..planner.search import SearchOptions, spaces_of
+from ..planner.spaces import layer_strategies, vocab_tps
 
 
 class MethodError(ValueError):
@@ -54,6 +63,48 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("ours", "ours", "full", ours=True),
 )}
 OURS = "ours"
+#: The order the methods of a cell are searched in: the table's, small spaces first, each
+#: ``ours`` variant after every space inside it (it starts from their plans), ``ours`` last.
+RUN_ORDER: tuple[str, ...] = tuple(METHODS)
+
+
+def in_space(plan: Plan, spec: ModelSpec, method: Method, devices_per_node: int) -> bool:
+    """Whether ``plan`` is a plan of ``method``'s search space on ``plan.world_size`` devices:
+    its pipeline degree, schedule, partition rule and virtual size, every layer's strategy (as
+    ``spaces.layer_strategies`` lists them for that layer) and the vocabulary's layout."""
+    options = method.options()
+    pipe, world = plan.pipeline, plan.world_size
+    schedule = options.schedule or "1f1b"  # the full space searches 1f1b only (gpipe: same
+    if pipe.schedule != schedule or pipe.virtual_size not in options.virtual_sizes:  # time)
+        return False
+    if pipe.virtual_size > 1 and pipe.schedule != "1f1b":
+        return False
+    pp, n = pipe.size, plan.stage_size
+    b_m = plan.global_batch_size // plan.num_microbatches
+    per_stage = [sum(pipe.layers_per_stage[c] for c in plan.stage_chunks(k)) for k in range(pp)]
+    for space in spaces_of(method.space, options, world):
+        if space.pps is not None and pp not in space.pps:
+            continue
+        if ((space.even_split or options.partition == "even")
+                and tuple(per_stage) != even_partition(spec.num_layers, pp)):
+            continue
+        rules = space.rules
+        if not all(s in layer_strategies(spec.layer_types[spec.layer_order[i]], n, b_m, rules,
+                                         devices_per_node)
+                   for i, s in enumerate(plan.layers)):
+            continue
+        vocab = plan.vocab
+        if space.vocab_tp == "layer":
+            tps = list(rules.tps or ())
+        elif isinstance(space.vocab_tp, int):
+            tps = [space.vocab_tp]
+        else:
+            tps = vocab_tps(spec.vocab_size, n, b_m, dataclasses.replace(rules, tps=None),
+                            devices_per_node)
+        modes = ("ddp",) if n // vocab.tp == 1 else (space.vocab_modes or options.dp_modes)
+        if vocab.tp in tps and vocab.dp_mode in modes:
+            return True
+    return False
 
 
 def select_methods(names: str | Sequence[str] | None) -> list[Method]:

@@ -15,18 +15,22 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
+from ..plan import Plan
 from ..planner.hardware import ClusterSpec
 from ..planner.model_spec import ModelSpec, TrainingSpec
 from ..planner.presets import get_cluster
 from ..planner.profiles import ModelProfile, analytic_profile
 from ..planner.search import InfeasibleError, search
 from .grid import Cell, GridError, GridModel, ALL_MODELS
-from .methods import Method
+from .methods import RUN_ORDER, Method, in_space
 from .results import ResultsFile
 
 GB = 1e9
+#: A cell's searches together (``--cell-time-limit``): the whole 1x8 grid (60 cells x 11
+#: methods) then takes minutes on two CPU cores; each search still proves what it can.
+DEFAULT_CELL_TIME_LIMIT_S = 4.0
 logger = logging.getLogger("megatron_auto")
 
 
@@ -67,44 +71,67 @@ def cell_inputs(model: GridModel, cluster: ClusterSpec, budget_gb: float,
 
 
 def search_cell(cell: Cell, method: Method, inputs: CellInputs, plan_dir: Path | None,
-                time_limit_s: float | None = None,
-                search_batch_size: bool = False) -> dict[str, Any]:
-    """Search ``method`` in ``cell``; the record of the results file (see docs/reproduce.md)."""
-    extra: dict[str, Any] = {"search_batch_size": search_batch_size}
+                time_limit_s: float | None = None, search_batch_size: bool = False,
+                found: Mapping[str, tuple[Plan, float]] | None = None
+                ) -> tuple[dict[str, Any], Plan | None]:
+    """Search ``method`` in ``cell``: the record of the results file (see docs/reproduce.md)
+    and the plan (None without one). ``found``: the plans of the methods already searched in
+    this cell with their samples/s; those in ``method``'s space (``in_space``) are the search's
+    first incumbents, so its answer is at least each of them."""
+    extra: dict[str, Any] = {"search_batch_size": search_batch_size, "report_partitions": False}
     if time_limit_s is not None:
         extra["time_limit_s"] = time_limit_s
     options = method.options(**extra)
+    seeds = {name: plan_sps for name, plan_sps in (found or {}).items()
+             if in_space(plan_sps[0], inputs.spec, method, inputs.cluster.devices_per_node)}
     record: dict[str, Any] = {"cell": cell.to_dict(), "method": method.name,
-                              "global_batch_size": inputs.training.global_batch_size}
-    t0 = time.perf_counter()
+                              "global_batch_size": inputs.training.global_batch_size,
+                              "warm_start": sorted(seeds)}
+    t0, cpu0 = time.perf_counter(), time.process_time()
     try:
         result = search(inputs.spec, inputs.training, inputs.cluster, inputs.profile,
-                        inputs.budget_bytes, options)
+                        inputs.budget_bytes, options,
+                        incumbents=[plan for plan, _ in seeds.values()])
     except InfeasibleError as err:
         least = err.min_memory_bytes
         # No minimum: the space has no plan at all for this shape (divisibility), not an OOM.
         record.update(status="infeasible" if least is not None else "no_plan",
                       search_time_s=time.perf_counter() - t0,
+                      search_cpu_s=time.process_time() - cpu0,
                       min_memory_gb=(math.ceil(least / GB * 100) / 100
                                      if least is not None and math.isfinite(least) else None),
                       message=str(err))
-        return record
+        return record, None
     est = result.estimate
     info = result.search
     record.update(
         status="ok", search_time_s=time.perf_counter() - t0,
+        search_cpu_s=time.process_time() - cpu0, time_limit_s=info.get("time_limit_s"),
         samples_per_s=est.samples_per_s, iteration_time_s=est.iteration_time_s,
         peak_memory_bytes=est.peak_memory_bytes,
         stage_peak_memory_bytes=[s.peak_memory_bytes for s in est.stages],
-        pp=result.plan.pp_size, num_microbatches=result.plan.num_microbatches,
+        pp=result.plan.pp_size, virtual_size=result.plan.pipeline.virtual_size,
+        num_microbatches=result.plan.num_microbatches,
         global_batch_size=result.plan.global_batch_size,
-        proven_optimal=info.get("proven_optimal"), time_limited=info.get("time_limited"))
+        proven_optimal=info.get("proven_optimal"), time_limited=info.get("time_limited"),
+        # No plan the search priced beat the fastest seed: the answer is that method's plan
+        # (interleaving aside), which is all a time-limited search may have to offer.
+        from_warm_start=(max(seeds, key=lambda n: seeds[n][1])
+                         if info.get("from_incumbent") and seeds else None))
     if plan_dir is not None:
         path = plan_dir / cell.key / f"{method.name}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         result.plan.save(path)
         record["plan_path"] = str(path)
-    return record
+    return record, result.plan
+
+
+def _finished_plan(record: Mapping[str, Any]) -> tuple[Plan, float] | None:
+    """A resumed record's plan (from its plan file) and samples/s, to warm-start the rest."""
+    path = record.get("plan_path")
+    if record.get("status") != "ok" or not path or not Path(path).exists():
+        return None
+    return Plan.load(path), float(record["samples_per_s"])
 
 
 def simulate(cells: Sequence[Cell], methods: Sequence[Method], results: ResultsFile,
@@ -112,12 +139,22 @@ def simulate(cells: Sequence[Cell], methods: Sequence[Method], results: ResultsF
              global_batch_size: int | None = None, time_limit_s: float | None = None,
              search_batch_size: bool = False,
              progress: Callable[[int, int, str], None] | None = None,
-             clusters: dict[str, ClusterSpec] | None = None) -> int:
+             clusters: dict[str, ClusterSpec] | None = None,
+             cell_time_limit_s: float | None = None) -> int:
     """Search every (cell, method) not yet in ``results``; returns how many were searched.
-    ``clusters``: specs already loaded by name (a measured one, for ``--run``)."""
-    todo = [(c, m) for c in cells for m in methods if not results.done(c.key, m.name)]
+    ``clusters``: specs already loaded by name (a measured one, for ``--run``).
+
+    Within a cell the methods run in ``METHODS`` order (cheap baselines first, ``ours`` last),
+    each warm-started by the plans found before it (see ``search_cell``). ``time_limit_s``
+    limits each search; ``cell_time_limit_s`` all of a cell's searches together: each gets
+    its share of what is left (:func:`share`). A search either limit stops is recorded
+    ``proven_optimal: false``."""
+    order = sorted(methods, key=lambda m: RUN_ORDER.index(m.name))
+    todo = [(c, m) for c in cells for m in order if not results.done(c.key, m.name)]
     clusters = dict(clusters or {})
     inputs: dict[str, CellInputs] = {}
+    found: dict[str, dict[str, tuple[Plan, float]]] = {}
+    cell_start: dict[str, float] = {}
     for i, (cell, method) in enumerate(todo):
         if progress is not None:
             progress(i, len(todo), f"{cell.key} {method.name}")
@@ -126,13 +163,49 @@ def simulate(cells: Sequence[Cell], methods: Sequence[Method], results: ResultsF
         if cell.key not in inputs:
             inputs[cell.key] = cell_inputs(ALL_MODELS[cell.model], clusters[cell.cluster],
                                            cell.budget_gb, profile_dir, global_batch_size)
+            found[cell.key] = {}
+            for m in order:  # resumed: the finished methods' plans warm-start the others
+                done = results.get(cell.key, m.name)
+                plan_sps = _finished_plan(done) if done is not None else None
+                if plan_sps is not None:
+                    found[cell.key][m.name] = plan_sps
+            cell_start[cell.key] = time.monotonic()
+        limit = time_limit_s
+        if cell_time_limit_s is not None:
+            left = cell_time_limit_s - (time.monotonic() - cell_start[cell.key])
+            rest = [m for c, m in todo[i:] if c == cell]
+            limit = share(left, method, rest, time_limit_s)
         try:
-            record = search_cell(cell, method, inputs[cell.key], plan_dir, time_limit_s,
-                                 search_batch_size)
+            record, plan = search_cell(cell, method, inputs[cell.key], plan_dir, limit,
+                                       search_batch_size, found[cell.key])
         except ValueError as err:  # a space with no plan for this shape (e.g. tp vs heads)
-            record = {"cell": cell.to_dict(), "method": method.name, "status": "no_plan",
-                      "message": str(err)}
+            record, plan = {"cell": cell.to_dict(), "method": method.name,
+                            "status": "no_plan", "message": str(err)}, None
+        if plan is not None:
+            found[cell.key][method.name] = (plan, record["samples_per_s"])
         results.append(record)
+        if i + 1 == len(todo) or todo[i + 1][0] != cell:  # the cell is finished
+            inputs.pop(cell.key, None)
+            found.pop(cell.key, None)
     if progress is not None:
         progress(len(todo), len(todo), "done")
     return len(todo)
+
+
+#: Weight of a method in a cell's time. The baselines' spaces are small and mostly proven
+#: within their share (an unproven baseline would flatter ours); what they leave goes on to the
+#: big spaces, ours last, which start from the baselines' plans anyway.
+WEIGHTS = {"galvatron-base": 1.5, "ours-no-bmw": 2.0, "ours-no-recompute": 2.0, "ours": 3.0}
+BASELINE_WEIGHT = 1.0
+MIN_SEARCH_S = 0.05  # the least any search gets, so that a late one still searches a little
+
+
+def share(left_s: float, method: Method, rest: Sequence[Method],
+          time_limit_s: float | None) -> float:
+    """The time limit of ``method``'s search when ``left_s`` seconds of its cell remain for it
+    and the ``rest`` of the cell's methods (itself included): its weighted share, at most
+    ``time_limit_s``. Small spaces rarely use theirs, so what they leave goes to the later."""
+    weights = [WEIGHTS.get(m.name, BASELINE_WEIGHT) for m in rest]
+    mine = WEIGHTS.get(method.name, BASELINE_WEIGHT) / sum(weights) * max(left_s, 0.0)
+    capped = max(MIN_SEARCH_S, mine)
+    return min(capped, time_limit_s) if time_limit_s is not None else capped

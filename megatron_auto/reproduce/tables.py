@@ -1,6 +1,7 @@
 """Tables in the paper's layout: rows model x cluster x budget, columns methods.
 
-Each entry is the estimated throughput (samples/s); ``OOM`` with the least memory the method
+Each entry is the estimated throughput (samples/s), marked ``†`` when its search stopped at
+the time limit (not proven optimal); ``OOM`` with the least memory the method
 needs when it cannot fit, ``-`` when its space has no plan for the shape. The best entry of a
 row is marked, and the last column is the speedup of ``ours`` over the best *baseline* (the
 ablations are ours and do not count as baselines). With ``--run`` records, a second table sets
@@ -25,12 +26,14 @@ def _rows(records: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, float], 
     return rows
 
 
-def _entry(record: Mapping[str, Any] | None) -> str:
+def _entry(record: Mapping[str, Any] | None, best: bool = False) -> str:
     if record is None:
         return ""
     status = record.get("status")
     if status == "ok":
-        return f"{record['samples_per_s']:.1f}"
+        text = f"{record['samples_per_s']:.1f}" + (" *" if best else "")
+        # the search stopped at its time limit: not proven optimal
+        return text + (" †" if record.get("proven_optimal") is False else "")
     if status == "infeasible":
         least = record.get("min_memory_gb")
         return f"OOM (needs {least:g} GB)" if least is not None else "OOM"
@@ -62,10 +65,7 @@ def table_rows(records: Iterable[Mapping[str, Any]], methods: Sequence[Method],
         best = max(values.values(), default=None)
         entries = []
         for m in methods:
-            text = _entry(row.get(m.name))
-            if best is not None and values.get(m.name) == best:
-                text += " *"
-            entries.append(text)
+            entries.append(_entry(row.get(m.name), best is not None and values.get(m.name) == best))
         s = speedup(row, methods)
         out.append([key[0], key[1], f"{key[2]:g}", *entries, f"{s:.2f}x" if s else "-"])
     return out
@@ -101,3 +101,45 @@ def measured_rows(records: Iterable[Mapping[str, Any]]) -> list[list[str]]:
                     f"{got_s:.2f}" if got_s else "-",
                     est_m, f"{got_m / 1e9:.3f}" if got_m else "-", meas.get("status", "")])
     return out
+
+
+def ours_below(records: Iterable[Mapping[str, Any]], methods: Sequence[Method]
+               ) -> list[tuple[str, str, float, float]]:
+    """The (cell, method, ours, theirs) where ``ours`` is below a method of its cell by more
+    than the search's tie tolerance: the grid's claim, empty when it holds."""
+    out = []
+    for key, row in _rows(records).items():
+        ours = row.get(OURS)
+        if ours is None or ours.get("status") != "ok":
+            continue
+        for m in methods:
+            r = row.get(m.name)
+            if r is not None and r.get("status") == "ok" \
+                    and ours["samples_per_s"] < r["samples_per_s"] * (1 - 1e-9):
+                out.append((f"{key[0]}@{key[1]}@{key[2]:g}GB", m.name, ours["samples_per_s"],
+                            r["samples_per_s"]))
+    return out
+
+
+def summary(records: Sequence[Mapping[str, Any]], methods: Sequence[Method]) -> list[str]:
+    """Lines stating the grid's claim and how much of it is proven: cells, ``ours`` at least
+    every method of its cell, searches proven optimal, ``ours`` over the best baseline."""
+    rows = _rows(records)
+    with_ours = [row for row in rows.values() if row.get(OURS, {}).get("status") == "ok"]
+    below = ours_below(records, methods)
+    ok = [r for r in records if r.get("status") == "ok"]
+    proven = [r for r in ok if r.get("proven_optimal")]
+    ours_proven = [row for row in with_ours if row[OURS].get("proven_optimal")]
+    ratios = [s for s in (speedup(row, methods) for row in with_ours) if s is not None]
+    lines = [f"{len(rows)} cells; ours has a plan in {len(with_ours)}, proven optimal in "
+             f"{len(ours_proven)}; {len(proven)} of {len(ok)} searches with a plan are proven "
+             f"optimal (the others stopped at the time limit, warm-started by the plans of "
+             f"their sub-spaces)",
+             "ours >= every method of its cell: " + (
+                 "holds in every cell" if not below else
+                 f"FAILS in {len(below)}: " + "; ".join(f"{c} {m} {a:.1f} < {b:.1f}"
+                                                          for c, m, a, b in below))]
+    if ratios:
+        lines.append(f"ours / best baseline: min {min(ratios):.2f}x, max {max(ratios):.2f}x, "
+                     f"above 1.00x in {sum(r > 1.005 for r in ratios)} of {len(ratios)} cells")
+    return lines
