@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -96,6 +97,14 @@ def _reporter(enabled: bool, unit: str) -> Callable[[int, int, str], None]:
     return report
 
 
+def _load() -> str:
+    """The machine's 1-minute load average (wall-clock limits depend on it), or "unknown"."""
+    try:
+        return f"{os.getloadavg()[0]:.1f}"
+    except (AttributeError, OSError):
+        return "unknown"
+
+
 def _nproc(args: argparse.Namespace) -> int:
     if args.nproc_per_node is not None:
         if args.nproc_per_node < 1:
@@ -144,13 +153,14 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         raise ValueError(f"--budgets {args.budgets}: every budget exceeds the device memory of "
                          f"{', '.join(clusters)}; give smaller budgets")
     progress = _reporter(not args.quiet, "searches")
-    wall0, cpu0 = time.perf_counter(), time.process_time()
+    wall0, cpu0, load0 = time.perf_counter(), time.process_time(), _load()
     searched = simulate(grid, methods, results, out / "plans", profile_dir,
                         args.global_batch_size, args.time_limit, args.search_batch_size,
                         progress, clusters=known,
                         cell_time_limit_s=args.cell_time_limit or None)
-    timing = (f"searched {searched} (cell x method) in {time.perf_counter() - wall0:.0f} s "
-              f"wall, {time.process_time() - cpu0:.0f} s CPU")
+    timing = (f"{searched} searches in {time.perf_counter() - wall0:.0f} s wall, "
+              f"{time.process_time() - cpu0:.0f} s CPU; 1-minute load average {load0} at the "
+              f"start, {_load()} at the end")
     measured = 0
     if args.run:
         runs = PlanRuns()
@@ -180,7 +190,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
                                                    (out / "results.md").read_text("utf-8"),
                                                    lines, timing), encoding="utf-8")
     print(f"reproduce (grid version {GRID_VERSION}): {len(grid)} cells x {len(methods)} methods; "
-          f"{timing}, trained {measured}, results in {results.path}")
+          f"searched {searched}, trained {measured}, results in {results.path} ({timing})")
     for path in [*written.values(), *figures[:3]]:
         print(f"  wrote {path}")
     if len(figures) > 3:

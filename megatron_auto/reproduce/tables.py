@@ -142,4 +142,16 @@ def summary(records: Sequence[Mapping[str, Any]], methods: Sequence[Method]) -> 
     if ratios:
         lines.append(f"ours / best baseline: min {min(ratios):.2f}x, max {max(ratios):.2f}x, "
                      f"above 1.00x in {sum(r > 1.005 for r in ratios)} of {len(ratios)} cells")
+    for name, what in (("ours-no-bmw", "BMW (the searched partition)"),
+                       ("ours-no-recompute", "recompute")):
+        if not any(m.name == name for m in methods):
+            continue
+        faster = [k for k, row in rows.items() if row.get(OURS, {}).get("status") == "ok"
+                  and row.get(name, {}).get("status") == "ok"
+                  and row[OURS]["samples_per_s"] > row[name]["samples_per_s"] * 1.005]
+        fits = [k for k, row in rows.items() if row.get(OURS, {}).get("status") == "ok"
+                and row.get(name, {}).get("status") == "infeasible"]
+        lines.append(f"{what} matters in {len(faster) + len(fits)} cells: ours is faster by "
+                     f"more than 0.5% in {len(faster)}, and fits only with it in {len(fits)}"
+                     + (f" ({', '.join(f'{k[0]} {k[2]:g} GB' for k in fits)})" if fits else ""))
     return lines
