@@ -23,7 +23,7 @@ from ..vision_config import VisionConfig
 
 #: Bumped whenever a cell's inputs or a record's meaning change: a results file written by
 #: another version is refused instead of mixing incomparable numbers.
-GRID_VERSION = 1
+GRID_VERSION = 2
 
 DEFAULT_CLUSTERS: tuple[str, ...] = ("a100-40g-1x8", "a100-40g-2x8")
 #: GB (1e9 bytes) per device. 40 runs on the 40 GB clusters; 80 on a100-80g clusters only.
