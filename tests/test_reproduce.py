@@ -95,6 +95,10 @@ def test_in_space_refuses_plans_outside_the_method():
     assert methods.in_space(uneven, spec, m["ours"], 8)
     assert not methods.in_space(uneven, spec, m["ours-no-bmw"], 8)
     assert methods.in_space(plan(pp=8), spec, m["pp-1f1b"], 8)
+    # interleaved: even over the 2 x 2 chunks, or not
+    assert methods.in_space(plan(tp=2, pp=2, virtual_size=2), spec, m["ours-no-bmw"], 8)
+    assert not methods.in_space(plan(tp=2, pp=2, virtual_size=2, layers_per_stage=(6, 10, 10, 6)),
+                                spec, m["ours-no-bmw"], 8)
     assert not methods.in_space(plan(pp=8, schedule="gpipe"), spec, m["ours"], 8)
     assert methods.in_space(plan(pp=8, schedule="gpipe"), spec, m["pp-gpipe"], 8)
     assert not methods.in_space(plan(tp=2, dp_mode="zero3"), spec, m["3d"], 8)

@@ -77,16 +77,18 @@ def in_space(plan: Plan, spec: ModelSpec, method: Method, devices_per_node: int)
     schedule = options.schedule or "1f1b"  # the full space searches 1f1b only (gpipe: same
     if pipe.schedule != schedule or pipe.virtual_size not in options.virtual_sizes:  # time)
         return False
-    if pipe.virtual_size > 1 and pipe.schedule != "1f1b":
-        return False
     pp, n = pipe.size, plan.stage_size
+    if pipe.virtual_size > 1 and (pipe.schedule != "1f1b" or pp == 1
+                                  or plan.num_microbatches % pp):
+        return False  # the search's interleaved tasks (search._interleaves)
     b_m = plan.global_batch_size // plan.num_microbatches
-    per_stage = [sum(pipe.layers_per_stage[c] for c in plan.stage_chunks(k)) for k in range(pp)]
     for space in spaces_of(method.space, options, world):
         if space.pps is not None and pp not in space.pps:
             continue
+        # the even split of an interleaved plan is even over its pp * v chunks
         if ((space.even_split or options.partition == "even")
-                and tuple(per_stage) != even_partition(spec.num_layers, pp)):
+                and tuple(pipe.layers_per_stage) != even_partition(spec.num_layers,
+                                                                   pipe.num_chunks)):
             continue
         rules = space.rules
         if not all(s in layer_strategies(spec.layer_types[spec.layer_order[i]], n, b_m, rules,
