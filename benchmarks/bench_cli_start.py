@@ -1,7 +1,7 @@
 """Process start to written plan for ``megatron-auto plan``, and where the time goes.
 
     python benchmarks/bench_cli_start.py            # 5 repeats of each, medians
-    python benchmarks/bench_cli_start.py --repeats 9
+    python benchmarks/bench_cli_start.py --repeats 9 --table-out start.md
 
 The problem: BERT-Large (24 layers, hidden 1024, 16 heads, seq 512, bf16, global batch 64) on
 the ``a100-40g-1x8`` preset (analytic profile), ``--quiet``. Target: under 0.3 s from process
@@ -9,9 +9,14 @@ start to the plan file on disk.
 
 Each row is a fresh interpreter (``python -m megatron_auto.cli plan ...``, what the console
 script runs), timed from spawn to exit, with the children's CPU time next to the wall time
-because a shared machine inflates the latter. Baselines measured in the same run:
+because a shared machine inflates the latter. The children compile to a bytecode cache (a
+temporary ``PYTHONPYCACHEPREFIX``, warmed by one untimed run of each command) as an installed
+package does, even where the environment sets ``PYTHONDONTWRITEBYTECODE``: compiling every
+module on every start is not what a user pays. Baselines measured in the same run:
 
 - ``python -c pass``: the interpreter's own start, which no change to the package can remove;
+- ``import numpy``: the planner's one dependency (its arrays), the floor of any command that
+  plans;
 - ``import megatron_auto.cli``: everything the command imports (no torch: see
   tests/test_torch_free.py);
 - ``import torch``: what the planning path would pay if it imported torch;
@@ -38,9 +43,19 @@ MODEL = ["--num-layers", "24", "--hidden-size", "1024", "--num-attention-heads",
 TARGET_S = 0.3
 
 
+_CACHE: dict[str, str] = {}
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    env["PYTHONPYCACHEPREFIX"] = _CACHE["dir"]
+    return env
+
+
 def _child(argv: list[str]) -> tuple[float, float]:
     """(wall, CPU) seconds of one fresh interpreter running ``argv``."""
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = _env()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     subprocess.run([sys.executable, *argv], check=True, env=env, cwd=REPO,
@@ -52,6 +67,7 @@ def _child(argv: list[str]) -> tuple[float, float]:
 
 
 def _median(argv: list[str], repeats: int) -> tuple[float, float]:
+    _child(argv)  # untimed: fills the bytecode cache
     runs = [_child(argv) for _ in range(repeats)]
     return statistics.median(w for w, _ in runs), statistics.median(c for _, c in runs)
 
@@ -84,11 +100,15 @@ def _in_process_split(out: str, repeats: int) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--table-out", default=None, metavar="FILE",
+                        help="also write the rows as a Markdown table (docs/planner.md §7)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
+        _CACHE["dir"] = str(Path(tmp) / "pycache")
         out = str(Path(tmp) / "plan.json")
         rows = {
             "python -c pass": _median(["-c", "pass"], args.repeats),
+            "import numpy": _median(["-c", "import numpy"], args.repeats),
             "import megatron_auto.cli": _median(["-c", "import megatron_auto.cli"],
                                                 args.repeats),
             "import torch": _median(["-c", "import torch"], args.repeats),
@@ -113,6 +133,13 @@ def main() -> None:
           f"(report, write) {max(main_s - search_s, 0.0):.3f} s")
     print(f"importing torch alone would add {rows['import torch'][0] - floor:.3f} s "
           f"({(rows['import torch'][0] - floor) / total_wall:.1f} x the whole command now)")
+    if args.table_out:
+        lines = [f"| process (fresh interpreter, {args.repeats} runs, medians; load average "
+                 f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs) | wall s | CPU s |",
+                 "|---|---|---|"]
+        lines += [f"| `{name}` | {wall:.3f} | {cpu:.3f} |" for name, (wall, cpu) in rows.items()]
+        lines.append(f"| in-process: the search alone (baselines included) | {search_s:.3f} | |")
+        Path(args.table_out).write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

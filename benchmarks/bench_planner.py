@@ -3,6 +3,7 @@ against the best baseline space, on three reference problems (analytic profiles,
 
     python benchmarks/bench_planner.py            # all three
     python benchmarks/bench_planner.py --only a   # one of a, b, c
+    python benchmarks/bench_planner.py --table-out table.md   # the docs/planner.md §7 table
 
 (a) BERT-Large-like, 24 layers, 8 GPUs (a100-40g-1x8), budgets 8/12/16/20 GB, batch 64.
 (b) GPT 1.5B (48 layers, h=1600, 25 heads -> 32 heads for TP), 16 GPUs (a100-40g-2x8), 40 GB.
@@ -11,13 +12,15 @@ The search is exact when it finishes (``proven optimal``); it stops proving afte
 time limit (search.DEFAULT_TIME_LIMIT_S) and says so. For a search that ends with a pipeline,
 every classic partition kind (even, memory- and time-balanced, the paper's BMW) is priced for
 the winner's task and printed next to the exact answer. The CPU time is printed next to the
-wall time because a shared machine inflates the latter.
+wall time because a shared machine inflates the latter (the time limit counts CPU seconds).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
+from pathlib import Path
 
 from megatron_auto.planner import (InfeasibleError, ModelSpec, SearchOptions, TrainingSpec,
                                    analytic_profile, search)
@@ -40,14 +43,16 @@ def _partitions(plan) -> str:
         for k, v in parts.items())
 
 
-def run(label: str, spec: ModelSpec, training: TrainingSpec, cluster, budgets_gb) -> None:
+def run(label: str, spec: ModelSpec, training: TrainingSpec, cluster, budgets_gb,
+        time_limit_s: float | None = None) -> None:
     profile = analytic_profile(spec, training, cluster)
     for budget in budgets_gb:
         t0 = time.perf_counter()
         c0 = time.process_time()
         try:
             result = search(spec, training, cluster, profile, int(budget * GB),
-                            SearchOptions(show_progress=False, include_baselines=False))
+                            SearchOptions(show_progress=False, include_baselines=False,
+                                          time_limit_s=time_limit_s))
         except InfeasibleError as err:
             print(f"{label} {budget:>5.0f} GB: infeasible: {err}")
             continue
@@ -56,7 +61,7 @@ def run(label: str, spec: ModelSpec, training: TrainingSpec, cluster, budgets_gb
         t1 = time.perf_counter()
         c1 = time.process_time()
         full = search(spec, training, cluster, profile, int(budget * GB),
-                      SearchOptions(show_progress=False))
+                      SearchOptions(show_progress=False, time_limit_s=time_limit_s))
         baseline_s = time.perf_counter() - t1
         baseline_cpu = time.process_time() - c1
         best_name, best = None, None
@@ -90,7 +95,8 @@ def run(label: str, spec: ModelSpec, training: TrainingSpec, cluster, budgets_gb
             f"| {label} | {budget:.0f} GB | {search_cpu:.2f} ({search_s:.2f}) | "
             f"{baseline_cpu:.2f} ({baseline_s:.2f}) | {core:.1f} | "
             f"{full.estimate.samples_per_s:.1f}{' (baseline adopted)' if adopted else ''} | "
-            f"{'yes' if info['proven_optimal'] else 'no (time limit)'} | pp {plan.pp_size}, "
+            f"{'yes' if info['proven_optimal'] else 'no (time limit)'} / "
+            f"{'yes' if plan.search['proven_optimal'] else 'no'} | pp {plan.pp_size}, "
             f"m {plan.num_microbatches}, tp {tps}, {'/'.join(modes)}, recompute {rc} | "
             f"{base_md} | {_partitions(plan)} |")
 
@@ -101,25 +107,34 @@ def main() -> None:
     parser.add_argument("--only", choices=["a", "b", "c"], help="run one problem")
     parser.add_argument("--markdown", action="store_true",
                         help="also print the rows as the table of docs/planner.md section 7")
+    parser.add_argument("--table-out", default=None, metavar="FILE",
+                        help="also write that table (Markdown, with the run's load) to FILE")
+    parser.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                        help="the search's CPU-time limit (default search.DEFAULT_TIME_LIMIT_S)")
     args = parser.parse_args()
+    load0 = os.getloadavg()[0]
     if args.only in (None, "a"):
         spec = ModelSpec.uniform(24, 1024, 16, 512, 30592, name="bert", causal=False)
         run("(a) BERT-Large 8xA100-40G", spec, TrainingSpec(64), get_cluster("a100-40g-1x8"),
-            [8, 12, 16, 20])
+            [8, 12, 16, 20], args.time_limit)
     if args.only in (None, "b"):
         spec = ModelSpec.uniform(48, 1600, 32, 1024, 50304, name="gpt-1.5b")
         run("(b) GPT-1.5B 16xA100-40G", spec, TrainingSpec(128), get_cluster("a100-40g-2x8"),
-            [40])
+            [40], args.time_limit)
     if args.only in (None, "c"):
         spec = ModelSpec.uniform(96, 12288, 96, 2048, 51200, name="gpt3-175b")
         run("(c) GPT-3 175B 1024xH100", spec, TrainingSpec(1536),
-            make_cluster("h100-80g", num_nodes=128, devices_per_node=8), [80])
+            make_cluster("h100-80g", num_nodes=128, devices_per_node=8), [80], args.time_limit)
+    table = ["| problem | budget | search CPU s (wall), full space alone | with baselines CPU s "
+             "(wall) | full space alone samples/s | answer samples/s | proven (alone / with "
+             "baselines) | plan | best baseline | partitions of the winner's task (samples/s) |",
+             "|---|---|---|---|---|---|---|---|---|---|", *ROWS]
     if args.markdown:
-        print("| problem | budget | search CPU s (wall), full space alone | with baselines CPU s "
-              "(wall) | full space alone samples/s | answer samples/s | proven | plan | best "
-              "baseline | partitions of the winner's task (samples/s) |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
-        print("\n".join(ROWS))
+        print("\n".join(table))
+    if args.table_out:
+        note = (f"\nLoad average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, "
+                f"on {os.cpu_count()} CPUs.\n")
+        Path(args.table_out).write_text("\n".join(table) + "\n" + note, encoding="utf-8")
 
 
 if __name__ == "__main__":

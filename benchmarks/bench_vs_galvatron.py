@@ -3,12 +3,18 @@
     python benchmarks/bench_vs_galvatron.py                    # every case, throwaway venv
     python benchmarks/bench_vs_galvatron.py --only llama       # one model: bert, llama, gpt
     python benchmarks/bench_vs_galvatron.py --galvatron-venv DIR   # reuse (or build once into) DIR
+    python benchmarks/bench_vs_galvatron.py --galvatron-source hetu_galvatron-2.4.0.tar.gz
+        # offline: Galvatron from a local sdist (or its unpacked directory), no package index
+        # for it (also GALVATRON_SOURCE=...); --wheels DIR for numpy/scipy/tqdm/pybind11
+    python benchmarks/bench_vs_galvatron.py --table-out table.md   # the docs/planner.md §8 table
 
 What runs:
 
 1. A virtual environment under a temporary directory (never in the repository) gets
    ``hetu-galvatron==2.4.0`` with ``--no-deps`` (its C++ dynamic-programming core is compiled on
-   install) plus numpy, scipy, tqdm and pybind11. Its search modules import without torch or
+   install), from the package index or, offline, from ``--galvatron-source`` (``pip install
+   --no-index``), plus numpy, scipy, tqdm and pybind11 (from ``--wheels DIR`` with
+   ``--no-index``, else the configured index). Its search modules import without torch or
    apex when the heavy package ``__init__`` files are bypassed, which the driver below does.
 2. Per case and memory budget, Galvatron's ``GalvatronSearchEngine`` searches in its own
    process on its shipped profiles of the model (``models/<model>/configs``) and hardware
@@ -22,7 +28,9 @@ What runs:
    imported profile, cluster and budget.
 
 Printed per case: Galvatron's time (whole process, and its search alone), ours (import + plan,
-whole commands), the ratio, and both plans' throughput under our cost model. Budgets are
+whole commands), the ratio of wall times and of CPU times (the children's user + system
+seconds: on a shared machine the wall ratio moves with the load, the CPU ratio much less), and
+both plans' throughput under our cost model. Budgets are
 Galvatron's GB (2**30 bytes); ours gets the same bytes. Galvatron silently keeps 20 % of any
 budget over 20 GB for its allocator, so its plans at 24+ GB are searched in 80 % of the budget
 (our evaluator prices them against the full budget). Timing is for a shared 2-core machine:
@@ -34,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -122,20 +131,35 @@ def _run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess:
     return proc
 
 
-def make_venv(path: Path) -> Path:
+def _children_cpu() -> float:
+    """User + system CPU seconds of every finished child process so far."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def make_venv(path: Path, source: Path | None = None, wheels: Path | None = None) -> Path:
     """A venv at ``path`` with Galvatron 2.4 (no deps) and what its search needs; reused when
-    it already has Galvatron."""
+    it already has Galvatron. ``source``: a local sdist or unpacked directory of
+    ``hetu-galvatron`` 2.4.0, installed without any package index (offline); ``wheels``: a
+    directory of wheels for the dependencies (``--no-index --find-links``)."""
     python = path / "bin" / "python"
     probe = [str(python), "-c", "import importlib.util,sys; "
              "sys.exit(importlib.util.find_spec('galvatron_dp_core') is None)"]
     if python.exists() and subprocess.run(probe).returncode == 0:
         return python
-    print(f"building a venv with {GALVATRON} in {path} (a minute or two) ...", flush=True)
+    if source is not None and not source.exists():
+        sys.exit(f"--galvatron-source {source}: no such file or directory; give the "
+                 f"hetu_galvatron-2.4.0 sdist (.tar.gz) or its unpacked directory")
+    what = str(source) if source is not None else GALVATRON
+    print(f"building a venv with {what} in {path} (a minute or two) ...", flush=True)
     _run([sys.executable, "-m", "venv", str(path)])
-    _run([str(python), "-m", "pip", "install", "-q", "numpy", "scipy", "tqdm", "pybind11",
-          "setuptools", "wheel"])
+    index = ["--no-index", "--find-links", str(wheels)] if wheels is not None else []
+    _run([str(python), "-m", "pip", "install", "-q", *index, "numpy", "scipy", "tqdm",
+          "pybind11", "setuptools", "wheel"])
+    target = [str(source)] if source is not None else [GALVATRON]
+    offline = ["--no-index"] if source is not None else []
     _run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-          GALVATRON])
+          *offline, *target])
     return python
 
 
@@ -233,16 +257,18 @@ def run_galvatron(python: Path, case: dict[str, Any], staged: dict[str, str], bu
                                 "model_args": {"hidden_size": case["layers"][0]["hidden_size"],
                                                "seq_length": case["layers"][0]["seq_len"]}}))
     t0 = time.perf_counter()
+    c0 = _children_cpu()
     try:
         proc = _run([str(python), "-c", _DRIVER, str(spec)], cwd=work, env=_env(),
                     timeout=timeout)
     except subprocess.TimeoutExpired:
         result: dict[str, Any] = {"wall_s": time.perf_counter() - t0, "search_s": float("nan"),
-                                  "config": None, "timed_out": True}
+                                  "config": None, "timed_out": True, "cpu_s": float("nan")}
     else:
         wall = time.perf_counter() - t0
         line = [ln for ln in proc.stdout.splitlines() if ln.startswith("GALVATRON_RESULT ")][-1]
-        result = {"wall_s": wall, **json.loads(line.split(" ", 1)[1])}
+        result = {"wall_s": wall, "cpu_s": _children_cpu() - c0,
+                  **json.loads(line.split(" ", 1)[1])}
     if record is not None:
         if result["config"]:
             kept = keep / f"{case['dir']}_{budget}GB_{Path(result['config']).name}"
@@ -256,7 +282,10 @@ def _ours(*args: str) -> list[str]:
     return [sys.executable, "-m", "megatron_auto.cli", *args]
 
 
-def import_ours(case: dict[str, Any], files: dict[str, Path], work: Path) -> tuple[float, Path, Path]:
+def import_ours(case: dict[str, Any], files: dict[str, Path],
+                work: Path) -> tuple[float, float, Path, Path]:
+    """``megatron-auto import-galvatron`` of the case's files: (wall s, CPU s, profile,
+    cluster)."""
     profile, cluster = work / "profile.json", work / "cluster.json"
     cmd = _ours("import-galvatron", *case["flags"], "--bf16", "--computation",
                 str(files["computation"]), "--memory", str(files["memory"]),
@@ -265,16 +294,25 @@ def import_ours(case: dict[str, Any], files: dict[str, Path], work: Path) -> tup
                 "--cluster-out", str(cluster), "--cluster", f"a100-40g-{case['nodes']}x{case['gpus']}")
     if files["sp_time"].exists():
         cmd += ["--sp-time", str(files["sp_time"])]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _children_cpu()
     _run(cmd, env=_env())
-    return time.perf_counter() - t0, profile, cluster
+    return time.perf_counter() - t0, _children_cpu() - c0, profile, cluster
+
+
+_PYCACHE: dict[str, str] = {}
 
 
 def _env() -> dict[str, str]:
     """Our checkout first on the path; one BLAS thread for both searches (both are meant to
-    run on one core; the machine is shared)."""
-    return {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    run on one core; the machine is shared); bytecode cached as an installed package has it
+    (a temporary ``PYTHONPYCACHEPREFIX``, even where ``PYTHONDONTWRITEBYTECODE`` is set:
+    Galvatron's venv has its bytecode from pip)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.update({"PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+    if "dir" in _PYCACHE:
+        env["PYTHONPYCACHEPREFIX"] = _PYCACHE["dir"]
+    return env
 
 
 def _common(case: dict[str, Any], profile: Path, cluster: Path, budget: int) -> list[str]:
@@ -284,16 +322,16 @@ def _common(case: dict[str, Any], profile: Path, cluster: Path, budget: int) -> 
 
 
 def plan_ours(case: dict[str, Any], profile: Path, cluster: Path, budget: int,
-              work: Path) -> tuple[float, float, Path]:
-    """``megatron-auto plan`` as a whole command: its wall time, the search's own time (as the
-    plan file records it) and the plan."""
+              work: Path) -> tuple[float, float, dict[str, Any], Path]:
+    """``megatron-auto plan`` as a whole command: its wall and CPU time, what the plan file
+    records of its search (times, proven) and the plan."""
     plan = work / f"plan_{budget}.json"
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _children_cpu()
     _run(_ours("plan", *_common(case, profile, cluster, budget), "--plan-out", str(plan),
                "--quiet"), env=_env())
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, _children_cpu() - c0
     search = json.loads(plan.read_text()).get("search", {})
-    return wall, float(search.get("search_time_s", float("nan"))), plan
+    return wall, cpu, search, plan
 
 
 def startup_ours() -> float:
@@ -319,6 +357,11 @@ def _throughput(est: dict[str, Any]) -> str:
     return f"{est['samples_per_s']:.2f}{fits}"
 
 
+HEADER = ("| case | budget | Galvatron 2.4: process s (search s) | ours: import + plan s "
+          "(search CPU s) | ratio wall (CPU) | ours proven optimal | samples/s under our "
+          "evaluator: Galvatron's plan / ours |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -327,25 +370,42 @@ def main() -> None:
                         help="only these budgets of the chosen cases")
     parser.add_argument("--galvatron-venv", type=Path, default=None,
                         help="build (or reuse) Galvatron's venv here instead of a throwaway one")
+    parser.add_argument("--galvatron-source", type=Path,
+                        default=os.environ.get("GALVATRON_SOURCE") or None, metavar="PATH",
+                        help="install Galvatron from this local sdist or directory, offline "
+                             "(default: $GALVATRON_SOURCE, else the package index)")
+    parser.add_argument("--wheels", type=Path, default=None, metavar="DIR",
+                        help="install numpy, scipy, tqdm, pybind11 from these wheels only")
     parser.add_argument("--galvatron-timeout", type=float, default=None, metavar="SECONDS",
                         help="stop a Galvatron search after this long (its time and the ratio "
                              "are then printed as lower bounds)")
     parser.add_argument("--keep-galvatron", type=Path, default=None, metavar="DIR",
                         help="store Galvatron's results (times, plans) in DIR and reuse stored "
                              "ones: re-measure ours after a change without re-running it")
+    parser.add_argument("--table-out", type=Path, default=None, metavar="FILE",
+                        help="also write the table (Markdown, with the run's load) to FILE")
     args = parser.parse_args()
     if args.keep_galvatron:
         args.keep_galvatron.mkdir(parents=True, exist_ok=True)
+    lines: list[str] = []
+
+    def emit(line: str) -> None:
+        print(line, flush=True)
+        lines.append(line)
+
     with tempfile.TemporaryDirectory(prefix="bench_vs_galvatron_") as tmp:
         work_root = Path(tmp)
-        python = make_venv(args.galvatron_venv or work_root / "venv")
+        _PYCACHE["dir"] = str(work_root / "pycache")
+        python = make_venv(args.galvatron_venv or work_root / "venv", args.galvatron_source,
+                           args.wheels)
         root = galvatron_root(python)
-        print(f"our start-up (python + import megatron_auto.cli): {startup_ours():.2f} s; "
-              f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-        print("| case | budget | Galvatron 2.4: process s (search s) | ours: import + plan s "
-              "(search s) | ratio total (plan only) | samples/s under our evaluator: Galvatron's "
-              "plan / ours |")
-        print("|---|---|---|---|---|---|")
+        startup_ours()  # untimed: fills our bytecode cache
+        loads = [os.getloadavg()[0]]
+        emit(f"our start-up (python + import megatron_auto.cli): {startup_ours():.2f} s; "
+             f"load average {loads[0]:.1f} on {os.cpu_count()} CPUs")
+        emit("")
+        emit(HEADER)
+        emit("|---|---|---|---|---|---|---|")
         for name, case in CASES.items():
             if args.only and name != args.only:
                 continue
@@ -353,12 +413,13 @@ def main() -> None:
             work.mkdir()
             files = shipped_files(root, case)
             staged = _stage_for_galvatron(case, files, work / "staged")
-            import_s, profile, cluster = import_ours(case, files, work)
+            import_s, import_cpu, profile, cluster = import_ours(case, files, work)
             for budget in [b for b in case["budgets"] if not args.budgets or b in args.budgets]:
                 g = run_galvatron(python, case, staged, budget, work, args.keep_galvatron,
                                   args.galvatron_timeout)
-                plan_s, search_s, plan = plan_ours(case, profile, cluster, budget, work)
-                ours_s = import_s + plan_s
+                plan_s, plan_cpu, info, plan = plan_ours(case, profile, cluster, budget, work)
+                loads.append(os.getloadavg()[0])
+                ours_s, ours_cpu = import_s + plan_s, import_cpu + plan_cpu
                 est_ours = evaluate_ours(case, profile, cluster, budget, ["--plan", str(plan)])
                 est_g = (evaluate_ours(case, profile, cluster, budget,
                                        ["--galvatron-config", g["config"]])
@@ -368,10 +429,20 @@ def main() -> None:
                 more = "> " if g.get("timed_out") else ""
                 g_txt = (f"> {g['wall_s']:.0f} (stopped)" if more
                          else f"{g['wall_s']:.1f} ({g['search_s']:.1f})")
-                print(f"| {case['label']} | {budget} GB | {g_txt}{reused} | "
-                      f"{import_s:.1f} + {plan_s:.1f} = {ours_s:.1f} ({search_s:.2f}) "
-                      f"| {more}x{g['wall_s'] / ours_s:.1f} ({more}x{g['wall_s'] / plan_s:.1f}) | "
-                      f"{_throughput(est_g)} / {_throughput(est_ours)} |", flush=True)
+                g_cpu = g.get("cpu_s", float("nan"))
+                cpu_ratio = f"{more}x{g_cpu / ours_cpu:.1f}" if g_cpu == g_cpu else "n/a"
+                proven = "yes" if info.get("proven_optimal") else \
+                    f"no (limit {info.get('time_limit_s', '?')} s)"
+                emit(f"| {case['label']} | {budget} GB | {g_txt}{reused} | "
+                     f"{import_s:.2f} + {plan_s:.2f} = {ours_s:.2f} "
+                     f"({info.get('search_cpu_s', float('nan')):.2f}) | "
+                     f"{more}x{g['wall_s'] / ours_s:.1f} ({cpu_ratio}) | {proven} | "
+                     f"{_throughput(est_g)} / {_throughput(est_ours)} |")
+    if args.table_out:
+        note = (f"\nLoad average {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs "
+                f"during the run.\n")
+        args.table_out.write_text("\n".join(lines) + "\n" + note, encoding="utf-8")
+
 
 if __name__ == "__main__":
     main()

@@ -480,7 +480,9 @@ def _add_plan_parser(sub: Any, fmt: Any) -> None:
                         "galvatron-base")
     g.add_argument("--search-batch-size", action="store_true",
                    help="also search the global batch size (default: fixed)")
-    g.add_argument("--time-limit", type=float, default=None, metavar="SECONDS")
+    g.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                   help="CPU seconds the search may take before it answers with the best plan "
+                        "found, not proven optimal (default 10)")
     g.add_argument("--tensor-model-parallel-size", type=int, default=None,
                    help="pin every layer's tp")
     g.add_argument("--pipeline-model-parallel-size", type=int, default=None, help="pin pp")
