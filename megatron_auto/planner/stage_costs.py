@@ -88,6 +88,25 @@ class EmbeddingCosts:
         return self.forward + self.backward
 
 
+_COLUMNS = ("forward", "backward", "exposed_sync", "optimizer", "persistent", "transient",
+            "step_peak", "step_floor", "step_temporary", "sharded")
+# Priced strategies per (profile, cluster) pair, most recent last: the tasks of one search (and
+# its baseline spaces, whose strategies are a subset) price the same strategy at the same stage
+# size and micro-batch many times. Both are frozen dataclasses; the entry holds them, so their
+# ids cannot be reused while it lives.
+_MEMO: dict[tuple[int, int], tuple[object, object, dict]] = {}
+_MEMO_PAIRS = 4
+
+
+def _memo(profile: LayerTypeProfile, cluster: ClusterModel) -> dict:
+    key = (id(profile), id(cluster))
+    if key not in _MEMO:
+        while len(_MEMO) >= _MEMO_PAIRS:
+            _MEMO.pop(next(iter(_MEMO)))
+        _MEMO[key] = (profile, cluster, {})
+    return _MEMO[key][2]
+
+
 def strategy_costs(profile: LayerTypeProfile, cluster: ClusterModel,
                    strategies: list[LayerStrategy], stage_size: int, microbatch_size: int,
                    in_flight: int, schedule: str, precision: str,
@@ -96,37 +115,42 @@ def strategy_costs(profile: LayerTypeProfile, cluster: ClusterModel,
     ``norm_grad_bytes``: ``cost_model.sp_reduced_tensor_bytes`` of the type, all-reduced by its
     sequence-parallel strategies."""
     n = stage_size
-    cols: dict[str, list[float]] = {k: [] for k in (
-        "forward", "backward", "exposed_sync", "optimizer", "persistent", "transient",
-        "step_peak", "step_floor", "step_temporary", "sharded")}
+    memo = _memo(profile, cluster)
+    rows = []
+    for s in strategies:
+        key = (s, n, microbatch_size, in_flight, schedule, precision, tuple(norm_grad_bytes))
+        if key not in memo:
+            memo[key] = _price(profile, cluster, s, n, microbatch_size, in_flight, schedule,
+                               precision, norm_grad_bytes)
+        rows.append(memo[key])
+    return StrategyCosts(strategies=tuple(strategies), layouts=tuple(r[0] for r in rows),
+                         **{k: np.array([r[1][j] for r in rows], dtype=float)
+                            for j, k in enumerate(_COLUMNS)})
+
+
+def _price(profile: LayerTypeProfile, cluster: ClusterModel, s: LayerStrategy, n: int,
+           microbatch_size: int, in_flight: int, schedule: str, precision: str,
+           norm_grad_bytes: tuple[float, ...]) -> tuple[tuple[Layout, bool], tuple[float, ...]]:
+    """One strategy's class and its ``_COLUMNS`` values."""
     frag = fragmentation_of(cluster)
     fused = bool(getattr(cluster, "fused_optimizer", False))
-    layouts = []
-    for s in strategies:
-        layout = layout_of(s, n)
-        dp = n // s.tp
-        samples = microbatch_size / dp
-        sp = s.sequence_parallel and s.tp > 1
-        mem = layer_memory(profile, s.tp, dp, s.dp_mode, s.recompute, samples,
-                           first_backward_peak=schedule == "gpipe", sequence_parallel=sp)
-        t = layer_time(profile, cluster, layout, s.dp_mode, s.recompute, samples, n, precision,
-                       sequence_parallel=sp, norm_grad_bytes=norm_grad_bytes if sp else ())
-        layouts.append((layout, sp))
-        cols["forward"].append(t.forward)
-        cols["backward"].append(t.backward)
-        cols["exposed_sync"].append(t.exposed_sync)
-        cols["optimizer"].append(t.optimizer)
-        # evaluate_plan sums parameters + gradients_at_peak + optimizer states and
-        # in_flight x activations per layer; persistent() is that sum (no early release here).
-        cols["persistent"].append(mem.persistent(in_flight)
-                                  + frag * in_flight * mem.activations_per_microbatch)
-        cols["transient"].append((1 + frag) * mem.transient)
-        cols["step_peak"].append(mem.step_peak)
-        cols["step_floor"].append(mem.step_peak - (mem.step_temporary if fused else 0.0))
-        cols["step_temporary"].append(mem.step_temporary if fused else 0.0)
-        cols["sharded"].append(float(s.dp_mode in ("zero2", "zero3") and dp > 1))
-    return StrategyCosts(strategies=tuple(strategies), layouts=tuple(layouts),
-                         **{k: np.asarray(v, dtype=float) for k, v in cols.items()})
+    layout = layout_of(s, n)
+    dp = n // s.tp
+    samples = microbatch_size / dp
+    sp = s.sequence_parallel and s.tp > 1
+    mem = layer_memory(profile, s.tp, dp, s.dp_mode, s.recompute, samples,
+                       first_backward_peak=schedule == "gpipe", sequence_parallel=sp)
+    t = layer_time(profile, cluster, layout, s.dp_mode, s.recompute, samples, n, precision,
+                   sequence_parallel=sp, norm_grad_bytes=norm_grad_bytes if sp else ())
+    # evaluate_plan sums parameters + gradients_at_peak + optimizer states and
+    # in_flight x activations per layer; persistent() is that sum (no early release here).
+    return (layout, sp), (
+        t.forward, t.backward, t.exposed_sync, t.optimizer,
+        mem.persistent(in_flight) + frag * in_flight * mem.activations_per_microbatch,
+        (1 + frag) * mem.transient, mem.step_peak,
+        mem.step_peak - (mem.step_temporary if fused else 0.0),
+        mem.step_temporary if fused else 0.0,
+        float(s.dp_mode in ("zero2", "zero3") and dp > 1))
 
 
 def embedding_costs(profile: EmbeddingProfile, cluster: ClusterModel, vocab: VocabStrategy,
