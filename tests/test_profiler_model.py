@@ -239,3 +239,38 @@ def test_under_two_ranks_the_profile_times_tp2_on_the_runtimes_tp2_shapes():
     for rank in run_distributed(_default_degrees_profile, 2, TINY.to_dict()):
         assert rank["degrees"] == [1, 2]
         assert rank["shard"] == rank["real"]
+
+
+@pytest.mark.single
+def test_analytic_kept_bytes_on_a_cpu_cluster_are_what_a_cpu_layer_keeps():
+    """With dropout on, a CPU layer keeps its dropout masks in the compute dtype (at::dropout's
+    noise tensor), not CUDA's 1-byte masks: the analytic profile of a CPU cluster counts them
+    so, and then agrees with what autograd saves, byte for byte (TINY's shapes are multiples of
+    the 512-byte block)."""
+    import dataclasses
+
+    from megatron_auto.planner.hardware import ClusterSpec
+    from megatron_auto.planner.model_spec import TrainingSpec
+    from megatron_auto.planner.profiles import analytic_profile
+
+    torch.set_num_threads(1)
+    cfg = dataclasses.replace(TINY, hidden_dropout=0.1, attention_dropout=0.1)
+    measured = mp.profile_model(cfg, "fp32", "cpu", config=QUICK)
+    cpu = ClusterSpec(name="cpu", num_nodes=1, devices_per_node=1, device_name="cpu-test",
+                      device_memory_bytes=2**34, peak_flops={"fp32": 1e11, "bf16": 1e11})
+    spec = ModelSpec.from_model_config(cfg)
+    analytic = analytic_profile(spec, TrainingSpec(8, "fp32"), cpu)
+    got, want = analytic.layer_types["gpt"], measured.layer_types["gpt"]
+    assert got.activation_split_bytes == pytest.approx(want.activation_split_bytes, rel=1e-9)
+    assert got.activation_replicated_bytes == pytest.approx(want.activation_replicated_bytes,
+                                                            rel=1e-9)
+    assert analytic.embedding.embedding_activation_bytes == pytest.approx(
+        measured.embedding.embedding_activation_bytes, rel=1e-9)
+    # a GPU cluster keeps 1-byte masks: two hidden masks and one per attention score
+    gpu = analytic_profile(spec, TrainingSpec(8, "fp32"),
+                           dataclasses.replace(cpu, device_name="NVIDIA H100"))
+    s, h, a = cfg.seq_length, cfg.hidden_size, cfg.num_attention_heads
+    assert got.activation_replicated_bytes - gpu.layer_types["gpt"].activation_replicated_bytes \
+        == 2 * 3 * s * h
+    assert got.activation_split_bytes - gpu.layer_types["gpt"].activation_split_bytes \
+        == 3 * a * s * s

@@ -57,13 +57,15 @@ def attention_score_flops(s: int, k: int, h: int, causal: bool, backend: str) ->
     return full
 
 
-def attention_kept_bytes(beta: int, heads: int, s: int, k: int, backend: str) -> float:
+def attention_kept_bytes(beta: int, heads: int, s: int, k: int, backend: str,
+                         mask_bytes: int = MASK_BYTES) -> float:
     """Bytes per sample attention keeps for backward beyond Q, K, V and its output (split
-    over TP with the heads): ``math``: the softmax output, its dropout mask and the dropped-out
-    probabilities, ``(2 beta + 1) a s k``; without stored scores: the log-sum-exp, ``4 a s``."""
+    over TP with the heads): ``math``: the softmax output, its dropout mask (``mask_bytes`` per
+    element, see ``profiles.dropout_mask_bytes``) and the dropped-out probabilities,
+    ``(2 beta + 1) a s k`` on CUDA; without stored scores: the log-sum-exp, ``4 a s``."""
     if backend in NO_SCORES_BACKENDS:
         return float(LSE_BYTES * heads * s)
-    return float((2 * beta + MASK_BYTES) * heads * s * k)
+    return float((2 * beta + mask_bytes) * heads * s * k)
 
 
 def attention_scratch_bytes(beta: int, heads: int, s: int, k: int, h: int,
