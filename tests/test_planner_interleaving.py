@@ -1,7 +1,10 @@
 """The cost model's view of the interleaved 1F1B schedule (``planner/interleaving.py``,
 ``cost_time.pipeline_time``) against the runtime's own order (``parallel/interleaved.py``):
-the warm-up counts, the in-flight chunk mixes counted along the order, and the iteration time of
-a simulation that runs the order with per-chunk durations and the pipeline's dependencies."""
+the warm-up counts, the in-flight chunk mixes counted along the order, the compute order, and
+the iteration time: ``interleaving.schedule_times`` against a simulation here that runs the
+runtime's order with per-chunk durations and the pipeline's dependencies, over random uneven
+chunk times; its proven lower bound; and the cost model's closed form against it (exact for
+equal chunks, the measured error range for uneven ones)."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import pytest
 
 from megatron_auto.planner.cost_time import pipeline_time
 from megatron_auto.planner.interleaving import (in_flight_vectors, max_in_flight, num_warmup,
-                                                pipeline_fill)
+                                                pipeline_fill, schedule_times, stage_order)
 
 pytestmark = pytest.mark.single  # imports the runtime's schedule (torch)
 
@@ -45,6 +48,14 @@ def test_warmup_and_in_flight_mixes_match_the_runtime_order(pp, v, m):
         assert set(in_flight_vectors(pp, v, m, stage)) == maximal
 
 
+@pytest.mark.parametrize("pp,v,m", CASES)
+def test_stage_order_is_the_runtime_order(pp, v, m):
+    from megatron_auto.parallel.interleaved import interleaved_order
+
+    for stage in range(pp):
+        assert stage_order(pp, v, m, stage) == interleaved_order(pp, v, m, stage)
+
+
 def _simulate(pp, v, m, f, b):
     """Makespan of the runtime's order: each stage runs its ops in order, a forward of chunk
     c > 0 waits for chunk c - 1's forward of the same micro-batch, a backward for chunk c + 1's
@@ -74,6 +85,31 @@ def _simulate(pp, v, m, f, b):
     return max(clock)
 
 
+def _stage_times(pp, v, f, b):
+    return [sum(f[c] + b[c] for c in range(k, pp * v, pp)) for k in range(pp)]
+
+
+@pytest.mark.parametrize("pp,v,m", CASES)
+def test_schedule_times_is_the_simulated_schedule_for_uneven_chunks(pp, v, m):
+    rng = random.Random(pp * 100 + v * 10 + m)
+    # equal chunks everywhere: m C + (p - 1) C / v exactly (the bubble shrinks by v)
+    f, b = [1.0] * (pp * v), [2.0] * (pp * v)
+    assert schedule_times(pp, v, m, f, b)[0] == pytest.approx(m * 3 * v + (pp - 1) * 3)
+    assert _simulate(pp, v, m, f, b) == pytest.approx(m * 3 * v + (pp - 1) * 3)
+    for spread in (0.3, 1.0):
+        for _ in range(4):
+            f = [rng.uniform(1 - spread, 1 + spread) + 0.01 for _ in range(pp * v)]
+            b = [x * rng.uniform(1.5, 2.5) for x in f]
+            makespan, ends = schedule_times(pp, v, m, f, b)
+            assert makespan == pytest.approx(_simulate(pp, v, m, f, b), rel=1e-12)
+            assert makespan == max(ends) == ends[0]  # stage 0 runs the last backward
+            # the proven lower bound (interleaving.schedule_times docstring)
+            stage = _stage_times(pp, v, f, b)
+            for k in range(pp):
+                assert m * stage[k] + sum(f[c] + b[c] for c in range(k)) \
+                    <= makespan * (1 + 1e-12)
+
+
 def _formula(pp, v, m, f, b):
     chunk_times = [[f[c] + b[c] for c in range(k, pp * v, pp)] for k in range(pp)]
     stage = [sum(t) for t in chunk_times]
@@ -82,17 +118,22 @@ def _formula(pp, v, m, f, b):
 
 
 @pytest.mark.parametrize("pp,v,m", CASES)
-def test_pipeline_formula_is_the_simulated_schedule_for_equal_chunks(pp, v, m):
+def test_pipeline_formula_against_the_exact_schedule(pp, v, m):
+    # The cost model's closed form: the schedule's makespan with equal chunks; within 10 %
+    # over it when only the stages differ; for chunks within +-30 % of each other the range
+    # measured over these cases (8 % under to 11 % over; docs/cost_model.md §6) -- a
+    # documented approximation, not a bound.
     rng = random.Random(pp * 100 + v * 10 + m)
-    # equal chunks everywhere: m C + (p - 1) C / v exactly
     f, b = [1.0] * (pp * v), [2.0] * (pp * v)
-    assert _formula(pp, v, m, f, b) == pytest.approx(m * 3 * v + (pp - 1) * 3 * v / v)
-    assert _simulate(pp, v, m, f, b) == pytest.approx(_formula(pp, v, m, f, b))
-    # stages of different speeds, each stage's chunks equal: still exact or the formula above
+    assert _formula(pp, v, m, f, b) == pytest.approx(schedule_times(pp, v, m, f, b)[0])
     for _ in range(3):
         speed = [rng.uniform(0.5, 2.0) for _ in range(pp)]
         f = [speed[c % pp] for c in range(pp * v)]
         b = [2 * x for x in f]
-        simulated, priced = _simulate(pp, v, m, f, b), _formula(pp, v, m, f, b)
-        assert simulated <= priced * (1 + 1e-12)
-        assert simulated >= priced * 0.9
+        exact, priced = schedule_times(pp, v, m, f, b)[0], _formula(pp, v, m, f, b)
+        assert exact <= priced * (1 + 1e-12) and exact >= priced * 0.9
+    for _ in range(6):
+        f = [rng.uniform(0.7, 1.3) for _ in range(pp * v)]
+        b = [2 * x * rng.uniform(0.8, 1.2) for x in f]
+        ratio = _formula(pp, v, m, f, b) / schedule_times(pp, v, m, f, b)[0]
+        assert 0.90 <= ratio <= 1.12

@@ -1,13 +1,16 @@
 """The interleaved 1F1B schedule as the cost model sees it (``pipeline.virtual_size`` v > 1).
 
 The runtime's schedule is ``parallel/interleaved.py`` (Megatron's virtual pipeline); this module
-restates, without torch, the two facts the cost model needs from it, and
-``tests/test_planner_interleaving.py`` checks both against the runtime's own order:
+restates, without torch, the facts the cost model needs from it, and
+``tests/test_planner_interleaving.py`` checks them against the runtime's own order:
 
 - the warm-up count of stage ``k``: ``W_k = 2 (pp - k - 1) + (v - 1) pp`` forwards before the
   first backward, capped by the ``m v`` forwards of the iteration, and all of them when
   ``m == pp`` (Megatron's rule); the steady state then runs one more forward before each
   backward, so at most ``min(W_k + 1, m v)`` (micro-batch, chunk) activations are in flight;
+- the compute order itself (:func:`stage_order`), from which :func:`schedule_times` computes
+  the iteration's makespan exactly for any per-chunk times (the reference the cost model's
+  closed form, :func:`pipeline_fill`, is measured against);
 - which local chunks those in-flight activations belong to, over time: forward ``t`` of a stage
   is of local chunk ``(t // pp) mod v``, backward ``t`` of local chunk
   ``v - 1 - (t // pp) mod v``. The mix changes during the steady state (a stage may hold more
@@ -95,10 +98,83 @@ def pipeline_fill(chunk_times: list[list[float]]) -> float:
     ``k`` and their chunks' per-micro-batch times ``c_{k,j}`` (with v = 1, ``sum_k C_k``).
 
     With equal chunks this is ``sum_k C_k / v``: the bubble shrinks by ``v``. The iteration is
-    then ``fill + (m - 1/v) max_k C_k`` (``cost_time.pipeline_time``): against a simulation of
-    the runtime's order exact with equal chunks, an upper bound within 10% when only the stages
-    differ, and approximate when a stage's chunks differ (docs/cost_model.md §6)."""
+    then ``fill + (m - 1/v) max_k C_k`` (``cost_time.pipeline_time``): the schedule's makespan
+    (:func:`schedule_times`) exactly with equal chunks; with uneven ones it is off both ways
+    (docs/cost_model.md §6)."""
     return sum(max(times) for times in chunk_times)
+
+
+def stage_order(pp: int, v: int, num_microbatches: int,
+                stage: int) -> list[tuple[bool, int, int]]:
+    """The runtime's compute order of ``stage`` (``parallel/interleaved.py``), restated:
+    ``(is_forward, micro-batch, model chunk)`` per op; forward (backward) ``t`` is of virtual
+    micro-batch ``t``: micro-batch ``(t // (pp v)) pp + t % pp``, local chunk ``(t // pp) % v``
+    (backward: ``v - 1 -`` that); :func:`num_warmup` forwards, then one forward before each
+    backward, then the remaining backwards."""
+    total = num_microbatches * v
+
+    def op(t: int, forward: bool) -> tuple[bool, int, int]:
+        group, within = divmod(t, pp * v)
+        local = within // pp
+        return (forward, group * pp + within % pp,
+                (local if forward else v - 1 - local) * pp + stage)
+
+    warmup = num_warmup(pp, v, num_microbatches, stage)
+    order = [op(t, True) for t in range(warmup)]
+    for i in range(total - warmup):
+        order += [op(warmup + i, True), op(i, False)]
+    return order + [op(t, False) for t in range(total - warmup, total)]
+
+
+def schedule_times(pp: int, v: int, num_microbatches: int, forward: list[float],
+                   backward: list[float]) -> tuple[float, list[float]]:
+    """``(makespan, per-stage end)`` of one interleaved iteration, exactly, when global chunk
+    ``c``'s forward takes ``forward[c]`` and its backward ``backward[c]`` (p2p hops included).
+
+    Each stage runs :func:`stage_order` one op after another; the forward of chunk ``c > 0``
+    waits for the forward of chunk ``c - 1`` of the same micro-batch, the backward of chunk
+    ``c`` for that of chunk ``c + 1`` (the last chunk's for its own forward). An op starts when
+    its stage is free and its input is there: ``end = max(stage free, input end) + duration``,
+    evaluated in dependency order (a longest path; the order never deadlocks,
+    ``tests/test_interleaved.py``). The cost model prices with the closed form of
+    :func:`pipeline_fill` instead, which equals this with equal chunks and is 8 % under to
+    11 % over it for random chunk times within +-30 % (``tests/test_planner_interleaving.py``
+    measures it): the exact search needs lower bounds that are sums over chunks, and the one
+    this makespan provably has (below) is too weak to prune interleaved tasks (docs/cost_model.md
+    §6, §8). With equal chunks it is ``m C + (pp - 1) C / v``.
+
+    Proven lower bound: stage ``b``'s first op (chunk ``b`` of micro-batch 0) waits for the
+    forwards of chunks ``0..b-1``; its last (the backward of chunk ``b`` of the last
+    micro-batch) is followed by the backwards of chunks ``b-1..0``; in between it runs all its
+    ops: ``makespan >= m C_b + sum_{c<b} (forward[c] + backward[c])``."""
+    chunks = pp * v
+    m = num_microbatches
+    orders = [stage_order(pp, v, m, k) for k in range(pp)]
+    done_f = [[-1.0] * chunks for _ in range(m)]
+    done_b = [[-1.0] * chunks for _ in range(m)]
+    pos, clock = [0] * pp, [0.0] * pp
+    left = sum(len(o) for o in orders)
+    while left:
+        moved = 0
+        for k in range(pp):
+            order, i, t = orders[k], pos[k], clock[k]
+            while i < len(order):
+                fwd, mb, c = order[i]
+                if fwd:
+                    ready = done_f[mb][c - 1] if c > 0 else 0.0
+                else:
+                    ready = done_b[mb][c + 1] if c < chunks - 1 else done_f[mb][c]
+                if ready < 0:
+                    break
+                t = (t if t > ready else ready) + (forward[c] if fwd else backward[c])
+                (done_f if fwd else done_b)[mb][c] = t
+                i += 1
+            moved += i - pos[k]
+            pos[k], clock[k] = i, t
+        if not moved:
+            raise RuntimeError(f"interleaved schedule pp={pp} v={v} m={m} deadlocked")
+        left -= moved
+    return max(clock), clock
 
 
 def chunk_in_flight(pp: int, v: int, num_microbatches: int) -> list[int]:

@@ -390,7 +390,14 @@ class Task:
         return stacked
 
     def stage_bound(self, k: int, start: int, b: int) -> np.ndarray:
-        """Lower bound on stage ``k``'s weighted cost in ``J_b`` per length ``1..max_len``."""
+        """Lower bound on stage ``k``'s weighted cost in ``J_b`` per length ``1..max_len``
+        (cached: the search asks for it at every node that starts a stage or chunk)."""
+        key = ("stage_bound", k, start, b)
+        if key not in self._future:
+            self._future[key] = self._stage_bound(k, start, b)
+        return self._future[key]
+
+    def _stage_bound(self, k: int, start: int, b: int) -> np.ndarray:
         w = self.weights(k, b)
         e = self.emb[k]
         fixed = (w.alpha * (e.microbatch + (self.min_boundary if k > 0 else 0.0))
