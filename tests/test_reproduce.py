@@ -202,6 +202,17 @@ def test_results_file_of_another_grid_version_is_refused(tmp_path):
         results.ResultsFile(path)
 
 
+def test_the_command_refuses_another_grid_version_in_one_line(tmp_path, capsys):
+    path = tmp_path / "old.jsonl"
+    path.write_text(json.dumps({"format": results.FORMAT, "grid_version": grid.GRID_VERSION - 1})
+                    + "\n")
+    code = main(["reproduce", "--models", "bert-huge-32", "--results", str(path), "--out",
+                 str(tmp_path), "--quiet", "--no-plots"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert f"written by grid version {grid.GRID_VERSION - 1}" in err[0] and "--results" in err[0]
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--models", "bert-giant"], "--models bert-giant: unknown model"),
     (["--clusters", "tpu-v9-1x8"], "--clusters tpu-v9-1x8"),
