@@ -52,15 +52,30 @@ def test_every_cell_has_every_method_and_ours_is_never_below_any(grid_run):
             assert r["peak_memory_bytes"] <= float(r["cell"]["budget_gb"]) * 1e9
             # proven or stopped by the time limit: ours starts from every plan of its cell
             assert ours["samples_per_s"] >= r["samples_per_s"] * (1 - 1e-9), (key, name)
-            # and so does each search from the plans found before it inside its space
+            # and so does each search from the plans found before it inside its space, in its
+            # cell or at a smaller budget (name@8GB)
             for seed in r["warm_start"]:
-                assert r["samples_per_s"] >= row[seed]["samples_per_s"] * (1 - 1e-9), \
+                method, _, budget = seed.partition("@")
+                other = row if not budget else by_cell[key.replace(
+                    f"@{r['cell']['budget_gb']:g}GB", f"@{budget}")]
+                assert r["samples_per_s"] >= other[method]["samples_per_s"] * (1 - 1e-9), \
                     (key, name, seed)
     # Both kinds of answer are in the grid: proven ones (the 16 GB cells within seconds) and
     # ones the cell's time limit stopped (BERT-Huge-32 at 8 GB), so neither case is vacuous.
     oks = [r for row in by_cell.values() for r in row.values() if r["status"] == "ok"]
     assert any(r["proven_optimal"] for r in oks)
     assert any(r["method"].startswith("ours") and not r["proven_optimal"] for r in oks)
+    # warm starts across budgets, and a method known not to fit at 8 GB is not searched at
+    # 16 GB when its least memory is above that: the same least memory, from the 8 GB search
+    assert any("@8GB" in seed for row in by_cell.values() for r in row.values()
+               for seed in r.get("warm_start", ()))
+    reused = [(k, r) for k, row in by_cell.items() for r in row.values() if "from_budget_gb" in r]
+    assert reused
+    for key, r in reused:
+        first = by_cell[key.replace("@16GB", "@8GB")][r["method"]]
+        assert r["cell"]["budget_gb"] == 16 and r["from_budget_gb"] == 8 and r["search_time_s"] == 0
+        assert (r["status"], r.get("min_memory_gb")) == (first["status"], first.get("min_memory_gb"))
+        assert r["status"] == "no_plan" or r["min_memory_gb"] > 16
     text = (out / "t.md").read_text()
     assert "ours >= every method of its cell: holds in every cell" in text
     assert f"--cell-time-limit {CELL_TIME_LIMIT}" in text and "†" in text
@@ -188,8 +203,12 @@ def test_rerun_resumes_without_searching_again(grid_run, tmp_path):
     assert searched == 1  # only the torn record is searched again
     again = list(results.ResultsFile(copy).all())
     assert len(again) == len(lines) - 1
-    # ... warm-started by the plans of its cell's finished methods (read from their files)
-    assert again[-1]["method"] == "ours" and len(again[-1]["warm_start"]) >= 5
+    # ... warm-started by the plans of the finished methods (read from their files), so
+    # it is again at least every method of its cell
+    last = again[-1]
+    assert last["method"] == "ours" and last["warm_start"]
+    assert all(last["samples_per_s"] >= r["samples_per_s"] * (1 - 1e-9) for r in again
+               if r["cell"] == last["cell"] and r["status"] == "ok")
 
 
 def test_results_file_of_another_grid_version_is_refused(tmp_path):

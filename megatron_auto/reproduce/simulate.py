@@ -24,8 +24,9 @@ from ..planner.presets import get_cluster
 from ..planner.profiles import ModelProfile, analytic_profile
 from ..planner.search import InfeasibleError, search
 from .grid import Cell, GridError, GridModel, ALL_MODELS
-from .methods import RUN_ORDER, Method, in_space
+from .methods import RUN_ORDER, Method
 from .results import ResultsFile
+from .warm import Found
 
 GB = 1e9
 #: A cell's searches together (``--cell-time-limit``): the whole 1x8 grid (60 cells x 11
@@ -72,18 +73,17 @@ def cell_inputs(model: GridModel, cluster: ClusterSpec, budget_gb: float,
 
 def search_cell(cell: Cell, method: Method, inputs: CellInputs, plan_dir: Path | None,
                 time_limit_s: float | None = None, search_batch_size: bool = False,
-                found: Mapping[str, tuple[Plan, float]] | None = None
+                seeds: Mapping[str, tuple[Plan, float]] | None = None
                 ) -> tuple[dict[str, Any], Plan | None]:
     """Search ``method`` in ``cell``: the record of the results file (see docs/reproduce.md)
-    and the plan (None without one). ``found``: the plans of the methods already searched in
-    this cell with their samples/s; those in ``method``'s space (``in_space``) are the search's
-    first incumbents, so its answer is at least each of them."""
+    and the plan (None without one). ``seeds``: plans of ``method``'s space and their
+    samples/s, by label (``warm.Found.seeds``); the search starts from them, so its answer is
+    at least each of them."""
     extra: dict[str, Any] = {"search_batch_size": search_batch_size, "report_partitions": False}
     if time_limit_s is not None:
         extra["time_limit_s"] = time_limit_s
     options = method.options(**extra)
-    seeds = {name: plan_sps for name, plan_sps in (found or {}).items()
-             if in_space(plan_sps[0], inputs.spec, method, inputs.cluster.devices_per_node)}
+    seeds = dict(seeds or {})
     record: dict[str, Any] = {"cell": cell.to_dict(), "method": method.name,
                               "global_batch_size": inputs.training.global_batch_size,
                               "warm_start": sorted(seeds)}
@@ -95,12 +95,12 @@ def search_cell(cell: Cell, method: Method, inputs: CellInputs, plan_dir: Path |
     except InfeasibleError as err:
         least = err.min_memory_bytes
         # No minimum: the space has no plan at all for this shape (divisibility), not an OOM.
+        finite = least is not None and math.isfinite(least)
         record.update(status="infeasible" if least is not None else "no_plan",
                       search_time_s=time.perf_counter() - t0,
                       search_cpu_s=time.process_time() - cpu0,
-                      min_memory_gb=(math.ceil(least / GB * 100) / 100
-                                     if least is not None and math.isfinite(least) else None),
-                      message=str(err))
+                      min_memory_gb=math.ceil(least / GB * 100) / 100 if finite else None,
+                      min_memory_bytes=least if finite else None, message=str(err))
         return record, None
     est = result.estimate
     info = result.search
@@ -114,8 +114,8 @@ def search_cell(cell: Cell, method: Method, inputs: CellInputs, plan_dir: Path |
         num_microbatches=result.plan.num_microbatches,
         global_batch_size=result.plan.global_batch_size,
         proven_optimal=info.get("proven_optimal"), time_limited=info.get("time_limited"),
-        # No plan the search priced beat the fastest seed: the answer is that method's plan
-        # (interleaving aside), which is all a time-limited search may have to offer.
+        # No plan the search priced beat the fastest seed: the answer is that plan, which is
+        # all a time-limited search may have to offer.
         from_warm_start=(max(seeds, key=lambda n: seeds[n][1])
                          if info.get("from_incumbent") and seeds else None))
     if plan_dir is not None:
@@ -126,12 +126,12 @@ def search_cell(cell: Cell, method: Method, inputs: CellInputs, plan_dir: Path |
     return record, result.plan
 
 
-def _finished_plan(record: Mapping[str, Any]) -> tuple[Plan, float] | None:
-    """A resumed record's plan (from its plan file) and samples/s, to warm-start the rest."""
+def _finished_plan(record: Mapping[str, Any]) -> Plan | None:
+    """A resumed record's plan (from its plan file), to warm-start the rest."""
     path = record.get("plan_path")
     if record.get("status") != "ok" or not path or not Path(path).exists():
         return None
-    return Plan.load(path), float(record["samples_per_s"])
+    return Plan.load(path)
 
 
 def simulate(cells: Sequence[Cell], methods: Sequence[Method], results: ResultsFile,
@@ -144,16 +144,20 @@ def simulate(cells: Sequence[Cell], methods: Sequence[Method], results: ResultsF
     """Search every (cell, method) not yet in ``results``; returns how many were searched.
     ``clusters``: specs already loaded by name (a measured one, for ``--run``).
 
-    Within a cell the methods run in ``METHODS`` order (cheap baselines first, ``ours`` last),
-    each warm-started by the plans found before it (see ``search_cell``). ``time_limit_s``
-    limits each search; ``cell_time_limit_s`` all of a cell's searches together: each gets
-    its share of what is left (:func:`share`). A search either limit stops is recorded
-    ``proven_optimal: false``."""
+    Within a cell the methods run in ``RUN_ORDER`` (small spaces first, ``ours`` last), and
+    each starts from the fastest plans in its space found so far for its model and cluster, at
+    its budget or a smaller one; a method already known not to fit is recorded so without a
+    search (module ``warm``). ``time_limit_s`` limits each search; ``cell_time_limit_s`` all of
+    a cell's searches together: each gets its share of what is left (:func:`share`). A search
+    either limit stops is recorded ``proven_optimal: false``."""
     order = sorted(methods, key=lambda m: RUN_ORDER.index(m.name))
+    pairs = list(dict.fromkeys((c.model, c.cluster) for c in cells))
+    # each model and cluster's budgets smallest first: their plans fit the larger ones
+    cells = sorted(cells, key=lambda c: (pairs.index((c.model, c.cluster)), c.budget_gb))
     todo = [(c, m) for c in cells for m in order if not results.done(c.key, m.name)]
     clusters = dict(clusters or {})
     inputs: dict[str, CellInputs] = {}
-    found: dict[str, dict[str, tuple[Plan, float]]] = {}
+    found: dict[tuple[str, str], Found] = {}
     cell_start: dict[str, float] = {}
     for i, (cell, method) in enumerate(todo):
         if progress is not None:
@@ -163,30 +167,39 @@ def simulate(cells: Sequence[Cell], methods: Sequence[Method], results: ResultsF
         if cell.key not in inputs:
             inputs[cell.key] = cell_inputs(ALL_MODELS[cell.model], clusters[cell.cluster],
                                            cell.budget_gb, profile_dir, global_batch_size)
-            found[cell.key] = {}
-            for m in order:  # resumed: the finished methods' plans warm-start the others
-                done = results.get(cell.key, m.name)
-                plan_sps = _finished_plan(done) if done is not None else None
-                if plan_sps is not None:
-                    found[cell.key][m.name] = plan_sps
             cell_start[cell.key] = time.monotonic()
+        here = inputs[cell.key]
+        pair = (cell.model, cell.cluster)
+        if pair not in found:  # resumed: the finished records of this model and cluster
+            found[pair] = Found(here.spec, here.cluster.devices_per_node)
+            for r in results.all():
+                if (r["cell"]["model"], r["cell"]["cluster"]) == pair:
+                    found[pair].add(r, _finished_plan(r))
         limit = time_limit_s
         if cell_time_limit_s is not None:
             left = cell_time_limit_s - (time.monotonic() - cell_start[cell.key])
             rest = [m for c, m in todo[i:] if c == cell]
             limit = share(left, method, rest, time_limit_s)
-        try:
-            record, plan = search_cell(cell, method, inputs[cell.key], plan_dir, limit,
-                                       search_batch_size, found[cell.key])
-        except ValueError as err:  # a space with no plan for this shape (e.g. tp vs heads)
-            record, plan = {"cell": cell.to_dict(), "method": method.name,
-                            "status": "no_plan", "message": str(err)}, None
-        if plan is not None:
-            found[cell.key][method.name] = (plan, record["samples_per_s"])
+        known = found[pair].known_infeasible(method, here.budget_bytes)
+        if known is not None:
+            record: dict[str, Any] = {"cell": cell.to_dict(), "method": method.name,
+                                      "global_batch_size": here.training.global_batch_size,
+                                      "search_time_s": 0.0, "search_cpu_s": 0.0, **known}
+            if known.get("min_memory_bytes") is not None:
+                record["min_memory_gb"] = math.ceil(known["min_memory_bytes"] / GB * 100) / 100
+            plan = None
+        else:
+            seeds = found[pair].seeds(method, cell.budget_gb, here.budget_bytes)
+            try:
+                record, plan = search_cell(cell, method, here, plan_dir, limit,
+                                           search_batch_size, seeds)
+            except ValueError as err:  # a space with no plan for this shape (tp vs heads)
+                record, plan = {"cell": cell.to_dict(), "method": method.name,
+                                "status": "no_plan", "message": str(err)}, None
+        found[pair].add(record, plan)
         results.append(record)
         if i + 1 == len(todo) or todo[i + 1][0] != cell:  # the cell is finished
             inputs.pop(cell.key, None)
-            found.pop(cell.key, None)
     if progress is not None:
         progress(len(todo), len(todo), "done")
     return len(todo)
