@@ -92,6 +92,12 @@ def test_every_answer_is_a_plan_of_its_own_space(grid_run):
             plan = Plan.load(r["plan_path"])
             assert methods.in_space(plan, spec, methods.METHODS[r["method"]], 8), r["method"]
             checked += 1
+            # the rules the ablations and the 3D grid without recompute are named after
+            if r["method"] in ("3d", "ours-no-recompute", "galvatron-base"):
+                assert not any(s.recompute for s in plan.layers), r["method"]
+            if r["method"] in ("3d", "3d-recompute", "ours-no-bmw", "galvatron-base"):
+                assert list(plan.pipeline.layers_per_stage) == [
+                    len(plan.layers) // plan.pipeline.num_chunks] * plan.pipeline.num_chunks
     assert checked >= 30
 
 

@@ -165,7 +165,8 @@ def spaces_of(name: str, options: SearchOptions, world: int) -> list[Space]:
     if name == "megatron3d":
         out = []
         for tp in powers_of_two_upto(world):
-            for recompute in (False, True):
+            # full recompute on every layer or none; none only without allow_recompute
+            for recompute in (False, True) if options.allow_recompute else (False,):
                 rules = SpaceRules(tps=(tp,), dp_modes=("ddp",), allow_recompute=recompute,
                                    allow_strided=False, force_recompute=recompute,
                                    max_tp=options.max_tp)
