@@ -56,12 +56,12 @@ def add_reproduce_parser(sub: Any) -> None:
                    help="measured or imported model profiles, DIR/<model>.json (default: "
                         "analytic profiles)")
     g.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
-                   help="per search (default: the planner's, 10 s)")
+                   help="CPU seconds per search (default: the planner's, 10 s)")
     g.add_argument("--cell-time-limit", type=float, default=DEFAULT_CELL_TIME_LIMIT_S,
                    metavar="SECONDS",
-                   help="all of a cell's searches together, shared by weight (most to ours; "
-                        f"default {DEFAULT_CELL_TIME_LIMIT_S:g}; 0: no cell limit). A search "
-                        "a limit stops is marked not proven optimal")
+                   help="CPU seconds of a cell's searches together, shared by weight (most "
+                        f"to ours; default {DEFAULT_CELL_TIME_LIMIT_S:g}; 0: no cell limit). A "
+                        "search a limit stops is marked not proven optimal")
     o = p.add_argument_group("output")
     o.add_argument("--out", default="reproduce_out", metavar="DIR",
                    help="directory of the results, tables, plans and figures")

@@ -29,8 +29,9 @@ from .results import ResultsFile
 from .warm import Found
 
 GB = 1e9
-#: A cell's searches together (``--cell-time-limit``): the whole 1x8 grid (60 cells x 11
-#: methods) then takes minutes on two CPU cores; each search still proves what it can.
+#: CPU seconds of a cell's searches together (``--cell-time-limit``; the planner's limits are
+#: CPU seconds too, so an answer does not depend on the machine's load): the whole 1x8 grid
+#: (60 cells x 11 methods) then takes minutes of CPU; each search still proves what it can.
 DEFAULT_CELL_TIME_LIMIT_S = 4.0
 logger = logging.getLogger("megatron_auto")
 
@@ -148,8 +149,9 @@ def simulate(cells: Sequence[Cell], methods: Sequence[Method], results: ResultsF
     each starts from the fastest plans in its space found so far for its model and cluster, at
     its budget or a smaller one; a method already known not to fit is recorded so without a
     search (module ``warm``). ``time_limit_s`` limits each search; ``cell_time_limit_s`` all of
-    a cell's searches together: each gets its share of what is left (:func:`share`). A search
-    either limit stops is recorded ``proven_optimal: false``."""
+    a cell's searches together: each gets its share of what is left (:func:`share`); both in
+    CPU seconds, as the planner counts them. A search either limit stops is recorded
+    ``proven_optimal: false``."""
     order = sorted(methods, key=lambda m: RUN_ORDER.index(m.name))
     pairs = list(dict.fromkeys((c.model, c.cluster) for c in cells))
     # each model and cluster's budgets smallest first: their plans fit the larger ones
@@ -167,7 +169,7 @@ def simulate(cells: Sequence[Cell], methods: Sequence[Method], results: ResultsF
         if cell.key not in inputs:
             inputs[cell.key] = cell_inputs(ALL_MODELS[cell.model], clusters[cell.cluster],
                                            cell.budget_gb, profile_dir, global_batch_size)
-            cell_start[cell.key] = time.monotonic()
+            cell_start[cell.key] = time.process_time()
         here = inputs[cell.key]
         pair = (cell.model, cell.cluster)
         if pair not in found:  # resumed: the finished records of this model and cluster
@@ -177,7 +179,7 @@ def simulate(cells: Sequence[Cell], methods: Sequence[Method], results: ResultsF
                     found[pair].add(r, _finished_plan(r))
         limit = time_limit_s
         if cell_time_limit_s is not None:
-            left = cell_time_limit_s - (time.monotonic() - cell_start[cell.key])
+            left = cell_time_limit_s - (time.process_time() - cell_start[cell.key])
             rest = [m for c, m in todo[i:] if c == cell]
             limit = share(left, method, rest, time_limit_s)
         known = found[pair].known_infeasible(method, here.budget_bytes)
