@@ -177,12 +177,13 @@ def simulate(cells: Sequence[Cell], methods: Sequence[Method], results: ResultsF
             for r in results.all():
                 if (r["cell"]["model"], r["cell"]["cluster"]) == pair:
                     found[pair].add(r, _finished_plan(r))
-        limit = time_limit_s
-        if cell_time_limit_s is not None:
-            left = cell_time_limit_s - (time.process_time() - cell_start[cell.key])
-            rest = [m for c, m in todo[i:] if c == cell]
-            limit = share(left, method, rest, time_limit_s)
         known = found[pair].known_infeasible(method, here.budget_bytes)
+        limit = time_limit_s
+        if cell_time_limit_s is not None and known is None:
+            left = cell_time_limit_s - (time.process_time() - cell_start[cell.key])
+            rest = [m for c, m in todo[i:] if c == cell
+                    and found[pair].known_infeasible(m, here.budget_bytes) is None]
+            limit = share(left, method, rest, time_limit_s)
         if known is not None:
             record: dict[str, Any] = {"cell": cell.to_dict(), "method": method.name,
                                       "global_batch_size": here.training.global_batch_size,
