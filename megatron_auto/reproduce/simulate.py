@@ -9,6 +9,7 @@ dropped; nothing one cell does stops the grid.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -159,6 +160,7 @@ def simulate(cells: Sequence[Cell], methods: Sequence[Method], results: ResultsF
     todo = [(c, m) for c in cells for m in order if not results.done(c.key, m.name)]
     clusters = dict(clusters or {})
     inputs: dict[str, CellInputs] = {}
+    shared: dict[tuple[str, str], CellInputs] = {}
     found: dict[tuple[str, str], Found] = {}
     cell_start: dict[str, float] = {}
     for i, (cell, method) in enumerate(todo):
@@ -166,12 +168,17 @@ def simulate(cells: Sequence[Cell], methods: Sequence[Method], results: ResultsF
             progress(i, len(todo), f"{cell.key} {method.name}")
         if cell.cluster not in clusters:
             clusters[cell.cluster] = load_cluster(cell.cluster)
+        pair = (cell.model, cell.cluster)
         if cell.key not in inputs:
-            inputs[cell.key] = cell_inputs(ALL_MODELS[cell.model], clusters[cell.cluster],
+            # One profile object per model and cluster: the planner memoises the strategies it
+            # prices per (profile, cluster), so every budget's searches share them.
+            if pair not in shared:
+                shared[pair] = cell_inputs(ALL_MODELS[cell.model], clusters[cell.cluster],
                                            cell.budget_gb, profile_dir, global_batch_size)
+            inputs[cell.key] = dataclasses.replace(
+                shared[pair], budget_bytes=shared[pair].cluster.budget_bytes(cell.budget_gb))
             cell_start[cell.key] = time.process_time()
         here = inputs[cell.key]
-        pair = (cell.model, cell.cluster)
         if pair not in found:  # resumed: the finished records of this model and cluster
             found[pair] = Found(here.spec, here.cluster.devices_per_node)
             for r in results.all():
