@@ -454,7 +454,8 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
             # space, so nothing is adopted then. A search the time limit stopped is not
             # proven: a baseline space's plan (a plan of the same space) that is better is
             # the answer instead, so a deep model never gets less than a uniform plan.
-            if best.stopped and found.plan is not None and found.value < best.value:
+            if best.stopped and found.plan is not None and found.value < best.value \
+                    and _keeps_pins(found.plan, options):
                 best, adopted = found, name
                 best.stopped = True
     chosen = (best.plan, best.estimate)
@@ -491,6 +492,13 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
         info["partition"] = {"virtual_size_samples_per_s": tried}
     plan = replace(chosen[0], estimate=chosen[1].to_dict(), search=info)
     return SearchResult(plan=plan, estimate=chosen[1], baselines=baselines)
+
+
+def _keeps_pins(plan: Plan, options: SearchOptions) -> bool:
+    """Whether a baseline space's plan has the pinned pipeline degree and virtual size (the
+    baseline spaces keep their own pp and never interleave)."""
+    return ((options.pp is None or plan.pp_size == options.pp)
+            and plan.virtual_size in options.virtual_sizes)
 
 
 def _interleaving_pinned(options: SearchOptions) -> bool:
