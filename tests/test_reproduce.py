@@ -73,7 +73,8 @@ def test_every_cell_has_every_method_and_ours_is_never_below_any(grid_run):
     for key, r in reused:
         first = by_cell[key.replace("@16GB", "@8GB")][r["method"]]
         assert r["cell"]["budget_gb"] == 16 and r["from_budget_gb"] == 8 and r["search_time_s"] == 0
-        assert (r["status"], r.get("min_memory_gb")) == (first["status"], first.get("min_memory_gb"))
+        assert (r["status"], r.get("min_memory_gb")) == \
+            (first["status"], first.get("min_memory_gb"))
         assert r["status"] == "no_plan" or r["min_memory_gb"] > 16
     text = (out / "t.md").read_text()
     assert "ours >= every method of its cell: holds in every cell" in text

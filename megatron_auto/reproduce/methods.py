@@ -7,10 +7,10 @@ a difference between two columns is a difference of the spaces, never of two est
 sub-space of ``ours`` (so ``ours`` is never below any of them, equality allowed).
 
 The grid makes that hold even when a search stops at its time limit: the methods of a cell run
-in :data:`METHODS` order (the cheap, small spaces first), and each search starts from every plan
-found so far in its cell that :func:`in_space` finds in its own space (``search``'s
-``incumbents``). A seeded search returns a plan at least as fast as each seed, and its answer is
-still a plan of its own space, which ``in_space`` checks rule by rule.
+in :data:`RUN_ORDER` (the cheap, small spaces first), and each search starts from the fastest
+plans found so far that :func:`in_space` finds in its own space (``search``'s ``incumbents``;
+module ``warm``). A seeded search returns a plan at least as fast as each seed, and its answer
+is still a plan of its own space, which ``in_space`` checks rule by rule.
 """
 
 from __future__ import annotations
