@@ -158,7 +158,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
                         args.global_batch_size, args.time_limit, args.search_batch_size,
                         progress, clusters=known,
                         cell_time_limit_s=args.cell_time_limit or None)
-    timing = (f"{searched} searches in {time.perf_counter() - wall0:.0f} s wall, "
+    timing = (f"{searched} (cell, method) records in {time.perf_counter() - wall0:.0f} s wall, "
               f"{time.process_time() - cpu0:.0f} s CPU; 1-minute load average {load0} at the "
               f"start, {_load()} at the end")
     measured = 0

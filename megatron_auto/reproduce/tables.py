@@ -131,10 +131,12 @@ def summary(records: Sequence[Mapping[str, Any]], methods: Sequence[Method]) -> 
     proven = [r for r in ok if r.get("proven_optimal")]
     ours_proven = [row for row in with_ours if row[OURS].get("proven_optimal")]
     ratios = [s for s in (speedup(row, methods) for row in with_ours) if s is not None]
+    reused = sum(1 for r in records if r.get("from_budget_gb") is not None)
     lines = [f"{len(rows)} cells; ours has a plan in {len(with_ours)}, proven optimal in "
              f"{len(ours_proven)}; {len(proven)} of {len(ok)} searches with a plan are proven "
              f"optimal (the others stopped at the time limit, warm-started by the plans of "
-             f"their sub-spaces)",
+             f"their sub-spaces); {reused} records are known not to fit from a search at a "
+             f"smaller budget and were not searched again",
              "ours >= every method of its cell: " + (
                  "holds in every cell" if not below else
                  f"FAILS in {len(below)}: " + "; ".join(f"{c} {m} {a:.1f} < {b:.1f}"
