@@ -87,3 +87,21 @@ def test_task_bounds_are_below_every_plan_of_the_task(world, layers, batch, m, v
     assert task.cheap_bound(False) <= min(times) * (1 + 1e-12)
     assert cheap_least_peak(task) <= min(peaks) * (1 + 1e-12)
     assert 0 < interleaved_least_peak(task) <= min(peaks) * (1 + 1e-12)
+
+
+def test_a_time_limited_pinned_search_keeps_its_virtual_size():
+    # Stopped at once (the seeds only), the pinned v = 2 answer is beaten by the plain 'pp'
+    # baseline space; adopting that plan would drop the pin (baseline spaces never interleave).
+    from planner_fakes import FakeCluster, round_profile
+
+    from megatron_auto.planner import SearchOptions, search
+
+    spec = ModelSpec.uniform(8, 64, 4, 16, 64, name="gpt")
+    result = search(spec, TrainingSpec(8, "fp32"), FakeCluster(devices_per_node=2),
+                    round_profile("fp32"), 10 ** 6,
+                    SearchOptions(show_progress=False, memory_step_bytes=64, pp=2,
+                                  virtual_sizes=(2,), time_limit_s=1e-9))
+    info = result.plan.search
+    assert info["time_limited"] and info["adopted_from_baseline"] is None
+    assert (result.plan.pp_size, result.plan.virtual_size) == (2, 2)
+    assert info["baselines"]["pp"] > result.estimate.samples_per_s  # what made it matter
