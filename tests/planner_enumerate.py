@@ -20,6 +20,7 @@ search is compared with.
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Iterator
 
 from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy
@@ -77,11 +78,10 @@ def virtual_sizes(layers: int, pp: int, m: int) -> list[int]:
     return [1] + [v for v in VIRTUAL_SIZES if pp * v <= layers]
 
 
-def all_plans(spec, global_batch: int, world: int, devices_per_node: int,
-              **restrict) -> Iterator[Plan]:
-    """Every plan of the full space (see the module docstring), or of the sub-space that
-    ``restrict`` names as the search options do: ``pp`` (one degree), ``dp_modes`` (layers and
-    vocabulary), ``recompute`` (the values allowed)."""
+def _settings(spec, global_batch: int, world: int, devices_per_node: int, restrict: dict
+              ) -> Iterator[tuple[int, int, list, list]]:
+    """Each (pp, m) of the space with its per-layer strategy choices and vocabulary layouts;
+    settings where some layer or the vocabulary has no choice are left out."""
     layers = spec.num_layers
     dp_modes = restrict.get("dp_modes", DP_MODES)
     recompute = restrict.get("recompute", (False, True))
@@ -97,40 +97,37 @@ def all_plans(spec, global_batch: int, world: int, devices_per_node: int,
                         for lt in spec.layer_types]
             vocabs = vocab_choices(spec, n, b_m, devices_per_node, dp_modes)
             choices = [per_type[spec.layer_order[i]] for i in range(layers)]
-            if not vocabs or not all(choices):
-                continue
-            for v in virtual_sizes(layers, pp, m):
-                for part in compositions(layers, pp * v):
-                    pipe = PipelineSpec(size=pp, schedule="1f1b", layers_per_stage=part,
-                                        virtual_size=v)
-                    for combo in itertools.product(*choices):
-                        for vocab in vocabs:
-                            yield Plan(world_size=world, global_batch_size=global_batch,
-                                       num_microbatches=m, pipeline=pipe, vocab=vocab,
-                                       layers=tuple(combo), model=spec.plan_model_record())
+            if vocabs and all(choices):
+                yield pp, m, choices, vocabs
+
+
+def all_plans(spec, global_batch: int, world: int, devices_per_node: int,
+              **restrict) -> Iterator[Plan]:
+    """Every plan of the full space (see the module docstring), or of the sub-space that
+    ``restrict`` names as the search options do: ``pp`` (one degree), ``dp_modes`` (layers and
+    vocabulary), ``recompute`` (the values allowed)."""
+    layers = spec.num_layers
+    for pp, m, choices, vocabs in _settings(spec, global_batch, world, devices_per_node,
+                                            restrict):
+        for v in virtual_sizes(layers, pp, m):
+            for part in compositions(layers, pp * v):
+                pipe = PipelineSpec(size=pp, schedule="1f1b", layers_per_stage=part,
+                                    virtual_size=v)
+                for combo in itertools.product(*choices):
+                    for vocab in vocabs:
+                        yield Plan(world_size=world, global_batch_size=global_batch,
+                                   num_microbatches=m, pipeline=pipe, vocab=vocab,
+                                   layers=tuple(combo), model=spec.plan_model_record())
 
 
 def count_plans(spec, global_batch: int, world: int, devices_per_node: int,
                 **restrict) -> int:
     """How many plans :func:`all_plans` yields (without building them)."""
-    total = 0
     layers = spec.num_layers
-    dp_modes = restrict.get("dp_modes", DP_MODES)
-    recompute = restrict.get("recompute", (False, True))
-    for pp in _powers(world):
-        if pp > layers or restrict.get("pp", pp) != pp:
-            continue
-        n = world // pp
-        for m in range(1, global_batch + 1):
-            if global_batch % m:
-                continue
-            b_m = global_batch // m
-            per_type = [len(layer_choices(spec, n, b_m, devices_per_node, lt, dp_modes,
-                                          recompute)) for lt in spec.layer_types]
-            v = len(vocab_choices(spec, n, b_m, devices_per_node, dp_modes))
-            prod = 1
-            for i in range(layers):
-                prod *= per_type[spec.layer_order[i]]
-            total += prod * v * sum(1 for w in virtual_sizes(layers, pp, m)
-                                    for _ in compositions(layers, pp * w))
+    total = 0
+    for pp, m, choices, vocabs in _settings(spec, global_batch, world, devices_per_node,
+                                            restrict):
+        partitions = sum(1 for v in virtual_sizes(layers, pp, m)
+                         for _ in compositions(layers, pp * v))
+        total += math.prod(len(c) for c in choices) * len(vocabs) * partitions
     return total
