@@ -83,8 +83,8 @@ def test_lower_budget_saves_memory_and_stays_under_it(tmp_path, cache_dir):
     assert tight_peak <= budget < roomy_peak
     assert _memory_saving(tight) > _memory_saving(roomy)
     measured = [r["peak_memory_bytes"] for r in records]
-    # The plan's estimate is within the budget (above); the measured peak may exceed the
-    # estimate by the memory model's stated tolerance, an under-estimate of at most 5 %
-    # (docs/cost_model.md). Seen: layers ddp + recompute with the vocabulary in zero1, estimated
-    # 4.4 MB, measured 4.60 MB on the second iteration against a 4.52 MB budget.
-    assert all(m is not None and 0 < m <= 1.05 * budget for m in measured), (measured, budget)
+    # The second iteration (optimizer states alive through backward) is the steady state.
+    # Once seen over budget: layers ddp + recompute with the vocabulary in zero1, estimated
+    # 4.4 MB, measured 4.60 MB against 4.52 MB, before the model priced the weight gradients
+    # made in backward and the tied head's held gradient (tests/test_cost_memory_measured.py).
+    assert all(m is not None and 0 < m <= budget for m in measured), (measured, budget)

@@ -31,10 +31,12 @@ def test_evaluate_uniform_two_layer_plan_matches_hand_calculation():
     # Memory per rank: layers 2 x 16 B x 1000 = 32000; activations 2 x 100 (1 in flight);
     #   embedding states 16 x 520 = 8320 plus activations 10 + 40 = 50, of which the loss's 40
     #   are released before the layers' backward (counted for 1 - 1 = 0 other micro-batches:
-    #   8330); transient: the loss's kept 40 plus its own 80 = 120 (a layer's: 0); reserve 1000
-    #   ->  41650 bytes during backward. The optimizer step holds the 16 B x 2520 states plus
+    #   8330); transient: the loss's kept 40 plus the larger of its own 80 (forward) and the
+    #   head's gradient of the tied weight, 4 x 500 = 2000 (backward), which autograd then holds
+    #   through the layers' backward (a layer's: 0) until the embedding's: 2040; reserve 1000
+    #   ->  43570 bytes during backward. The optimizer step holds the 16 B x 2520 states plus
     #   4 B x 2520 of foreach temporaries, no activations: 50400 + 1000 = 51400, the peak (the
-    #   9750 beyond the backward peak shown as optimizer_step_excess).
+    #   7830 beyond the backward peak shown as optimizer_step_excess).
     plan = Plan.uniform(2, 2, global_batch_size=4, num_microbatches=2)
     est = evaluate(plan, SPEC2, TrainingSpec(4), FakeCluster(), round_profile(),
                    memory_budget_bytes=51400)
@@ -42,12 +44,12 @@ def test_evaluate_uniform_two_layer_plan_matches_hand_calculation():
     assert est.samples_per_s == pytest.approx(4 / 1.1096)
     stage = est.stages[0]
     assert stage.peak_memory_bytes == pytest.approx(51400)
-    assert stage.memory_breakdown["optimizer_step_excess"] == pytest.approx(9750)
+    assert stage.memory_breakdown["optimizer_step_excess"] == pytest.approx(7830)
     assert stage.memory_breakdown["parameters"] == pytest.approx(8000)
     assert stage.memory_breakdown["optimizer_states"] == pytest.approx(16000)
     assert stage.memory_breakdown["activations"] == pytest.approx(200)
     assert stage.memory_breakdown["embedding"] == pytest.approx(8330)
-    assert stage.memory_breakdown["transient"] == pytest.approx(120)
+    assert stage.memory_breakdown["transient"] == pytest.approx(2040)
     assert est.feasible
     assert not evaluate(plan, SPEC2, TrainingSpec(4), FakeCluster(), round_profile(),
                         memory_budget_bytes=51399).feasible
@@ -179,11 +181,18 @@ def test_recomputing_zero_layer_keeps_its_pending_reduce_scatter():
 
 def test_loss_softmax_is_released_before_the_layers_backward():
     # Last stage, 1 sample, tied ddp head: the loss keeps 40 B and adds 80 B in forward. With 3
-    # micro-batches in flight (GPipe) 2 still hold theirs while the running one's 40 + 80 are
-    # the transient: persistent = states + 3 x (10 + 40) - 40 (embedding on the same stage).
+    # micro-batches in flight (GPipe) 2 still hold theirs while the running one's 40 and the
+    # larger of its 80 and the head's weight gradient (4 x 500 B, backward) are the transient:
+    # persistent = states + 3 x (10 + 40) - 40 (embedding on the same stage). That gradient of
+    # the tied weight stays held until the embedding's backward, beside every layer's
+    # transient: it counts in persistent, the transient keeps only what is above it.
     emb = embedding_memory(round_profile().embedding, 1, 1, "ddp", 1, True, True, 1)
-    assert emb.transient == pytest.approx(40 + 80)
-    assert emb.persistent(3) == pytest.approx(16 * 520 + 3 * 50 - 40)
+    assert emb.held_in_backward == pytest.approx(2000)
+    assert emb.transient + emb.held_in_backward == pytest.approx(40 + 2000)
+    assert emb.persistent(3) == pytest.approx(16 * 520 + 3 * 50 - 40 + 2000)
+    # Over two stages each copy's gradient is accumulated at once: nothing held.
+    last = embedding_memory(round_profile().embedding, 1, 1, "ddp", 1, False, True, 2)
+    assert last.held_in_backward == 0 and last.transient == pytest.approx(40 + 2000)
     # The first stage alone releases nothing early.
     first = embedding_memory(round_profile().embedding, 1, 1, "ddp", 1, True, False, 2)
     assert first.persistent(3) == pytest.approx(16 * 500 + 3 * 10) and first.transient == 0

@@ -35,6 +35,11 @@ class MemoryCost:
     ``lazy_gradients`` (part of ``gradients``, set only when the stage peaks at its first
     backward, see :func:`lazy_gradients`) do not exist yet at that peak: they count as
     ``max(0, lazy - activations_per_microbatch)``, and once inside ``transient``.
+
+    ``held_in_backward`` exists beside every other component's backward transient (the tied
+    head's pending gradient, :func:`embedding_memory`): it counts in ``persistent`` (once, with
+    any micro-batch in flight) and ``transient`` holds only what this component adds above it,
+    so that a stage's ``sum persistent + max transient`` prices both moments.
     """
 
     parameters: float
@@ -45,6 +50,7 @@ class MemoryCost:
     released_early: float = 0.0
     lazy_gradients: float = 0.0
     step_temporary: float = 0.0
+    held_in_backward: float = 0.0
 
     @property
     def model_states(self) -> float:
@@ -58,7 +64,7 @@ class MemoryCost:
     def persistent(self, in_flight: int) -> float:
         return (self.parameters + self.gradients_at_peak + self.optimizer_states
                 + in_flight * self.activations_per_microbatch
-                - (self.released_early if in_flight > 0 else 0.0))
+                + ((self.held_in_backward - self.released_early) if in_flight > 0 else 0.0))
 
     @property
     def step_peak(self) -> float:
@@ -140,7 +146,9 @@ def layer_memory(profile: LayerTypeProfile, tp: int, dp: int, dp_mode: str, reco
     sp = sequence_parallel and tp > 1
     per_sample = profile.sequence_parallel_activation_bytes(tp) if sp else profile.activation_bytes(tp)
     full = per_sample * samples + copies
-    scratch = profile.scratch_bytes(tp) * samples
+    # The measured scratch grows with the samples; its constant part is a weight's gradient,
+    # made whole beside the activation gradients before autograd adds it into ``.grad``.
+    scratch = profile.scratch_bytes(tp) * samples + profile.scratch_constant_bytes(tp)
     if recompute:
         kept = profile.recompute_bytes_per_sample * samples / (tp if sp else 1)
         transient = scratch + full + states_transient
@@ -206,13 +214,22 @@ def embedding_memory(profile: EmbeddingProfile, vocab_tp: int, dp: int, dp_mode:
     params, grads, optim, states_transient = model_states(num_params, dp_mode, dp)
     gathered = MASTER_BYTES * num_params * (1 - 1 / dp) if dp_mode == "zero3" and dp > 1 else 0.0
     forward = loss_transient + gathered if last else 0.0
-    transient = loss_kept + max(forward, states_transient)
+    # The head's backward makes its weight gradient whole beside the logits gradient before
+    # autograd adds it into ``.grad`` (counted over every vocabulary row, position rows or the
+    # final norm included: conservative by those).
+    head_grad = GRAD_BYTES * (profile.embedding_parameters if profile.tied
+                              else profile.head_parameters) / vocab_tp if last else 0.0
+    transient = loss_kept + max(forward, states_transient + head_grad)
+    # One tied weight used by the embedding and the head of this stage: autograd holds the
+    # head's gradient of it until the embedding's backward adds its own, i.e. through the
+    # backward of every layer of the micro-batch (measured: ddp layers, pp 1).
+    held = head_grad if first and last and profile.tied and pp == 1 else 0.0
     step = STEP_TEMP_BYTES * optim / ADAM_BYTES
     if first_backward_peak and first and not last and lazy_gradients(dp_mode, dp):
         return MemoryCost(params, grads, optim, kept, transient + min(kept, grads),
                           lazy_gradients=grads, step_temporary=step)
-    return MemoryCost(params, grads, optim, kept, transient, released_early=loss_kept,
-                      step_temporary=step)
+    return MemoryCost(params, grads, optim, kept, max(0.0, transient - held),
+                      released_early=loss_kept, step_temporary=step, held_in_backward=held)
 
 
 def _move_bytes(src: Layout, dst: Layout, microbatch_bytes: float, stage_size: int) -> float:

@@ -393,7 +393,11 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
                             "transient_bytes": mem.transient,
                             "forward_time_s": t.forward, "backward_time_s": t.backward,
                             "sync_time_s": t.sync}
-        embedding_bytes = emb_mem.persistent(k_emb)
+        # The tied head's held gradient (cost_memory.embedding_memory) is shown with the
+        # transient it sits beside, not with the embedding's persistent bytes.
+        held = emb_mem.held_in_backward if k_emb > 0 else 0.0
+        embedding_bytes = emb_mem.persistent(k_emb) - held
+        transient += held
         step_peak += emb_mem.step_peak
         step_temps += emb_mem.step_temporary
         sharded = sharded or ((first or last) and plan.vocab.dp_mode in ("zero2", "zero3")

@@ -67,7 +67,10 @@ class LayerTypeProfile:
     ``activation_replicated_bytes + activation_split_bytes / t`` unless
     ``activation_bytes_by_tp`` has a measured value for ``t``. ``recompute_bytes_per_sample`` is
     kept instead when the layer recomputes (its input). ``backward_scratch_*`` are transient bytes
-    per sample while the layer runs its backward. Under mixed precision, autocast saves a
+    per sample while the layer runs its backward; ``backward_scratch_constant_bytes`` is the part
+    of that transient that does not grow with the batch (once per backward at tp 1, split by
+    TP): a weight's gradient, made whole before autograd adds it into the kept ``.grad`` (the
+    measured intercept; 0 = not measured). Under mixed precision, autocast saves a
     compute-dtype copy of every weight for backward: ``weight_copy_bytes_per_parameter`` per
     parameter per micro-batch in flight. ``hidden_bytes_per_sample`` is one ``(s, h)`` activation
     in the compute dtype (TP messages, p2p, relayouts). Two optional refinements (0: use
@@ -90,6 +93,7 @@ class LayerTypeProfile:
     backward_scratch_replicated_bytes: float = 0.0
     backward_scratch_split_bytes: float = 0.0
     weight_copy_bytes_per_parameter: float = 0.0
+    backward_scratch_constant_bytes: float = 0.0
     forward_time_by_tp: Mapping[int, tuple[float, float]] = field(default_factory=dict)
     activation_bytes_by_tp: Mapping[int, float] = field(default_factory=dict)
     flops_per_sample: float = 0.0
@@ -132,7 +136,7 @@ class LayerTypeProfile:
                      "hidden_bytes_per_sample", "forward_time_constant_s",
                      "backward_scratch_replicated_bytes", "backward_scratch_split_bytes",
                      "weight_copy_bytes_per_parameter", "flops_per_sample",
-                     "boundary_bytes_per_sample", "tp_message_bytes_per_sample"):
+                     "backward_scratch_constant_bytes", "boundary_bytes_per_sample", "tp_message_bytes_per_sample"):
             value = getattr(self, attr)
             _need(isinstance(value, (int, float)) and math.isfinite(value) and value >= 0,
                   where + attr, value, "must be a finite number >= 0")
@@ -215,6 +219,11 @@ class LayerTypeProfile:
     def scratch_bytes(self, tp: int) -> float:
         """Transient bytes per sample while this layer runs its backward."""
         return self.backward_scratch_replicated_bytes + self.backward_scratch_split_bytes / tp
+
+    def scratch_constant_bytes(self, tp: int) -> float:
+        """Transient bytes per backward that do not scale with the samples (a weight gradient
+        before it is accumulated; the large weights are TP-split)."""
+        return self.backward_scratch_constant_bytes / tp
 
 
 @dataclass(frozen=True)

@@ -172,7 +172,8 @@ def embedding_costs(profile: EmbeddingProfile, cluster: ClusterModel, vocab: Voc
     return EmbeddingCosts(forward=t.forward, backward=t.backward, exposed_sync=t.exposed_sync,
                           optimizer=t.optimizer,
                           persistent=mem.persistent(in_flight)
-                          + frag * in_flight * mem.activations_per_microbatch,
+                          + frag * (in_flight * mem.activations_per_microbatch
+                                    + mem.held_in_backward),
                           transient=(1 + frag) * mem.transient, step_peak=mem.step_peak,
                           step_floor=mem.step_peak - temp, step_temporary=temp,
                           sharded=vocab.dp_mode in ("zero2", "zero3") and dp > 1)

@@ -73,8 +73,9 @@ logger = logging.getLogger(__name__)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Part of the cache key: bumped whenever what is measured changes, so that older cached
 # profiles are measured again (2: transient with gradients allocated beforehand; in-place loss;
-# 3: backward/forward ratio of totals, CPU micro-batch sizes 2, 4, 8; 4: TP shards timed).
-MEASUREMENT_VERSION = 4
+# 3: backward/forward ratio of totals, CPU micro-batch sizes 2, 4, 8; 4: TP shards timed;
+# 5: the backward transient's constant part, a weight gradient before accumulation, kept).
+MEASUREMENT_VERSION = 5
 
 
 @dataclass(frozen=True)
@@ -400,7 +401,7 @@ def _profile_model(model_config: ModelConfig, precision: str = "fp32",
     split_a, split_b = fit_line(sizes, lay.split)
     rep_a, rep_b = fit_line(sizes, lay.replicated)
     rec_a, _ = fit_line(sizes, lay.recompute)
-    scratch_a, _ = fit_line(sizes, lay.transient)
+    scratch_a, scratch_b = fit_line(sizes, lay.transient)
     grad_io = 2 * 4 * s * h  # fp32 gradients of the layer's input and output (see docs)
     fwd_a, fwd_b = fit_line(sizes, lay.forward_s)
     layer_profile = LayerTypeProfile(
@@ -411,6 +412,7 @@ def _profile_model(model_config: ModelConfig, precision: str = "fp32",
         recompute_bytes_per_sample=rec_a, hidden_bytes_per_sample=float(beta_bytes * s * h),
         backward_scratch_replicated_bytes=float(min(scratch_a, grad_io)),
         backward_scratch_split_bytes=float(max(0.0, scratch_a - grad_io)),
+        backward_scratch_constant_bytes=float(max(0.0, scratch_b)),
         weight_copy_bytes_per_parameter=(0.0 if precision == "fp32"
                                          else (split_b + rep_b) / max(num_params, 1)),
         forward_time_by_tp={1: (fwd_a, fwd_b)}, attention_backend=attention_backend,

@@ -100,7 +100,7 @@ def _profile(cfg: T5Config, precision: str, dev: torch.device,
         # profile's carried share of the replicated bytes (see planner/profiles.py)
         carried = beta * (se if decoder else sd) * h
         grad_io = 4 * (2 * s * h + (se * h if decoder else 0))  # fp32 input/output gradients
-        scratch_a, _ = fit_line(sizes, series.transient)
+        scratch_a, scratch_b = fit_line(sizes, series.transient)
         fwd_a, fwd_b = fit_line(sizes, series.forward_s)
         layers[lt.name] = LayerTypeProfile(
             name=lt.name, parameter_count=num_params, forward_time_per_sample_s=fwd_a,
@@ -112,6 +112,7 @@ def _profile(cfg: T5Config, precision: str, dev: torch.device,
             tp_message_bytes_per_sample=shapes.tp_message_bytes_per_sample,
             backward_scratch_replicated_bytes=float(min(scratch_a, grad_io)),
             backward_scratch_split_bytes=float(max(0.0, scratch_a - grad_io)),
+            backward_scratch_constant_bytes=float(max(0.0, scratch_b)),
             weight_copy_bytes_per_parameter=(0.0 if precision == "fp32"
                                              else (split_b + rep_b) / max(num_params, 1)),
             forward_time_by_tp={1: (fwd_a, fwd_b)}, flops_per_sample=shapes.flops_per_sample)

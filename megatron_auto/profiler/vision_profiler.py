@@ -99,7 +99,7 @@ def _profile(cfg: VisionConfig, precision: str, dev: torch.device,
         split_a, split_b = fit_line(sizes, series.split)
         rep_a, rep_b = fit_line(sizes, series.replicated)
         grad_io = 4 * (s * h + tokens * width)  # fp32 gradients of the layer's input and output
-        scratch_a, _ = fit_line(sizes, series.transient)
+        scratch_a, scratch_b = fit_line(sizes, series.transient)
         fwd_a, fwd_b = fit_line(sizes, series.forward_s)
         layers[lt.name] = LayerTypeProfile(
             name=lt.name, parameter_count=num_params, forward_time_per_sample_s=fwd_a,
@@ -109,6 +109,7 @@ def _profile(cfg: VisionConfig, precision: str, dev: torch.device,
             hidden_bytes_per_sample=float(beta * s * h),
             backward_scratch_replicated_bytes=float(min(scratch_a, grad_io)),
             backward_scratch_split_bytes=float(max(0.0, scratch_a - grad_io)),
+            backward_scratch_constant_bytes=float(max(0.0, scratch_b)),
             weight_copy_bytes_per_parameter=(0.0 if precision == "fp32"
                                              else (split_b + rep_b) / max(num_params, 1)),
             forward_time_by_tp={1: (fwd_a, fwd_b)})
