@@ -7,7 +7,7 @@ and measured peak memory (max over ranks) and iteration time (median of the meas
 iterations after the first), with the relative errors::
 
     python benchmarks/validate_cost_model.py                 # one rank per core, >= 9 plans
-    python benchmarks/validate_cost_model.py --nproc 8 --iters 6
+    python benchmarks/validate_cost_model.py --nproc 8 --iters 10
     python benchmarks/validate_cost_model.py --reprice DIR   # a finished run's work dir, priced
                                                              # again by the current cost model
 
@@ -125,7 +125,9 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nproc", type=int, default=default_nproc(),
                         help="ranks (default: one per CPU core, at most 4, at least 2)")
-    parser.add_argument("--iters", type=int, default=6)
+    parser.add_argument("--iters", type=int, default=10,
+                        help="iterations per plan (the median of those after the second is "
+                             "the measured time; default 10)")
     parser.add_argument("--only", nargs="*", default=None, help="plan names to run")
     parser.add_argument("--table-out", default=None, metavar="FILE",
                         help="also write the results as a Markdown table (for docs/)")
@@ -183,6 +185,7 @@ def main() -> int:
         proc = torchrun(args.nproc, ["pretrain_gpt.py", "--mock-data", *model_flags(),
                                      "--plan", str(plan_file), "--train-iters",
                                      str(args.iters), "--log-interval", "1", "--lr", "1e-4",
+                                     "--timing-log-level", "1",
                                      "--metrics-file", str(metrics_file)], env)
         if proc.returncode:
             print(f"{name}: FAILED\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}", flush=True)
@@ -201,6 +204,10 @@ def main() -> int:
               f"{measured_mem / 2**20:8.1f} MiB ({_err(pred_mem, measured_mem)}) | time "
               f"predicted {pred_time * 1e3:8.1f} ms measured {measured_time * 1e3:8.1f} ms "
               f"({_err(pred_time, measured_time)}) | load {load}", flush=True)
+        # The run's own per-stage breakdown against the estimate (--timing-log-level 1): which
+        # term the model got wrong. The first comparison is of the second iteration.
+        for line in _stage_comparison(proc.stdout + proc.stderr):
+            print(f"    {line}", flush=True)
 
     if rows:
         mem_err = [abs(p / m - 1) for _, p, m, _, _, _ in rows if m]
@@ -298,6 +305,12 @@ def leave_one_out(runs, cluster, profile, spec, training) -> None:
           f"under-estimate {max([0.0] + [-e for e in mem_err]) * 100:.1f}%; time: max |error| "
           f"{max(map(abs, time_err)) * 100:.1f}%, median "
           f"{statistics.median(map(abs, time_err)) * 100:.1f}%")
+
+
+def _stage_comparison(log: str) -> list[str]:
+    """The per-stage "predicted vs measured" lines a run printed (training/timing_report.py)."""
+    return [line.split(">", 1)[1].strip() for line in log.splitlines()
+            if line.lstrip().startswith(">") and "predicted vs measured" in line]
 
 
 def _load() -> str:

@@ -22,6 +22,7 @@ run (``training/pretrain.py``) calls :func:`plan_for_run` collectively on every 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from pathlib import Path
@@ -43,7 +44,8 @@ from .planning import planning_inputs, runtime_options
 from .profiler import cache as profile_cache
 from .profiler.cache import default_cache_dir
 from .profiler.hardware_profiler import PROFILER_REVISION, HardwareProfilerConfig, profile_hardware
-from .profiler.model_profiler import get_or_create_model_profile, profile_cache_key, profile_model
+from .profiler.model_profiler import (get_or_create_model_profile, profile_cache_key, profile_model,
+                                      ranks_measure_together)
 from .run_config import SearchPins
 from .t5_config import T5Config
 from .vision_config import VisionConfig
@@ -163,14 +165,16 @@ def describes_this_machine(cluster: ClusterSpec) -> bool:
     return cluster.device_name.lower().startswith("cpu")
 
 
-def contend_while_profiling(model_config: ModelConfig, precision: str, cache_dir: Path) -> None:
+def contend_while_profiling(model_config: ModelConfig, precision: str, cache_dir: Path) -> bool:
     """When rank 0 is about to measure the model (no cached profile), every rank measures it
     at the same time, so that compute is timed under the same sharing of the machine as the
     training that follows (CPU ranks share cores; on GPUs each rank has its own device and this
     only costs the few seconds of the measurement). Only rank 0's profile is kept (cached by
-    :func:`resolve_model_profile`); the others' are discarded. Collective."""
+    :func:`resolve_model_profile`); the others' are discarded. Each timing round starts on
+    every rank at once (``ranks_measure_together``). Collective; returns whether the ranks
+    measure (rank 0 then measures under ``ranks_measure_together`` too)."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
-        return
+        return False
     key_of, measure = profile_cache_key, profile_model
     if isinstance(model_config, VisionConfig):
         from .profiler.vision_profiler import (  # noqa: PLC0415 - lazy: the vision models
@@ -184,7 +188,9 @@ def contend_while_profiling(model_config: ModelConfig, precision: str, cache_dir
     cached = _broadcast(profile_cache.load_cached(key, cache_dir) is not None
                         if _rank() == 0 else None)
     if not cached and _rank() != 0:
-        measure(model_config, precision, resolve_device())
+        with ranks_measure_together(dist.barrier):
+            measure(model_config, precision, resolve_device())
+    return not cached
 
 
 def _measured_profile(model_config: Any, precision: str, cache_dir: Path) -> ModelProfile:
@@ -221,13 +227,14 @@ def plan_for_run(pins: SearchPins, model_config: ModelConfig | VisionConfig, wor
         raise AutoParallelError(str(err)) from None
 
     measure = describes_this_machine(cluster)
-    if measure:
-        contend_while_profiling(model_config, precision, cache_dir)
+    together = measure and contend_while_profiling(model_config, precision, cache_dir)
     outcome: dict[str, Any] | None = None
     if _rank() == 0:
         try:
             # Measured on this device (cached), or analytic when the cluster is other hardware.
-            profile = _measured_profile(model_config, precision, cache_dir) if measure else None
+            with ranks_measure_together(dist.barrier) if together else contextlib.nullcontext():
+                profile = (_measured_profile(model_config, precision, cache_dir) if measure
+                           else None)
             inputs = planning_inputs(model_config, cluster, precision=precision,
                                      global_batch_size=pins.batch,
                                      memory_budget_gb=pins.memory_budget_gb, profile=profile)

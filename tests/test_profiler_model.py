@@ -274,3 +274,56 @@ def test_analytic_kept_bytes_on_a_cpu_cluster_are_what_a_cpu_layer_keeps():
         == 2 * 3 * s * h
     assert got.activation_split_bytes - gpu.layer_types["gpt"].activation_split_bytes \
         == 3 * a * s * s
+
+
+@pytest.mark.single
+def test_sizes_are_timed_in_interleaved_rounds_each_started_by_the_barrier():
+    calls: list[str] = []
+    barriers: list[int] = []
+
+    def closure(name: str, seconds: float):
+        w = torch.ones(3, requires_grad=True)
+
+        def forward() -> torch.Tensor:
+            calls.append(name)
+            return (w * seconds).sum()
+        return forward
+
+    forwards = [closure("b2", 1.0), closure("b4", 2.0), closure("b8", 3.0)]
+    fwd, bwd = mp._time_rounds(forwards, warmup=1, iters=3, device=torch.device("cpu"))
+    assert calls == ["b2", "b4", "b8"] * 4  # one of every size per round, warm-up round included
+    assert len(fwd) == len(bwd) == 3 and all(t > 0 for t in fwd + bwd)
+    assert barriers == []  # outside ranks_measure_together no barrier is called
+    calls.clear()
+    with mp.ranks_measure_together(lambda: barriers.append(len(calls))):
+        mp._time_rounds(forwards, warmup=2, iters=2, device=torch.device("cpu"))
+    # one barrier before every round (warm-up ones too), each before that round's first size
+    assert barriers == [0, 3, 6, 9]
+    barriers.clear()
+    mp._time_rounds(forwards, warmup=0, iters=1, device=torch.device("cpu"))
+    assert barriers == []  # the context is gone
+
+
+def _profile_together(rank: int, world_size: int, cfg_dict: dict) -> int:
+    import torch.distributed as dist
+
+    count = [0]
+
+    def barrier() -> None:
+        count[0] += 1
+        dist.barrier()
+
+    config = mp.ModelProfilerConfig(batch_sizes=(2, 3), warmup_iters=1, iters=2)
+    with mp.ranks_measure_together(barrier):
+        profile = mp.profile_model(ModelConfig.from_dict(cfg_dict), "fp32", "cpu", config=config)
+    assert profile.layer_types["gpt"].forward_time_per_sample_s >= 0
+    dist.barrier()
+    return count[0]
+
+
+@pytest.mark.multirank
+def test_ranks_that_measure_together_pair_up_their_barriers():
+    # Every rank runs the same rounds (layer, TP-2 shard, embedding, head: 3 rounds each), so
+    # the barriers pair up and the run ends; a mismatch would hang until the test's timeout.
+    counts = run_distributed(_profile_together, 2, TINY.to_dict())
+    assert counts[0] == counts[1] == 4 * 3

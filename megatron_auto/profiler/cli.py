@@ -99,7 +99,8 @@ def add_profile_model_parser(
     g.add_argument("--force", action="store_true", help="measure even if a cached profile exists")
     g.add_argument("--batch-sizes", type=int, nargs="+", default=None, metavar="B",
                    help="micro-batch sizes of the linear fits (default 2 4 8 on CPU, 2 4 6 8 on GPU)")
-    g.add_argument("--iters", type=int, default=5, help="timed steps per size (default 5)")
+    g.add_argument("--iters", type=int, default=9,  # ModelProfilerConfig.iters (that module imports torch)
+                   help="timed rounds, every size once per round (default 9)")
     g.add_argument("--warmup-iters", type=int, default=2)
     g.add_argument("--tp-degrees", type=int, nargs="+", default=None, metavar="T",
                    help="also time the layer's TP shard at these degrees >= 2 (default: the "

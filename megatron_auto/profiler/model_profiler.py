@@ -74,8 +74,9 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Part of the cache key: bumped whenever what is measured changes, so that older cached
 # profiles are measured again (2: transient with gradients allocated beforehand; in-place loss;
 # 3: backward/forward ratio of totals, CPU micro-batch sizes 2, 4, 8; 4: TP shards timed;
-# 5: the backward transient's constant part, a weight gradient before accumulation, kept).
-MEASUREMENT_VERSION = 5
+# 5: the backward transient's constant part, a weight gradient before accumulation, kept;
+# 6: sizes timed in interleaved rounds, 9 of them).
+MEASUREMENT_VERSION = 6
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ class ModelProfilerConfig:
     # that are copies for b > 1, which would bend the activation line.
     batch_sizes: tuple[int, ...] = ()
     warmup_iters: int = 2
-    iters: int = 5  # medians of 3 left the compute of a profile 20-30% off between runs on CPU
+    iters: int = 9  # rounds; medians of 3 (then 5) left CPU profiles 20-60% apart between runs
     # TP degrees > 1 whose shard is timed too; None = the powers of two up to the local ranks
     # when torch.distributed runs (LOCAL_WORLD_SIZE, else the world), none on a lone process.
     tp_degrees: tuple[int, ...] | None = None
@@ -154,26 +155,55 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _time_forward_backward(forward: Callable[[], torch.Tensor], warmup: int, iters: int,
-                           device: torch.device) -> tuple[float, float]:
-    """Median seconds of the forward and of the backward, timed separately in each step.
+# Set by :func:`ranks_measure_together`: called before every timing round.
+_ROUND_BARRIER: list[Callable[[], None]] = []
 
-    Timing both halves of the same step (instead of forward-only runs against full steps)
-    keeps the two medians comparable on a busy machine.
+
+@contextlib.contextmanager
+def ranks_measure_together(barrier: Callable[[], None]) -> Any:
+    """Inside, every timing round of the profilers starts with ``barrier()``.
+
+    For runs whose every rank measures the model at once (``--auto-parallel`` on ranks that
+    share a machine): each round is then timed while every rank runs the same work, as in
+    the training step that follows, instead of while another rank happens to meter memory or
+    sit between measurements. Every rank must run the same measurements (the same model and
+    config), or the barriers do not pair up.
     """
-    fwd, bwd = [], []
+    _ROUND_BARRIER.append(barrier)
+    try:
+        yield
+    finally:
+        _ROUND_BARRIER.pop()
+
+
+def _time_rounds(forwards: Sequence[Callable[[], torch.Tensor]], warmup: int, iters: int,
+                 device: torch.device) -> tuple[list[float], list[float]]:
+    """Median seconds of the forward and of the backward of each closure.
+
+    Each of ``warmup + iters`` rounds runs every closure once (one forward and backward each,
+    the two halves timed separately): interleaving the micro-batch sizes puts a slow stretch
+    of a shared machine on all of them alike rather than on one size, which would bend the
+    fitted line (one size timed alone per block left a CPU profile's per-call constant
+    anywhere between 0 and 9.9 ms from run to run). Timing both halves of the same step keeps
+    the forward and backward medians comparable.
+    """
+    fwd: list[list[float]] = [[] for _ in forwards]
+    bwd: list[list[float]] = [[] for _ in forwards]
     for i in range(warmup + iters):
-        _sync(device)
-        start = time.perf_counter()
-        out = forward()
-        _sync(device)
-        middle = time.perf_counter()
-        out.backward(torch.ones_like(out) if out.dim() == 0 else torch.randn_like(out))
-        _sync(device)
-        if i >= warmup:
-            fwd.append(middle - start)
-            bwd.append(time.perf_counter() - middle)
-    return float(np.median(fwd)), float(np.median(bwd))
+        for barrier in _ROUND_BARRIER[-1:]:
+            barrier()
+        for k, forward in enumerate(forwards):
+            _sync(device)
+            start = time.perf_counter()
+            out = forward()
+            _sync(device)
+            middle = time.perf_counter()
+            out.backward(torch.ones_like(out) if out.dim() == 0 else torch.randn_like(out))
+            _sync(device)
+            if i >= warmup:
+                fwd[k].append(middle - start)
+                bwd[k].append(time.perf_counter() - middle)
+    return ([float(np.median(x)) for x in fwd], [float(np.median(x)) for x in bwd])
 
 
 def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
@@ -272,18 +302,16 @@ def _measure(modules: nn.Module, run: Callable[[int], tuple[Callable[[], torch.T
     step each)."""
     series = _Series()
     params = list(modules.parameters())
-    for b in sizes:
+    runs = [run(b) for b in sizes]
+    series.forward_s, series.backward_s = _time_rounds([forward for forward, _ in runs],
+                                                       cfg.warmup_iters, cfg.iters, device)
+    for b, (forward, inputs) in zip(sizes, runs):
         if progress is not None:
             progress.update(0, batch_size=b)
-        forward, inputs = run(b)
 
         def backward_step() -> None:
             out = forward()
             out.backward(torch.ones_like(out) if out.dim() == 0 else torch.randn_like(out))
-
-        fwd, bwd = _time_forward_backward(forward, cfg.warmup_iters, cfg.iters, device)
-        series.forward_s.append(fwd)
-        series.backward_s.append(bwd)
 
         meter = SavedTensorMeter(modules, exclude=inputs, classifier=classifier)
         with meter:
@@ -509,16 +537,16 @@ def _with_tp_shards(profile: LayerTypeProfile, cfg: ModelConfig, config: ModelPr
             # would issue their own TP collectives, which this compute-only timing excludes
             shard = _init_(TransformerLayer(cfg, tp_shard_groups(dev, tp), causal=cfg.causal),
                            cfg.init_method_std).to(dev).train()
-            steps = []
+            forwards = []
             for b in sizes:
                 x = torch.randn(b, s, h, device=dev, requires_grad=True)
 
                 def forward(x: torch.Tensor = x) -> torch.Tensor:
                     with amp():
                         return shard(x)
-                fwd, bwd = _time_forward_backward(forward, config.warmup_iters, config.iters, dev)
-                steps.append((fwd + bwd) / share)
-            by_tp[tp] = fit_line(sizes, steps)
+                forwards.append(forward)
+            fwd, bwd = _time_rounds(forwards, config.warmup_iters, config.iters, dev)
+            by_tp[tp] = fit_line(sizes, [(f + b) / share for f, b in zip(fwd, bwd)])
             del shard
     return dataclasses.replace(profile, forward_time_by_tp=by_tp,
                                tp_replicated_fraction=fit_replicated_fraction(by_tp))
