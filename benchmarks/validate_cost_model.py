@@ -41,7 +41,6 @@ from megatron_auto.planner.model_spec import ModelSpec, TrainingSpec  # noqa: E4
 from megatron_auto.planner.search import evaluate  # noqa: E402
 from megatron_auto.planner.calibrate import (apply_calibration, fit_calibration,  # noqa: E402
                                               load_run)
-from megatron_auto.profiler.model_profiler import get_or_create_model_profile  # noqa: E402
 
 MODEL = ModelConfig(num_layers=4, hidden_size=128, num_attention_heads=4, seq_length=64,
                     max_position_embeddings=64, vocab_size=2048, hidden_dropout=0.0,
@@ -111,6 +110,29 @@ def torchrun(nproc: int, args: list[str], env: dict[str, str]) -> subprocess.Com
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
 
 
+def auto_parallel_profile(nproc: int, cache_dir: Path):
+    """The profile the ``--auto-parallel`` run measured (every rank at once, the TP shards up
+    to ``nproc`` included), read from its cache. Looking it up with a lone process's default
+    settings would miss it (the key holds the TP degrees timed, none on a lone process) and
+    measure a second profile alone, without the TP shards and without the other ranks."""
+    import torch  # noqa: PLC0415 - after the subprocesses, to keep their start light
+
+    from megatron_auto.profiler import cache as profile_cache  # noqa: PLC0415
+    from megatron_auto.profiler.model_profiler import (  # noqa: PLC0415
+        ModelProfilerConfig, profile_cache_key)
+
+    degrees = []
+    for k in range(1, nproc.bit_length()):
+        try:
+            MODEL.check_tensor_parallel(1 << k)
+            degrees.append(1 << k)
+        except ValueError:
+            pass
+    config = ModelProfilerConfig(tp_degrees=tuple(degrees) or None)
+    key = profile_cache_key(MODEL, "fp32", torch.device("cpu"), config)
+    return profile_cache.load_cached(key, cache_dir)
+
+
 def model_flags() -> list[str]:
     m = MODEL
     return ["--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden_size),
@@ -166,8 +188,10 @@ def main() -> int:
     import torch  # noqa: PLC0415 - after the subprocesses, to keep their start light
 
     torch.set_num_threads(1)  # each training rank runs single-threaded, like the profile
-    profile = get_or_create_model_profile(MODEL, "fp32", torch.device("cpu"),
-                                          cache_dir=work / "cache")
+    profile = auto_parallel_profile(args.nproc, work / "cache")
+    if profile is None:
+        print(f"no cached profile of the --auto-parallel run in {work / 'cache'}")
+        return 1
     spec = ModelSpec.from_model_config(MODEL)
     training = TrainingSpec(global_batch_size=GLOBAL_BATCH, precision="fp32")
 
@@ -257,7 +281,10 @@ def reprice(work: Path, table_out: str | None) -> int:
     if not cluster or not profiles:
         print(f"--reprice {work}: no cluster.json or cache/*.json (a validate_cost_model work dir?)")
         return 2
-    profile = ModelProfile.load(profiles[0])
+    # The --auto-parallel run's profile: the one with the TP shards timed (a run made before
+    # auto_parallel_profile also holds a second one, measured alone by the script itself).
+    profile = max((ModelProfile.load(f) for f in profiles),
+                  key=lambda p: len(p.layer_types["gpt"].forward_time_by_tp))
     spec = ModelSpec.from_model_config(MODEL)
     training = TrainingSpec(global_batch_size=GLOBAL_BATCH, precision="fp32")
     rows = []

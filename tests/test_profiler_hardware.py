@@ -40,6 +40,18 @@ def test_fit_with_noise_that_breaks_the_slope_falls_back_to_the_largest_message(
 
 
 @pytest.mark.single
+def test_message_sizes_are_timed_in_interleaved_rounds():
+    calls: list[str] = []
+    steps = [lambda name=name: calls.append(name) for name in ("64K", "1M", "4M")]
+    befores: list[int] = []
+    times = cb.time_rounds(steps, warmup=1, iters=3, device=torch.device("cpu"),
+                           before=lambda: befores.append(len(calls)))
+    assert calls == ["64K", "1M", "4M"] * 4  # every size once per round, the warm-up one too
+    assert befores == list(range(12))  # the untimed gap before every call
+    assert len(times) == 3 and all(t >= 0 for t in times)
+
+
+@pytest.mark.single
 def test_fit_rejects_bad_inputs():
     with pytest.raises(ValueError, match="matching, non-empty"):
         cb.fit_latency_bandwidth([1.0, 2.0], [1.0])

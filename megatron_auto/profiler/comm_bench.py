@@ -120,6 +120,32 @@ def time_loop(step: Callable[[], Any], warmup: int, iters: int, device: torch.de
     return float(np.median(samples))
 
 
+def time_rounds(steps: Sequence[Callable[[], Any]], warmup: int, iters: int,
+                device: torch.device, before: Callable[[], Any] | None = None) -> list[float]:
+    """Seconds per call of each of ``steps`` on this rank: medians over ``iters`` rounds.
+
+    Each round starts from a world barrier and times every step once (``before``, untimed,
+    ahead of each call, as in :func:`time_loop`). Interleaving the message sizes puts a slow
+    stretch of a shared machine on all of them alike: timed one size after another, it landed
+    on one size and tilted the latency / bandwidth line (the fitted CPU all-reduce latency came
+    out 2.5 ms in one quiet run and 3.7 ms in the next, which moved a sequence-parallel plan's
+    price by 30%).
+    """
+    samples: list[list[float]] = [[] for _ in steps]
+    for i in range(warmup + iters):
+        world_barrier(device)
+        for k, step in enumerate(steps):
+            if before is not None:
+                before()
+                sync(device)
+            start = time.perf_counter()
+            step()
+            sync(device)
+            if i >= warmup:
+                samples[k].append(time.perf_counter() - start)
+    return [float(np.median(x)) for x in samples]
+
+
 def compute_gap(device: torch.device) -> Callable[[], None]:
     """About a millisecond of matmuls to run (untimed) before each timed communication call.
 

@@ -60,8 +60,9 @@ GPU_OPTIMIZER_COUNTS = (1 << 22, 1 << 26)
 # What a profile measures; part of --auto-parallel's cache key, so that a profile cached by an
 # older profiler is measured again instead of silently lacking its changes (revision 2: ZeRO and
 # optimizer-step timings; 3: communication timed after compute, as a step issues it; 4: ZeRO
-# gather and reduce-scatter each measured directly, the unit variants interleaved per round).
-PROFILER_REVISION = 4
+# gather and reduce-scatter each measured directly, the unit variants interleaved per round;
+# 5: collective and p2p message sizes timed in interleaved rounds).
+PROFILER_REVISION = 5
 _KNOWN_GPUS = (("H200", "h200-141g"), ("H100", "h100-80g"), ("A100", None))
 
 
@@ -392,15 +393,11 @@ def profile_hardware(config: HardwareProfilerConfig = HardwareProfilerConfig()) 
         mine = next(i for i, ranks in enumerate(groups) if rank in ranks)
         spanned = max(nodes_of(ranks, local) for ranks in groups)
         for op in config.ops:
-            times = []
-            for nbytes in sizes:
-                step = cb.collective_step(op, nbytes, handles[mine], g, device)
-                cb.world_barrier(device)
-                times.append(cb.time_loop(step, config.warmup_iters, config.iters, device,
-                                          before=gap))
-                if outside is not None:  # NCCL makes the communicator at its first collective
-                    nccl = max(nccl, outside_allocator_bytes(device) - outside)
-                    outside = None
+            steps = [cb.collective_step(op, nbytes, handles[mine], g, device) for nbytes in sizes]
+            times = cb.time_rounds(steps, config.warmup_iters, config.iters, device, before=gap)
+            if outside is not None:  # NCCL makes the communicator at its first collective
+                nccl = max(nccl, outside_allocator_bytes(device) - outside)
+                outside = None
             times = cb.world_max(times, device)
             result = CommResult(op, g, consecutive, spanned, list(sizes), times)
             result.latency_s, result.busbw = cb.fit_latency_bandwidth(
@@ -421,13 +418,9 @@ def profile_hardware(config: HardwareProfilerConfig = HardwareProfilerConfig()) 
             peer = rank - stage
         senders = [r for r in range(world) if (r // stage) % 2 == 0 and r + stage < world]
         spanned = max(nodes_of([r, r + stage], local) for r in senders)
-        times = []
-        for nbytes in sizes:
-            step = cb.p2p_step(nbytes, peer, sender, device)
-            cb.world_barrier(device)
-            times.append(cb.time_loop(step, config.warmup_iters, config.iters, device,
-                                      before=gap))
-        times = cb.world_max(times, device)
+        steps = [cb.p2p_step(nbytes, peer, sender, device) for nbytes in sizes]
+        times = cb.world_max(cb.time_rounds(steps, config.warmup_iters, config.iters, device,
+                                            before=gap), device)
         result = CommResult("p2p", pp, True, spanned, list(sizes), times)
         result.latency_s, result.busbw = cb.fit_latency_bandwidth(list(sizes), times)
         profile.p2p.append(result)
