@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from dist_utils import run_distributed
-from megatron_auto.parallel.interleaved import interleaved_order, num_warmup
+from megatron_auto.parallel.interleaved import (gradient_send_releases, interleaved_order,
+                                                num_warmup)
 from megatron_auto.plan import Plan, PlanError
 from test_equivalence import (CONFIG, GLOBAL_BATCH, RTOL, STEPS, _train_worker, layer, plan_of)
 
@@ -68,6 +69,27 @@ def test_order_runs_every_chunk_once_and_never_deadlocks(pp, v, groups):
         first_backward = next(i for i, o in enumerate(order) if not o[0])
         assert first_backward == (total if warmup == total else warmup + 1)
     _simulate(pp, v, num_mb)
+    _check_releases(pp, v, num_mb)
+
+
+def _check_releases(pp: int, v: int, num_mb: int) -> None:
+    """Waiting for a gradient send where ``gradient_send_releases`` says cannot block: its
+    receiver (the previous ring rank's backward of that chunk) has run before the forward
+    whose message releases it (the simulator's dependencies), and every gradient send is
+    released at most once."""
+    last = pp * v - 1
+    released: set = set()
+    for k in range(pp):
+        prev = interleaved_order(pp, v, num_mb, (k - 1) % pp)
+        position = {op: i for i, op in enumerate(prev)}
+        for (mb, chunk), sends in gradient_send_releases(pp, v, num_mb, k).items():
+            assert chunk % pp == k and chunk > 0
+            producer = position[(True, mb, chunk - 1)]  # the forward that sends (mb, chunk)
+            for sent in sends:
+                assert sent[1] < last and (sent[1] + 1) % pp == k  # one of k's gradient sends
+                assert position[(False, *sent)] < producer
+                assert (k, sent) not in released
+                released.add((k, sent))
 
 
 @pytest.mark.single

@@ -361,6 +361,10 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
                 layer_mems.append((i, j, mem, t))
             for move in chunk_moves(plan, spec, profile, c):
                 chunk_moves_cost = _add_moves(chunk_moves_cost, move_cost(cluster, move, plan))
+                if move.hop and v > 1:
+                    # the received input (p2p buffer) stays until the chunk's backward: kept
+                    # per micro-batch in flight (v = 1: not modelled, docs/cost_model.md §3)
+                    kept[j] += b_m / dp_size(move.old, n) * move.bytes_per_sample
             total = total + chunk_total
             moves = _add_moves(moves, chunk_moves_cost)
             times[j] = chunk_total.microbatch + chunk_moves_cost.total
