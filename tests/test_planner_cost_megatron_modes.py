@@ -200,15 +200,18 @@ def test_evaluate_interleaved_plan_by_hand():
     # T_pipe = 0.095 + (4 - 1/2) 0.095 = 0.4275. The tied embedding's gradient all-reduce between
     # the stages (4 x 500 B over 2: 0.2 s) follows, and the step's two scalar all-reduces
     # (2 x 0.0008 s): 0.6291 s.
-    # Memory: per micro-batch a layer keeps 100 B, the embedding 10 B (in chunk 0). Stage 0's
-    # mixes (3, 2) -> 3 x 110 + 2 x 100 = 530 and (4, 1) -> 540: four of chunk 0 in flight,
-    # 500 B of layers, 1.25 x the 400 B of the non-interleaved stage (Megatron's 1 + (p-1)/(pv)).
+    # Memory: per micro-batch a layer keeps 100 B, the embedding 10 B (in chunk 0), and every
+    # chunk but the model's first its received input, 50 B (the hop's message). Stage 0's
+    # mixes (3, 2) -> 3 x 110 + 2 x 150 = 630 and (4, 1) -> 4 x 110 + 150 = 590: three of
+    # chunk 0 and two of chunk 2 in flight, 600 B of layers and inputs (without the inputs
+    # 1.25 x the 400 B of the non-interleaved stage, Megatron's 1 + (p-1)/(pv)). Stage 1
+    # (chunks 1 and 3, 150 B each): (2, 1) or (3, 0) -> 450.
     est = evaluate(_interleaved_plan(2), SPEC4, TrainingSpec(4), FakeCluster(), round_profile())
     assert est.iteration_time_s == pytest.approx(0.6291)
     assert [s.microbatch_time_s for s in est.stages] == pytest.approx([0.07, 0.095])
-    assert est.stages[0].memory_breakdown["activations"] == pytest.approx(500)
+    assert est.stages[0].memory_breakdown["activations"] == pytest.approx(600)
     assert est.stages[0].in_flight_microbatches == 5
-    assert est.stages[1].memory_breakdown["activations"] == pytest.approx(300)
+    assert est.stages[1].memory_breakdown["activations"] == pytest.approx(450)
     plain = evaluate(_interleaved_plan(1), SPEC4, TrainingSpec(4), FakeCluster(),
                      round_profile())
     assert plain.stages[0].memory_breakdown["activations"] == pytest.approx(400)

@@ -93,6 +93,13 @@ def lazy_gradients(dp_mode: str, dp: int) -> bool:
     return (dp_mode in ("ddp", "zero1") and dp == 1) or (dp_mode in ("zero2", "zero3") and dp > 1)
 
 
+def sharded_gradients(dp_mode: str, dp: int) -> bool:
+    """True when FSDP2 holds this component's gradients (``zero2``/``zero3`` over ``dp > 1``):
+    a backward's new gradient is then the unsharded gradient itself, not a temporary added
+    into a kept ``.grad``."""
+    return dp_mode in ("zero2", "zero3") and dp > 1
+
+
 def model_states(num_params: float, dp_mode: str, dp: int) -> tuple[float, float, float, float]:
     """``(parameters, gradients, optimizer_states, transient)`` bytes for ``num_params`` local
     parameters replicated or sharded over ``dp`` ranks.
@@ -147,8 +154,12 @@ def layer_memory(profile: LayerTypeProfile, tp: int, dp: int, dp_mode: str, reco
     per_sample = profile.sequence_parallel_activation_bytes(tp) if sp else profile.activation_bytes(tp)
     full = per_sample * samples + copies
     # The measured scratch grows with the samples; its constant part is a weight's gradient,
-    # made whole beside the activation gradients before autograd adds it into ``.grad``.
-    scratch = profile.scratch_bytes(tp) * samples + profile.scratch_constant_bytes(tp)
+    # made whole beside the activation gradients before autograd adds it into the kept
+    # ``.grad`` (a bucket view). FSDP2's gradients are that new tensor itself, the unsharded
+    # gradient already in ``states_transient``.
+    scratch = profile.scratch_bytes(tp) * samples
+    if not sharded_gradients(dp_mode, dp):
+        scratch += profile.scratch_constant_bytes(tp)
     if recompute:
         kept = profile.recompute_bytes_per_sample * samples / (tp if sp else 1)
         transient = scratch + full + states_transient
@@ -219,7 +230,9 @@ def embedding_memory(profile: EmbeddingProfile, vocab_tp: int, dp: int, dp_mode:
     # final norm included: conservative by those).
     head_grad = GRAD_BYTES * (profile.embedding_parameters if profile.tied
                               else profile.head_parameters) / vocab_tp if last else 0.0
-    transient = loss_kept + max(forward, states_transient + head_grad)
+    # (FSDP2: that gradient is the unsharded one, already in ``states_transient``)
+    transient = loss_kept + max(forward, states_transient
+                                + (0.0 if sharded_gradients(dp_mode, dp) else head_grad))
     # One tied weight used by the embedding and the head of this stage: autograd holds the
     # head's gradient of it until the embedding's backward adds its own, i.e. through the
     # backward of every layer of the micro-batch (measured: ddp layers, pp 1).
