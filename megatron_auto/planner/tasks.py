@@ -41,18 +41,17 @@ import numpy as np
 
 from ..plan import VocabStrategy
 from .cluster_model import ClusterModel
-from .cost_model import in_flight, sp_reduced_tensor_bytes, step_overhead
-from .cost_time import (relayout_cost, relayout_time, sequence_parallel_switch_time,
-                        stage_boundary_cost)
+from .cost_model import in_flight, step_overhead
+from .cost_time import relayout_cost, sequence_parallel_switch_time
 from .dp import LayerOptions, solve_stage
 from .gpu_terms import group_count
 from .interleaving import chunk_in_flight
+from .layer_tables import LayerTables
 from .model_spec import ModelSpec
 from .profiles import ModelProfile
-from .spaces import SpaceRules, layer_strategies
-from .stage_costs import (EmbeddingCosts, StrategyCosts, embedding_costs, prune_dominated,
-                          strategy_costs)
-from ..layout import Layout, all_layouts, layout_of, vocab_layout
+from .spaces import SpaceRules
+from .stage_costs import EmbeddingCosts, StrategyCosts, embedding_costs
+from ..layout import all_layouts, vocab_layout
 
 INF = math.inf
 
@@ -71,9 +70,6 @@ class Weights:
 # A stage's peak is max(backward peak, step peak) >= mix * backward + (1 - mix) * step for any
 # mix in [0, 1]: each mix gives a valid relaxation, and the bounds take the best of these.
 MIXES = (1.0,)
-# Transients are bucketed: a plan whose largest transient lies in (lo, hi] is inside the DP of
-# strategies with transient <= hi that reserves only lo (a relaxation); few buckets, fast DPs.
-MAX_LEVELS = 4
 
 
 _NCCL_FLOOR: dict[tuple, int] = {}  # communicator counts by stage shape (pure arithmetic)
@@ -112,7 +108,7 @@ class Task:
         key = (global_batch, pp, m, schedule, rules)
         shared = {} if shared is None else shared
         if key not in shared:
-            shared[key] = _LayerTables(spec, profile, cluster, rules, self.n, self.b_m, pp,
+            shared[key] = LayerTables(spec, profile, cluster, rules, self.n, self.b_m, pp,
                                        schedule)
         self.tables = shared[key]
         self.ok = self.tables.ok
@@ -464,100 +460,6 @@ class Task:
             steady = (self.m - 1) * float(most[0, 0]) if self.m > 1 else 0.0
             best = max(best, float(total[0, 0]) + steady)
         return best + self.overhead
-
-
-class _LayerTables:
-    """The vocabulary-independent part of a task: strategy costs per (layer type, micro-batches
-    in flight) computed on first use, layouts, transition and hop costs, transient buckets."""
-
-    def __init__(self, spec: ModelSpec, profile: ModelProfile, cluster: ClusterModel,
-                 rules: SpaceRules, n: int, b_m: int, pp: int, schedule: str) -> None:
-        self.spec, self.profile, self.cluster = spec, profile, cluster
-        self.n, self.b_m, self.pp, self.schedule = n, b_m, pp, schedule
-        self.strategies = [layer_strategies(lt, n, b_m, rules, cluster.devices_per_node)
-                           for lt in spec.layer_types]
-        self.ok = all(self.strategies)
-        self.rest: dict[tuple, np.ndarray] = {}
-        self._costs: dict[tuple[int, int], StrategyCosts] = {}
-        self._cls: dict[tuple[int, int], np.ndarray] = {}
-        self._prepared = False
-
-    def __getattr__(self, name: str):
-        # Layouts, transitions and buckets are built on first use (most tasks are pruned by
-        # their cheap bound, which needs only ``one``).
-        if name.startswith("__") or self.__dict__.get("_prepared", True):
-            raise AttributeError(name)
-        self._prepare()
-        return getattr(self, name)
-
-    def _prepare(self) -> None:
-        self._prepared = True
-        n, b_m, cluster = self.n, self.b_m, self.cluster
-        # classes: a layout and whether the layer runs sequence parallelism (the transitions
-        # depend on both, cost_model.chunk_moves)
-        self.layouts: list[tuple[Layout, bool]] = sorted(
-            {(layout_of(s, n), s.sequence_parallel and s.tp > 1) for group in self.strategies
-             for s in group})
-        types = [self.profile.layer_types[lt.name] for lt in self.spec.layer_types]
-        # what a relayout or stage hop moves into a layer (its hidden state and, for T5, the
-        # carry beside it), and what an SP boundary gathers (the hidden state alone)
-        moved = [p.moved_bytes_per_sample for p in types]
-        hidden = [p.hidden_bytes_per_sample for p in types]
-        self.moved, self.hidden = moved, hidden
-
-        def switch(a: tuple[Layout, bool], b: tuple[Layout, bool], h: float) -> float:
-            return sequence_parallel_switch_time(cluster, a[0], a[1], b[0], b[1], b_m, h, n)
-
-        # relayout[t][a, b]: forward + backward seconds per micro-batch from class a into a
-        # layer of type t with class b (evaluate_plan prices it with the receiver's width),
-        # the SP boundaries between them included.
-        self.relayout = [np.array([[relayout_time(cluster, a[0], b[0], b_m, mv, n)
-                                    + switch(a, b, h) for b in self.layouts]
-                                   for a in self.layouts])
-                         for mv, h in zip(moved, hidden)]
-        # sp_leave[t][a]: a stage's last layer of type t and class a leaving its SP run before
-        # the hop (charged to that stage, as chunk_moves does).
-        self.sp_leave = [np.array([switch(a, (a[0], False), h) for a in self.layouts])
-                         for h in hidden]
-        # boundary[t][a, b]: a micro-batch crossing into a stage whose first layer has type t
-        # and class b from a previous stage ending in class a (p2p hop, relayout, entering
-        # the receiver's SP run).
-        self.boundary = [np.array([[stage_boundary_cost(cluster, a[0], b[0], b_m, mv, n,
-                                                        self.pp).total
-                                    + switch((b[0], False), b, h)
-                                    for b in self.layouts] for a in self.layouts])
-                         for mv, h in zip(moved, hidden)]
-        self.min_boundary = 0.0 if self.pp == 1 else min(float(x.min()) for x in self.boundary)
-        transients = sorted({float(x) for c in self.one for x in c.transient})
-        picks = sorted({int(round(x)) for x in np.linspace(0, len(transients) - 1, MAX_LEVELS)})
-        tops = [transients[i] for i in picks]
-        self.buckets = [(tops[j - 1] if j else 0.0, top) for j, top in enumerate(tops)]
-
-    @property
-    def one(self) -> list[StrategyCosts]:
-        """Costs at one micro-batch in flight (times do not depend on the count)."""
-        if "_one" not in self.__dict__:
-            self.__dict__["_one"] = [self.costs(t, 1) for t in range(len(self.strategies))]
-        return self.__dict__["_one"]
-
-    def costs(self, t: int, k_in: int) -> StrategyCosts:
-        key = (t, k_in)
-        if key not in self._costs:
-            lp = self.profile.layer_types[self.spec.layer_types[t].name]
-            # any layer of this type stands for its norm/bias sizes
-            order = self.spec.layer_order
-            norms = sp_reduced_tensor_bytes(self.spec, order.index(t)) if t in order else ()
-            full = strategy_costs(lp, self.cluster, self.strategies[t], self.n, self.b_m, k_in,
-                                  self.schedule, self.profile.precision, norm_grad_bytes=norms)
-            self._costs[key] = full.take(prune_dominated(full))
-        return self._costs[key]
-
-    def classes(self, t: int, k_in: int) -> np.ndarray:
-        key = (t, k_in)
-        if key not in self._cls:
-            self._cls[key] = np.array([self.layouts.index(cl)
-                                       for cl in self.costs(t, k_in).layouts], dtype=np.int64)
-        return self._cls[key]
 
 
 def _min_plus(row, nxt: np.ndarray, k: int, num_layers: int, pp: int, max_len: int,
