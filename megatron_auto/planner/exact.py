@@ -98,11 +98,6 @@ class _Stopped(Exception):
     pass
 
 
-def _times(count: int, value: np.ndarray) -> np.ndarray:
-    """``count * value`` with ``0 * inf = 0`` (one micro-batch: no steady state)."""
-    return count * value if count else np.zeros_like(value)
-
-
 @dataclass
 class _StageState:
     """Exact running sums of the stage being built (evaluate_plan's terms)."""
@@ -136,7 +131,7 @@ class TaskSearch:
         # step peak, layouts), carried into its next chunk.
         self.stage_mem: list[tuple[float, float, float, frozenset] | None] = [None] * task.pp
         self._weights = [task.weight_arrays(k) for k in range(task.chunks)]
-        self.sum_max = None
+        self.joint = None
         # Branches sharing the weights of position k (at most two kinds: bottleneck or not).
         self._pairs = []
         for k in range(task.chunks):
@@ -239,7 +234,7 @@ class TaskSearch:
                 return
             self.futures = np.stack([self.task.future(b) for b in self.task.branches])
             # bound 2 (the Alpa form) is for v = 1; interleaved tasks prune with J_b alone
-            self.sum_max = self.task.sum_max() if self.task.pp > 1 and task.v == 1 else None
+            self.joint = self.task.bottleneck() if self.task.pp > 1 and task.v == 1 else None
             self._stage(0, 0, np.zeros(len(self.task.branches)))
         except _Stopped:
             self.best.stopped = True
@@ -264,16 +259,13 @@ class TaskSearch:
         lens = np.array(lengths)
         bounds = (acc[:, None] + rows[:, lens - 1]
                   + self.futures[:, k + 1, start + lens]).max(axis=0) + task.overhead
-        if self.sum_max is not None:
-            total, most = self.sum_max
+        if self.joint is not None:
             known_sum, known_max, known_step = self.known
             c_tail = task.time_row(k, start, k == 0)[lens - 1]
             c_only = task.time_row(k, start, False)[lens - 1]
-            end = start + lens
-            bounds = np.maximum(bounds, known_sum + c_tail + total[k + 1, end]
-                                + _times(task.m - 1, np.maximum(np.maximum(known_max, c_only),
-                                                                most[k + 1, end]))
-                                + known_step + task.overhead)
+            bounds = np.maximum(bounds, known_sum + c_tail + known_step + task.overhead
+                                + self.joint.g(k + 1, start + lens,
+                                               np.maximum(known_max, c_only)))
         for j in np.argsort(bounds, kind="stable"):
             if bounds[j] >= self.threshold() or not np.isfinite(bounds[j]):
                 break
@@ -341,10 +333,10 @@ class TaskSearch:
                                                trans_max)[None, :]
         future = self.futures[:, k + 1, start + length][:, None]
         bounds = (acc[:, None] + share + future).max(axis=0) + task.overhead
-        if self.sum_max is not None:
+        if self.joint is not None:
             # Bound 2: sum of stage times + tail_0 + (m - 1) x the largest stage time + the
-            # largest step, each term bounded on its own (stages balanced or not).
-            total, most = self.sum_max
+            # largest step; the sum and the maximum over the later stages' same partition
+            # (bottleneck.Bottleneck), the step on its own.
             known_sum, known_max, known_step = self.known
             end = start + length
             c_tail, c_only = micro + gamma * exp, micro
@@ -355,10 +347,9 @@ class TaskSearch:
                                                   backward, steps, trans_max)
                 c_only = c_tail if not gamma else c_only + task.rest_bound(
                     k, i + 1, Weights(1.0, 0.0, 0.0), r, backward, steps, trans_max)
-            bounds = np.maximum(bounds, known_sum + c_tail + total[k + 1, end]
-                                + _times(task.m - 1, np.maximum(np.maximum(known_max, c_only),
-                                                                most[k + 1, end]))
-                                + np.maximum(known_step, opt) + task.overhead)
+            bounds = np.maximum(bounds, known_sum + c_tail + np.maximum(known_step, opt)
+                                + task.overhead
+                                + self.joint.g(k + 1, end, np.maximum(known_max, c_only)))
         bounds = np.where(ok, bounds, math.inf)
         for s in np.argsort(bounds, kind="stable"):
             if not bounds[s] < self.threshold():

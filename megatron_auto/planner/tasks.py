@@ -42,6 +42,7 @@ import numpy as np
 from ..plan import VocabStrategy
 from .cluster_model import ClusterModel
 from .cost_model import in_flight, step_overhead
+from .bottleneck import Bottleneck
 from .cost_time import relayout_cost, sequence_parallel_switch_time
 from .dp import LayerOptions, solve_stage
 from .gpu_terms import group_count
@@ -400,8 +401,11 @@ class Task:
                  + w.beta * e.optimizer + w.gamma * e.exposed_sync)
         lengths = np.arange(1, self.max_len + 1)
         full = np.ones(self.max_len)
-        out = self.rest_bound(k, start, w, lengths, full * (self.room - e.persistent),
-                              full * (self.room - e.step_floor), full * e.transient)
+        # the stage's largest transient is at least the embedding/head's: reserved here,
+        # rest_bound reserves only a bucket's excess over it
+        room = self.room - self.nccl_floor[self.stage_of(k)]  # in both peaks
+        out = self.rest_bound(k, start, w, lengths, full * (room - e.persistent - e.transient),
+                              full * (room - e.step_floor), full * e.transient)
         return out + fixed
 
     def future(self, b: int) -> np.ndarray:
@@ -425,40 +429,33 @@ class Task:
             w = Weights(1.0, 0.0, 1.0 if tail else 0.0)
             e = self.emb[k]
             full = np.ones(self.max_len)
+            room = self.room - self.nccl_floor[self.stage_of(k)]  # in both peaks
             rest = self.rest_bound(k, start, w, np.arange(1, self.max_len + 1),
-                                   full * (self.room - e.persistent),
-                                   full * (self.room - e.step_floor), full * e.transient)
+                                   full * (room - e.persistent - e.transient),
+                                   full * (room - e.step_floor), full * e.transient)
             self._future[key] = rest + e.microbatch + (self.min_boundary if k else 0.0) + (
                 e.exposed_sync if tail else 0.0)
         return self._future[key]
 
-    def sum_max(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(S, M)`` over ``[k, a]``: the least sum of the stages' time rows (stage 0 with its
-        tail) and the least largest time row of stages ``k..pp-1`` over layers ``[a, L)``,
-        each over every partition (bounds on ``sum C + tail_0`` and on ``max C``)."""
-        if "sum_max" in self._future:
-            return self._future["sum_max"]
-        L, pp = self.num_layers, self.pp
-        total = np.full((pp + 1, L + 1), INF)
-        most = np.full((pp + 1, L + 1), INF)
-        total[pp, L] = 0.0
-        most[pp, L] = 0.0
-        single = len(self.spec.layer_types) == 1
-        for k in range(pp - 1, -1, -1):
-            total[k] = _min_plus(lambda a, k=k: self.time_row(k, a, k == 0), total[k + 1], k,
-                                 L, pp, self.max_len, single, np.add)
-            most[k] = _min_plus(lambda a, k=k: self.time_row(k, a, False), most[k + 1], k, L,
-                                pp, self.max_len, single, np.maximum)
-        self._future["sum_max"] = (total, most)
-        return total, most
+    def bottleneck(self) -> Bottleneck:
+        """The joint sum-and-maximum bound of the stages ``1..pp-1`` over every suffix
+        (``bottleneck.Bottleneck`` on the time rows; v = 1, pp > 1)."""
+        if "bottleneck" not in self._future:
+            self._future["bottleneck"] = Bottleneck(
+                lambda k, a: self.time_row(k, a, False), self.pp, self.num_layers,
+                self.max_len, len(self.spec.layer_types) == 1, max(self.m - 1, 0))
+        return self._future["bottleneck"]
 
     def root_bound(self) -> float:
-        """Lower bound on the iteration time of every plan of this task."""
+        """Lower bound on the iteration time of every plan of this task: the best of the
+        ``J_b`` and, for a plain pipeline, the bottleneck bound (stage 0's row with its tail in
+        the sum, without it in the maximum, then ``G`` of the rest)."""
         best = max(float(self.future(b)[0, 0]) for b in self.branches)
         if self.pp > 1 and self.v == 1:
-            total, most = self.sum_max()
-            steady = (self.m - 1) * float(most[0, 0]) if self.m > 1 else 0.0
-            best = max(best, float(total[0, 0]) + steady)
+            lens = np.arange(1, self.max_len + 1)
+            joint = (self.time_row(0, 0, True)
+                     + self.bottleneck().g(1, lens, self.time_row(0, 0, False)))
+            best = max(best, float(joint.min()))
         return best + self.overhead
 
 
