@@ -34,5 +34,5 @@ setup(
         # apex / transformer-engine: build from source (see README); nothing installable here.
         "gpu": [],
     },
-    entry_points={"console_scripts": ["megatron-auto = megatron_auto.cli:main"]},
+    entry_points={"console_scripts": ["megatron-auto = megatron_auto.console:main"]},
 )

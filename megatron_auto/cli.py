@@ -4,7 +4,9 @@ Every subcommand takes the pretrain scripts' model flags (Megatron-LM names, fro
 ``megatron_auto.arguments.add_model_args``) plus ``--cluster NAME|FILE`` and ``--memory-budget-gb``. Bad input prints
 one line naming the flag or field, the value and the fix, and exits with status 2 (no traceback).
 
-``main(argv)`` returns the exit status, so tests call it in-process.
+``main(argv)`` returns the exit status, so tests call it in-process; the console script
+(``megatron_auto.console``, also ``python -m megatron_auto``) calls it and adds the start-up and
+exit settings of a short-lived process.
 
 The planning commands (``plan``, ``evaluate``, ``explain``, ``import-galvatron``) never import
 torch: this module, the flag converters (``arguments.py``), the plan makers

@@ -19,7 +19,8 @@ run time). Layers, bottom to top (docs/architecture.md):
     auto         auto                               joins the profiler and the planner
     training     training.*                         the loop, on everything below
     conversion   conversion.*                       checkpoints <-> Hugging Face, on training
-    entry        cli, the package                   the console script, on top
+    entry        cli, console, __main__,            the console script, on top
+                 the package
 
 planner and parallel sit side by side and never import each other; nothing imports upward.
 A lazy (function-level) import of a package module must load something the module's own
@@ -51,7 +52,7 @@ TOP_LEVEL_LAYERS = {
     "progress": "base", "t5_config": "base", "t5_arguments": "base",
     "planning": "plan_inputs", "plan_source": "plan_inputs",
     "arguments": "base", "auto": "auto", "vision_arguments": "entry", "cli": "entry",
-    "": "entry",
+    "console": "entry", "__main__": "entry", "": "entry",
 }
 PACKAGE_LAYERS = {"planner": "planner", "parallel": "parallel", "data": "data",
                   "models": "models", "profiler": "profiler", "training": "training",

@@ -1,4 +1,5 @@
-"""The configuration dataclasses and the ``megatron-auto`` planning path never import torch.
+"""The configuration dataclasses and the ``megatron-auto`` planning path never import torch, and
+the console entry's fast exit (``megatron_auto/console.py``) loses none of their output.
 
 Importing torch costs more than a second (far more on a loaded machine), which would dominate
 ``megatron-auto plan``. Each check runs in a fresh interpreter (this test process has torch
@@ -65,3 +66,49 @@ def test_planning_commands_and_run_config_import_no_torch(tmp_path):
     assert result["codes"] == {"plan": 0, "evaluate": 0, "explain": 0, "import-galvatron": 0}
     assert result["torch"] == [], f"torch modules imported: {result['torch'][:5]}"
     assert (tmp_path / "imported.json").is_file()
+
+
+MODEL = ["--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "4",
+         "--seq-length", "128", "--vocab-size", "1024", "--cluster", "a100-40g-1x8"]
+
+
+def _console(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """``python -m megatron_auto ARGS``: the console script's entry (megatron_auto/console.py)."""
+    return subprocess.run([sys.executable, "-m", "megatron_auto", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_console_entry_writes_everything_before_its_fast_exit(tmp_path):
+    """The planning commands end with os._exit: the plan file, the whole report on stdout and
+    the exit status are there as with cli.main in-process (which the test runs for comparison),
+    and the plan is the same."""
+    from megatron_auto.cli import main
+    from megatron_auto.plan import Plan
+
+    console = _console(["plan", *MODEL, "--plan-out", str(tmp_path / "console.json"),
+                        "--quiet"], tmp_path)
+    assert console.returncode == 0, console.stderr
+    assert console.stdout.rstrip().endswith(f"plan written to {tmp_path / 'console.json'}")
+    assert "Against baselines" in console.stdout
+    assert main(["plan", *MODEL, "--plan-out", str(tmp_path / "inproc.json"), "--quiet"]) == 0
+    ours, theirs = Plan.load(str(tmp_path / "console.json")), Plan.load(str(tmp_path /
+                                                                          "inproc.json"))
+    assert ours.layers == theirs.layers and ours.pipeline == theirs.pipeline
+    assert ours.estimate == theirs.estimate
+    # the JSON explanation of evaluate is complete too (a cut stdout would not parse)
+    evaluate = _console(["evaluate", "--plan", str(tmp_path / "console.json"), "--json"],
+                        tmp_path)
+    assert evaluate.returncode == 0, evaluate.stderr
+    assert json.loads(evaluate.stdout)["samples_per_s"] == ours.estimate["samples_per_s"]
+
+
+def test_console_entry_keeps_error_lines_and_exit_status(tmp_path):
+    bad = _console(["plan", *MODEL, "--global-batch-size", "-3", "--plan-out",
+                    str(tmp_path / "x.json"), "--quiet"], tmp_path)
+    assert bad.returncode == 2
+    assert bad.stderr.startswith("megatron-auto plan: error: --global-batch-size=-3")
+    assert not (tmp_path / "x.json").exists()
+    usage = _console(["plan", "--no-such-flag"], tmp_path)  # argparse's own exit status
+    assert usage.returncode == 2 and "unrecognized arguments: --no-such-flag" in usage.stderr
+    helped = _console([], tmp_path)  # no subcommand: the help, through the ordinary exit
+    assert helped.returncode == 2 and "plan" in helped.stdout
