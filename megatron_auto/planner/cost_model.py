@@ -323,6 +323,10 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
     emb = profile.embedding
     micro, backward, tails, steps, stage_parts, chunk_times = [], [], [], [], [], []
     per_layer: list[dict[str, float]] = [{} for _ in range(plan.num_layers)]
+    # A layer's memory and time depend only on its type and strategy here (the stage size,
+    # micro-batch, schedule and precision are the plan's): priced once per pair, as the search
+    # prices whole plans whose layers mostly repeat a few strategies.
+    priced: dict[tuple[str, Any], tuple[MemoryCost, TimeCost]] = {}
     for k in range(pp):
         first, last = k == 0, k == pp - 1
         chunks = plan.stage_chunks(k)
@@ -340,15 +344,20 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
             chunk_total, chunk_moves_cost = NO_TIME, NO_MOVE
             for i in plan.chunk_layer_range(c):
                 s = plan.layers[i]
-                lp = profile.layer_types[spec.layer_type(i).name]
+                name = spec.layer_type(i).name
                 dp = n // s.tp
-                samples = b_m / dp
-                sp = s.sequence_parallel and s.tp > 1
-                mem = layer_memory(lp, s.tp, dp, s.dp_mode, s.recompute, samples,
-                                   first_backward_peak=gpipe, sequence_parallel=sp)
-                t = layer_time(lp, cluster, layout_of(s, n), s.dp_mode, s.recompute, samples, n,
-                               training.precision, sequence_parallel=sp,
-                               norm_grad_bytes=sp_reduced_tensor_bytes(spec, i) if sp else ())
+                if (name, s) not in priced:
+                    lp = profile.layer_types[name]
+                    samples = b_m / dp
+                    sp = s.sequence_parallel and s.tp > 1
+                    priced[name, s] = (
+                        layer_memory(lp, s.tp, dp, s.dp_mode, s.recompute, samples,
+                                     first_backward_peak=gpipe, sequence_parallel=sp),
+                        layer_time(lp, cluster, layout_of(s, n), s.dp_mode, s.recompute,
+                                   samples, n, training.precision, sequence_parallel=sp,
+                                   norm_grad_bytes=sp_reduced_tensor_bytes(spec, i) if sp
+                                   else ()))
+                mem, t = priced[name, s]
                 states["parameters"] += mem.parameters
                 states["gradients"] += mem.gradients_at_peak
                 states["optimizer_states"] += mem.optimizer_states

@@ -136,12 +136,19 @@ def _price(profile: LayerTypeProfile, cluster: ClusterModel, s: LayerStrategy, n
     fused = bool(getattr(cluster, "fused_optimizer", False))
     layout = layout_of(s, n)
     dp = n // s.tp
-    samples = microbatch_size / dp
     sp = s.sequence_parallel and s.tp > 1
-    mem = layer_memory(profile, s.tp, dp, s.dp_mode, s.recompute, samples,
-                       first_backward_peak=schedule == "gpipe", sequence_parallel=sp)
-    t = layer_time(profile, cluster, layout, s.dp_mode, s.recompute, samples, n, precision,
-                   sequence_parallel=sp, norm_grad_bytes=norm_grad_bytes if sp else ())
+    # The layer's memory terms and times do not depend on the micro-batches in flight: priced
+    # once for every stage position (the memo of this profile and cluster pair).
+    key = ("layer", s, n, microbatch_size, schedule, precision, tuple(norm_grad_bytes))
+    memo = _memo(profile, cluster)
+    if key not in memo:
+        samples = microbatch_size / dp
+        memo[key] = (
+            layer_memory(profile, s.tp, dp, s.dp_mode, s.recompute, samples,
+                         first_backward_peak=schedule == "gpipe", sequence_parallel=sp),
+            layer_time(profile, cluster, layout, s.dp_mode, s.recompute, samples, n, precision,
+                       sequence_parallel=sp, norm_grad_bytes=norm_grad_bytes if sp else ()))
+    mem, t = memo[key]
     # evaluate_plan sums parameters + gradients_at_peak + optimizer states and
     # in_flight x activations per layer; persistent() is that sum (no early release here).
     return (layout, sp), (

@@ -33,6 +33,7 @@ position's bytes are at most what the stage's peak holds of that chunk.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -99,10 +100,6 @@ class Task:
         self.cells = max(int(self.room // step), 0)
         self.num_layers = spec.num_layers
         self.max_len = spec.num_layers - self.chunks + 1
-        if virtual_size == 1:
-            self.in_flight = [in_flight(schedule, pp, k, m) for k in range(pp)]
-        else:
-            self.in_flight = chunk_in_flight(pp, virtual_size, m)
         self.overhead = step_overhead(cluster, world_size)
         # Everything but the embedding/head is the same for every vocabulary layout of a
         # (batch, pp, m, schedule): computed once, on first use, and shared through ``shared``.
@@ -117,6 +114,14 @@ class Task:
         self._future: dict = {}
         self.branches = list(range(pp))
         self.on_new_table: Callable[[], None] | None = None  # e.g. a deadline check
+
+    @functools.cached_property
+    def in_flight(self) -> list[int]:
+        """Micro-batches in flight per chunk position, on first use (most tasks are cut by
+        their compute bound first; the interleaved counts walk the whole schedule)."""
+        if self.v == 1:
+            return [in_flight(self.schedule, self.pp, k, self.m) for k in range(self.pp)]
+        return chunk_in_flight(self.pp, self.v, self.m)
 
     def sibling(self) -> "Task":
         """The same task without interleaving (v = 1), sharing the layer tables."""
