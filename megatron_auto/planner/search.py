@@ -21,7 +21,6 @@ the least memory any plan of the space needs. Steps (docs/planner.md §3-5):
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -39,10 +38,10 @@ from .least_memory import cheap_least_peak, task_least_peak
 from .model_spec import ModelSpec, TrainingSpec
 from .profiles import ModelProfile
 from .partition_report import REPORT_TIME_LIMIT_S, partition_report, pinned_partition
-from .spaces import BASELINE_SPACES, SPACES, Space, SpaceRules, powers_of_two_upto, vocab_tps
+from .spaces import (BASELINE_SPACES, SPACES, Space, SpaceRules, baselines_inside,
+                     plan_in_space, powers_of_two_upto, vocab_tps)
 from .tasks import Task
 
-logger = logging.getLogger(__name__)
 
 GB = 1e9
 BOUND_CELLS = 2048  # the bound DP counts memory in about this many cells of the budget
@@ -273,7 +272,8 @@ def _stopped(deadline: float, best: Incumbent) -> bool:
 def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
          profile: ModelProfile, budget: float, options: SearchOptions, world: int, step: int,
          deadline: float, progress: Progress | None,
-         stats: dict[str, Any], comparison: bool = False, start: Incumbent | None = None
+         stats: dict[str, Any], comparison: bool = False, start: Incumbent | None = None,
+         floor: float = 0.0
          ) -> tuple[Incumbent, list[tuple[Task, tuple[int, ...] | None]], Task | None]:
     """Search the union of ``spaces``; the incumbent, every (task, pinned partition), and the
     winner's task.
@@ -285,7 +285,9 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cluster: 
     decides: above the budget the task is skipped (no plan of it fits), else the plan reaching
     it is a first incumbent (interleaved tasks: their sibling's least peak, a lower bound, see
     ``infeasible.interleaved_least_peak``). Pass 2: the branch and bound of every task left. Every step
-    stops at ``deadline`` once a plan exists.
+    stops at ``deadline`` once a plan exists. ``floor``: a lower bound on the seconds per sample
+    of every plan of ``spaces`` known beforehand (a baseline space inside a proven full space:
+    ``baseline_floor``), taken with each task's own bound.
     """
     best = start or Incumbent(comparison=comparison)
     tasks = []
@@ -307,24 +309,27 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cluster: 
     pinned = [(task, _partition_pin(task, space, options)) for task, space in tasks]
     seeded: dict[int, int] = {}  # seeded tasks per layer table (batch, pp, micro-batches)
 
+    def bound(task: Task, with_embedding: bool = True) -> float:
+        return max(task.cheap_bound(with_embedding) / task.global_batch, floor)
+
     def report(done: int) -> None:
         if progress:
             progress(done, len(pinned), 1 / best.value if math.isfinite(best.value) else None)
 
     def passes(group: list[tuple[Task, tuple[int, ...] | None]]) -> None:
-        live: list[tuple[Task, tuple[int, ...] | None]] = []
+        live: list[tuple[Task, tuple[int, ...] | None, bool]] = []  # bool: least peak to check
         base = counts["done"]
         # Pass 1: memory and seeds, cheapest bound first.
         for i, (task, pin) in enumerate(group):
             report(base + i - len(live))  # tasks settled without branching so far
-            if task.cheap_bound(False) / task.global_batch >= best.value * (1 - TIE):
+            if bound(task, False) >= best.value * (1 - TIE):
                 counts["pruned"] += len(group) - i
                 break
             if _stopped(deadline, best):
                 best.stopped = True
                 counts["pruned"] += len(group) - i
                 break
-            if task.cheap_bound() / task.global_batch >= best.value * (1 - TIE):
+            if bound(task) >= best.value * (1 - TIE):
                 counts["pruned"] += 1
                 continue
             if cheap_least_peak(task) > limit:
@@ -334,13 +339,18 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cluster: 
                 if interleaved_least_peak(task) > limit:
                     counts["memory_pruned"] += 1
                     continue
-                live.append((task, pin))
+                live.append((task, pin, False))
                 continue
             before = best.plan
             search_task = TaskSearch(task, training, best, deadline, pin)
             table = id(task.tables)
             seeded[table] = seeded.get(table, 0) + 1
             fits = seeded[table] <= SEEDS_PER_TABLE and search_task.seed()
+            if not fits and best.plan is not None:
+                # The exact least peak decides whether any plan of the task can fit; with an
+                # answer at hand it is needed only if the bounds let the task reach pass 2.
+                live.append((task, pin, True))
+                continue
             if not fits:
                 # No seed fits: the exact least peak decides whether any plan of the task can.
                 least = task_least_peak(task, pin)
@@ -351,20 +361,23 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cluster: 
                     search_task.offer(least.plan)  # a first answer, so the deadline can apply
             if best.plan is not before:
                 counts["winner"] = task
-            live.append((task, pin))
+            live.append((task, pin, False))
         # Pass 2: branch and bound over the tasks that can fit, cheapest bound first.
         settled = len(group) - len(live)
-        for i, (task, pin) in enumerate(live):
+        for i, (task, pin, check) in enumerate(live):
             report(base + settled + i)
-            if task.cheap_bound(False) / task.global_batch >= best.value * (1 - TIE):
+            if bound(task, False) >= best.value * (1 - TIE):
                 counts["pruned"] += len(live) - i
                 break
             if _stopped(deadline, best):
                 best.stopped = True  # tasks left unsearched: the answer is not proven
                 counts["pruned"] += len(live) - i
                 break
-            if task.cheap_bound() / task.global_batch >= best.value * (1 - TIE):
+            if bound(task) >= best.value * (1 - TIE):
                 counts["pruned"] += 1
+                continue
+            if check and task_least_peak(task, pin).bytes > limit:
+                counts["memory_pruned"] += 1
                 continue
             before = best.plan
             TaskSearch(task, training, best, deadline, pin).run()
@@ -440,13 +453,23 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
     baselines_cut: list[str] = []
     adopted = None
     if options.include_baselines:
+        # A proven answer of the full space bounds every plan of a baseline space inside it
+        # from below: a baseline search that reaches it is done (0: no such bound).
+        floor = best.value * (1 - TIE) if not best.stopped and baselines_inside(
+            options, world, cluster.devices_per_node) else 0.0
         names = [n for n in BASELINE_SPACES if n != options.space]
         for j, name in enumerate(names):
-            now = search_clock()
-            found, _, _ = _run(spaces_of(name, options, world), spec, training, cluster,
+            subspaces, now = spaces_of(name, options, world), search_clock()
+            dpn, p = cluster.devices_per_node, best.plan
+            if floor and any(plan_in_space(p, sp, spec, _vocabs(
+                    spec, sp, options, p.stage_size, p.microbatch_size, sp.rules, dpn), dpn)
+                    for sp in subspaces):
+                baselines[name] = best.estimate  # the optimum of a space it is a plan of
+                continue
+            found, _, _ = _run(subspaces, spec, training, cluster,
                                profile, budget, options, world, step,
                                now + max(0.0, end - now) / (len(names) - j), None, {},
-                               comparison=True)
+                               comparison=True, floor=floor)
             baselines[name] = found.estimate
             if found.stopped:
                 baselines_cut.append(name)

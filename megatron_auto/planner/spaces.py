@@ -29,7 +29,9 @@ Restricted spaces (:data:`BASELINE_SPACES`) are searched and reported next to th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from ..plan import DP_MODES, LayerStrategy
+from typing import Any
+
+from ..plan import DP_MODES, LayerStrategy, even_partition
 from .model_spec import LayerType
 
 BASELINE_SPACES: tuple[str, ...] = ("dp", "zero3", "tp", "pp", "megatron3d", "galvatron-base")
@@ -112,6 +114,45 @@ def layer_strategies(layer_type: LayerType, stage_size: int, microbatch_size: in
                         out.append(LayerStrategy(tp=tp, dp_mode=mode, tp_consecutive=consec,
                                                  recompute=recompute, sequence_parallel=sp))
     return out
+
+
+def baselines_inside(options: Any, world: int, devices_per_node: int) -> bool:
+    """Whether every plan of every baseline space (``search.spaces_of``) is a plan of the full
+    space ``options`` (a ``search.SearchOptions``) searches on ``world`` devices, so that the
+    full space's optimum bounds the baselines' from below.
+
+    The baselines keep their own rules, so this holds only when nothing the user pinned
+    excludes them from the full space: the full space itself is searched, every partition,
+    no pinned pp, tp, vocabulary tp or Megatron-SP, ``ddp`` and ``zero3`` allowed (the dp, tp,
+    pp, megatron3d and zero3 spaces use them), the plain schedule (v = 1) among the virtual
+    sizes, and the baselines' TP degrees (up to ``world``, tp's and megatron3d's) within the
+    full space's TP cap (rule 4: ``max_tp``, else one node)."""
+    cap = options.max_tp if options.max_tp is not None else devices_per_node
+    return (options.space == "full" and options.partition == "exact"
+            and options.pp is None and options.tp is None and options.vocab_tp is None
+            and not options.sequence_parallel and {"ddp", "zero3"} <= set(options.dp_modes)
+            and 1 in options.virtual_sizes and world <= cap)
+
+
+def plan_in_space(plan: Any, space: Space, spec: Any, vocabs: list[Any],
+                  devices_per_node: int) -> bool:
+    """Whether ``plan`` (a ``plan.Plan`` of ``spec``) is one of ``space``'s plans, by the rules
+    the search builds the space's tasks from: its pp, the even split and no interleaving where
+    the space asks for them, its vocabulary layout among ``vocabs`` (those the space allows at
+    the plan's stage size and micro-batch, ``search._vocabs``) and every layer's strategy among
+    ``layer_strategies``. Batch, micro-batch count and schedule are the caller's to match."""
+    pp = plan.pp_size
+    if space.pps is not None and pp not in space.pps:
+        return False
+    if (space.even_split or space.pps is not None) and plan.virtual_size != 1:
+        return False
+    if space.even_split and tuple(plan.pipeline.layers_per_stage) != even_partition(
+            spec.num_layers, pp):
+        return False
+    n, b_m = plan.stage_size, plan.microbatch_size
+    return plan.vocab in vocabs and all(
+        s in layer_strategies(spec.layer_type(i), n, b_m, space.rules, devices_per_node)
+        for i, s in enumerate(plan.layers))
 
 
 def vocab_tps(vocab_size: int, stage_size: int, microbatch_size: int,
