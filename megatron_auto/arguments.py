@@ -25,12 +25,18 @@ import importlib.util
 import math
 import os
 import warnings
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from .config import FP8_FORMATS, TRANSFORMER_IMPLS, ArgumentError, ConfigError, ModelConfig
-from .run_config import (DEFAULT_GLOBAL_BATCH_SIZE, CheckpointConfig, ClassicLayout, DataConfig,
-                         ExperimentLogConfig, LoggingConfig, LRConfig, OptimizerConfig, PlanFile, PrecisionConfig,
-                         RunConfig, SearchPins, TrainingConfig, resolve_precision)
+from .config import (DEFAULT_GLOBAL_BATCH_SIZE, FP8_FORMATS, TRANSFORMER_IMPLS, ArgumentError,
+                     ConfigError, ModelConfig, resolve_precision)
+
+if TYPE_CHECKING:
+    # annotations only: run_config's dataclasses, imported where built (below)
+    from .run_config import ClassicLayout, PlanFile, RunConfig, SearchPins
+
+# run_config's dataclasses are imported by the functions that build them: the planning
+# commands parse the model flags here without them (their creation is a fifth of
+# ``megatron-auto plan``'s package imports).
 
 __all__ = ["DEFAULT_GLOBAL_BATCH_SIZE", "DEFAULT_MOCK_VOCAB_SIZE", "IGNORED_MEGATRON_FLAGS",
            "ArgumentError", "ConfigError", "add_ignored_megatron_args", "add_model_args", "build_parser", "classic_layout_from_args",
@@ -495,6 +501,9 @@ def run_config_from_args(args: argparse.Namespace,
                          model_config_from_args: Callable[[argparse.Namespace], Any] | None = None
                          ) -> RunConfig:
     """Every component's dataclass from a namespace :func:`check_args` accepted."""
+    from .run_config import (  # noqa: PLC0415 - run_config's dataclasses
+        CheckpointConfig, DataConfig, ExperimentLogConfig, LoggingConfig, LRConfig,
+        OptimizerConfig, PrecisionConfig, RunConfig, TrainingConfig)
     decay_iters = args.lr_decay_iters if args.lr_decay_iters is not None else args.train_iters
     return RunConfig(
         model=(model_config_from_args or model_config_from_args_default)(args),
@@ -555,6 +564,7 @@ def add_sp_and_virtual_pipeline_args(group: Any) -> None:
 
 def plan_source_from_args(args: argparse.Namespace) -> PlanFile | ClassicLayout | SearchPins:
     """``--plan``, ``--auto-parallel`` (with the pins typed in this parse) or the classic flags."""
+    from .run_config import PlanFile, SearchPins  # noqa: PLC0415 - run_config's dataclasses
     if args.plan:
         return PlanFile(args.plan, global_batch_size=args.global_batch_size,
                         micro_batch_size=args.micro_batch_size)
@@ -574,6 +584,7 @@ def plan_source_from_args(args: argparse.Namespace) -> PlanFile | ClassicLayout 
 
 def classic_layout_from_args(args: argparse.Namespace) -> ClassicLayout:
     """Megatron's layout and batch flags (the pretrain scripts' and ``megatron-auto``'s)."""
+    from .run_config import ClassicLayout  # noqa: PLC0415 - run_config's dataclasses
     return ClassicLayout(
         tensor_model_parallel_size=args.tensor_model_parallel_size,
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 from .arguments import (DEFAULT_GLOBAL_BATCH_SIZE, add_model_args, check_model_option_args,
                         add_sp_and_virtual_pipeline_args, classic_layout_from_args,
                         model_config_from_args)
-from .config import ModelConfig
+from .config import ModelConfig, resolve_precision
 from .vision_arguments import add_vision_args, apply_vit_defaults, vision_config_from_args
 from .vision_config import BACKBONES, VisionConfig
 from .t5_arguments import add_t5_args, apply_t5_defaults, t5_config_from_args
@@ -42,7 +42,6 @@ from .planner.presets import PRESET_NAMES, get_cluster
 from .planner.profiles import ModelProfile
 from .planner.search import SearchOptions, evaluate, pinned_virtual_sizes, search
 from .planning import PlanningInputs, planning_inputs, runtime_options
-from .run_config import resolve_precision
 
 # Imported where used (start-up time, docs/planner.md §7): the Galvatron readers, the classic
 # flags' plan maker, plotting, and the profiler's and reproduce's subcommands, none of which

@@ -11,6 +11,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping
 
+# The global batch when --global-batch-size is not given (training, --auto-parallel, the CLI);
+# here rather than in run_config.py so that the planning commands' flags need no run_config.
+DEFAULT_GLOBAL_BATCH_SIZE = 8
+
 POSITION_EMBEDDING_TYPES = ("learned", "rope")
 ACTIVATIONS = ("gelu", "swiglu")
 NORMALIZATIONS = ("layernorm", "rmsnorm")
@@ -23,6 +27,17 @@ class ConfigError(ValueError):
 
 class ArgumentError(ConfigError):
     """An invalid flag combination; the message names the flag, its value and the fix."""
+
+
+def resolve_precision(bf16: bool, fp16: bool, default: str | None = "fp32") -> str | None:
+    """``bf16``/``fp16`` when that flag is set, else ``default`` (e.g. the precision a plan file
+    recorded; ``fp32``, Megatron's default, when nothing says otherwise).
+
+    Raises ``ArgumentError`` (a ``ConfigError``) when both flags are set.
+    """
+    if bf16 and fp16:
+        raise ArgumentError("--bf16=True: cannot be combined with --fp16; choose one precision")
+    return "bf16" if bf16 else "fp16" if fp16 else default
 
 
 def pad_vocab_size(vocab_size: int, divisible_by: int) -> int:

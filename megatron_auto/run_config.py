@@ -14,8 +14,8 @@ dataclasses (never an argparse namespace). Each component's settings are its own
   ``auto.plan_for_run`` make the plan from it.
 
 No module here imports torch, so the ``megatron-auto`` planning commands, which read the same
-flags, start without it. :func:`resolve_precision` is the one rule from ``--bf16``/``--fp16``
-to a precision name.
+flags, start without it. :func:`resolve_precision` (defined in ``config.py``, re-exported) is the
+one rule from ``--bf16``/``--fp16`` to a precision name.
 """
 
 from __future__ import annotations
@@ -23,23 +23,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import ArgumentError, ModelConfig
+from .config import DEFAULT_GLOBAL_BATCH_SIZE, ArgumentError, ModelConfig, resolve_precision
 
 __all__ = ["DEFAULT_GLOBAL_BATCH_SIZE", "CheckpointConfig", "DataConfig", "ExperimentLogConfig",
            "ExperimentLogError", "LRConfig",
            "LoggingConfig", "OptimizerConfig", "PrecisionConfig", "RunConfig", "TrainingConfig",
            "resolve_precision", "PlanFile", "ClassicLayout", "SearchPins"]
-
-
-def resolve_precision(bf16: bool, fp16: bool, default: str | None = "fp32") -> str | None:
-    """``bf16``/``fp16`` when that flag is set, else ``default`` (e.g. the precision a plan file
-    recorded; ``fp32``, Megatron's default, when nothing says otherwise).
-
-    Raises ``ArgumentError`` (a ``ConfigError``) when both flags are set.
-    """
-    if bf16 and fp16:
-        raise ArgumentError("--bf16=True: cannot be combined with --fp16; choose one precision")
-    return "bf16" if bf16 else "fp16" if fp16 else default
 
 
 # torch.compile backends --compile accepts (models/compile.py uses them).
@@ -212,8 +201,6 @@ class CheckpointConfig:
 
 
 # ----------------------------------------------------------------------------- plan sources
-# The global batch when --global-batch-size is not given (training, --auto-parallel, the CLI).
-DEFAULT_GLOBAL_BATCH_SIZE = 8
 
 
 @dataclass(frozen=True)

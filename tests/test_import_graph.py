@@ -135,7 +135,10 @@ def _imports(module: str) -> list[Import]:
 
     def visit(node: ast.AST, lazy: bool) -> None:
         for child in ast.iter_child_nodes(node):
-            inner = lazy or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            # `if TYPE_CHECKING:` imports never run: lazy like a function's
+            inner = lazy or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) \
+                or (isinstance(child, ast.If) and isinstance(child.test, ast.Name)
+                    and child.test.id == "TYPE_CHECKING")
             if isinstance(child, ast.Import):
                 for alias in child.names:
                     name = alias.name
