@@ -131,3 +131,48 @@ def test_plain_pipeline_root_bound_is_below_every_fitting_plan(world, layers, ba
     assert task.root_bound() <= best * (1 + 1e-12)
     # not vacuous: within 25 % of the optimum on these instances (12 % at most measured)
     assert task.root_bound() >= 0.75 * best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_stage_dominance_never_cuts_a_better_completion(seed):
+    # dominance.py: a prefix of placed stages whose five values (sum C, max C, sum C - sum B,
+    # own exposed tails E, max step) are each at least another's has no completion that makes
+    # it faster. Checked on pipeline_time itself over random small stage values: every pair of
+    # prefixes in that order, every completion drawn.
+    from megatron_auto.planner.cost_time import pipeline_time
+    from megatron_auto.planner.dominance import StageDominance
+
+    rng = random.Random(seed)
+    values = (0.0, 1.0, 2.0, 3.0)
+
+    def stage():
+        c = rng.choice(values[1:])
+        return c, rng.choice([x for x in values if x <= c]), rng.choice(values), \
+            rng.choice(values)  # C, B <= C, tail, step
+
+    def state(prefix):
+        sum_c = sum(s[0] for s in prefix)
+        sum_b, exposed = 0.0, -math.inf
+        for c, b, tail, _ in prefix:
+            exposed = max(exposed, tail - sum_b)
+            sum_b += b
+        return StageDominance.state(sum_c, max(s[0] for s in prefix), sum_b, exposed,
+                                    max(s[3] for s in prefix))
+
+    def t(p):
+        return pipeline_time([s[0] for s in p], [s[1] for s in p], [s[2] for s in p], m,
+                             [s[3] for s in p]).iteration
+
+    m = rng.choice([1, 2, 5])
+    placed = rng.choice([1, 2])
+    prefixes = [[stage() for _ in range(placed)] for _ in range(60)]
+    completions = [[stage() for _ in range(rng.choice([1, 2]))] for _ in range(25)]
+    pairs = 0
+    for x in prefixes:
+        for y in prefixes:
+            if x is y or not (state(x) <= state(y)).all():
+                continue
+            pairs += 1
+            for z in completions:
+                assert t(x + z) <= t(y + z) + 1e-12
+    assert pairs >= 20  # the rule is exercised

@@ -51,6 +51,7 @@ import numpy as np
 
 from ..plan import LayerStrategy, PipelineSpec, Plan
 from .cost_model import Estimate, evaluate_plan
+from .dominance import StageDominance
 from .gpu_terms import group_count
 from .interleaving import interleaved_variant
 from .model_spec import TrainingSpec
@@ -112,6 +113,7 @@ class _StageState:
     last_type: int
     last_index: int
     layouts: frozenset = frozenset()  # layouts the stage's NCCL groups come from so far
+    backward: float = 0.0  # the stage's backward part (stage dominance only)
 
 
 class TaskSearch:
@@ -132,6 +134,8 @@ class TaskSearch:
         self.stage_mem: list[tuple[float, float, float, frozenset] | None] = [None] * task.pp
         self._weights = [task.weight_arrays(k) for k in range(task.chunks)]
         self.joint = None
+        self.dominance: StageDominance | None = None
+        self.inner: StageDominance | None = None
         # Branches sharing the weights of position k (at most two kinds: bottleneck or not).
         self._pairs = []
         for k in range(task.chunks):
@@ -211,6 +215,9 @@ class TaskSearch:
     def run(self) -> None:
         """Search the task; the incumbent is updated in place (``stopped`` if cut short)."""
         self.known = (0.0, 0.0, 0.0)  # completed stages: sum C + tail_0, max C, max step
+        # completed stages for the dominance rule: sum C, max C, sum B, E, max step
+        self.prefix = (0.0, 0.0, 0.0, -math.inf, 0.0)
+        self.dominance = StageDominance() if self.task.v == 1 and self.task.pp > 1 else None
         task = self.task
         if task.v == 1 and (self.partition is not None or task.pp == 1):
             if all(len(task.costs(k, i)) == 1 for k in range(task.pp)
@@ -266,6 +273,9 @@ class TaskSearch:
             bounds = np.maximum(bounds, known_sum + c_tail + known_step + task.overhead
                                 + self.joint.g(k + 1, start + lens,
                                                np.maximum(known_max, c_only)))
+        outer = self.inner
+        # partial stages of this call (same earlier stages, same start): dominance.py
+        self.inner = StageDominance() if task.v == 1 else None
         for j in np.argsort(bounds, kind="stable"):
             if bounds[j] >= self.threshold() or not np.isfinite(bounds[j]):
                 break
@@ -282,10 +292,12 @@ class TaskSearch:
                 layouts.add((lay.tp, lay.consecutive))
             state = _StageState(e.microbatch, e.optimizer, e.exposed_sync,
                                 prev[0] + e.persistent, max(prev[1], e.transient),
-                                prev[2] + e.step_floor, -1, -1, -1, frozenset(layouts))
+                                prev[2] + e.step_floor, -1, -1, -1, frozenset(layouts),
+                                e.backward)
             self.lengths.append(length)
             self._layer(k, start, length, 0, state, acc)
             self.lengths.pop()
+        self.inner = outer
 
     # ------------------------------------------------------------------ layers
     def _layer(self, k: int, start: int, length: int, j: int, st: _StageState,
@@ -312,6 +324,8 @@ class TaskSearch:
         elif r == 0:
             trans = trans + task.sp_leave[t][cls]  # a stage's SP run ends before the hop
         micro = st.microbatch + c.microbatch + trans
+        bwd = st.backward + c.backward + self._backward_moves(k, j, r, t, st, cls) \
+            if self.dominance is not None else None
         opt = st.optimizer + c.optimizer
         exp = st.exposed + c.exposed_sync
         pers = st.persistent + c.persistent
@@ -357,15 +371,36 @@ class TaskSearch:
             self.chosen.append(c.strategies[s])
             if r > 0:
                 lay = task.tables.layouts[int(cls[s])][0]
+                layouts = st.layouts | {(lay.tp, lay.consecutive)}
+                if self.inner is not None and not self.inner.admit(
+                        (length, j + 1, int(cls[s]), int(s), layouts),
+                        np.array([micro[s], opt[s], exp[s],
+                                  micro[s] - bwd[s] if bwd is not None else 0.0,
+                                  pers[s], trans_max[s], step[s]])):
+                    self.chosen.pop()
+                    continue
                 nxt = _StageState(float(micro[s]), float(opt[s]), float(exp[s]), float(pers[s]),
                                   float(trans_max[s]), float(step[s]), int(cls[s]), t, int(s),
-                                  st.layouts | {(lay.tp, lay.consecutive)})
+                                  st.layouts | {(lay.tp, lay.consecutive)},
+                                  float(bwd[s]) if bwd is not None else 0.0)
                 self._layer(k, start, length, j + 1, nxt, acc)
             else:
                 done = acc + alpha * micro[s] + beta * opt[s] + gamma * exp[s]
                 if k == task.chunks - 1:
                     self._leaf()
                 else:
+                    prefix = self.prefix
+                    if self.dominance is not None:
+                        sum_c, max_c, sum_b, exposed, max_step = prefix
+                        tail = float(exp[s])
+                        self.prefix = (sum_c + float(micro[s]), max(max_c, float(micro[s])),
+                                       sum_b + float(bwd[s]), max(exposed, tail - sum_b),
+                                       max(max_step, float(opt[s])))
+                        if not self.dominance.admit((k + 1, start + length, int(cls[s])),
+                                                    StageDominance.state(*self.prefix)):
+                            self.prefix = prefix
+                            self.chosen.pop()
+                            continue
                     saved, known = self.prev_last, self.known
                     stage = task.stage_of(k)
                     saved_mem = self.stage_mem[stage]
@@ -378,9 +413,25 @@ class TaskSearch:
                     self.known = (known[0] + float(micro[s] + gamma * exp[s]),
                                   max(known[1], float(micro[s])), max(known[2], float(opt[s])))
                     self._stage(k + 1, start + length, done)
-                    self.prev_last, self.known = saved, known
+                    self.prev_last, self.known, self.prefix = saved, known, prefix
                     self.stage_mem[stage] = saved_mem
             self.chosen.pop()
+
+    def _backward_moves(self, k: int, j: int, r: int, t: int, st: _StageState,
+                        cls: np.ndarray) -> np.ndarray:
+        """The backward part of the moves ``_layer`` charges to the candidates (the same moves:
+        into the layer, and after the stage's last layer into the head)."""
+        task = self.task
+        relayout, boundary = task.tables.backward_moves
+        if j > 0:
+            out = relayout[t][st.last_class, cls]
+        elif self.prev_last is not None:
+            out = boundary[t][self.prev_last[1], cls]
+        else:
+            out = task.vocab_moves_backward(t)[0][cls]
+        if r == 0 and k == task.chunks - 1:
+            out = out + task.vocab_moves_backward(t)[1][cls]
+        return out
 
     def _nccl(self, k: int, layouts: frozenset, cls: np.ndarray) -> np.ndarray | float:
         """NCCL bytes of stage ``k`` holding ``layouts`` and each candidate's layout."""

@@ -13,7 +13,8 @@ import numpy as np
 
 from .cluster_model import ClusterModel
 from .cost_model import sp_reduced_tensor_bytes
-from .cost_time import relayout_time, sequence_parallel_switch_time, stage_boundary_cost
+from .cost_time import (relayout_cost, relayout_time, sequence_parallel_switch_time,
+                        stage_boundary_cost)
 from .model_spec import ModelSpec
 from .profiles import ModelProfile
 from .spaces import SpaceRules, layer_strategies
@@ -91,6 +92,34 @@ class LayerTables:
         picks = sorted({int(round(x)) for x in np.linspace(0, len(transients) - 1, MAX_LEVELS)})
         tops = [transients[i] for i in picks]
         self.buckets = [(tops[j - 1] if j else 0.0, top) for j, top in enumerate(tops)]
+
+    @property
+    def backward_moves(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """``(relayout, boundary)``: the backward part of ``relayout`` and ``boundary`` (the
+        same moves; ``sp_leave`` has none: leaving an SP run gathers in forward only, entering
+        one gathers the gradient in backward, ``layout.sequence_parallel_boundary_collectives``).
+        The exact search's stage dominance needs each stage's backward time (its sync-tail
+        hiding, ``cost_time.pipeline_time``); built on first use."""
+        if "_backward_moves" not in self.__dict__:
+            cluster, n, b_m = self.cluster, self.n, self.b_m
+
+            def enter(b: tuple[Layout, bool], h: float) -> float:  # gradient gather only
+                return sequence_parallel_switch_time(cluster, b[0], False, b[0], b[1], b_m, h,
+                                                     n)
+
+            def same_run(a: tuple[Layout, bool], b: tuple[Layout, bool]) -> bool:
+                return a[1] and b[1] and a[0].tp > 1 and a[0] == b[0]
+
+            relayout = [np.array([[relayout_cost(cluster, a[0], b[0], b_m, mv, n).backward
+                                   + (0.0 if same_run(a, b) else enter(b, h))
+                                   for b in self.layouts] for a in self.layouts])
+                        for mv, h in zip(self.moved, self.hidden)]
+            boundary = [np.array([[stage_boundary_cost(cluster, a[0], b[0], b_m, mv, n,
+                                                       self.pp).backward + enter(b, h)
+                                   for b in self.layouts] for a in self.layouts])
+                        for mv, h in zip(self.moved, self.hidden)]
+            self.__dict__["_backward_moves"] = (relayout, boundary)
+        return self.__dict__["_backward_moves"]
 
     @property
     def one(self) -> list[StrategyCosts]:

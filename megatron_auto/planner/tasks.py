@@ -176,6 +176,23 @@ class Task:
                           for a, sp in self.tables.layouts]))
         return self._future[key]
 
+    def vocab_moves_backward(self, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """The backward part of ``vocab_moves(t)`` (entering an SP run gathers the gradient
+        in backward, leaving one gathers in forward only)."""
+        key = ("vocab_moves_backward", t)
+        if key not in self._future:
+            v = vocab_layout(self.vocab.tp, self.n)
+            mv, h = self.tables.moved[t], self.tables.hidden[t]
+            cl = self.cluster
+            self._future[key] = (
+                np.array([relayout_cost(cl, v, b, self.b_m, mv, self.n).backward
+                          + sequence_parallel_switch_time(cl, b, False, b, sp, self.b_m, h,
+                                                          self.n)
+                          for b, sp in self.tables.layouts]),
+                np.array([relayout_cost(cl, a, v, self.b_m, h, self.n).backward
+                          for a, _ in self.tables.layouts]))
+        return self._future[key]
+
     @property
     def nccl_floor(self) -> list[float]:
         """Per stage, the NCCL communicator bytes every plan of this task holds at least on
