@@ -16,6 +16,8 @@ import pytest
 from megatron_auto.plan import PipelineSpec, Plan, VocabStrategy
 from megatron_auto.planner import ModelSpec, TrainingSpec, analytic_profile, evaluate
 from megatron_auto.planner.bottleneck import Bottleneck
+from megatron_auto.planner.cost_time import pipeline_time
+from megatron_auto.planner.dominance import StageDominance
 from megatron_auto.planner.presets import make_cluster
 from megatron_auto.planner.spaces import SpaceRules
 from megatron_auto.planner.tasks import Task
@@ -139,9 +141,6 @@ def test_stage_dominance_never_cuts_a_better_completion(seed):
     # own exposed tails E, max step) are each at least another's has no completion that makes
     # it faster. Checked on pipeline_time itself over random small stage values: every pair of
     # prefixes in that order, every completion drawn.
-    from megatron_auto.planner.cost_time import pipeline_time
-    from megatron_auto.planner.dominance import StageDominance
-
     rng = random.Random(seed)
     values = (0.0, 1.0, 2.0, 3.0)
 
