@@ -101,31 +101,18 @@ def time_loop(step: Callable[[], Any], warmup: int, iters: int, device: torch.de
 
     The median (not the mean) because a shared machine's scheduler hiccups land on single calls;
     each call is synchronised so that it is timed alone. ``before`` (untimed) runs ahead of
-    every call: see :func:`compute_gap`.
+    every call: see :func:`compute_gap`. No barrier: the ranks run their calls back to back.
     """
-    for _ in range(warmup):
-        if before is not None:
-            before()
-        step()
-    sync(device)
-    samples = []
-    for _ in range(iters):
-        if before is not None:
-            before()
-            sync(device)
-        start = time.perf_counter()
-        step()
-        sync(device)
-        samples.append(time.perf_counter() - start)
-    return float(np.median(samples))
+    return time_rounds([step], warmup, iters, device, before, barrier=False)[0]
 
 
 def time_rounds(steps: Sequence[Callable[[], Any]], warmup: int, iters: int,
-                device: torch.device, before: Callable[[], Any] | None = None) -> list[float]:
+                device: torch.device, before: Callable[[], Any] | None = None,
+                barrier: bool = True) -> list[float]:
     """Seconds per call of each of ``steps`` on this rank: medians over ``iters`` rounds.
 
-    Each round starts from a world barrier and times every step once (``before``, untimed,
-    ahead of each call, as in :func:`time_loop`). Interleaving the message sizes puts a slow
+    Each round starts from a world barrier (unless ``barrier`` is false) and times every step
+    once, each call synchronised, ``before`` (untimed) ahead of it. Interleaving the message sizes puts a slow
     stretch of a shared machine on all of them alike: timed one size after another, it landed
     on one size and tilted the latency / bandwidth line (the fitted CPU all-reduce latency came
     out 2.5 ms in one quiet run and 3.7 ms in the next, which moved a sequence-parallel plan's
@@ -133,7 +120,8 @@ def time_rounds(steps: Sequence[Callable[[], Any]], warmup: int, iters: int,
     """
     samples: list[list[float]] = [[] for _ in steps]
     for i in range(warmup + iters):
-        world_barrier(device)
+        if barrier:
+            world_barrier(device)
         for k, step in enumerate(steps):
             if before is not None:
                 before()
