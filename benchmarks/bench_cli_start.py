@@ -64,7 +64,7 @@ w0, c0 = time.perf_counter(), time.process_time()
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 from megatron_auto import cli
 w1, c1 = time.perf_counter(), time.process_time()
-search_module = sys.modules["megatron_auto.planner.search"]
+search_module = sys.modules["megatron_auto.planner.search.driver"]
 real, spent = search_module.search, [0.0, 0.0]
 def timed(*args, **kwargs):
     w, c = time.perf_counter(), time.process_time()

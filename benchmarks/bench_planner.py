@@ -24,7 +24,7 @@ from pathlib import Path
 
 from megatron_auto.planner import (InfeasibleError, ModelSpec, SearchOptions, TrainingSpec,
                                    analytic_profile, search)
-from megatron_auto.planner.presets import get_cluster, make_cluster
+from megatron_auto.planner.inputs.presets import get_cluster, make_cluster
 
 GB = 1e9
 

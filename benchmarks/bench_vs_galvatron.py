@@ -51,7 +51,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from megatron_auto.planner.galvatron_files import read_computation
+from megatron_auto.planner.interop.galvatron_files import read_computation
 
 REPO = Path(__file__).resolve().parents[1]
 GIB = 2**30

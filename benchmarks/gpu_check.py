@@ -53,13 +53,13 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from megatron_auto.config import ModelConfig  # noqa: E402
-from megatron_auto.jsonfile import write_json  # noqa: E402
+from megatron_auto.utils.jsonfile import write_json  # noqa: E402
 from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy  # noqa: E402
-from megatron_auto.planner.hardware import ClusterSpec  # noqa: E402
-from megatron_auto.planner.model_spec import ModelSpec, TrainingSpec  # noqa: E402
-from megatron_auto.planner.presets import make_cluster  # noqa: E402
-from megatron_auto.planner.profiles import ModelProfile, analytic_profile  # noqa: E402
-from megatron_auto.planner.search import evaluate  # noqa: E402
+from megatron_auto.planner.inputs.hardware import ClusterSpec  # noqa: E402
+from megatron_auto.planner.inputs.model_spec import ModelSpec, TrainingSpec  # noqa: E402
+from megatron_auto.planner.inputs.presets import make_cluster  # noqa: E402
+from megatron_auto.planner.inputs.profiles import ModelProfile, analytic_profile  # noqa: E402
+from megatron_auto.planner.search.driver import evaluate  # noqa: E402
 
 GPT_1_3B = ModelConfig(num_layers=24, hidden_size=2048, num_attention_heads=16, seq_length=2048,
                        vocab_size=50257, hidden_dropout=0.0, attention_dropout=0.0)

@@ -36,9 +36,9 @@ sys.path.insert(0, str(REPO))
 
 from megatron_auto.config import ModelConfig  # noqa: E402
 from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy  # noqa: E402
-from megatron_auto.planner.hardware import ClusterSpec  # noqa: E402
-from megatron_auto.planner.model_spec import ModelSpec, TrainingSpec  # noqa: E402
-from megatron_auto.planner.search import evaluate  # noqa: E402
+from megatron_auto.planner.inputs.hardware import ClusterSpec  # noqa: E402
+from megatron_auto.planner.inputs.model_spec import ModelSpec, TrainingSpec  # noqa: E402
+from megatron_auto.planner.search.driver import evaluate  # noqa: E402
 from megatron_auto.planner.calibrate import (apply_calibration, fit_calibration,  # noqa: E402
                                               load_run)
 
@@ -274,7 +274,7 @@ def markdown_table(rows, nproc: int, iters: int | None, profile_load: str) -> st
 def reprice(work: Path, table_out: str | None) -> int:
     """Price every plan of a finished run's work dir again with the current cost model,
     against the iteration times and peaks that run measured (same rules as a fresh run)."""
-    from megatron_auto.planner.profiles import ModelProfile  # noqa: PLC0415
+    from megatron_auto.planner.inputs.profiles import ModelProfile  # noqa: PLC0415
 
     cluster = ClusterSpec.load(work / "cluster.json")
     profiles = sorted((work / "cache").glob("*.json"))

@@ -27,10 +27,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy  # noqa: E402
-from megatron_auto.planner.hardware import ClusterSpec  # noqa: E402
-from megatron_auto.planner.model_spec import ModelSpec, TrainingSpec  # noqa: E402
-from megatron_auto.planner.profiles import analytic_profile  # noqa: E402
-from megatron_auto.planner.search import evaluate  # noqa: E402
+from megatron_auto.planner.inputs.hardware import ClusterSpec  # noqa: E402
+from megatron_auto.planner.inputs.model_spec import ModelSpec, TrainingSpec  # noqa: E402
+from megatron_auto.planner.inputs.profiles import analytic_profile  # noqa: E402
+from megatron_auto.planner.search.driver import evaluate  # noqa: E402
 from megatron_auto.t5_config import T5Config  # noqa: E402
 
 CONFIG = T5Config(vocab_size=2048)

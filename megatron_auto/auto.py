@@ -35,11 +35,11 @@ from .config import ArgumentError, ModelConfig
 from .parallel.device import resolve_device
 from .plan import DP_MODES, Plan, PlanError
 from .planner import report
-from .planner.hardware import ClusterSpec
-from .planner.megatron_flags import to_megatron_flags
-from .planner.presets import get_cluster
-from .planner.profiles import ModelProfile
-from .planner.search import InfeasibleError, SearchOptions, pinned_virtual_sizes, search
+from .planner.inputs.hardware import ClusterSpec
+from .planner.interop.megatron_flags import to_megatron_flags
+from .planner.inputs.presets import get_cluster
+from .planner.inputs.profiles import ModelProfile
+from .planner.search.driver import InfeasibleError, SearchOptions, pinned_virtual_sizes, search
 from .planning import planning_inputs, runtime_options
 from .profiler import cache as profile_cache
 from .profiler.cache import default_cache_dir

@@ -35,12 +35,12 @@ from .t5_arguments import add_t5_args, apply_t5_defaults, t5_config_from_args
 from .t5_config import T5Config
 from .plan import DP_MODES, Plan
 from .planner import report
-from .planner.hardware import GB, ClusterSpec
-from .planner.megatron_flags import to_megatron_flags
-from .planner.model_spec import ModelSpec, TrainingSpec
-from .planner.presets import PRESET_NAMES, get_cluster
-from .planner.profiles import ModelProfile
-from .planner.search import SearchOptions, evaluate, pinned_virtual_sizes, search
+from .planner.inputs.hardware import GB, ClusterSpec
+from .planner.interop.megatron_flags import to_megatron_flags
+from .planner.inputs.model_spec import ModelSpec, TrainingSpec
+from .planner.inputs.presets import PRESET_NAMES, get_cluster
+from .planner.inputs.profiles import ModelProfile
+from .planner.search.driver import SearchOptions, evaluate, pinned_virtual_sizes, search
 from .planning import PlanningInputs, planning_inputs, runtime_options
 
 # Imported where used (start-up time, docs/planner.md §7): the Galvatron readers, the classic
@@ -223,7 +223,7 @@ def _given_plan(args: argparse.Namespace, world_size: int, config: ModelConfig) 
         plan = Plan.load(args.plan)
     else:
         # Galvatron's --sequence_parallel is a run flag, not in its file: --sequence-parallel
-        from .planner import galvatron  # noqa: PLC0415 - start-up time
+        from .planner.interop import galvatron  # noqa: PLC0415 - start-up time
         plan = galvatron.plan_from_galvatron_config(args.galvatron_config, world_size=world_size,
                                                     sequence_parallel=args.sequence_parallel)
     if plan.world_size != world_size:
@@ -317,7 +317,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     estimate = _evaluate(setup, plan)
     print(_explain_text(setup, plan, estimate), end="")
     if args.plot:
-        from .plots import plot_plan  # noqa: PLC0415 - start-up time
+        from .utils.plots import plot_plan  # noqa: PLC0415 - start-up time
         plot_plan(plan, args.plot, estimate.to_dict(), setup.budget_bytes)
         print(f"\nplot written to {args.plot}")
     return 0
@@ -335,14 +335,14 @@ def cmd_plot_metrics(args: argparse.Namespace) -> int:
                 raise CliError(f"{args.metrics_file}:{number}: not a JSON object ({err.msg}); "
                                f"pass the file written by --metrics-file") from None
     out = args.output or os.path.splitext(args.metrics_file)[0] + ".png"
-    from .plots import plot_metrics  # noqa: PLC0415 - start-up time
+    from .utils.plots import plot_metrics  # noqa: PLC0415 - start-up time
     plot_metrics(records, out)
     print(f"plot written to {out}")
     return 0
 
 
 def cmd_import_galvatron(args: argparse.Namespace) -> int:
-    from .planner import galvatron  # noqa: PLC0415 - start-up time
+    from .planner.interop import galvatron  # noqa: PLC0415 - start-up time
     did = []
     if bool(args.computation) != bool(args.memory):
         raise CliError("--computation and --memory go together (both Galvatron model profile "

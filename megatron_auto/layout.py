@@ -16,7 +16,7 @@ Activations are split along the batch: DP replica ``dp_rank`` holds the contiguo
 ``dp_rank`` of ``dp`` equal slices of the micro-batch, the same on every rank of its TP group.
 
 A relayout from ``src`` to ``dst`` (:func:`relayout_step`) is what the runtime
-(``parallel/redistribute.py``) executes and the cost model (``planner/cost_time.py``) prices:
+(``parallel/redistribute.py``) executes and the cost model (``planner/cost/time_model.py``) prices:
 
 - if both layouts give every rank the same slice: nothing;
 - if every rank's ``dst`` slice lies inside its ``src`` slice: a local slice, no communication;

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 from .config import ModelConfig
-from .jsonfile import read_json, write_json
+from .utils.jsonfile import read_json, write_json
 
 PLAN_FORMAT = "megatron_auto.plan"
 PLAN_VERSION = 1

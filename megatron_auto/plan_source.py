@@ -27,7 +27,7 @@ import warnings
 
 from .config import ArgumentError, ModelConfig
 from .plan import Plan, PlanError
-from .planner.megatron_flags import MegatronFlagError, plan_from_megatron_flags
+from .planner.interop.megatron_flags import MegatronFlagError, plan_from_megatron_flags
 from .run_config import DEFAULT_GLOBAL_BATCH_SIZE, ClassicLayout, PlanFile
 
 def make_plan(source: PlanFile | ClassicLayout, model_config: ModelConfig,

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import ArgumentError, ModelConfig
-from .planner.hardware import ClusterSpec
-from .planner.model_spec import ModelSpec, TrainingSpec
-from .planner.profiles import ModelProfile, analytic_profile
-from .planner.search import SearchOptions
+from .planner.inputs.hardware import ClusterSpec
+from .planner.inputs.model_spec import ModelSpec, TrainingSpec
+from .planner.inputs.profiles import ModelProfile, analytic_profile
+from .planner.search.driver import SearchOptions
 from .t5_config import T5Config
 from .vision_config import VisionConfig
 

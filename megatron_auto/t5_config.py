@@ -1,6 +1,6 @@
 """Shape and numerics of a T5 encoder-decoder (pure data, no torch).
 
-The runtime (``models/t5.py``), the planner (``planner/model_spec.py``), the data
+The runtime (``models/t5.py``), the planner (``planner/inputs/model_spec.py``), the data
 (``data/t5_dataset.py``) and the entry script ``pretrain_t5.py`` read the same
 :class:`T5Config`, a :class:`~megatron_auto.config.ModelConfig` with the encoder-decoder fields
 of Megatron-LM's T5 (``--encoder-num-layers --decoder-num-layers --encoder-seq-length

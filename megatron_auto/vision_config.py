@@ -1,6 +1,6 @@
 """Shape and numerics of an image classifier: a ViT or a Swin backbone (pure data, no torch).
 
-The runtime (``models/vit.py``, ``models/swin.py``), the planner (``planner/model_spec.py``) and
+The runtime (``models/vit.py``, ``models/swin.py``), the planner (``planner/inputs/model_spec.py``) and
 the entry script ``pretrain_vision_classify.py`` read the same :class:`VisionConfig`.
 
 Shapes (``g_h x g_w = img_h/patch_dim x img_w/patch_dim`` patch grid):

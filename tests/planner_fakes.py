@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from megatron_auto.planner.profiles import EmbeddingProfile, LayerTypeProfile, ModelProfile
+from megatron_auto.planner.inputs.profiles import EmbeddingProfile, LayerTypeProfile, ModelProfile
 
 
 @dataclass(frozen=True)

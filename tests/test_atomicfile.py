@@ -7,8 +7,8 @@ import stat
 
 import pytest
 
-from megatron_auto.atomicfile import AtomicFile, atomic_open, atomic_write
-from megatron_auto.jsonfile import read_json, write_json
+from megatron_auto.utils.atomicfile import AtomicFile, atomic_open, atomic_write
+from megatron_auto.utils.jsonfile import read_json, write_json
 
 pytestmark = pytest.mark.pure
 

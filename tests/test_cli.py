@@ -7,7 +7,7 @@ import pytest
 
 from megatron_auto.cli import main
 from megatron_auto.plan import Plan
-from megatron_auto.planner.hardware import ClusterSpec
+from megatron_auto.planner.inputs.hardware import ClusterSpec
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILES = REPO.parent / "shared" / "reference" / "galvatron-profiles"

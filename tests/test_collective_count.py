@@ -131,7 +131,7 @@ def _pairs_worker(rank: int, world_size: int) -> dict[tuple[Layout, Layout], Any
 
 @pytest.mark.parametrize("n", [2, 4, 8])
 def test_relayout_collectives_of_every_layout_pair(n: int) -> None:
-    from megatron_auto.planner.cost_time import relayout_cost
+    from megatron_auto.planner.cost.time_model import relayout_cost
 
     per_rank = run_distributed(_pairs_worker, n)
     pairs = list(itertools.product(all_layouts(n), repeat=2))
@@ -228,8 +228,8 @@ def _step_worker(rank: int, world_size: int, plan_name: str,
 def test_training_step_gathers_and_scatters_what_the_cost_model_prices(plan_name: str,
                                                                       precision: str) -> None:
     from megatron_auto.planner import ModelSpec, TrainingSpec
-    from megatron_auto.planner.cost_model import stage_collectives
-    from megatron_auto.planner.profiles import analytic_profile
+    from megatron_auto.planner.cost.estimate import stage_collectives
+    from megatron_auto.planner.inputs.profiles import analytic_profile
     from planner_fakes import FakeCluster
 
     flags = {"bf16": True} if precision == "bf16" else {}
@@ -270,8 +270,8 @@ def _zero1_collectives(plan: Plan, spec: Any, profile: Any, precision: str,
     ``per_iteration`` and ``after_step`` lists ``cost_time.dp_collectives`` gives its zero1
     layers and vocab (what ``stage_collectives`` adds for them)."""
     from megatron_auto.layout import dp_group_consecutive, layout_of
-    from megatron_auto.planner.cost_memory import vocab_parameters
-    from megatron_auto.planner.cost_time import dp_collectives
+    from megatron_auto.planner.cost.memory_model import vocab_parameters
+    from megatron_auto.planner.cost.time_model import dp_collectives
 
     n, out = plan.stage_size, Counter()
     parts = [(profile.layer_types[spec.layer_type(i).name].local_parameters(plan.layers[i].tp),
@@ -342,8 +342,8 @@ def _t5_step_worker(rank: int, world_size: int) -> list[Any]:
 
 def test_t5_step_gathers_and_scatters_what_the_cost_model_prices() -> None:
     from megatron_auto.planner import ModelSpec, TrainingSpec
-    from megatron_auto.planner.cost_model import stage_collectives
-    from megatron_auto.planner.profiles import analytic_profile
+    from megatron_auto.planner.cost.estimate import stage_collectives
+    from megatron_auto.planner.inputs.profiles import analytic_profile
     from planner_fakes import FakeCluster
     from test_t5 import CONFIG as T5_CONFIG
 

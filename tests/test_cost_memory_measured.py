@@ -38,8 +38,8 @@ OVER_TOLERANCE = 0.05
 
 def _plan_estimate(plan: Plan, profile) -> tuple[float, ...]:
     """Per-stage peaks of ``plan`` by the cost model, without a context reserve."""
-    from megatron_auto.planner.cost_model import evaluate_plan
-    from megatron_auto.planner.model_spec import ModelSpec, TrainingSpec
+    from megatron_auto.planner.cost.estimate import evaluate_plan
+    from megatron_auto.planner.inputs.model_spec import ModelSpec, TrainingSpec
 
     cluster = FakeCluster(devices_per_node=plan.world_size, memory_reserve_bytes=0,
                           device_memory_bytes=10 ** 12)

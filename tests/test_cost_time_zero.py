@@ -11,9 +11,9 @@ from dataclasses import dataclass, replace
 import pytest
 
 from megatron_auto.layout import Layout
-from megatron_auto.planner.cost_memory import vocab_parameters
-from megatron_auto.planner.cost_time import (DDP_BUCKET_BYTES, embedding_time, layer_time,
-                                             vocab_dp_collectives, vocab_units)
+from megatron_auto.planner.cost.memory_model import vocab_parameters
+from megatron_auto.planner.cost.time_model import (DDP_BUCKET_BYTES, embedding_time, layer_time,
+                                                   vocab_dp_collectives, vocab_units)
 
 from planner_fakes import FakeCluster, round_profile
 
@@ -128,8 +128,8 @@ def test_vocab_zero_units_gather_and_scatter_what_the_cost_model_prices(pp, mode
     from megatron_auto.config import ModelConfig
     from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy
     from megatron_auto.planner import ModelSpec, TrainingSpec
-    from megatron_auto.planner.cost_model import stage_collectives
-    from megatron_auto.planner.profiles import analytic_profile
+    from megatron_auto.planner.cost.estimate import stage_collectives
+    from megatron_auto.planner.inputs.profiles import analytic_profile
     from test_collective_count import CONFIG, _is_block
 
     world = 2 * pp  # 2-rank stages; tp-2 layers (no ZeRO of their own), vocab tp 1 over dp 2

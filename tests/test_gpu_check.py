@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_auto.planner.hardware import ATTENTION_BACKENDS
+from megatron_auto.planner.inputs.hardware import ATTENTION_BACKENDS
 
 pytestmark = pytest.mark.multirank
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from megatron_auto.planner.hardware import ATTENTION_BACKENDS
+from megatron_auto.planner.inputs.hardware import ATTENTION_BACKENDS
 from megatron_auto.profiler.hardware_profiler import HardwareProfile
 from megatron_auto.profiler.sdpa_probe import backend_from_op_names, sdpa_backend
 

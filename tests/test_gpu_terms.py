@@ -1,5 +1,5 @@
 """GPU cost terms (docs/cost_model.md §9): hand-computed cases for every formula of
-planner/gpu_terms.py and their effect on evaluate_plan and the analytic profile."""
+planner/cost/gpu_terms.py and their effect on evaluate_plan and the analytic profile."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 
 from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy
 from megatron_auto.planner import ModelSpec, TrainingSpec, evaluate
-from megatron_auto.planner import gpu_terms as g
-from megatron_auto.planner.hardware import ClusterError
-from megatron_auto.planner.presets import PRESET_NAMES, get_cluster
-from megatron_auto.planner.profiles import analytic_profile
+from megatron_auto.planner.cost import gpu_terms as g
+from megatron_auto.planner.inputs.hardware import ClusterError
+from megatron_auto.planner.inputs.presets import PRESET_NAMES, get_cluster
+from megatron_auto.planner.inputs.profiles import analytic_profile
 
 from planner_fakes import FakeCluster, round_profile
 

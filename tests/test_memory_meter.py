@@ -10,7 +10,7 @@ from dist_utils import run_distributed
 from megatron_auto.parallel.context import ParallelContext
 from megatron_auto.parallel.data_parallel import DataParallel
 from megatron_auto.plan import Plan
-from megatron_auto.planner.cost_memory import model_states
+from megatron_auto.planner.cost.memory_model import model_states
 from megatron_auto.parallel.memory import PeakMemoryMeter, storage_bytes
 
 KIB = 1024
@@ -180,10 +180,10 @@ def _gpt_peak(rank, world_size, plan_dict):
 @pytest.mark.parametrize("dp_mode", ["ddp", "zero3"])
 def test_planner_memory_model_is_close_to_the_measured_peak(dp_mode):
     from megatron_auto.config import ModelConfig
-    from megatron_auto.planner.cost_model import evaluate_plan
-    from megatron_auto.planner.model_spec import ModelSpec, TrainingSpec
-    from megatron_auto.planner.presets import preset
-    from megatron_auto.planner.profiles import analytic_profile
+    from megatron_auto.planner.cost.estimate import evaluate_plan
+    from megatron_auto.planner.inputs.model_spec import ModelSpec, TrainingSpec
+    from megatron_auto.planner.inputs.presets import preset
+    from megatron_auto.planner.inputs.profiles import analytic_profile
 
     plan = Plan.uniform(2, 2, global_batch_size=8, num_microbatches=2, dp_mode=dp_mode)
     spec = ModelSpec.from_model_config(ModelConfig(**GPT))

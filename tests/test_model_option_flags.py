@@ -13,9 +13,9 @@ import pytest
 from megatron_auto import arguments
 from megatron_auto.config import ConfigError, ModelConfig
 from megatron_auto.plan_source import make_plan
-from megatron_auto.planner.presets import get_cluster
-from megatron_auto.planner.model_spec import ModelSpec, TrainingSpec
-from megatron_auto.planner.profiles import analytic_profile
+from megatron_auto.planner.inputs.presets import get_cluster
+from megatron_auto.planner.inputs.model_spec import ModelSpec, TrainingSpec
+from megatron_auto.planner.inputs.profiles import analytic_profile
 
 pytestmark = pytest.mark.pure
 

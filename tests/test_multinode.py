@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from dist_utils import free_port
-from megatron_auto.planner.hardware import ClusterSpec
+from megatron_auto.planner.inputs.hardware import ClusterSpec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT_S = 300
@@ -92,7 +92,7 @@ def test_training_across_two_nodes_with_a_pipeline_hop_between_them(tmp_path):
 
 def _resolve_in(rank, world_size, directories):
     from megatron_auto.auto import resolve_cluster
-    from megatron_auto.planner.hardware import ClusterError
+    from megatron_auto.planner.inputs.hardware import ClusterError
 
     os.chdir(directories[rank])  # a relative --cluster path that only rank 0's node has
     try:
@@ -104,7 +104,7 @@ def _resolve_in(rank, world_size, directories):
 @pytest.mark.multirank
 def test_cluster_file_is_needed_on_the_first_node_only(tmp_path):
     from dist_utils import run_distributed
-    from megatron_auto.planner.presets import get_cluster
+    from megatron_auto.planner.inputs.presets import get_cluster
 
     head, other = tmp_path / "head", tmp_path / "other"
     head.mkdir()

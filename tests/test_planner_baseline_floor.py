@@ -13,8 +13,8 @@ import pytest
 
 from megatron_auto.planner import (BASELINE_SPACES, InfeasibleError, ModelSpec, SearchOptions,
                                    TrainingSpec, analytic_profile, search)
-from megatron_auto.planner.presets import make_cluster
-from megatron_auto.planner.spaces import baselines_inside
+from megatron_auto.planner.inputs.presets import make_cluster
+from megatron_auto.planner.search.spaces import baselines_inside
 
 pytestmark = pytest.mark.pure
 

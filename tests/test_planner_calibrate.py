@@ -14,11 +14,11 @@ import pytest
 
 from megatron_auto.config import ModelConfig
 from megatron_auto.plan import Plan
-from megatron_auto.planner.cost_model import evaluate_plan
-from megatron_auto.planner.hardware import GiB, ClusterSpec
-from megatron_auto.planner.model_spec import ModelSpec, TrainingSpec
-from megatron_auto.planner.presets import make_cluster
-from megatron_auto.planner.profiles import ModelProfile, analytic_profile
+from megatron_auto.planner.cost.estimate import evaluate_plan
+from megatron_auto.planner.inputs.hardware import GiB, ClusterSpec
+from megatron_auto.planner.inputs.model_spec import ModelSpec, TrainingSpec
+from megatron_auto.planner.inputs.presets import make_cluster
+from megatron_auto.planner.inputs.profiles import ModelProfile, analytic_profile
 from megatron_auto.planner import calibrate as cal
 
 pytestmark = pytest.mark.pure

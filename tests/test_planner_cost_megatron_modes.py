@@ -16,11 +16,11 @@ import pytest
 from megatron_auto.layout import make_layout
 from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy
 from megatron_auto.planner import ModelSpec, TrainingSpec, evaluate
-from megatron_auto.planner.cost_memory import layer_memory
-from megatron_auto.planner.cost_model import stage_collectives, stage_moves
-from megatron_auto.planner.cost_time import layer_time, pipeline_time
-from megatron_auto.planner.interleaving import (in_flight_vectors, max_in_flight, num_warmup,
-                                                peak_activations)
+from megatron_auto.planner.cost.memory_model import layer_memory
+from megatron_auto.planner.cost.estimate import stage_collectives, stage_moves
+from megatron_auto.planner.cost.time_model import layer_time, pipeline_time
+from megatron_auto.planner.cost.interleaving import (in_flight_vectors, max_in_flight, num_warmup,
+                                                     peak_activations)
 
 from planner_fakes import FakeCluster, round_profile
 

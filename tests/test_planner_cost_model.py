@@ -6,11 +6,12 @@ import pytest
 
 from megatron_auto.plan import Plan
 from megatron_auto.planner import ModelSpec, TrainingSpec, evaluate
-from megatron_auto.planner.cost_memory import embedding_memory, layer_memory, model_states
-from megatron_auto.planner.cost_model import in_flight
+from megatron_auto.planner.cost.memory_model import embedding_memory, layer_memory, model_states
+from megatron_auto.planner.cost.estimate import in_flight
 from megatron_auto.layout import Layout
-from megatron_auto.planner.cost_time import (embedding_time, layer_time, overlap, pipeline_time,
-                                             relayout_cost, stage_boundary_cost)
+from megatron_auto.planner.cost.time_model import (embedding_time, layer_time, overlap,
+                                                   pipeline_time, relayout_cost,
+                                                   stage_boundary_cost)
 
 from planner_fakes import FakeCluster, round_profile
 

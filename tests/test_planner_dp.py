@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from megatron_auto.planner.dp import LayerOptions, solve_stage
+from megatron_auto.planner.search.stage_dp import LayerOptions, solve_stage
 
 pytestmark = pytest.mark.pure
 

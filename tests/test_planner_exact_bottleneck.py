@@ -1,4 +1,4 @@
-"""The bottleneck bound (``planner/bottleneck.py``) and the task bounds built on it, checked by
+"""The bottleneck bound (``planner/search/bottleneck.py``) and the task bounds built on it, checked by
 enumeration: ``G`` against every partition of random row tables, the root bound of plain
 pipeline tasks (the bottleneck bound, the NCCL floor in the rows) against every plan of small
 tasks priced with ``evaluate``."""
@@ -15,12 +15,12 @@ import pytest
 
 from megatron_auto.plan import PipelineSpec, Plan, VocabStrategy
 from megatron_auto.planner import ModelSpec, TrainingSpec, analytic_profile, evaluate
-from megatron_auto.planner.bottleneck import Bottleneck
-from megatron_auto.planner.cost_time import pipeline_time
-from megatron_auto.planner.dominance import StageDominance
-from megatron_auto.planner.presets import make_cluster
-from megatron_auto.planner.spaces import SpaceRules
-from megatron_auto.planner.tasks import Task
+from megatron_auto.planner.search.bottleneck import Bottleneck
+from megatron_auto.planner.cost.time_model import pipeline_time
+from megatron_auto.planner.search.dominance import StageDominance
+from megatron_auto.planner.inputs.presets import make_cluster
+from megatron_auto.planner.search.spaces import SpaceRules
+from megatron_auto.planner.search.tasks import Task
 
 from planner_enumerate import compositions, layer_choices
 

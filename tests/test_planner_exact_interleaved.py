@@ -12,13 +12,13 @@ import pytest
 
 from megatron_auto.plan import PipelineSpec, Plan, VocabStrategy
 from megatron_auto.planner import ModelSpec, TrainingSpec, analytic_profile, evaluate
-from megatron_auto.planner.infeasible import interleaved_least_peak
-from megatron_auto.planner.interleaving import (chunk_in_flight, in_flight_vectors,
-                                                peak_activations)
-from megatron_auto.planner.least_memory import cheap_least_peak
-from megatron_auto.planner.presets import make_cluster
-from megatron_auto.planner.spaces import SpaceRules
-from megatron_auto.planner.tasks import Task
+from megatron_auto.planner.search.infeasible import interleaved_least_peak
+from megatron_auto.planner.cost.interleaving import (chunk_in_flight, in_flight_vectors,
+                                                     peak_activations)
+from megatron_auto.planner.search.least_memory import cheap_least_peak
+from megatron_auto.planner.inputs.presets import make_cluster
+from megatron_auto.planner.search.spaces import SpaceRules
+from megatron_auto.planner.search.tasks import Task
 
 from planner_enumerate import compositions, layer_choices
 

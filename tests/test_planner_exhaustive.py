@@ -19,7 +19,7 @@ import pytest
 
 from megatron_auto.planner import (InfeasibleError, ModelSpec, SearchOptions, TrainingSpec,
                                    analytic_profile, evaluate, search)
-from megatron_auto.planner.presets import make_cluster
+from megatron_auto.planner.inputs.presets import make_cluster
 
 from planner_enumerate import all_plans
 

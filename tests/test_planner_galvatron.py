@@ -6,13 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from megatron_auto.planner.galvatron import (cluster_from_galvatron, model_profile_from_galvatron,
-                                             plan_from_galvatron_config)
-from megatron_auto.planner.galvatron_files import GalvatronFormatError, read_computation
-from megatron_auto.planner.galvatron_memory import read_memory
-from megatron_auto.planner.hardware import GB
-from megatron_auto.planner.model_spec import ModelSpec, TrainingSpec
-from megatron_auto.planner.presets import get_cluster
+from megatron_auto.planner.interop.galvatron import (cluster_from_galvatron,
+                                                     model_profile_from_galvatron,
+                                                     plan_from_galvatron_config)
+from megatron_auto.planner.interop.galvatron_files import GalvatronFormatError, read_computation
+from megatron_auto.planner.interop.galvatron_memory import read_memory
+from megatron_auto.planner.inputs.hardware import GB
+from megatron_auto.planner.inputs.model_spec import ModelSpec, TrainingSpec
+from megatron_auto.planner.inputs.presets import get_cluster
 
 REPO = Path(__file__).resolve().parents[1]
 # The measured files Galvatron ships live beside the repository (not in it); a worktree
@@ -230,7 +231,7 @@ def test_bad_profile_files_name_file_and_key(tmp_path):
 
 @pytest.mark.pure
 def test_plan_to_galvatron_config_round_trips():
-    from megatron_auto.planner.galvatron import plan_to_galvatron_config
+    from megatron_auto.planner.interop.galvatron import plan_to_galvatron_config
     config = {"pp_deg": 2, "tp_sizes_enc": "1,2,2,4", "tp_consecutive_flags": "1,0,1,1",
               "dp_types_enc": "1,0,0,1", "use_sp": "0,0,0,0", "checkpoint": "1,1,0,0",
               "global_bsz": 16, "chunks": 2, "pp_division": "3,1", "pipeline_type": "gpipe",

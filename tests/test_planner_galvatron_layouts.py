@@ -12,13 +12,14 @@ import json
 import pytest
 
 from megatron_auto.cli import main
-from megatron_auto.planner.galvatron import model_profile_from_galvatron, plan_from_galvatron_config
-from megatron_auto.planner.galvatron_files import GalvatronFormatError, read_computation
-from megatron_auto.planner.galvatron_memory import read_memory
-from megatron_auto.planner.model_spec import LayerType, ModelSpec, TrainingSpec
-from megatron_auto.planner.presets import get_cluster
-from megatron_auto.planner.profiles import ModelProfile
-from megatron_auto.planner.search import evaluate
+from megatron_auto.planner.interop.galvatron import (model_profile_from_galvatron,
+                                                     plan_from_galvatron_config)
+from megatron_auto.planner.interop.galvatron_files import GalvatronFormatError, read_computation
+from megatron_auto.planner.interop.galvatron_memory import read_memory
+from megatron_auto.planner.inputs.model_spec import LayerType, ModelSpec, TrainingSpec
+from megatron_auto.planner.inputs.presets import get_cluster
+from megatron_auto.planner.inputs.profiles import ModelProfile
+from megatron_auto.planner.search.driver import evaluate
 
 pytestmark = pytest.mark.pure
 
@@ -367,7 +368,7 @@ def test_our_swin_spec_with_merging_blocks_takes_the_stage_records(tmp_path):
                              seq_length=3136, name="swin")
     assert len(spec.layer_types) == 7
     p = model_profile_from_galvatron(comp, mem, spec, BF16, CLUSTER)
-    from megatron_auto.planner.profiles import analytic_profile
+    from megatron_auto.planner.inputs.profiles import analytic_profile
     a = analytic_profile(spec, BF16, CLUSTER).layer_types
     plain, merge = p.layer_types["stage2"], p.layer_types["stage2_merge"]
     assert plain.forward_time_per_sample_s == pytest.approx(0.22e-3)  # layertype_2 as measured

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from megatron_auto.planner.hardware import GB, ClusterError, ClusterSpec
-from megatron_auto.planner.presets import PRESET_NAMES, get_cluster, make_cluster
+from megatron_auto.planner.inputs.hardware import GB, ClusterError, ClusterSpec
+from megatron_auto.planner.inputs.presets import PRESET_NAMES, get_cluster, make_cluster
 
 pytestmark = pytest.mark.pure
 

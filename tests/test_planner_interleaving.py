@@ -1,4 +1,4 @@
-"""The cost model's view of the interleaved 1F1B schedule (``planner/interleaving.py``,
+"""The cost model's view of the interleaved 1F1B schedule (``planner/cost/interleaving.py``,
 ``cost_time.pipeline_time``) against the runtime's own order (``parallel/interleaved.py``):
 the warm-up counts, the in-flight chunk mixes counted along the order, the compute order, and
 the iteration time: ``interleaving.schedule_times`` against a simulation here that runs the
@@ -13,9 +13,9 @@ import random
 
 import pytest
 
-from megatron_auto.planner.cost_time import pipeline_time
-from megatron_auto.planner.interleaving import (in_flight_vectors, max_in_flight, num_warmup,
-                                                pipeline_fill, schedule_times, stage_order)
+from megatron_auto.planner.cost.time_model import pipeline_time
+from megatron_auto.planner.cost.interleaving import (in_flight_vectors, max_in_flight, num_warmup,
+                                                     pipeline_fill, schedule_times, stage_order)
 
 pytestmark = pytest.mark.single  # imports the runtime's schedule (torch)
 

@@ -5,8 +5,9 @@ from dataclasses import replace
 import pytest
 
 from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy
-from megatron_auto.planner.megatron_flags import (MegatronFlagError, plan_from_megatron_flags,
-                                                  to_megatron_flags)
+from megatron_auto.planner.interop.megatron_flags import (MegatronFlagError,
+                                                          plan_from_megatron_flags,
+                                                          to_megatron_flags)
 
 pytestmark = pytest.mark.pure
 

@@ -12,7 +12,7 @@ import random
 import pytest
 
 from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy, even_partition
-from megatron_auto.planner import gpu_terms as g
+from megatron_auto.planner.cost import gpu_terms as g
 
 pytestmark = pytest.mark.pure
 

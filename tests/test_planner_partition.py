@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from megatron_auto.planner.partition import bmw_paper, min_max_partition
+from megatron_auto.planner.search.partition import bmw_paper, min_max_partition
 
 pytestmark = pytest.mark.pure
 

@@ -107,8 +107,8 @@ def test_infeasible_budget_states_the_least_memory_that_works():
 def test_decision_tree_counts_match_the_strategy_lists():
     # The documented counts (docs/planner.md §2) against the strategies the search uses,
     # summed over every pp, on a model every power of two divides.
-    from megatron_auto.planner.spaces import (SpaceRules, decision_tree_counts,
-                                              layer_strategies)
+    from megatron_auto.planner.search.spaces import (SpaceRules, decision_tree_counts,
+                                                     layer_strategies)
     lt = LayerType("x", 1024, 64, 4096, 16, 1)
     for world, expected in ((8, 80), (16, 138), (32, 212), (64, 302)):
         listed = sum(len(layer_strategies(lt, world // pp, world, SpaceRules(), world))
@@ -230,7 +230,7 @@ def test_pinned_choices_hold_even_when_a_baseline_would_be_faster():
     # A tiny model on 8 GPUs: pure DP (a baseline, pp=1) is fastest, but the user pinned pp=2.
     from megatron_auto.config import ModelConfig
     from megatron_auto.planner import ModelSpec, TrainingSpec, analytic_profile
-    from megatron_auto.planner.presets import get_cluster
+    from megatron_auto.planner.inputs.presets import get_cluster
 
     cfg = ModelConfig(num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32,
                       vocab_size=512)

@@ -9,9 +9,9 @@ import pytest
 
 from megatron_auto.plan import PlanError
 from megatron_auto.planner import LayerType, ModelSpec, SearchOptions, TrainingSpec, evaluate
-from megatron_auto.planner.search import (InfeasibleError, interleaved_variant,
-                                          pinned_virtual_sizes, search)
-from megatron_auto.planner.spaces import SpaceRules, layer_strategies
+from megatron_auto.planner.search.driver import (InfeasibleError, interleaved_variant,
+                                                 pinned_virtual_sizes, search)
+from megatron_auto.planner.search.spaces import SpaceRules, layer_strategies
 
 from planner_fakes import FakeCluster, round_profile
 

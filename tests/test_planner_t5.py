@@ -12,8 +12,8 @@ import pytest
 from megatron_auto.cli import main
 from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy
 from megatron_auto.planner import ModelSpec, SearchOptions, TrainingSpec, analytic_profile, search
-from megatron_auto.planner.cost_model import evaluate_plan, stage_moves
-from megatron_auto.planner.presets import get_cluster
+from megatron_auto.planner.cost.estimate import evaluate_plan, stage_moves
+from megatron_auto.planner.inputs.presets import get_cluster
 from megatron_auto.t5_config import T5Config
 
 pytestmark = pytest.mark.pure

@@ -94,7 +94,7 @@ def test_evaluate_with_a_profile_lacking_the_plans_tp_exits_2_with_one_line(tmp_
     from megatron_auto.cli import main
     from megatron_auto.config import ModelConfig
     from megatron_auto.planner import ModelSpec, TrainingSpec, analytic_profile
-    from megatron_auto.planner.presets import get_cluster
+    from megatron_auto.planner.inputs.presets import get_cluster
 
     shape = ["--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "4",
              "--seq-length", "128", "--vocab-size", "1024"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy
-from megatron_auto.plots import (PlotError, draw_stage_memory, draw_stage_time,
-                                 draw_strategy_map, plot_metrics, plot_plan)
+from megatron_auto.utils.plots import (PlotError, draw_stage_memory, draw_stage_time,
+                                       draw_strategy_map, plot_metrics, plot_plan)
 
 pytestmark = pytest.mark.pure
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from megatron_auto.planner.hardware import ClusterSpec
-from megatron_auto.planner.presets import make_cluster
-from megatron_auto.planner.profiles import ModelProfile
+from megatron_auto.planner.inputs.hardware import ClusterSpec
+from megatron_auto.planner.inputs.presets import make_cluster
+from megatron_auto.planner.inputs.profiles import ModelProfile
 from megatron_auto.cli import add_model_flags, model_config_from_flags
 from megatron_auto.profiler import cli as pcli
 
@@ -64,9 +64,9 @@ def test_profile_hardware_single_process(tmp_path, capsys):
 def test_calibrate_command_end_to_end(tmp_path, capsys):
     from megatron_auto.config import ModelConfig
     from megatron_auto.plan import Plan
-    from megatron_auto.planner.cost_model import evaluate_plan
-    from megatron_auto.planner.model_spec import ModelSpec, TrainingSpec
-    from megatron_auto.planner.profiles import analytic_profile
+    from megatron_auto.planner.cost.estimate import evaluate_plan
+    from megatron_auto.planner.inputs.model_spec import ModelSpec, TrainingSpec
+    from megatron_auto.planner.inputs.profiles import analytic_profile
 
     cfg = ModelConfig(num_layers=2, hidden_size=512, num_attention_heads=8, seq_length=256)
     spec, training = ModelSpec.from_model_config(cfg), TrainingSpec(8, precision="fp32")

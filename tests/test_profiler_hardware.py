@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from megatron_auto.planner.hardware import ClusterSpec
+from megatron_auto.planner.inputs.hardware import ClusterSpec
 from megatron_auto.profiler import cli as pcli
 from megatron_auto.profiler import comm_bench as cb
 from megatron_auto.profiler import hardware_profiler as hp

@@ -9,8 +9,8 @@ import torch
 
 from megatron_auto.config import ModelConfig
 from megatron_auto.plan import Plan
-from megatron_auto.planner.model_spec import ModelSpec
-from megatron_auto.planner.profiles import ModelProfile
+from megatron_auto.planner.inputs.model_spec import ModelSpec
+from megatron_auto.planner.inputs.profiles import ModelProfile
 from megatron_auto.profiler import cache as profile_cache
 from megatron_auto.profiler import model_profiler as mp
 from megatron_auto.profiler.activation_meter import SavedTensorMeter
@@ -249,9 +249,9 @@ def test_analytic_kept_bytes_on_a_cpu_cluster_are_what_a_cpu_layer_keeps():
     the 512-byte block)."""
     import dataclasses
 
-    from megatron_auto.planner.hardware import ClusterSpec
-    from megatron_auto.planner.model_spec import TrainingSpec
-    from megatron_auto.planner.profiles import analytic_profile
+    from megatron_auto.planner.inputs.hardware import ClusterSpec
+    from megatron_auto.planner.inputs.model_spec import TrainingSpec
+    from megatron_auto.planner.inputs.profiles import analytic_profile
 
     torch.set_num_threads(1)
     cfg = dataclasses.replace(TINY, hidden_dropout=0.1, attention_dropout=0.1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from megatron_auto.planner import ModelSpec, SearchOptions, TrainingSpec, search
-from megatron_auto.planner.presets import get_cluster
+from megatron_auto.planner.inputs.presets import get_cluster
 from megatron_auto.profiler.model_profiler import ModelProfilerConfig
 from megatron_auto.profiler.vision_profiler import lookup_or_measure_vision, profile_vision_model
 from megatron_auto.vision_config import VisionConfig

@@ -11,8 +11,8 @@ import types
 
 import pytest
 
-from megatron_auto import progress as progress_module
-from megatron_auto.progress import Progress
+from megatron_auto.utils import progress as progress_module
+from megatron_auto.utils.progress import Progress
 
 
 class FakeClock:

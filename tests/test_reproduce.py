@@ -15,7 +15,7 @@ import pytest
 
 from megatron_auto.cli import main
 from megatron_auto.plan import Plan
-from megatron_auto.planner.search import InfeasibleError, SearchOptions, search
+from megatron_auto.planner.search.driver import InfeasibleError, SearchOptions, search
 from megatron_auto.reproduce import grid, methods, results, simulate, tables
 from megatron_auto.reproduce.measure import launcher
 

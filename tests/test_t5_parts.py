@@ -142,7 +142,7 @@ def test_planner_moves_the_bytes_the_runtime_sends_across_a_boundary():
     from megatron_auto.parallel.context import ParallelContext
     from megatron_auto.plan import Plan
     from megatron_auto.planner import ModelSpec, TrainingSpec, analytic_profile
-    from megatron_auto.planner.presets import get_cluster
+    from megatron_auto.planner.inputs.presets import get_cluster
 
     cfg = T5Config(encoder_num_layers=1, decoder_num_layers=1, hidden_size=16,
                    num_attention_heads=2, seq_length=10, decoder_seq_length=6, vocab_size=40,

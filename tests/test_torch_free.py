@@ -28,7 +28,7 @@ SCRIPT = textwrap.dedent('''
     out = Path(sys.argv[1])
     from megatron_auto import arguments, config, planning, plan_source, run_config  # noqa: F401
     from megatron_auto.cli import main
-    from megatron_auto.planner.galvatron import plan_to_galvatron_config
+    from megatron_auto.planner.interop.galvatron import plan_to_galvatron_config
     from megatron_auto.plan import Plan
 
     # The training scripts' conversion, for each plan source.

@@ -24,7 +24,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from ..atomicfile import atomic_write
+from ..utils.atomicfile import atomic_write
 from ..config import ModelConfig
 from ..training.checkpoint import (FORMAT, INFO_FILE, LATEST_FILE, RECORD_KEY, VERSION,
                                    CheckpointError, describe_files, has_checkpoint, iteration_dir,

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..atomicfile import atomic_open, atomic_write
+from ..utils.atomicfile import atomic_open, atomic_write
 
 logger = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..atomicfile import AtomicFile
+from ..utils.atomicfile import AtomicFile
 from megatron_auto.data.errors import DataInputError
 
 MAGIC = b"MMIDIDX\x00\x00"

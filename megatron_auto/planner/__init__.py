@@ -8,15 +8,18 @@ Public API of the planner core (docs/planner.md, docs/cost_model.md):
 - search and pricing: :class:`SearchOptions`, :func:`search`, :class:`SearchResult`,
   :func:`evaluate`, :class:`Estimate`, :class:`InfeasibleError`, :data:`BASELINE_SPACES`.
 
-Cluster descriptions (``hardware.py``, ``presets.py``) live beside it.
+Sub-packages by concern: ``inputs/`` (model spec, profiles, clusters and presets), ``cost/``
+(the cost model), ``search/`` (spaces, tasks, the exact search and its driver), ``interop/``
+(Galvatron and Megatron-LM formats); ``report.py`` (plan reports) and ``calibrate.py`` (fitting the
+cost model's terms to measured runs) sit at the top.
 """
 
-from .cost_model import Estimate, StageEstimate
-from .model_spec import LayerType, ModelSpec, SpecError, TrainingSpec
-from .profiles import (EmbeddingProfile, LayerTypeProfile, ModelProfile, ProfileError,
-                       analytic_profile)
-from .search import InfeasibleError, SearchOptions, SearchResult, evaluate, search
-from .spaces import BASELINE_SPACES
+from .cost.estimate import Estimate, StageEstimate
+from .inputs.model_spec import LayerType, ModelSpec, SpecError, TrainingSpec
+from .inputs.profiles import (EmbeddingProfile, LayerTypeProfile, ModelProfile, ProfileError,
+                              analytic_profile)
+from .search.driver import InfeasibleError, SearchOptions, SearchResult, evaluate, search
+from .search.spaces import BASELINE_SPACES
 
 __all__ = [
     "BASELINE_SPACES", "EmbeddingProfile", "Estimate", "InfeasibleError", "LayerType",

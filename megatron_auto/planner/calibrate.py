@@ -37,11 +37,11 @@ import numpy as np
 
 from ..config import ConfigError, ModelConfig
 from ..plan import Plan, PlanError
-from .cost_model import evaluate_plan
-from .hardware import GiB, ClusterSpec
-from .model_spec import ModelSpec, TrainingSpec
-from .presets import get_cluster
-from .profiles import ModelProfile, analytic_profile
+from .cost.estimate import evaluate_plan
+from .inputs.hardware import GiB, ClusterSpec
+from .inputs.model_spec import ModelSpec, TrainingSpec
+from .inputs.presets import get_cluster
+from .inputs.profiles import ModelProfile, analytic_profile
 
 MEASURED_FIELDS = ("iteration_time_s", "peak_memory_bytes")
 # Relative gap between a run's logged prediction and our re-pricing that earns a warning note.

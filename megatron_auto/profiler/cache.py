@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..planner.profiles import ModelProfile, ProfileError
+from ..planner.inputs.profiles import ModelProfile, ProfileError
 
 CACHE_ENV = "MEGATRON_AUTO_CACHE"
 KEY_FIELD = "cache_key"

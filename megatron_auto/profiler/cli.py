@@ -28,7 +28,7 @@ from typing import Any, Callable
 from ..config import ModelConfig
 from ..run_config import resolve_precision
 from ..planner.calibrate import calibrate_files
-from ..planner.hardware import ClusterSpec
+from ..planner.inputs.hardware import ClusterSpec
 
 logger = logging.getLogger(__name__)
 

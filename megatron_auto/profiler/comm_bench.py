@@ -6,7 +6,7 @@ the world takes the maximum (the slowest rank paces a synchronous step). Devices
 around each timed loop (``torch.cuda.synchronize`` on GPU; CPU collectives are synchronous unless
 ``async_op=True``).
 
-Cost model the fit serves (nccl-tests "bus bandwidth" convention, as in planner/hardware.py)::
+Cost model the fit serves (nccl-tests "bus bandwidth" convention, as in planner/inputs/hardware.py)::
 
     t(S) = latency + factor(op, g) * S / busbw
     factor: all-reduce 2(g-1)/g (S = the tensor), all-gather and reduce-scatter (g-1)/g

@@ -47,9 +47,9 @@ import torch.distributed as dist
 
 from ..layout import tp_group_ranks
 from ..parallel.device import resolve_device
-from ..planner.hardware import GiB, ClusterSpec
-from ..planner.presets import FRAGMENTATION_FRACTION, make_cluster
-from ..progress import Progress
+from ..planner.inputs.hardware import GiB, ClusterSpec
+from ..planner.inputs.presets import FRAGMENTATION_FRACTION, make_cluster
+from ..utils.progress import Progress
 from . import comm_bench as cb
 
 DEFAULT_CPU_SIZES = (1 << 16, 1 << 20, 1 << 22)  # bytes; 64 KiB .. 4 MiB keeps 4 CPU ranks < 30 s

@@ -4,7 +4,7 @@ It runs the runtime's own modules (``models.transformer.TransformerLayer``,
 ``models.gpt.LanguageModelEmbedding``, the final norm, the tied or untied head and
 ``vocab_parallel_cross_entropy``) at tensor-parallel degree 1 on one process, in the training
 precision (fp32, or bf16/fp16 under ``torch.autocast`` with fp32 master weights), and writes the
-planner's :class:`~megatron_auto.planner.profiles.ModelProfile` (``source: "measured"``).
+planner's :class:`~megatron_auto.planner.inputs.profiles.ModelProfile` (``source: "measured"``).
 
 Per micro-batch size ``b`` in ``batch_sizes`` (forward and backward timed separately in each of
 ``iters`` steps, medians) it fits straight lines ``y = alpha * b + beta`` (docs/profiling.md §2):
@@ -60,9 +60,9 @@ from ..parallel.context import LayerGroups, Layout
 from ..parallel import mappings
 from ..parallel.device import resolve_device
 from ..parallel.tensor_parallel import ColumnParallelLinear, vocab_parallel_cross_entropy
-from ..planner.profiles import EmbeddingProfile, LayerTypeProfile, ModelProfile
+from ..planner.inputs.profiles import EmbeddingProfile, LayerTypeProfile, ModelProfile
 from ..parallel.memory import PeakMemoryMeter, storage_bytes
-from ..progress import Progress
+from ..utils.progress import Progress
 from . import cache as profile_cache
 from .activation_meter import SavedTensorMeter, transformer_classifier, vocab_classifier
 from .layer_timing import (_sync, _time_rounds, fit_line, fit_replicated_fraction,  # noqa: F401

@@ -3,7 +3,7 @@
 The same measurements as :mod:`.model_profiler` (forward/backward time fitted over micro-batch
 sizes, the activations autograd keeps split into TP-split and replicated parts, the recompute
 input, backward transients) for the two layer types of
-:meth:`~megatron_auto.planner.model_spec.ModelSpec.from_t5_config`: ``t5_encoder`` on
+:meth:`~megatron_auto.planner.inputs.model_spec.ModelSpec.from_t5_config`: ``t5_encoder`` on
 ``(b, s_e, h)`` with the encoder's relative bias, ``t5_decoder`` on ``(b, s_d, h)`` with the
 decoder's bias and the encoder output ``(b, s_e, h)`` it cross-attends (an input of the layer,
 so it is not counted as kept; the analytic profile's share for it is added). Messages: the TP
@@ -25,8 +25,9 @@ from torch import nn
 from ..models.gpt import LanguageModelEmbedding
 from ..models.t5 import RelativePositionBias, T5Attention, T5Layer
 from ..parallel.device import resolve_device
-from ..planner.model_spec import ModelSpec, TrainingSpec
-from ..planner.profiles import EmbeddingProfile, LayerTypeProfile, ModelProfile, analytic_profile
+from ..planner.inputs.model_spec import ModelSpec, TrainingSpec
+from ..planner.inputs.profiles import (EmbeddingProfile, LayerTypeProfile, ModelProfile,
+                                       analytic_profile)
 from ..t5_config import T5Config
 from .activation_meter import transformer_classifier, vocab_classifier
 from .model_profiler import (cached_or_measured, config_cache_key, ModelProfilerConfig,
@@ -97,7 +98,7 @@ def _profile(cfg: T5Config, precision: str, dev: torch.device,
         rep_a, rep_b = fit_line(sizes, series.replicated)
         shapes = analytic.layer_types[lt.name]
         # the encoder output (an input here) is kept once per decoder stage; the analytic
-        # profile's carried share of the replicated bytes (see planner/profiles.py)
+        # profile's carried share of the replicated bytes (see planner/inputs/profiles.py)
         carried = beta * (se if decoder else sd) * h
         grad_io = 4 * (2 * s * h + (se * h if decoder else 0))  # fp32 input/output gradients
         scratch_a, scratch_b = fit_line(sizes, series.transient)

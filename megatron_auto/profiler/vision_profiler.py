@@ -3,7 +3,7 @@
 The same measurements as :mod:`.model_profiler` (forward/backward time fitted over micro-batch
 sizes, activations autograd keeps split into TP-split and replicated parts, the recompute
 input, backward transients), taken for each layer type of
-:meth:`~megatron_auto.planner.model_spec.ModelSpec.from_vision_config`: ViT has one, Swin one per
+:meth:`~megatron_auto.planner.inputs.model_spec.ModelSpec.from_vision_config`: ViT has one, Swin one per
 stage plus one per patch-merging block (a block of type ``swin<k>_merge`` is measured with its
 merging, on the previous stage's token grid). A Swin type is timed on one of its shifted-window
 blocks when the stage shifts (the mask add is its only extra work).
@@ -24,8 +24,8 @@ from ..models.swin import SwinBlock, WindowAttention
 from ..models.transformer import TransformerLayer
 from ..models.vit import ClassificationHead, PatchEmbedding, layer_model_config
 from ..parallel.device import resolve_device
-from ..planner.model_spec import ModelSpec
-from ..planner.profiles import EmbeddingProfile, LayerTypeProfile, ModelProfile
+from ..planner.inputs.model_spec import ModelSpec
+from ..planner.inputs.profiles import EmbeddingProfile, LayerTypeProfile, ModelProfile
 from ..vision_config import VisionConfig
 from .activation_meter import transformer_classifier
 from .model_profiler import (cached_or_measured, config_cache_key, ModelProfilerConfig,

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..planner.hardware import ClusterSpec
-from ..progress import Progress
+from ..planner.inputs.hardware import ClusterSpec
+from ..utils.progress import Progress
 from .grid import DEFAULT_CLUSTERS, GRID_VERSION, MODELS, TINY_MODELS, cells, select_budgets, \
     select_models
 from .measure import PlanRuns, measure_cluster, measure_profile

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from ..config import ModelConfig
-from ..planner.model_spec import ModelSpec
+from ..planner.inputs.model_spec import ModelSpec
 from ..t5_config import T5Config
 from ..vision_config import VisionConfig
 

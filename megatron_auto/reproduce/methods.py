@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from ..plan import Plan, even_partition
-from ..planner.model_spec import ModelSpec
-from ..planner.search import SearchOptions, spaces_of
-from ..planner.spaces import layer_strategies, vocab_tps
+from ..planner.inputs.model_spec import ModelSpec
+from ..planner.search.driver import SearchOptions, spaces_of
+from ..planner.search.spaces import layer_strategies, vocab_tps
 
 
 class MethodError(ValueError):

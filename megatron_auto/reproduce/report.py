@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .. import plots
+from ..utils import plots
 from ..plan import Plan
 from .grid import Cell
 from .methods import OURS, Method

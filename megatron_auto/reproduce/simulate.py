@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ..plan import Plan
-from ..planner.hardware import ClusterSpec
-from ..planner.model_spec import ModelSpec, TrainingSpec
-from ..planner.presets import get_cluster
-from ..planner.profiles import ModelProfile, analytic_profile
-from ..planner.search import InfeasibleError, search
+from ..planner.inputs.hardware import ClusterSpec
+from ..planner.inputs.model_spec import ModelSpec, TrainingSpec
+from ..planner.inputs.presets import get_cluster
+from ..planner.inputs.profiles import ModelProfile, analytic_profile
+from ..planner.search.driver import InfeasibleError, search
 from .grid import Cell, GridError, GridModel, ALL_MODELS
 from .methods import RUN_ORDER, Method
 from .results import ResultsFile

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..plan import Plan
-from ..planner.model_spec import ModelSpec
+from ..planner.inputs.model_spec import ModelSpec
 from .methods import Method, in_space
 
 GB = 1e9

@@ -61,7 +61,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import (DefaultLoadPlanner, DefaultSavePlanner,
-                                                         create_default_local_load_plan)
+                                                          create_default_local_load_plan)
 from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, MetadataIndex,
                                                    TensorProperties)
 from torch.distributed.checkpoint.planner import (LoadPlan, SavePlan, TensorWriteData, WriteItem,
@@ -69,7 +69,7 @@ from torch.distributed.checkpoint.planner import (LoadPlan, SavePlan, TensorWrit
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 from torch.distributed.tensor import DTensor
 
-from ..atomicfile import atomic_write
+from ..utils.atomicfile import atomic_write
 from ..config import ModelConfig
 from ..parallel.context import ParallelContext
 from ..parallel.data_parallel import DataParallel

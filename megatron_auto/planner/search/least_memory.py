@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..plan import LayerStrategy, PipelineSpec, Plan
+from ...plan import LayerStrategy, PipelineSpec, Plan
 from .partition import min_max_partition
 from .tasks import Task
 

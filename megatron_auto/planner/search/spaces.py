@@ -31,8 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..plan import DP_MODES, LayerStrategy, even_partition
-from .model_spec import LayerType
+from ...plan import DP_MODES, LayerStrategy, even_partition
+from ..inputs.model_spec import LayerType
 
 BASELINE_SPACES: tuple[str, ...] = ("dp", "zero3", "tp", "pp", "megatron3d", "galvatron-base")
 SPACES: tuple[str, ...] = ("full",) + BASELINE_SPACES

@@ -25,18 +25,18 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..layout import (Collective, Layout, dp_group_consecutive, dp_size, layer_tp_collectives,
-                      layout_of, relayout_collectives, sequence_parallel_boundary_collectives,
-                      vocab_layout)
-from ..plan import Plan
-from .cost_memory import GRAD_BYTES, MemoryCost, embedding_memory, layer_memory
-from .cost_time import (NO_MOVE, NO_TIME, MoveCost, TimeCost, collective_time, dp_collectives,
-                        embedding_time, layer_time, pipeline_time, relayout_cost,
-                        stage_boundary_cost, vocab_dp_collectives)
+from ...layout import (Collective, Layout, dp_group_consecutive, dp_size, layer_tp_collectives,
+                       layout_of, relayout_collectives, sequence_parallel_boundary_collectives,
+                       vocab_layout)
+from ...plan import Plan
+from .memory_model import GRAD_BYTES, MemoryCost, embedding_memory, layer_memory
+from .time_model import (NO_MOVE, NO_TIME, MoveCost, TimeCost, collective_time, dp_collectives,
+                         embedding_time, layer_time, pipeline_time, relayout_cost,
+                         stage_boundary_cost, vocab_dp_collectives)
 from .gpu_terms import fragmentation_bytes, stage_nccl_bytes
 from .interleaving import peak_activations, pipeline_fill
-from .model_spec import ModelSpec, TrainingSpec
-from .profiles import ModelProfile
+from ..inputs.model_spec import ModelSpec, TrainingSpec
+from ..inputs.profiles import ModelProfile
 
 GIB = 1024 ** 3
 # A stage whose peak is within this fraction of the budget is reported as memory-bound.

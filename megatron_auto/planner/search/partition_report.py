@@ -17,7 +17,7 @@ import numpy as np
 
 from .exact import Incumbent, TaskSearch, search_clock
 from .least_memory import stage_least
-from .model_spec import TrainingSpec
+from ..inputs.model_spec import TrainingSpec
 from .partition import bmw_paper, even, memory_balanced, min_max_partition
 from .tasks import Task, Weights
 

@@ -14,12 +14,12 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from ..plan import LayerStrategy, VocabStrategy
-from .cluster_model import ClusterModel
-from .cost_memory import embedding_memory, layer_memory
-from .cost_time import embedding_time, layer_time
-from .profiles import EmbeddingProfile, LayerTypeProfile
-from ..layout import Layout, layout_of
+from ...plan import LayerStrategy, VocabStrategy
+from ..inputs.cluster_model import ClusterModel
+from ..cost.memory_model import embedding_memory, layer_memory
+from ..cost.time_model import embedding_time, layer_time
+from ..inputs.profiles import EmbeddingProfile, LayerTypeProfile
+from ...layout import Layout, layout_of
 
 
 @dataclass(frozen=True)

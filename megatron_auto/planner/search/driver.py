@@ -26,17 +26,17 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
-from ..plan import ALL_DP_MODES, DP_MODES, SCHEDULES, Plan, VocabStrategy, even_partition
-from ..progress import Progress as Reporter
-from .cluster_model import ClusterModel
-from .cost_model import Estimate, evaluate_plan
+from ...plan import ALL_DP_MODES, DP_MODES, SCHEDULES, Plan, VocabStrategy, even_partition
+from ...utils.progress import Progress as Reporter
+from ..inputs.cluster_model import ClusterModel
+from ..cost.estimate import Estimate, evaluate_plan
 from .exact import MEMORY_SLACK, TIE, Incumbent, TaskSearch, search_clock
 from .infeasible import InfeasibleError, infeasible_error, interleaved_least_peak
-from .interleaving import interleaved_variant
-from .interleaving import pinned_virtual_sizes  # noqa: F401  (the CLI's import path)
+from ..cost.interleaving import interleaved_variant
+from ..cost.interleaving import pinned_virtual_sizes  # noqa: F401  (the CLI's import path)
 from .least_memory import cheap_least_peak, task_least_peak
-from .model_spec import ModelSpec, TrainingSpec
-from .profiles import ModelProfile
+from ..inputs.model_spec import ModelSpec, TrainingSpec
+from ..inputs.profiles import ModelProfile
 from .partition_report import REPORT_TIME_LIMIT_S, partition_report, pinned_partition
 from .spaces import (BASELINE_SPACES, SPACES, Space, SpaceRules, baselines_inside,
                      plan_in_space, powers_of_two_upto, vocab_tps)
@@ -68,7 +68,7 @@ class SearchOptions:
     ``memory_step_bytes``: cell size of the bound DP (default: the budget in ``BOUND_CELLS``
     cells); it changes only how fast the search prunes, never the answer (memory is checked in
     bytes). ``progress``: called as ``progress(tasks_done, tasks, best_samples_per_s)``; with
-    ``show_progress`` and no callback, progress goes to ``megatron_auto.progress.Progress``
+    ``show_progress`` and no callback, progress goes to ``megatron_auto.utils.progress.Progress``
     (stderr, rank-agnostic: callers on other ranks pass ``show_progress=False``).
     """
 
@@ -570,7 +570,7 @@ def _virtual_size_report(plan: Plan, est: Estimate, spec: ModelSpec, training: T
 
 
 class _Reporter:
-    """The default progress callback: ``megatron_auto.progress.Progress`` (a bar on a terminal,
+    """The default progress callback: ``megatron_auto.utils.progress.Progress`` (a bar on a terminal,
     plain stderr lines every 0.5 s otherwise; nothing for a search under a second)."""
 
     def __init__(self) -> None:

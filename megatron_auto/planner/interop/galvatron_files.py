@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..jsonfile import read_json as _read_json
+from ...utils.jsonfile import read_json as _read_json
 
 
 class GalvatronFormatError(ValueError):

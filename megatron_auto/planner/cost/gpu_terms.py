@@ -2,7 +2,7 @@
 roofline, element-wise work by bytes, fused AdamW, NCCL communicators and allocator slack.
 
 Pure arithmetic (no torch). Each function is one formula of docs/cost_model.md §9; the CPU
-rules are the defaults of :class:`~megatron_auto.planner.hardware.ClusterSpec`, so a cluster
+rules are the defaults of :class:`~megatron_auto.planner.inputs.hardware.ClusterSpec`, so a cluster
 without GPU fields prices exactly as before.
 
 - Attention. SDPA's ``flash``, ``efficient`` (memory-efficient) and ``cudnn`` kernels never
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
-from ..layout import all_layouts, dp_group_ranks, tp_group_ranks
+from ...layout import all_layouts, dp_group_ranks, tp_group_ranks
 
 # SDPA kernels that do not store the score matrix.
 NO_SCORES_BACKENDS = ("flash", "efficient", "cudnn")

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cluster_model import ClusterModel
-from .cost_model import sp_reduced_tensor_bytes
-from .cost_time import (relayout_cost, relayout_time, sequence_parallel_switch_time,
-                        stage_boundary_cost)
-from .model_spec import ModelSpec
-from .profiles import ModelProfile
+from ..inputs.cluster_model import ClusterModel
+from ..cost.estimate import sp_reduced_tensor_bytes
+from ..cost.time_model import (relayout_cost, relayout_time, sequence_parallel_switch_time,
+                               stage_boundary_cost)
+from ..inputs.model_spec import ModelSpec
+from ..inputs.profiles import ModelProfile
 from .spaces import SpaceRules, layer_strategies
 from .stage_costs import StrategyCosts, prune_dominated, strategy_costs
-from ..layout import Layout, layout_of
+from ...layout import Layout, layout_of
 
 # Transients are bucketed: a plan whose largest transient lies in (lo, hi] is inside the DP of
 # strategies with transient <= hi that reserves only lo (a relaxation); few buckets, fast DPs.

@@ -28,7 +28,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..plan import PipelineSpec, Plan, PlanError
+from ...plan import PipelineSpec, Plan, PlanError
 
 
 def num_warmup(pp: int, v: int, num_microbatches: int, stage: int) -> int:

@@ -40,20 +40,20 @@ from typing import Callable
 
 import numpy as np
 
-from ..plan import VocabStrategy
-from .cluster_model import ClusterModel
-from .cost_model import in_flight, step_overhead
+from ...plan import VocabStrategy
+from ..inputs.cluster_model import ClusterModel
+from ..cost.estimate import in_flight, step_overhead
 from .bottleneck import Bottleneck
-from .cost_time import relayout_cost, sequence_parallel_switch_time
-from .dp import LayerOptions, solve_stage
-from .gpu_terms import group_count
-from .interleaving import chunk_in_flight
+from ..cost.time_model import relayout_cost, sequence_parallel_switch_time
+from .stage_dp import LayerOptions, solve_stage
+from ..cost.gpu_terms import group_count
+from ..cost.interleaving import chunk_in_flight
 from .layer_tables import LayerTables
-from .model_spec import ModelSpec
-from .profiles import ModelProfile
+from ..inputs.model_spec import ModelSpec
+from ..inputs.profiles import ModelProfile
 from .spaces import SpaceRules
 from .stage_costs import EmbeddingCosts, StrategyCosts, embedding_costs
-from ..layout import all_layouts, vocab_layout
+from ...layout import all_layouts, vocab_layout
 
 INF = math.inf
 

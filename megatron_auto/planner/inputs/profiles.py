@@ -18,8 +18,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
-from ..jsonfile import read_json, write_json
-from . import gpu_terms
+from ...utils.jsonfile import read_json, write_json
+from ..cost import gpu_terms
 from .hardware import ATTENTION_BACKENDS
 from .model_spec import ModelSpec, TrainingSpec
 

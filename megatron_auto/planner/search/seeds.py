@@ -31,10 +31,10 @@ import math
 
 import numpy as np
 
-from ..plan import LayerStrategy, PipelineSpec, Plan, even_partition
-from .dp import LayerOptions, StageTables, solve_stage
-from .gpu_terms import search_nccl_bound
-from .cost_time import pipeline_time
+from ...plan import LayerStrategy, PipelineSpec, Plan, even_partition
+from .stage_dp import LayerOptions, StageTables, solve_stage
+from ..cost.gpu_terms import search_nccl_bound
+from ..cost.time_model import pipeline_time
 from .partition import min_max_partition
 from .tasks import Task
 

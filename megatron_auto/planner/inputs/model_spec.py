@@ -16,9 +16,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..config import ModelConfig
-from ..t5_config import T5Config
-from ..vision_config import VisionConfig
+from ...config import ModelConfig
+from ...t5_config import T5Config
+from ...vision_config import VisionConfig
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adam",)

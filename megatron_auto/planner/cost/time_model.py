@@ -14,10 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any, Sequence
 
-from ..layout import (Collective, Layout, dp_group_consecutive, dp_size, layer_tp_collectives,
-                      relayout_collectives, sequence_parallel_boundary_collectives)
-from .cost_memory import GRAD_BYTES, MASTER_BYTES, relayout_memory, vocab_parameters
-from .profiles import EmbeddingProfile, LayerTypeProfile
+from ...layout import (Collective, Layout, dp_group_consecutive, dp_size, layer_tp_collectives,
+                       relayout_collectives, sequence_parallel_boundary_collectives)
+from .memory_model import GRAD_BYTES, MASTER_BYTES, relayout_memory, vocab_parameters
+from ..inputs.profiles import EmbeddingProfile, LayerTypeProfile
 
 # Bytes per parameter of a ZeRO parameter all-gather: FSDP2 gathers in its ``param_dtype``, the
 # compute dtype under bf16/fp16 (``MixedPrecisionPolicy(param_dtype=..., reduce_dtype=fp32)``,

@@ -36,7 +36,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..jsonfile import read_json, write_json
+from ...utils.jsonfile import read_json, write_json
 
 CLUSTER_FORMAT = "megatron_auto.cluster"
 CLUSTER_VERSION = 1
@@ -97,7 +97,7 @@ class ClusterSpec:
     zero_gather_busbw: float = 0.0
     zero_scatter_latency_s: float = 0.0
     zero_scatter_busbw: float = 0.0
-    # GPU terms (docs/cost_model.md §9; planner/gpu_terms.py). The defaults keep the CPU rules.
+    # GPU terms (docs/cost_model.md §9; planner/cost/gpu_terms.py). The defaults keep the CPU rules.
     # Sustained device-memory bandwidth (bytes/s) for element-wise / normalisation work and
     # memory-bound matmuls; 0 = not priced by bytes (a per-call constant covers it).
     hbm_bandwidth: float = 0.0

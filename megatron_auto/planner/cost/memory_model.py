@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..layout import Layout, dp_size, gathered_fraction, relayout_step
-from .profiles import EmbeddingProfile, LayerTypeProfile
+from ...layout import Layout, dp_size, gathered_fraction, relayout_step
+from ..inputs.profiles import EmbeddingProfile, LayerTypeProfile
 
 MASTER_BYTES = 4
 GRAD_BYTES = 4

@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from .cost_model import evaluate_plan
+from ..cost.estimate import evaluate_plan
 from .least_memory import cheap_least_peak, task_least_peak
-from .model_spec import TrainingSpec
+from ..inputs.model_spec import TrainingSpec
 from .tasks import Task
 
 GB = 1e9

@@ -49,13 +49,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..plan import LayerStrategy, PipelineSpec, Plan
-from .cost_model import Estimate, evaluate_plan
+from ...plan import LayerStrategy, PipelineSpec, Plan
+from ..cost.estimate import Estimate, evaluate_plan
 from .dominance import StageDominance
-from .gpu_terms import group_count
-from .interleaving import interleaved_variant
-from .model_spec import TrainingSpec
-from .seed import seed_plans
+from ..cost.gpu_terms import group_count
+from ..cost.interleaving import interleaved_variant
+from ..inputs.model_spec import TrainingSpec
+from .seeds import seed_plans
 from .tasks import Task, Weights
 
 TIE = 1e-9

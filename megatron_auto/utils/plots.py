@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping, Sequence
 
-from .plan import Plan
+from ..plan import Plan
 
 # Memory components in the order the cost model's breakdown lists them (bottom to top).
 MEMORY_COMPONENTS = ("parameters", "gradients", "optimizer_states", "activations", "embedding",

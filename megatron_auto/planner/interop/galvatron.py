@@ -30,14 +30,14 @@ import re
 from dataclasses import replace
 from typing import Any, Mapping
 
-from ..plan import LayerStrategy, PipelineSpec, Plan, PlanError, VocabStrategy, even_partition
+from ...plan import LayerStrategy, PipelineSpec, Plan, PlanError, VocabStrategy, even_partition
 from . import galvatron_files as gf
 from . import galvatron_memory as gm
 from .galvatron_files import GalvatronFormatError
-from .hardware import GB, ClusterSpec
-from .model_spec import ModelSpec, TrainingSpec
-from .presets import make_cluster
-from .profiles import ModelProfile, analytic_profile
+from ..inputs.hardware import GB, ClusterSpec
+from ..inputs.model_spec import ModelSpec, TrainingSpec
+from ..inputs.presets import make_cluster
+from ..inputs.profiles import ModelProfile, analytic_profile
 
 MB = 2**20
 MODEL_STATE_BYTES_PER_PARAM = 16  # fp32 master + grad + Adam m, v (mixed precision or fp32)

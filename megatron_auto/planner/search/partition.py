@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..plan import even_partition
+from ...plan import even_partition
 
 Row = Callable[[int, int], np.ndarray]
 Partition = tuple[int, ...]
