@@ -1,6 +1,6 @@
 """Command-line flags (Megatron-LM names), converted once into a :class:`RunConfig`.
 
-This is the only module that knows argparse for training flags (STYLE principle 7): an entry
+This is the only module that knows argparse for training flags (docs/design.md §8): an entry
 point calls :func:`parse_run_config` on its argv and hands the result to
 ``training.pretrain.pretrain()``; nothing below sees an argparse namespace. The ``megatron-auto``
 CLI reuses the flag groups (:func:`add_model_args`) and the converters

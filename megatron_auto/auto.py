@@ -1,6 +1,6 @@
 """``--auto-parallel``: profile what is missing, search on one rank, broadcast the plan.
 
-This module joins the profilers and the planner for a training run (DESIGN §2). The training
+This module joins the profilers and the planner for a training run (docs/design.md §2). The training
 run (``training/pretrain.py``) calls :func:`plan_for_run` collectively on every rank with the
 :class:`~megatron_auto.run_config.SearchPins` its command line was converted into:
 

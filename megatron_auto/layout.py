@@ -1,6 +1,6 @@
 """Layout arithmetic: who holds which batch slice, which ranks form groups, what a relayout moves.
 
-The one source of these rules for the planner's cost model and the runtime (DESIGN §4); pure
+The one source of these rules for the planner's cost model and the runtime (docs/design.md §4); pure
 Python, no torch. A pipeline stage has ``n`` ranks, known inside it by their *local index*
 ``j``. A layout is a TP degree ``tp`` (dividing ``n``) and a TP rank order:
 

@@ -1,11 +1,11 @@
-"""The parallel plan: the one contract between the planner and the runtime (DESIGN §5.2).
+"""The parallel plan: the one contract between the planner and the runtime (docs/design.md §5.2).
 
 A plan says, for a world of ``world_size`` ranks, how many pipeline stages there are and which
 layers each holds, and for every transformer layer its tensor-parallel degree, the layout of its
 TP groups, its data-parallel flavour and whether it recomputes activations. Plans are frozen
 dataclasses that validate themselves and round-trip to the versioned JSON file.
 
-Rank rules (DESIGN §4): stage ``k`` owns ranks ``[k*N/pp, (k+1)*N/pp)``; inside a stage layer
+Rank rules (docs/design.md §4): stage ``k`` owns ranks ``[k*N/pp, (k+1)*N/pp)``; inside a stage layer
 ``i`` has ``tp_i`` ranks per TP group and ``dp_i = (N/pp)/tp_i`` replicas, each replica processing
 ``global_batch/num_microbatches/dp_i`` samples of every micro-batch.
 """

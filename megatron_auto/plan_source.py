@@ -1,6 +1,6 @@
 """The one place a plan is made from a plan file or from the classic Megatron flags.
 
-Three sources (DESIGN §2; their dataclasses are in ``run_config.py``), chosen once from the
+Three sources (docs/design.md §2; their dataclasses are in ``run_config.py``), chosen once from the
 flags by ``arguments.parse_run_config``:
 
 - :class:`PlanFile` (``--plan FILE``): the file rules; its ``global_batch_size`` and

@@ -1,4 +1,4 @@
-"""What one training run is told to do: typed, frozen, torch-free (STYLE principle 7).
+"""What one training run is told to do: typed, frozen, torch-free (docs/design.md §8).
 
 ``arguments.parse_run_config(argv)`` makes one :class:`RunConfig` from the command line at the
 entry point; ``training.pretrain.pretrain()`` takes it, and everything below sees only these

@@ -56,7 +56,7 @@ def test_auto_parallel_trains_like_one_process(tmp_path, cache_dir):
     assert run_distributed(_main, 1, argv, cache_dir) == [0]
     ref = _losses(ref_metrics)
     assert [r["iteration"] for r in records] == [1, 2, 3]
-    # fp32, dropout off: the equivalence invariant (DESIGN §4), relative 1e-5.
+    # fp32, dropout off: the equivalence invariant (docs/design.md §4), relative 1e-5.
     for got, want in zip(records, ref):
         assert got["lm_loss"] == pytest.approx(want["lm_loss"], rel=1e-5)
     # The prediction is carried next to the measurement from the first logged iteration.

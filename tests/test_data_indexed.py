@@ -10,7 +10,7 @@ from megatron_auto.data.indexed_dataset import IndexedDataset, IndexedDatasetBui
 
 pytestmark = pytest.mark.pure
 
-# Written from DESIGN.md §5.4 / Megatron-LM's published layout, independently of the module.
+# Written from docs/design.md §5.4 / Megatron-LM's published layout, independently of the module.
 MAGIC = b"MMIDIDX\x00\x00"
 CODES = {np.dtype(np.uint8): 1, np.dtype(np.int8): 2, np.dtype(np.int16): 3, np.dtype(np.int32): 4,
          np.dtype(np.int64): 5, np.dtype(np.float64): 6, np.dtype(np.float32): 7, np.dtype(np.uint16): 8}

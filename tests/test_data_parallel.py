@@ -6,7 +6,7 @@ each micro-batch and adds its own squared-error loss; the "embedding" looks toke
 them with the same (tied) table through ``embed``/``logits`` methods. Layers are independent, so
 the test isolates what data parallelism must get right: which samples each replica saw and how
 gradients are summed, sharded, clipped and kept tied. The reference is the same model with full
-weights in one process. fp32, tolerances: rel 1e-5 (the equivalence invariant, DESIGN §4).
+weights in one process. fp32, tolerances: rel 1e-5 (the equivalence invariant, docs/design.md §4).
 """
 
 from __future__ import annotations

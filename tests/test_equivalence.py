@@ -1,4 +1,4 @@
-"""The equivalence invariant (DESIGN §4) end to end, through the training step the CLI runs.
+"""The equivalence invariant (docs/design.md §4) end to end, through the training step the CLI runs.
 
 Every plan below trains the same tiny GPT (h=32, s=16, 4 layers, dropout off, fp32) for a few
 steps of AdamW with gradient clipping on the same global batches; losses and the updated

@@ -1,7 +1,7 @@
 """A random-plan sweep over every per-layer choice, the new ones included: sequence
 parallelism, ZeRO-1 and the interleaved schedule next to tp, strided layouts, ddp / zero2 /
 zero3, recompute, pp and uneven stages. Each plan trains test_equivalence's tiny GPT for 2
-steps and must match one process (relative 1e-5, DESIGN §4).
+steps and must match one process (relative 1e-5, docs/design.md §4).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The package's import graph: no cycle, every import runs down the layers (DESIGN §2).
+"""The package's import graph: no cycle, every import runs down the layers (docs/design.md §2).
 
 The graph is read from every module's AST, so imports inside functions count as much as those at
 the top (a function-level import that closes a cycle is still a cycle; it only hides it until
@@ -193,7 +193,7 @@ def layer_of(module: str) -> str:
         return PACKAGE_LAYERS[head]
     if module not in TOP_LEVEL_LAYERS:
         raise AssertionError(f"{PACKAGE}.{module}: module in no layer; add it to "
-                             f"TOP_LEVEL_LAYERS in {Path(__file__).name} (DESIGN §2)")
+                             f"TOP_LEVEL_LAYERS in {Path(__file__).name} (docs/design.md §2)")
     return TOP_LEVEL_LAYERS[module]
 
 
@@ -270,7 +270,7 @@ def test_no_cycle():
 
 def test_no_import_runs_against_the_layers():
     bad = upward_imports(_edges())
-    assert not bad, "imports against the layers (DESIGN §2):\n" + "\n".join(bad)
+    assert not bad, "imports against the layers (docs/design.md §2):\n" + "\n".join(bad)
 
 
 def test_the_checks_catch_a_cycle_and_an_upward_import():

@@ -2,7 +2,7 @@
 
 Equivalence runs train a tiny 10-layer GPT (fp32, dropout off, AdamW with clipping, 3 steps)
 under interleaved plans and compare losses, gradient norms and updated parameters with one
-process, relative 1e-5 (the DESIGN §4 invariant).
+process, relative 1e-5 (the docs/design.md §4 invariant).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``--disable-bias-linear``, ``--openai-gelu`` and ``--group-query-attention --num-query-groups``
 (with RoPE, SwiGLU, RMSNorm and an untied head for the LLaMA shape) must keep the equivalence
-invariant (DESIGN §4): fp32, dropout off, three AdamW steps through ``train_step``; losses
+invariant (docs/design.md §4): fp32, dropout off, three AdamW steps through ``train_step``; losses
 relative 1e-5 and every updated parameter ``rtol 1e-5, atol 1e-6`` against one process. The
 plans split the key/value groups over TP (2 groups over tp 2: one whole group per rank) and
 SwiGLU's interleaved gate/up rows, shard them with ZeRO-2/3 and ZeRO-1, recompute, pipeline and

@@ -1,4 +1,4 @@
-"""Swin under every kind of plan: the equivalence invariant against one process (DESIGN §4),
+"""Swin under every kind of plan: the equivalence invariant against one process (docs/design.md §4),
 plus the window machinery (partition, shift mask, relative positions) and the shape errors.
 
 Tiny Swin: 16x16 images, 2x2 patches (8x8 grid), three stages of 2 blocks (widths 16, 32, 64;

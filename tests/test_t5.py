@@ -1,4 +1,4 @@
-"""T5 under every kind of plan: the equivalence invariant against one process (DESIGN §4).
+"""T5 under every kind of plan: the equivalence invariant against one process (docs/design.md §4).
 
 Tiny T5: 2 encoder + 2 decoder layers of width 32 with 4 heads, 12 encoder and 8 decoder
 tokens, relative position bias (8 buckets); fp32, dropout off, 3 AdamW steps; losses relative

@@ -1,4 +1,4 @@
-"""ViT under every kind of plan: the equivalence invariant against one process (DESIGN §4).
+"""ViT under every kind of plan: the equivalence invariant against one process (docs/design.md §4).
 
 Tiny ViT: 8x8 images, 2x2 patches (16 patches + class token), 4 layers of width 32 with 4 heads,
 5 classes; fp32, dropout off, 3 AdamW steps; relative tolerance 1e-5 on losses and parameters.

@@ -1,6 +1,6 @@
 """Megatron-LM compatible indexed datasets: a ``.bin`` token array plus an ``.idx`` index.
 
-Format (byte-compatible with Megatron-LM's ``MMapIndexedDataset``; DESIGN.md §5.4)::
+Format (byte-compatible with Megatron-LM's ``MMapIndexedDataset``; docs/design.md §5.4)::
 
     .idx  b"MMIDIDX\\x00\\x00"         9 bytes magic
           <Q version = 1

@@ -5,7 +5,7 @@ embedding on the first stage and final norm + LM head on the last. Parameter FQN
 shapes never depend on the plan; each rank holds its TP shard, initialised as the shard of a full
 tensor drawn from ``(seed, fqn)`` (see :mod:`megatron_auto.models.init`).
 
-Activation layouts inside a stage (DESIGN §4): the embedding and head run on the vocab layout
+Activation layouts inside a stage (docs/design.md §4): the embedding and head run on the vocab layout
 (vocab tp, consecutive), layer ``i`` on its own layout; ``relayout`` moves the batch chunks
 between consecutive layouts, and between the embedding / head and the neighbouring layer.
 
@@ -282,7 +282,7 @@ class TransformerStage(nn.Module):
 
 
 class GPTStage(TransformerStage):
-    """One pipeline stage of a GPT decoder (see module docstring and DESIGN §4)."""
+    """One pipeline stage of a GPT decoder (see module docstring and docs/design.md §4)."""
 
     causal = True
 

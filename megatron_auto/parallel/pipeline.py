@@ -6,7 +6,7 @@ micro-batches on this rank's stage and leaves the gradients summed in the parame
 data-parallel layer has synchronised them). With one stage it degenerates into plain gradient
 accumulation.
 
-Contracts (DESIGN §4, agreed runtime interfaces):
+Contracts (docs/design.md §4, agreed runtime interfaces):
 
 - ``stage(x, **kwargs)``: on the first stage ``x`` is the micro-batch's token ids (every
   first-stage rank passes the whole micro-batch, the stage takes its slice); elsewhere ``x`` is

@@ -3,7 +3,7 @@
 Pure computation over plan files, metrics files and profiles (numpy, no torch): it sits next to
 the cost model it inverts. The ``megatron-auto calibrate`` command is ``profiler/cli.py``.
 
-Inputs are runs: a metrics file (``--metrics-file`` JSON lines of a training run, DESIGN §5.3)
+Inputs are runs: a metrics file (``--metrics-file`` JSON lines of a training run, docs/design.md §5.3)
 and the plan file it trained with (its ``model`` record names the model). The plans are priced
 again with the planner's own cost model (:func:`.cost_model.evaluate_plan`) while four
 terms vary; least squares on relative errors picks them (math: docs/profiling.md §4):

@@ -7,7 +7,7 @@ Layout (Megatron's)::
     SAVE_DIR/iter_0000100/checkpoint_info.json    # scalars, plan, model config and the
                                                   # verification record (rank 0, written last)
 
-What DCP holds, keyed by plan-independent names (DESIGN §4):
+What DCP holds, keyed by plan-independent names (docs/design.md §4):
 
 - ``model.<fqn>``: every parameter as its GLOBAL tensor. Each rank contributes the rectangular
   chunk it holds: a TP shard (``stage.shard_specs``: chunk ``tp_rank`` along ``dim``), further cut

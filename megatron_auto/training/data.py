@@ -7,7 +7,7 @@ Three sources (checked in this order):
 - neither: the corpus and SentencePiece tokenizer embedded in the package
   (``megatron_auto.data.embedded_dataset``), preprocessed once into a cache directory.
 
-Batch contract (DESIGN §4): iteration ``t`` trains on samples ``[consumed, consumed + B)`` of
+Batch contract (docs/design.md §4): iteration ``t`` trains on samples ``[consumed, consumed + B)`` of
 the training set (``B`` = global batch, ``consumed = (t - 1) * B``). Every rank of the first and
 of the last pipeline stage reads that whole global batch and cuts it into ``num_microbatches``
 consecutive micro-batches; the stage takes its own data-parallel slice. Middle stages read

@@ -1,6 +1,6 @@
 """Experiment logging to TensorBoard and Weights & Biases, with Megatron-LM's flag names.
 
-Both receive exactly the records of the ``--metrics-file`` (DESIGN §5.3): one per logged
+Both receive exactly the records of the ``--metrics-file`` (docs/design.md §5.3): one per logged
 training iteration and one per evaluation (``"split": "valid"``). Each numeric field becomes a
 scalar tagged ``train/<field>`` or ``valid/<field>`` at the record's iteration, so a TensorBoard
 chart and a metrics-file column carry the same name and the same numbers. Which fields go out:

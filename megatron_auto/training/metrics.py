@@ -1,4 +1,4 @@
-"""Throughput arithmetic and the ``--metrics-file`` writer (DESIGN §5.3).
+"""Throughput arithmetic and the ``--metrics-file`` writer (docs/design.md §5.3).
 
 Model FLOPs count the matrix multiplications of forward and backward (backward = 2 x forward),
 per token: per layer ``2 * (2 h^2 + 2 h kv + k h f)`` for the QKV/output projections and the

@@ -1,6 +1,6 @@
 """The training run shared by the entry scripts (``pretrain_gpt.py``, ``pretrain_bert.py``).
 
-An entry script supplies three thin providers (STYLE principle 8) and calls :func:`launch`
+An entry script supplies three thin providers (docs/design.md §8) and calls :func:`launch`
 with its argv, which converts the flags once (``arguments.parse_run_config``) and calls
 :func:`pretrain` with the resulting :class:`~megatron_auto.run_config.RunConfig`:
 

@@ -9,7 +9,7 @@ of ``Timers.take()``), rank 0 formats. Three outputs:
           forward-backward ...............................: (812.31, 812.40)
 
   (``--timing-log-option max`` prints only the max, ``all`` every rank's value);
-- the metrics-file fields (an extension of DESIGN §5.3): ``timers_<name>_max_s`` and
+- the metrics-file fields (an extension of docs/design.md §5.3): ``timers_<name>_max_s`` and
   ``timers_<name>_min_s`` per timer that ran on some rank, ``<name>`` with ``-`` written
   ``_`` (``timers_forward_compute_max_s``). TensorBoard / W&B receive them with
   ``--log-timers-to-tensorboard`` (``experiment_log.TIMER_PREFIX``);

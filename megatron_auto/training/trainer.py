@@ -1,4 +1,4 @@
-"""One training iteration of a plan: the trainer state and the step (STYLE principle 8).
+"""One training iteration of a plan: the trainer state and the step (docs/design.md §8).
 
 :func:`build_trainer` (collective) builds, for one rank and one plan, the parallel context, the
 rank's pipeline stage (from the entry script's ``model_provider``), data parallelism and the

@@ -1,6 +1,6 @@
 """Memory cost of one layer (or the embedding/head) under one strategy, per rank, in bytes.
 
-Model states follow the runtime (DESIGN §4): fp32 master parameters (4 B), fp32 gradients (4 B)
+Model states follow the runtime (docs/design.md §4): fp32 master parameters (4 B), fp32 gradients (4 B)
 and Adam moments (8 B) per parameter whatever the compute precision; ``zero1`` shards the
 optimizer states over the ``dp`` replicas, ``zero2`` gradients too, ``zero3`` parameters too. Activations are kept per
 micro-batch in flight; transient bytes exist only while the component runs (a layer's backward,

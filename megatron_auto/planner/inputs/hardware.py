@@ -85,7 +85,7 @@ class ClusterSpec:
     p2p_latency_s: float = 10e-6
     allreduce_busbw_table: Mapping[tuple[int, bool], float] = field(default_factory=dict, hash=False)
     p2p_bw_table: Mapping[int, float] = field(default_factory=dict, hash=False)
-    # The step after the last backward (DESIGN §4): global gradient norm, clipping and the AdamW
+    # The step after the last backward (docs/design.md §4): global gradient norm, clipping and the AdamW
     # update are memory-bound, ``optimizer_time_per_parameter_s`` per local parameter, plus a
     # fixed ``step_overhead_s`` (launches and the norm's scalar all-reduce). 0 = not modelled.
     optimizer_time_per_parameter_s: float = 0.0

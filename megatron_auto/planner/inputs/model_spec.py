@@ -244,7 +244,7 @@ class ModelSpec:
         return tp
 
     def plan_model_record(self) -> dict[str, Any]:
-        """The ``model`` record of a plan (DESIGN §5.2): the ModelConfig fields when known."""
+        """The ``model`` record of a plan (docs/design.md §5.2): the ModelConfig fields when known."""
         if self.config is not None:
             # Only what decides the costs: the runtime checks every key present against its own
             # flags, and a different dropout or init must not invalidate a plan.

@@ -1,10 +1,12 @@
 """Named cluster presets built from public hardware facts, and ``get_cluster``.
 
-Preset names follow ``<gpu>-<memory>-<nodes>x<devices>`` (DESIGN §5.1), e.g. ``a100-40g-1x8``.
-Every number carries its origin in the preset's ``source`` string; the facts are those of
-shared/reference/hardware.md (spec sheets, nccl-tests reference tables, the measured A100
-profiles shipped with Galvatron 2.4, InfiniBand port rates, a matmul measured on an H200).
-Where no public figure exists we say "assumed" and choose the conservative side.
+Preset names follow ``<gpu>-<memory>-<nodes>x<devices>`` (docs/design.md §5.1), e.g. ``a100-40g-1x8``.
+Every number carries its origin in the preset's ``source`` string (docs/hardware.md tabulates
+them): NVIDIA's A100/H100/H200 datasheets (dense peak FLOP/s, memory, NVLink), the published
+nccl-tests bus-bandwidth tables for 8-GPU NVSwitch nodes, the measured A100 1x8 and 2x8 profiles
+that ship with the hetu-galvatron 2.4.0 package, InfiniBand HDR/NDR port rates, and an 8192^3
+bf16 matmul and a device copy measured on an H200 by this project. Where no public figure exists
+we say "assumed" and choose the conservative side.
 
 A measured profile (``--cluster FILE``, written by the hardware profiler or by
 ``megatron-auto import-galvatron``) always overrides a preset.
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from .hardware import GB, GiB, ClusterError, ClusterSpec
 
 # Framework reserve per device: the upper end of the 0.5-1.5 GB PyTorch context + allocator
-# overhead in hardware.md (Galvatron budgets 1 GB); conservative until calibrated.
+# overhead commonly reported per GPU (Galvatron budgets 1 GB); conservative until calibrated.
 RESERVE_BYTES = int(1.5 * GiB)
 # An 8192^3 bf16 matmul ran at 769-798 TFLOP/s on an H200 (989 peak): 0.78 is the low end.
 MEASURED_MATMUL_EFFICIENCY = 0.78
@@ -31,7 +33,7 @@ IB_EFFICIENCY = 0.8
 # (4 B), clipping rewrites it (8 B), AdamW reads parameter, gradient and both moments (16 B) and
 # writes parameter and moments back (12 B): 40 B of HBM traffic.
 OPTIMIZER_BYTES_PER_PARAMETER = 40
-# A device-to-device copy moved about 4.3 of the 4.8 TB/s on an H200 (hardware.md).
+# A device-to-device copy moved about 4.3 of the 4.8 TB/s on an H200 (measured by this project).
 MEASURED_HBM_EFFICIENCY = 0.9
 # Kernel launches of the step and the gradient norm's scalar all-reduce: assumed, no measurement.
 STEP_OVERHEAD_S = 0.5e-3
@@ -91,7 +93,7 @@ _GPUS: dict[str, _Gpu] = {
         "InfiniBand NDR 400 Gb/s = 50 GB/s per port, one port per GPU (assumed DGX-like)"),
 }
 
-# Galvatron 2.4's measured A100 profiles (hardware.md): all-reduce busbw by (group, consecutive).
+# Galvatron 2.4's measured A100 profiles (shipped in hetu-galvatron 2.4.0): all-reduce busbw by (group, consecutive).
 _GALVATRON_1X8_ALLREDUCE = {(8, True): 154.203, (4, True): 159.119, (4, False): 155.815,
                             (2, True): 138.156, (2, False): 151.344}
 _GALVATRON_1X8_P2P = {2: 163.671, 4: 138.581, 8: 109.45}
@@ -133,7 +135,7 @@ def make_cluster(gpu: str, num_nodes: int, devices_per_node: int = 8,
         g.nic_source + f"; {IB_EFFICIENCY:.0%} of line rate assumed achievable",
         "p2p within a node assumed equal to the all-reduce busbw (Galvatron's A100 1x8: p2p "
         "163.7 vs all-reduce 154.2 GB/s)",
-        "latency 20 us in-node / 40 us across nodes per collective (hardware.md: tens of us)",
+        "latency 20 us in-node / 40 us across nodes per collective (NCCL: tens of us per call)",
         f"optimizer step {OPTIMIZER_BYTES_PER_PARAMETER} B of HBM traffic per parameter at "
         f"{MEASURED_HBM_EFFICIENCY:.0%} of {g.hbm_bw / 1e12:.2f} TB/s (spec sheet; efficiency of "
         f"a device copy measured on an H200), {STEP_OVERHEAD_S * 1e3:.1f} ms fixed (assumed)",
