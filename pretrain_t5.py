@@ -24,8 +24,8 @@ from torch import nn
 
 from megatron_auto.arguments import build_parser
 from megatron_auto.run_config import DataConfig
-from megatron_auto.t5_arguments import add_t5_args, t5_config_from_args
-from megatron_auto.t5_config import T5Config
+from megatron_auto.families.t5.flags import add_t5_args, t5_config_from_args
+from megatron_auto.families.t5.config import T5Config
 from megatron_auto.training.data import DataSource, collate
 from megatron_auto.training.pretrain import launch
 from megatron_auto.training.trainer import TaskSpec

@@ -26,8 +26,8 @@ from megatron_auto.run_config import DataConfig
 from megatron_auto.training.data import DataSource, collate
 from megatron_auto.training.pretrain import launch
 from megatron_auto.training.trainer import TaskSpec
-from megatron_auto.vision_arguments import add_vision_args, vision_config_from_args
-from megatron_auto.vision_config import VisionConfig
+from megatron_auto.families.vision.flags import add_vision_args, vision_config_from_args
+from megatron_auto.families.vision.config import VisionConfig
 
 # The embedded pattern set: distinct images per epoch-free index, cycled beyond this many.
 EMBEDDED_TRAIN_IMAGES = 50_000

@@ -29,10 +29,10 @@ from plain_vision import plain_model  # noqa: E402
 
 from megatron_auto.parallel.optimizer import OptimizerConfig, build_optimizer  # noqa: E402
 from megatron_auto.plan import Plan  # noqa: E402
-from megatron_auto.t5_config import T5Config  # noqa: E402
+from megatron_auto.families.t5.config import T5Config  # noqa: E402
 from megatron_auto.training.lr_scheduler import LRConfig  # noqa: E402
 from megatron_auto.training.trainer import TaskSpec  # noqa: E402
-from megatron_auto.vision_config import VisionConfig  # noqa: E402
+from megatron_auto.families.vision.config import VisionConfig  # noqa: E402
 
 #: Benchmark shapes: a ViT-Ti-like encoder and a small four-window-per-side Swin.
 MODELS = {

@@ -214,5 +214,5 @@ class PlainSwin(nn.Module):
 
 
 def plain_model(cfg) -> nn.Module:
-    """The plain classifier of a :class:`~megatron_auto.vision_config.VisionConfig`."""
+    """The plain classifier of a :class:`~megatron_auto.families.vision.config.VisionConfig`."""
     return PlainViT(cfg) if cfg.model_type == "vit" else PlainSwin(cfg)

@@ -31,7 +31,7 @@ from megatron_auto.planner.inputs.hardware import ClusterSpec  # noqa: E402
 from megatron_auto.planner.inputs.model_spec import ModelSpec, TrainingSpec  # noqa: E402
 from megatron_auto.planner.inputs.profiles import analytic_profile  # noqa: E402
 from megatron_auto.planner.search.driver import evaluate  # noqa: E402
-from megatron_auto.t5_config import T5Config  # noqa: E402
+from megatron_auto.families.t5.config import T5Config  # noqa: E402
 
 CONFIG = T5Config(vocab_size=2048)
 GLOBAL_BATCH, MICROBATCHES = 8, 2

@@ -47,8 +47,8 @@ from .profiler.hardware_profiler import PROFILER_REVISION, HardwareProfilerConfi
 from .profiler.model_profiler import (get_or_create_model_profile, profile_cache_key, profile_model,
                                       ranks_measure_together)
 from .run_config import SearchPins
-from .t5_config import T5Config
-from .vision_config import VisionConfig
+from .families.t5.config import T5Config
+from .families.vision.config import VisionConfig
 
 logger = logging.getLogger("megatron_auto")
 

@@ -29,10 +29,10 @@ from .arguments import (DEFAULT_GLOBAL_BATCH_SIZE, add_model_args, check_model_o
                         add_sp_and_virtual_pipeline_args, classic_layout_from_args,
                         model_config_from_args)
 from .config import ModelConfig, resolve_precision
-from .vision_arguments import add_vision_args, apply_vit_defaults, vision_config_from_args
-from .vision_config import BACKBONES, VisionConfig
-from .t5_arguments import add_t5_args, apply_t5_defaults, t5_config_from_args
-from .t5_config import T5Config
+from .families.vision.flags import add_vision_args, apply_vit_defaults, vision_config_from_args
+from .families.vision.config import BACKBONES, VisionConfig
+from .families.t5.flags import add_t5_args, apply_t5_defaults, t5_config_from_args
+from .families.t5.config import T5Config
 from .plan import DP_MODES, Plan
 from .planner import report
 from .planner.inputs.hardware import GB, ClusterSpec

@@ -64,7 +64,7 @@ class ModelConfig:
     """Shape and numerics of a Transformer language model (GPT decoder or BERT encoder).
 
     ``vocab_size`` is the tokenizer's vocabulary; ``padded_vocab_size`` the embedding rows.
-    A subclass for another family (``t5_config.T5Config``) widens the accepted model and
+    A subclass for another family (``families.t5.config.T5Config``) widens the accepted model and
     position-embedding types through the two class attributes below.
     """
 

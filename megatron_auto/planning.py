@@ -22,8 +22,8 @@ from .planner.inputs.hardware import ClusterSpec
 from .planner.inputs.model_spec import ModelSpec, TrainingSpec
 from .planner.inputs.profiles import ModelProfile, analytic_profile
 from .planner.search.driver import SearchOptions
-from .t5_config import T5Config
-from .vision_config import VisionConfig
+from .families.t5.config import T5Config
+from .families.vision.config import VisionConfig
 
 
 @dataclass(frozen=True)

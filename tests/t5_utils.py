@@ -12,7 +12,7 @@ import torch
 
 from dist_utils import run_distributed
 from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy
-from megatron_auto.t5_config import T5Config
+from megatron_auto.families.t5.config import T5Config
 
 GLOBAL_BATCH = 8
 STEPS = 3
@@ -55,7 +55,7 @@ def _auto_plans(world_size, config, argv):
     """The plan ``--auto-parallel`` searches on these ranks (collective)."""
     from megatron_auto import auto
     from megatron_auto.arguments import parse_run_config
-    from megatron_auto.t5_arguments import add_t5_args, t5_config_from_args
+    from megatron_auto.families.t5.flags import add_t5_args, t5_config_from_args
     from megatron_auto.arguments import build_parser
 
     run = parse_run_config(argv, add_t5_args(build_parser()),

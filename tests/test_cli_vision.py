@@ -8,7 +8,7 @@ import json
 
 from megatron_auto.cli import main
 from megatron_auto.plan import Plan
-from megatron_auto.vision_config import VisionConfig
+from megatron_auto.families.vision.config import VisionConfig
 
 SWIN_T = ["--model-type", "swin", "--swin-backbone-type", "tiny", "--img-h", "224", "--img-w",
           "224", "--num-classes", "1000", "--cluster", "a100-40g-1x8", "--bf16"]

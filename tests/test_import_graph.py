@@ -5,10 +5,10 @@ the top (a function-level import that closes a cycle is still a cycle; it only h
 run time). Layers, bottom to top (docs/architecture.md):
 
     base         plan, layout, config, run_config,  pure: no torch, import only each other
-                 arguments, vision_config,          (arguments: argparse -> RunConfig, which
-                 t5_config, t5_arguments,           the entry points and training.pretrain use)
-                 utils.* (jsonfile, atomicfile,
-                 plots, progress)
+                 arguments, utils.* (jsonfile,      (arguments: argparse -> RunConfig, which
+                 atomicfile, plots, progress),      the entry points and training.pretrain use)
+                 families.*.config and .flags and   (a family's config and flags: the models
+                 the families packages' __init__s   read the configs)
     planner      planner.*                          pure (numpy): base only
     parallel     parallel.*                         torch runtime: base only
     data         data.*                             datasets and tokenizers: base only
@@ -48,12 +48,12 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 # Top-level modules by layer; a module of a subpackage takes its package's layer.
 TOP_LEVEL_LAYERS = {
     "plan": "base", "layout": "base", "config": "base", "run_config": "base",
-    "vision_config": "base", "t5_config": "base", "t5_arguments": "base",
     "planning": "plan_inputs", "plan_source": "plan_inputs",
-    "arguments": "base", "auto": "auto", "vision_arguments": "entry", "cli": "entry",
+    "arguments": "base", "auto": "auto", "cli": "entry",
     "console": "entry", "__main__": "entry", "": "entry",
 }
-PACKAGE_LAYERS = {"utils": "base", "planner": "planner", "parallel": "parallel", "data": "data",
+PACKAGE_LAYERS = {"utils": "base", "families": "base", "planner": "planner", "parallel": "parallel",
+                  "data": "data",
                   "models": "models", "profiler": "profiler", "training": "training",
                   "reproduce": "reproduce", "conversion": "conversion"}
 BELOW = {  # layer -> the layers it may import (besides its own)

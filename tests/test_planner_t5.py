@@ -14,7 +14,7 @@ from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy
 from megatron_auto.planner import ModelSpec, SearchOptions, TrainingSpec, analytic_profile, search
 from megatron_auto.planner.cost.estimate import evaluate_plan, stage_moves
 from megatron_auto.planner.inputs.presets import get_cluster
-from megatron_auto.t5_config import T5Config
+from megatron_auto.families.t5.config import T5Config
 
 pytestmark = pytest.mark.pure
 

@@ -9,7 +9,7 @@ import pytest
 
 from megatron_auto.planner import ModelSpec, SearchOptions, TrainingSpec, analytic_profile, search
 from megatron_auto.planner.inputs.presets import get_cluster
-from megatron_auto.vision_config import SWIN_PRESETS, VisionConfig
+from megatron_auto.families.vision.config import SWIN_PRESETS, VisionConfig
 
 pytestmark = pytest.mark.pure
 

@@ -57,7 +57,7 @@ def test_swin_from_flags_pipelined_over_two_stages(tmp_path):
 
 def _config(*flags):
     from megatron_auto.arguments import build_parser
-    from megatron_auto.vision_arguments import add_vision_args, vision_config_from_args
+    from megatron_auto.families.vision.flags import add_vision_args, vision_config_from_args
 
     return vision_config_from_args(add_vision_args(build_parser()).parse_args(list(flags)))
 

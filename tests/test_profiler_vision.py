@@ -8,7 +8,7 @@ from megatron_auto.planner import ModelSpec, SearchOptions, TrainingSpec, search
 from megatron_auto.planner.inputs.presets import get_cluster
 from megatron_auto.profiler.model_profiler import ModelProfilerConfig
 from megatron_auto.profiler.vision_profiler import lookup_or_measure_vision, profile_vision_model
-from megatron_auto.vision_config import VisionConfig
+from megatron_auto.families.vision.config import VisionConfig
 
 pytestmark = pytest.mark.single
 

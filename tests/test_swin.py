@@ -19,7 +19,7 @@ from vision_utils import (AUTO_ARGV, assert_matches_plain_pytorch, assert_same, 
 from megatron_auto.config import ConfigError
 from megatron_auto.models.swin import (SHIFT_MASK_VALUE, relative_position_index,
                                        shifted_window_mask, window_partition, window_reverse)
-from megatron_auto.vision_config import VisionConfig
+from megatron_auto.families.vision.config import VisionConfig
 
 CONFIG = VisionConfig(model_type="swin", img_h=16, img_w=16, patch_dim=2, num_channels=3,
                       num_classes=5, swin_embed_dim=16, swin_depths=(2, 2, 2),

@@ -12,7 +12,7 @@ import functools
 import pytest
 
 from t5_utils import AUTO_ARGV, assert_same, layer, plan_of, run_plans
-from megatron_auto.t5_config import T5Config
+from megatron_auto.families.t5.config import T5Config
 
 CONFIG = T5Config(encoder_num_layers=2, decoder_num_layers=2, hidden_size=32,
                   num_attention_heads=4, ffn_hidden_size=64, seq_length=12, decoder_seq_length=8,

@@ -12,7 +12,7 @@ import torch
 from megatron_auto.config import ConfigError
 from megatron_auto.data.t5_dataset import T5Dataset, span_corrupt, span_counts
 from megatron_auto.data.errors import DataInputError
-from megatron_auto.t5_config import T5Config
+from megatron_auto.families.t5.config import T5Config
 
 pytestmark = pytest.mark.single
 

@@ -13,7 +13,7 @@ import pytest
 from vision_utils import (AUTO_ARGV, assert_matches_plain_pytorch, assert_same, layer,
                           plan_of, run_plans)
 from megatron_auto.config import ConfigError
-from megatron_auto.vision_config import VisionConfig
+from megatron_auto.families.vision.config import VisionConfig
 
 CONFIG = VisionConfig(model_type="vit", img_h=8, img_w=8, patch_dim=2, num_channels=3,
                       num_classes=5, num_layers=4, hidden_size=32, num_attention_heads=4,

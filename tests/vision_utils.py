@@ -12,7 +12,7 @@ import torch
 
 from dist_utils import run_distributed
 from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy
-from megatron_auto.vision_config import VisionConfig
+from megatron_auto.families.vision.config import VisionConfig
 
 GLOBAL_BATCH = 8
 #: --auto-parallel for the equivalence tests: a preset cluster (no hardware measurement, the
@@ -50,10 +50,10 @@ def _auto_plans(world_size, config, argv):
     """The plan ``--auto-parallel`` searches on these ranks (collective)."""
     from megatron_auto import auto
     from megatron_auto.arguments import build_parser
-    from megatron_auto.vision_arguments import add_vision_args
+    from megatron_auto.families.vision.flags import add_vision_args
 
     from megatron_auto.arguments import parse_run_config
-    from megatron_auto.vision_arguments import vision_config_from_args
+    from megatron_auto.families.vision.flags import vision_config_from_args
 
     run = parse_run_config(argv, add_vision_args(build_parser()),
                            model_config_from_args=vision_config_from_args)

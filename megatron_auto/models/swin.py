@@ -1,6 +1,6 @@
 """Swin Transformer backbone under any plan: shifted-window attention, patch merging.
 
-Layer ``i`` of the plan is one Swin block (see :mod:`megatron_auto.vision_config` for the stage
+Layer ``i`` of the plan is one Swin block (see :mod:`megatron_auto.families.vision.config` for the stage
 shapes). A block is pre-norm like the ViT layer, but attention runs inside non-overlapping
 ``w x w`` windows of the token grid, with a learned relative position bias per head, and every
 odd block of a stage first rolls the grid by ``w // 2`` (shifted windows), masking the pairs of
@@ -25,7 +25,7 @@ from torch import nn
 from ..parallel.context import LayerGroups, ParallelContext
 from ..parallel.random import REPLICATED, TENSOR_PARALLEL, RNGTracker, checkpoint
 from ..parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
-from ..vision_config import SwinStageShape, VisionConfig
+from ..families.vision.config import SwinStageShape, VisionConfig
 from .transformer import MLP
 from .vit import VisionStage, layer_model_config
 

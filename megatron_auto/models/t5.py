@@ -57,7 +57,7 @@ from ..parallel.redistribute import batch_chunk, relayout
 from ..parallel.tensor_parallel import (ColumnParallelLinear, RowParallelLinear,
                                         vocab_parallel_cross_entropy)
 from ..plan import Plan, PlanError
-from ..t5_config import T5Config
+from ..families.t5.config import T5Config
 from .gpt import LanguageModelEmbedding
 from .init import collect_shard_specs, init_parameters
 from .transformer import MLP, make_norm

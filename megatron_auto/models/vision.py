@@ -7,7 +7,7 @@ Its own module so that ``vit.py`` (the shared :class:`~.vit.VisionStage` and ViT
 from __future__ import annotations
 
 from ..parallel.context import ParallelContext
-from ..vision_config import VisionConfig
+from ..families.vision.config import VisionConfig
 from .swin import SwinStage
 from .vit import ViTStage, VisionStage
 

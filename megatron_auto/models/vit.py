@@ -36,7 +36,7 @@ from ..parallel.context import LayerGroups, Layout, ParallelContext, make_layout
 from ..plan import Plan, PlanError
 from ..parallel.random import REPLICATED, RNGTracker
 from ..parallel.redistribute import batch_chunk, relayout
-from ..vision_config import VisionConfig
+from ..families.vision.config import VisionConfig
 from .init import collect_shard_specs, init_parameters
 from .transformer import TransformerLayer
 

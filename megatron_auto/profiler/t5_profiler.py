@@ -28,7 +28,7 @@ from ..parallel.device import resolve_device
 from ..planner.inputs.model_spec import ModelSpec, TrainingSpec
 from ..planner.inputs.profiles import (EmbeddingProfile, LayerTypeProfile, ModelProfile,
                                        analytic_profile)
-from ..t5_config import T5Config
+from ..families.t5.config import T5Config
 from .activation_meter import transformer_classifier, vocab_classifier
 from .model_profiler import (cached_or_measured, config_cache_key, ModelProfilerConfig,
                              ProfileLookup, _autocast, _check_precision, _init_, _measure, _ratio,

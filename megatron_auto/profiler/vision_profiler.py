@@ -26,7 +26,7 @@ from ..models.vit import ClassificationHead, PatchEmbedding, layer_model_config
 from ..parallel.device import resolve_device
 from ..planner.inputs.model_spec import ModelSpec
 from ..planner.inputs.profiles import EmbeddingProfile, LayerTypeProfile, ModelProfile
-from ..vision_config import VisionConfig
+from ..families.vision.config import VisionConfig
 from .activation_meter import transformer_classifier
 from .model_profiler import (cached_or_measured, config_cache_key, ModelProfilerConfig,
                              ProfileLookup, _check_precision, _autocast, _init_, _measure, _ratio,

@@ -18,8 +18,8 @@ from typing import Any, Callable, Sequence
 
 from ..config import ModelConfig
 from ..planner.inputs.model_spec import ModelSpec
-from ..t5_config import T5Config
-from ..vision_config import VisionConfig
+from ..families.t5.config import T5Config
+from ..families.vision.config import VisionConfig
 
 #: Bumped whenever a cell's inputs or a record's meaning change: a results file written by
 #: another version is refused instead of mixing incomparable numbers.

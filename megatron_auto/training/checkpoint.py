@@ -74,8 +74,8 @@ from ..config import ModelConfig
 from ..parallel.context import ParallelContext
 from ..parallel.data_parallel import DataParallel
 from ..plan import Plan
-from ..t5_config import T5Config
-from ..vision_config import BACKBONES, VisionConfig
+from ..families.t5.config import T5Config
+from ..families.vision.config import BACKBONES, VisionConfig
 from .checkpoint_verify import (FORMAT, INFO_FILE, LATEST_FILE, RECORD_KEY, VERSION,  # noqa: F401 - re-exported
                                 CheckpointError, INCOMPLETE_PREFIX, choose_checkpoint,
                                 describe_files, incomplete_dir, iteration_dir, latest_iteration)

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ...config import ModelConfig
-from ...t5_config import T5Config
-from ...vision_config import VisionConfig
+from ...families.t5.config import T5Config
+from ...families.vision.config import VisionConfig
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adam",)
@@ -28,10 +28,10 @@ PLAN_MODEL_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidd
                    "make_vocab_size_divisible_by", "position_embedding_type", "activation",
                    "normalization", "untie_embeddings_and_output_weights", "model_type",
                    "num_tokentypes", "num_query_groups", "add_bias_linear",
-                   # image classifiers (vision_config.VisionConfig)
+                   # image classifiers (families.vision.config.VisionConfig)
                    "img_h", "img_w", "patch_dim", "num_channels", "num_classes",
                    "swin_embed_dim", "swin_depths", "swin_num_heads", "swin_window_size",
-                   # T5 (t5_config.T5Config)
+                   # T5 (families.t5.config.T5Config)
                    "encoder_num_layers", "decoder_num_layers", "decoder_seq_length",
                    "kv_channels", "relative_attention_num_buckets",
                    "relative_attention_max_distance")
@@ -283,7 +283,7 @@ class ModelSpec:
 
     @classmethod
     def from_vision_config(cls, cfg: VisionConfig) -> "ModelSpec":
-        """The spec of a ViT or Swin classifier (``vision_config.VisionConfig``).
+        """The spec of a ViT or Swin classifier (``families.vision.config.VisionConfig``).
 
         ViT: one layer type ``vit``. Swin: per stage ``swin<k>`` for its blocks, and
         ``swin<k>_merge`` for the first block of every stage after the first (patch merging
@@ -323,7 +323,7 @@ class ModelSpec:
 
     @classmethod
     def from_t5_config(cls, cfg: T5Config) -> "ModelSpec":
-        """The spec of a T5 (``t5_config.T5Config``): layer types ``t5_encoder`` (``s_e``
+        """The spec of a T5 (``families.t5.config.T5Config``): layer types ``t5_encoder`` (``s_e``
         tokens, carrying the decoder's ``s_d`` embedded tokens) and ``t5_decoder`` (``s_d``
         tokens, cross-attention over ``s_e``, carrying the encoder output), in that order.
 

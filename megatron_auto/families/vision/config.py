@@ -25,7 +25,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .config import ConfigError
+from ...config import ConfigError
 
 BACKBONES = ("vit", "swin")
 

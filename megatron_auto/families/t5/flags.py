@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import argparse
 
-from .arguments import DEFAULT_MOCK_VOCAB_SIZE
-from .config import ConfigError
-from .t5_config import T5_POSITION_EMBEDDING_TYPES, T5Config
+from ...arguments import DEFAULT_MOCK_VOCAB_SIZE
+from ...config import ConfigError
+from .config import T5_POSITION_EMBEDDING_TYPES, T5Config
 
 #: Defaults of the T5 script (the embedded run): a small CPU-friendly model.
 T5_DEFAULTS = {"num_layers": 2, "hidden_size": 128, "num_attention_heads": 4,

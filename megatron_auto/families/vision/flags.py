@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import argparse
 
-from .config import ConfigError
-from .vision_config import BACKBONES, SWIN_PRESETS, VisionConfig
+from ...config import ConfigError
+from .config import BACKBONES, SWIN_PRESETS, VisionConfig
 
 #: The Swin shape when neither a preset nor a shape flag says otherwise (small, CPU-friendly).
 DEFAULT_SWIN = {"swin_embed_dim": 32, "swin_depths": (2, 2, 2), "swin_num_heads": (2, 4, 8),

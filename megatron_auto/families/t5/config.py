@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .config import ConfigError, ModelConfig
+from ...config import ConfigError, ModelConfig
 
 #: ``--position-embedding-type`` values a T5 accepts: T5's relative bias, or a learned table
 #: shared by the encoder and the decoder (Megatron-LM's legacy T5).
