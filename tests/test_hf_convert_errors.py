@@ -78,7 +78,10 @@ def llama_dir(tmp_path, **overrides):
     (["--group-query-attention"], "--num-query-groups=1: the Hugging Face checkpoint {d} has "
                                   "n_head=4"),
     (["--num-query-groups", "2"], "--num-query-groups=2: needs --group-query-attention"),
-    (["--seq-length", "32"], "--max-position-embeddings=16: must be at least --seq-length=32"),
+    # issue 30 case 10: the position table comes from the checkpoint, not from a flag
+    (["--seq-length", "32"], "--seq-length=32: the Hugging Face checkpoint {d} has "
+                             "n_positions=16 (its position table, which the model cannot "
+                             "exceed); give --seq-length 16 or less"),
 ])
 def test_flags_that_disagree_with_the_hf_config(gpt2_dir, tmp_path, capsys, flags, message):
     err = run(import_args(gpt2_dir, tmp_path, *flags), capsys)
@@ -116,7 +119,11 @@ def test_wrong_model_type_and_direction(gpt2_dir, tmp_path, capsys):
         args, capsys)
     same = ["--model-type", "GPT", "--loader", "hf", "--saver", "hf", "--load-dir",
             str(gpt2_dir), "--save-dir", str(tmp_path / "x")]
-    assert "nothing to convert" in run(same, capsys)
+    assert "nothing to convert; one of them must be megatron" in run(same, capsys)  # case 8
+    same[same.index("hf", same.index("--loader"))] = "megatron"
+    same[same.index("hf", same.index("--saver"))] = "megatron"
+    assert "--loader=megatron --saver=megatron: nothing to convert; one of them must be hf" in \
+        run(same, capsys)
     assert "no config.json there" in run(import_args(tmp_path, tmp_path), capsys)
     write_weights_checkpoint(tmp_path / "ckpt", ModelConfig(), {})
     assert f"--save-dir={tmp_path / 'ckpt'}: already holds a checkpoint" in run(
@@ -173,3 +180,152 @@ def test_loading_a_converted_model_with_other_flags_names_the_flag(tmp_path):
                          (dict(openai_gelu=False), "--openai-gelu")):
         with pytest.raises(CheckpointError, match=f"set {flag} to match the checkpoint"):
             check_model_matches(saved, dataclasses.replace(config, **change), str(tmp_path))
+
+
+# ----------------------------------------------------------------- issue 30, cases 2-9
+def export_args(ckpt, out, *flags):
+    return ["--model-type", "GPT", "--loader", "megatron", "--saver", "hf", "--load-dir",
+            str(ckpt), "--save-dir", str(out), *flags]
+
+
+def convert(argv, capsys):
+    """(exit status, stderr lines) of one convert.py run."""
+    spec = importlib.util.spec_from_file_location("convert_tool", CONVERT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    code = module.main(argv)
+    return code, [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+
+
+def _damaged_copy(gpt2_dir, path, **files):
+    """A copy of the GPT-2 directory with some files replaced (bytes) or removed (None)."""
+    import shutil
+    shutil.copytree(gpt2_dir, path)
+    for name, data in files.items():
+        name = name.replace("__", ".")
+        if data is None:
+            os.remove(path / name)
+        else:
+            (path / name).write_bytes(data)
+    return path
+
+
+@needs_transformers
+def test_damaged_hf_directories_are_one_line(gpt2_dir, tmp_path, capsys):
+    """Cases 3-6: a truncated safetensors or pickle file, an empty config.json, a directory
+    without weights: one line naming the file and the fix, nothing written."""
+    weights = (gpt2_dir / "model.safetensors").read_bytes()
+    cases = {
+        "truncated safetensors": (dict(model__safetensors=weights[:100]),
+                                  "cannot read the weights model.safetensors (SafetensorError"),
+        "empty config": (dict(config__json=b""), "config.json: not valid JSON (line 1, "
+                                                 "column 1"),
+        "config, no weights": (dict(model__safetensors=None),
+                               "config.json but no weights there (none of model.safetensors"),
+    }
+    from transformers import GPT2LMHeadModel
+    state = GPT2LMHeadModel.from_pretrained(gpt2_dir).state_dict()
+    pickled = tmp_path / "full.bin"
+    torch.save(state, pickled)
+    data = pickled.read_bytes()
+    cases["truncated pytorch_model.bin"] = (
+        dict(model__safetensors=None, pytorch_model__bin=data[:len(data) // 2]),
+        "cannot read the weights pytorch_model.bin (")
+    for name, (files, message) in cases.items():
+        bad = _damaged_copy(gpt2_dir, tmp_path / name.replace(" ", "_"), **files)
+        err = run(import_args(bad, tmp_path), capsys)
+        assert f"error: --load-dir={bad}: " in err and message in err, (name, err)
+        assert not (tmp_path / "ckpt").exists(), name
+
+
+@needs_transformers
+def test_unwritable_save_dir_is_refused_before_reading(gpt2_dir, tmp_path, capsys):
+    """Case 7: import and export to a --save-dir that is a file or cannot be created."""
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    bad_dirs = {str(a_file): "is a file, not a directory",
+                str(a_file / "sub"): "cannot create the directory"}
+    if os.path.isdir("/proc"):
+        bad_dirs["/proc/megatron_auto_test"] = "cannot create the directory (/proc:"
+    ckpt = tmp_path / "ckpt"
+    assert convert(import_args(gpt2_dir, tmp_path), capsys)[0] == 0
+    for path, message in bad_dirs.items():
+        args = import_args(gpt2_dir, tmp_path)
+        args[args.index(str(ckpt))] = path
+        assert f"error: --save-dir={path}: {message}" in run(args, capsys)
+        assert f"error: --save-dir={path}: {message}" in run(export_args(ckpt, path), capsys)
+    assert a_file.read_text() == "x"
+
+
+@needs_transformers
+def test_export_never_replaces_a_model_without_overwrite(gpt2_dir, tmp_path, capsys):
+    """Case 2: an export into a directory that already holds an HF model is refused and
+    leaves every file as it was; --overwrite writes it."""
+    ckpt, out = tmp_path / "ckpt", tmp_path / "hf"
+    assert convert(import_args(gpt2_dir, tmp_path), capsys)[0] == 0
+    out.mkdir()
+    (out / "config.json").write_text('{"mine": true}')
+    (out / "model.safetensors").write_bytes(b"my weights")
+    (out / "tokenizer.json").write_text("{}")
+    err = run(export_args(ckpt, out), capsys)
+    assert f"--save-dir={out}: the directory is not empty (config.json and 2 more); add " \
+           f"--overwrite to write into it, or choose a new directory" in err
+    assert (out / "config.json").read_text() == '{"mine": true}'
+    assert (out / "model.safetensors").read_bytes() == b"my weights"
+    code, lines = convert(export_args(ckpt, out, "--overwrite"), capsys)
+    assert code == 0, lines
+    from transformers import GPT2LMHeadModel
+    GPT2LMHeadModel.from_pretrained(out)  # our model now, the other file kept
+    assert (out / "tokenizer.json").read_text() == "{}"
+
+
+@needs_transformers
+def test_import_overwrite_replaces_a_conversion_only(gpt2_dir, tmp_path, capsys):
+    """An import into a directory with a checkpoint: refused; with --overwrite an earlier
+    conversion is replaced, a training run's checkpoint never is."""
+    import json
+
+    ckpt = tmp_path / "ckpt"
+    assert convert(import_args(gpt2_dir, tmp_path), capsys)[0] == 0
+    assert "add --overwrite to replace an earlier conversion" in run(
+        import_args(gpt2_dir, tmp_path), capsys)
+    code, lines = convert(import_args(gpt2_dir, tmp_path, "--overwrite"), capsys)
+    assert code == 0, lines
+    info_path = ckpt / "iter_0000000" / "checkpoint_info.json"
+    info = json.loads(info_path.read_text())
+    info.update(weights_only=False)  # as a training run's would be
+    info_path.write_text(json.dumps(info))
+    before = sorted(p.name for p in (ckpt / "iter_0000000").iterdir())
+    err = run(import_args(gpt2_dir, tmp_path, "--overwrite"), capsys)
+    assert "holds a training run's checkpoint (iteration 0), which --overwrite never replaces" \
+        in err
+    assert sorted(p.name for p in (ckpt / "iter_0000000").iterdir()) == before
+
+
+@needs_transformers
+def test_export_with_no_architecture_for_the_combination(tmp_path, capsys):
+    """Case 9: GQA with learned positions fits neither GPT-2 nor LLaMA: each architecture's
+    message names both blocking fields instead of pointing at the other."""
+    config = ModelConfig(num_layers=1, hidden_size=32, num_attention_heads=4, seq_length=16,
+                         vocab_size=60, num_query_groups=2)
+    ckpt = tmp_path / "ckpt"
+    write_weights_checkpoint(ckpt, config, {"final_norm.weight": torch.ones(32)})
+    for arch, first, second in (
+            ("auto", "num_query_groups=2: GPT-2 has one key/value head per head",
+             "LLaMA cannot hold it either (position_embedding_type=learned"),
+            ("llama", "position_embedding_type=learned: LLaMA uses rotary embeddings",
+             "GPT-2 cannot hold it either (num_query_groups=2")):
+        err = run(export_args(ckpt, tmp_path / "out", "--hf-architecture", arch), capsys)
+        assert first in err and second in err, err
+        assert "no Hugging Face architecture here holds this combination" in err
+        assert "use --hf-architecture" not in err
+    assert not (tmp_path / "out").exists()
+
+
+@needs_transformers
+def test_export_only_flag_on_an_import_warns(gpt2_dir, tmp_path, capsys):
+    code, lines = convert(import_args(gpt2_dir, tmp_path, "--hf-architecture", "llama"), capsys)
+    assert code == 0
+    assert lines == ["warning: --hf-architecture=llama: applies to an export (--loader "
+                     "megatron); an import takes the architecture from the Hugging Face "
+                     "config.json"]

@@ -6,9 +6,10 @@ run time). Layers, bottom to top (docs/architecture.md):
 
     base         plan, layout, config, run_config,  pure: no torch, import only each other
                  arguments, utils.* (jsonfile,      (arguments: argparse -> RunConfig, which
-                 atomicfile, plots, progress),      the entry points and training.pretrain use)
-                 families.*.config and .flags and   (a family's config and flags: the models
-                 the families packages' __init__s   read the configs)
+                 atomicfile, plots, progress,       the entry points and training.pretrain use)
+                 output_paths, flag_warnings),      (a family's config and flags: the models
+                 families.*.config and .flags and   read the configs)
+                 the families packages' __init__s
     planner      planner.*                          pure (numpy): base only
     parallel     parallel.*                         torch runtime: base only
     data         data.*                             datasets and tokenizers: base only

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import warnings
 from typing import Any
 
@@ -26,6 +27,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from ..utils.atomicfile import atomic_write
 from ..config import ModelConfig
+from ..utils.output_paths import check_output_dir
 from ..training.checkpoint import (FORMAT, INFO_FILE, LATEST_FILE, RECORD_KEY, VERSION,
                                    CheckpointError, describe_files, has_checkpoint, iteration_dir,
                                    read_info)
@@ -62,21 +64,39 @@ def read_model_checkpoint(load_dir: str | os.PathLike) -> tuple[ModelConfig, dic
     return config, {k[len(MODEL_PREFIX):]: v.float() for k, v in state.items()}
 
 
-def check_new_checkpoint_dir(save_dir: str | os.PathLike) -> None:
-    """CheckpointError unless ``save_dir`` holds no checkpoint yet (its ``latest`` would be
-    pointed at the converted model, hiding the training run's own)."""
-    if has_checkpoint(save_dir):
-        raise CheckpointError(f"--save-dir={os.fspath(save_dir)}: already holds a checkpoint "
-                              f"({LATEST_FILE}); choose a new directory for the converted model")
+def check_new_checkpoint_dir(save_dir: str | os.PathLike, overwrite: bool = False) -> None:
+    """CheckpointError unless ``save_dir`` can take the converted model: a writable directory
+    (or one that can be made) holding no checkpoint yet, whose ``latest`` would otherwise be
+    pointed at the converted model, hiding the training run's own. ``overwrite`` also accepts a
+    directory whose latest checkpoint is an earlier conversion (weights only, iteration 0),
+    which the new one replaces; a training run's checkpoints are never replaced."""
+    where = os.fspath(save_dir)
+    check_output_dir(where, "--save-dir", CheckpointError)
+    if not has_checkpoint(where):
+        return
+    if overwrite:
+        _, info = read_info(where, fallback=False)
+        if info.get("weights_only") and info.get("iteration") == 0:
+            return
+        raise CheckpointError(f"--save-dir={where}: holds a training run's checkpoint (iteration "
+                              f"{info.get('iteration')}), which --overwrite never replaces (it "
+                              f"replaces an earlier conversion only); choose a new directory")
+    raise CheckpointError(f"--save-dir={where}: already holds a checkpoint ({LATEST_FILE}); "
+                          f"choose a new directory for the converted model, or add --overwrite "
+                          f"to replace an earlier conversion there")
 
 
 def write_weights_checkpoint(save_dir: str | os.PathLike, config: ModelConfig,
-                             state: dict[str, torch.Tensor], *, source: str = "") -> str:
+                             state: dict[str, torch.Tensor], *, source: str = "",
+                             overwrite: bool = False) -> str:
     """Write ``state`` (FQN -> full tensor) as a weights-only checkpoint of iteration 0 under
-    ``save_dir``; returns the iteration directory. ``source`` is recorded for information."""
+    ``save_dir``; returns the iteration directory. ``source`` is recorded for information.
+    ``overwrite``: replace an earlier conversion there (:func:`check_new_checkpoint_dir`)."""
     save_dir = os.fspath(save_dir)
-    check_new_checkpoint_dir(save_dir)
+    check_new_checkpoint_dir(save_dir, overwrite)
     path = iteration_dir(save_dir, 0)
+    if os.path.isdir(path):  # an earlier conversion (checked above): no stale file may remain
+        shutil.rmtree(path)
     os.makedirs(path, exist_ok=True)
     tensors = {MODEL_PREFIX + k: v.detach().float().contiguous() for k, v in state.items()}
     with warnings.catch_warnings():

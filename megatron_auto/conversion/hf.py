@@ -25,6 +25,8 @@ from typing import Any, Mapping
 import torch
 
 from ..config import ModelConfig
+from ..utils.jsonfile import read_json
+from ..utils.output_paths import check_output_dir, refuse_non_empty_dir
 from .checkpoint_files import (check_new_checkpoint_dir, read_model_checkpoint,
                                write_weights_checkpoint)
 from .hf_mapping import (ARCHITECTURES, ConversionError, export_problem, from_hf_state,
@@ -72,13 +74,16 @@ def require_transformers() -> Any:
 
 # ------------------------------------------------------------------------------- export
 def export_checkpoint(load_dir: str | os.PathLike, save_dir: str | os.PathLike,
-                      architecture: str = "auto",
-                      model_type: str | None = None) -> tuple[str, ModelConfig]:
+                      architecture: str = "auto", model_type: str | None = None, *,
+                      overwrite: bool = False) -> tuple[str, ModelConfig]:
     """Write the latest checkpoint under ``load_dir`` as an HF model into ``save_dir``.
 
     ``architecture``: ``gpt2``, ``llama``, ``megatron-bert`` or ``auto`` (BERT -> Megatron-BERT,
     RoPE -> LLaMA, else GPT-2). ``model_type`` (``gpt`` / ``bert``), when given, must be the
-    checkpoint's. Returns (architecture, the model's config).
+    checkpoint's. ``save_dir`` must be writable and empty (or absent) unless ``overwrite``,
+    which writes ``config.json`` and ``model.safetensors`` over what is there and leaves its
+    other files (a tokenizer, say). Both are checked before anything is read. Returns
+    (architecture, the model's config).
     """
     transformers = require_transformers()
     from safetensors.torch import save_file  # noqa: PLC0415 - a dependency of transformers
@@ -86,6 +91,8 @@ def export_checkpoint(load_dir: str | os.PathLike, save_dir: str | os.PathLike,
     if architecture not in ARCHITECTURES + ("auto",):
         raise ConversionError(f"--hf-architecture={architecture}: choose auto or one of "
                               f"{', '.join(ARCHITECTURES)}")
+    out = check_output_dir(save_dir, "--save-dir", ConversionError)
+    refuse_non_empty_dir(out, "--save-dir", overwrite, ConversionError)
     config, state = read_model_checkpoint(load_dir)
     if model_type is not None and model_type != config.model_type:
         raise ConversionError(f"--model-type={model_type.upper()}: {os.fspath(load_dir)} holds "
@@ -97,10 +104,14 @@ def export_checkpoint(load_dir: str | os.PathLike, save_dir: str | os.PathLike,
         raise ConversionError(f"--hf-architecture={arch}: the checkpoint's model has {problem}")
     hf_config = getattr(transformers, _CONFIG_CLASSES[arch])(**hf_config_kwargs(config, arch))
     tensors = to_hf_state(config, state, arch)
-    os.makedirs(save_dir, exist_ok=True)
-    hf_config.save_pretrained(save_dir)
-    save_file(tensors, os.path.join(os.fspath(save_dir), "model.safetensors"),
-              metadata={"format": "pt"})
+    try:
+        os.makedirs(out, exist_ok=True)
+        hf_config.save_pretrained(out)
+        save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    except OSError as err:  # checked writable above: a full disk, or the path changed since
+        raise ConversionError(f"--save-dir={out}: writing the model failed "
+                              f"({err.strerror or err}); free space or choose another "
+                              f"directory") from None
     return arch, config
 
 
@@ -155,6 +166,12 @@ def config_from_hf(hf_config: Any, arch: str, flags: Mapping[str, Any], where: s
             raise _mismatch("num_query_groups", want, key, theirs, where)
     # the positions the checkpoint has are the longest sequence it trains; --seq-length shortens
     fields.setdefault("seq_length", fields["max_position_embeddings"])
+    if fields["seq_length"] > fields["max_position_embeddings"]:
+        key = names.get("max_position_embeddings", "max_position_embeddings")
+        raise ConversionError(
+            f"--seq-length={fields['seq_length']}: the Hugging Face checkpoint {where} has "
+            f"{key}={fields['max_position_embeddings']} (its position table, which the model "
+            f"cannot exceed); give --seq-length {fields['max_position_embeddings']} or less")
     return ModelConfig(**fields)
 
 
@@ -164,21 +181,53 @@ def _hf_value(hf_config: Any, names: Mapping[str, str], field: str, ours: Any) -
     return getattr(hf_config, key, ours) if key else ours
 
 
+#: The weight files ``from_pretrained`` reads, in the order it prefers them (one of them must be
+#: there; the sharded forms through their index).
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _read_hf_config(transformers: Any, where: str) -> Any:
+    """The HF config of ``where``; a missing, empty or malformed ``config.json`` is one
+    ConversionError naming the file and the fix (transformers would raise its own errors)."""
+    path = os.path.join(where, "config.json")
+    if not os.path.isfile(path):
+        raise ConversionError(f"--load-dir={where}: no config.json there; give a directory "
+                              f"written by save_pretrained (a Hugging Face model)")
+    data = read_json(path, f"--load-dir={where}:", ConversionError,
+                     read_fix="give a readable Hugging Face model directory",
+                     syntax_fix="the file is damaged or truncated: copy or download it again")
+    if not isinstance(data, dict) or "model_type" not in data:
+        raise ConversionError(f"--load-dir={where}: {path}: not a Hugging Face model config (no "
+                              f"'model_type' key); give a directory written by save_pretrained")
+    try:
+        return transformers.AutoConfig.from_pretrained(where)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ConversionError(f"--load-dir={where}: {path}: transformers cannot read it "
+                              f"({_first_line(err)}); fix or replace the file") from None
+
+
 def import_checkpoint(hf_dir: str | os.PathLike, save_dir: str | os.PathLike,
                       flags: Mapping[str, Any] | None = None,
-                      model_type: str | None = None) -> tuple[str, ModelConfig]:
+                      model_type: str | None = None, *,
+                      overwrite: bool = False) -> tuple[str, ModelConfig]:
     """Convert the HF model in ``hf_dir`` into a weights-only checkpoint under ``save_dir``.
 
     ``flags``: the model flags the user gave (argparse destination -> value); each must agree
     with the HF config. ``model_type`` (``gpt`` / ``bert``), when given, must be the HF model's
-    kind. Returns (architecture, the model's config).
+    kind. ``save_dir`` must be writable and hold no checkpoint (``overwrite``: or an earlier
+    conversion, which is replaced); checked before the weights are read. A config or weight
+    file that cannot be read is a ConversionError naming it. Returns (architecture, the
+    model's config).
     """
     transformers = require_transformers()
     where = os.fspath(hf_dir)
-    if not os.path.isfile(os.path.join(where, "config.json")):
-        raise ConversionError(f"--load-dir={where}: no config.json there; give a directory "
-                              f"written by save_pretrained (a Hugging Face model)")
-    hf_config = transformers.AutoConfig.from_pretrained(where)
+    hf_config = _read_hf_config(transformers, where)
     arch = HF_MODEL_TYPES.get(hf_config.model_type)
     if arch is None:
         raise ConversionError(f"--load-dir={where}: a {hf_config.model_type!r} model; only "
@@ -189,16 +238,30 @@ def import_checkpoint(hf_dir: str | os.PathLike, save_dir: str | os.PathLike,
                               f"{hf_config.model_type} model ({kind.upper()}); pass "
                               f"--model-type {kind.upper()}")
     config = config_from_hf(hf_config, arch, flags or {}, where)
-    check_new_checkpoint_dir(save_dir)
-    model, info = _model_class(transformers, arch, hf_config).from_pretrained(
-        where, dtype=torch.float32, output_loading_info=True)
+    check_new_checkpoint_dir(save_dir, overwrite)
+    weights = next((name for name in WEIGHT_FILES if os.path.isfile(os.path.join(where, name))),
+                   None)
+    if weights is None:
+        raise ConversionError(f"--load-dir={where}: config.json but no weights there (none of "
+                              f"{', '.join(WEIGHT_FILES)}); give the complete directory written "
+                              f"by save_pretrained")
+    try:
+        model, info = _model_class(transformers, arch, hf_config).from_pretrained(
+            where, dtype=torch.float32, output_loading_info=True)
+    except Exception as err:  # noqa: BLE001 - safetensors, pickle, zip and OS errors alike
+        # A damaged file fails in the reader of its format (SafetensorError, UnpicklingError,
+        # RuntimeError of torch's zip reader, OSError): all the same mistake to the user.
+        raise ConversionError(f"--load-dir={where}: cannot read the weights {weights} "
+                              f"({type(err).__name__}: {_first_line(err)}); the file is damaged "
+                              f"or truncated: copy or download it again") from None
     missing = sorted(info.get("missing_keys") or ())
     if missing:
         raise ConversionError(f"--load-dir={where}: the checkpoint lacks {missing[0]} (and "
                               f"{len(missing) - 1} more) that its config implies; convert a "
                               f"complete checkpoint")
     state = from_hf_state(config, model.state_dict(), arch)
-    write_weights_checkpoint(save_dir, config, state, source=f"{hf_config.model_type}:{where}")
+    write_weights_checkpoint(save_dir, config, state, source=f"{hf_config.model_type}:{where}",
+                             overwrite=overwrite)
     return arch, config
 
 

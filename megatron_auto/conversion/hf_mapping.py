@@ -99,30 +99,46 @@ def export_problem(cfg: ModelConfig, arch: str) -> str | None:
     if cfg.model_type != "gpt":
         return f"model_type={cfg.model_type}: {arch} is a decoder; use --hf-architecture " \
                f"megatron-bert for BERT"
+    if arch not in _DECODERS:
+        return f"--hf-architecture={arch}: choose one of {', '.join(ARCHITECTURES)}"
+    problem = _decoder_problem(cfg, arch)
+    if problem is None:
+        return None
+    other = "llama" if arch == "gpt2" else "gpt2"
+    other_problem = _decoder_problem(cfg, other)
+    if other_problem is None:
+        return f"{problem}; use --hf-architecture {other}"
+    # Each decoder refuses a different field: name both, so that neither points at the other.
+    return (f"{problem}, and {_DECODERS[other]} cannot hold it either ({other_problem}): no "
+            f"Hugging Face architecture here holds this combination; change one of the two "
+            f"fields and retrain, or keep the model in our checkpoint format")
+
+
+_DECODERS = {"gpt2": "GPT-2", "llama": "LLaMA"}
+
+
+def _decoder_problem(cfg: ModelConfig, arch: str) -> str | None:
+    """The first field of the decoder ``cfg`` that ``arch`` (gpt2 or llama) cannot hold, as a
+    clause naming the field and why, or None."""
     if arch == "gpt2":
-        return check([
+        pairs = [
             (cfg.position_embedding_type == "learned", "position_embedding_type=rope: GPT-2 "
-             "learns positions; use --hf-architecture llama"),
-            (cfg.normalization == "layernorm", "normalization=rmsnorm: GPT-2 uses LayerNorm; use "
-             "--hf-architecture llama"),
-            (cfg.activation == "gelu", "activation=swiglu: GPT-2's MLP is GeLU; use "
-             "--hf-architecture llama"),
+             "learns positions"),
+            (cfg.normalization == "layernorm", "normalization=rmsnorm: GPT-2 uses LayerNorm"),
+            (cfg.activation == "gelu", "activation=swiglu: GPT-2's MLP is GeLU"),
             (cfg.add_bias_linear, "add_bias_linear=False (--disable-bias-linear): GPT-2 has "
-             "linear biases; use --hf-architecture llama"),
+             "linear biases"),
             (cfg.query_groups == cfg.num_attention_heads, f"num_query_groups="
-             f"{cfg.query_groups}: GPT-2 has one key/value head per head; use "
-             f"--hf-architecture llama"),
-        ])
-    if arch == "llama":
-        return check([
+             f"{cfg.query_groups}: GPT-2 has one key/value head per head"),
+        ]
+    else:
+        pairs = [
             (cfg.position_embedding_type == "rope", "position_embedding_type=learned: LLaMA "
-             "uses rotary embeddings; use --hf-architecture gpt2"),
-            (cfg.normalization == "rmsnorm", "normalization=layernorm: LLaMA uses RMSNorm; use "
-             "--hf-architecture gpt2"),
-            (cfg.activation == "swiglu", "activation=gelu: LLaMA's MLP is SwiGLU; use "
-             "--hf-architecture gpt2"),
-        ])
-    return f"--hf-architecture={arch}: choose one of {', '.join(ARCHITECTURES)}"
+             "uses rotary embeddings"),
+            (cfg.normalization == "rmsnorm", "normalization=layernorm: LLaMA uses RMSNorm"),
+            (cfg.activation == "swiglu", "activation=gelu: LLaMA's MLP is SwiGLU"),
+        ]
+    return next((why for ok, why in pairs if not ok), None)
 
 
 def pick_architecture(cfg: ModelConfig) -> str:

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import importlib
 import math
-import os
 from typing import Any, Mapping, Protocol
 
+from ..utils.output_paths import check_output_dir
 from ..run_config import ExperimentLogConfig, ExperimentLogError
 
 __all__ = ["ExperimentLog", "ExperimentLogConfig", "ExperimentLogError", "TensorBoardSink",
@@ -49,15 +49,8 @@ def _import_optional(module: str, flag: str, extra: str) -> Any:
 
 
 def _writable_dir(path: str, flag: str) -> str:
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as err:
-        raise ExperimentLogError(f"{flag}={path}: cannot create the directory ({err.strerror}); "
-                                 f"choose a writable path") from None
-    if not os.access(path, os.W_OK):
-        raise ExperimentLogError(f"{flag}={path}: the directory is not writable; choose a "
-                                 f"writable path")
-    return path
+    """``path``, made and checked writable (the shared check of every output directory)."""
+    return check_output_dir(path, flag, ExperimentLogError, create=True)
 
 
 class TensorBoardSink:

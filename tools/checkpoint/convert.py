@@ -32,6 +32,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from megatron_auto.arguments import add_model_args  # noqa: E402
 from megatron_auto.config import ConfigError  # noqa: E402
+from megatron_auto.utils.flag_warnings import (  # noqa: E402
+    one_line_flag_warnings, warn_flag)
 
 _UNSET = object()  # marks a model flag the user did not give
 _REQUIRED = ["--model-type", "GPT", "--loader", "hf", "--saver", "megatron", "--load-dir", "-",
@@ -54,6 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
                    choices=["auto", "gpt2", "llama", "megatron-bert"],
                    help="export only: the transformers architecture (auto: BERT -> "
                         "megatron-bert, RoPE -> llama, else gpt2)")
+    g.add_argument("--overwrite", action="store_true",
+                   help="export: write config.json and model.safetensors into a --save-dir that "
+                        "is not empty (its other files stay); import: replace an earlier "
+                        "conversion in --save-dir (a training run's checkpoints never are). "
+                        "Without it a non-empty export target, or an import target holding a "
+                        "checkpoint, is refused before anything is read")
     before = set(vars(p.parse_args(_REQUIRED)))
     add_model_args(p)  # import only: checked against the Hugging Face config
     p.set_defaults(**{dest: _UNSET for dest in set(vars(p.parse_args(_REQUIRED))) - before})
@@ -62,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    with one_line_flag_warnings():
+        return _convert(args)
+
+
+def _convert(args: argparse.Namespace) -> int:
     from megatron_auto.conversion.hf import (ConversionError, describe,  # noqa: PLC0415
                                              export_checkpoint, import_checkpoint,
                                              training_flags)
@@ -71,11 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(0)
     log = get_logger()
     given = {k: v for k, v in vars(args).items() if v is not _UNSET and k not in (
-        "model_type", "loader", "saver", "load_dir", "save_dir", "hf_architecture")}
+        "model_type", "loader", "saver", "load_dir", "save_dir", "hf_architecture",
+        "overwrite")}
     try:
         if args.loader == args.saver:
+            other = "megatron (our checkpoint format)" if args.loader == "hf" else "hf"
             raise ConversionError(f"--loader={args.loader} --saver={args.saver}: nothing to "
-                                  f"convert; one of them must be hf")
+                                  f"convert; one of them must be {other}")
         model_type = args.model_type.lower()
         if args.loader == "megatron":
             if given:
@@ -83,10 +98,15 @@ def main(argv: list[str] | None = None) -> int:
                                       f"apply to an import (--loader hf); an export takes the "
                                       f"model from the checkpoint, drop the flag")
             arch, config = export_checkpoint(args.load_dir, args.save_dir, args.hf_architecture,
-                                             model_type)
+                                             model_type, overwrite=args.overwrite)
             log.info(f"> exported {describe(config)} to {args.save_dir} as {arch}")
         else:
-            arch, config = import_checkpoint(args.load_dir, args.save_dir, given, model_type)
+            if args.hf_architecture != "auto":
+                warn_flag(f"--hf-architecture={args.hf_architecture}: applies to an export "
+                          f"(--loader megatron); an import takes the architecture from the "
+                          f"Hugging Face config.json")
+            arch, config = import_checkpoint(args.load_dir, args.save_dir, given, model_type,
+                                             overwrite=args.overwrite)
             script = "pretrain_bert.py" if config.model_type == "bert" else "pretrain_gpt.py"
             log.info(f"> imported {arch} {args.load_dir} into {args.save_dir}: {describe(config)}")
             log.info(f"> train it with: {script} --load {args.save_dir} "
