@@ -38,6 +38,8 @@ import functools
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Sequence
 
+from .plan import Plan
+
 
 class Layout(NamedTuple):
     """A TP degree and rank order inside a stage; build it with :func:`make_layout`."""
@@ -253,6 +255,82 @@ def all_layouts(stage_size: int) -> list[Layout]:
                 out.append(make_layout(tp, False, stage_size))
         tp *= 2
     return sorted(out)
+
+
+# --------------------------------------------------------------------- layouts placed on stages
+class StageLayout(NamedTuple):
+    """A layout placed on one pipeline stage: the key of a rank's process groups for it
+    (``parallel/context.py``). Build it with :func:`stage_layout` (normalised like
+    :func:`make_layout`, so equal layouts compare equal); ``layout`` is the stage-free part."""
+
+    stage: int
+    tp: int
+    consecutive: bool
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.tp, self.consecutive)
+
+
+def stage_layout(stage: int, tp: int, consecutive: bool, stage_size: int) -> StageLayout:
+    """The normalised :class:`StageLayout` of ``tp`` and TP order on ``stage``."""
+    local = make_layout(tp, consecutive, stage_size)
+    return StageLayout(stage, local.tp, local.consecutive)
+
+
+def layer_stage_layout(plan: Plan, layer: int, stage: int | None = None) -> StageLayout:
+    """Layer ``layer``'s layout on its own stage, or on ``stage`` (where its output arrives)."""
+    strategy = plan.layers[layer]
+    where = plan.stage_of_layer(layer) if stage is None else stage
+    return stage_layout(where, strategy.tp, strategy.tp_consecutive, plan.stage_size)
+
+
+def vocab_stage_layout(plan: Plan, stage: int) -> StageLayout:
+    """The embedding's and LM head's layout on ``stage`` (vocab TP, always consecutive)."""
+    return stage_layout(stage, plan.vocab.tp, True, plan.stage_size)
+
+
+def received_layout(plan: Plan, chunk: int) -> StageLayout | None:
+    """The layout model chunk ``chunk`` receives its input in: the previous chunk's last layer's
+    layout, on ``chunk``'s stage (``chunk % pp``); None for chunk 0, which embeds."""
+    if chunk == 0:
+        return None
+    return layer_stage_layout(plan, plan.chunk_layer_range(chunk)[0] - 1, chunk % plan.pp_size)
+
+
+def plan_stage_layouts(plan: Plan) -> list[StageLayout]:
+    """Every layout any rank of ``plan`` makes groups for, sorted (the same on every rank): the
+    layer layouts of each stage, each chunk's received layout (:func:`received_layout`, so
+    relayouts at stage boundaries work) and the vocab layout of the first and last stage.
+    ``ParallelContext`` creates groups for these; ``planner/cost/gpu_terms.py`` counts them."""
+    seen = {layer_stage_layout(plan, i) for i in range(plan.num_layers)}
+    for chunk in range(1, plan.num_chunks):
+        seen.add(layer_stage_layout(plan, plan.chunk_layer_range(chunk)[0] - 1,
+                                    chunk % plan.pp_size))  # received_layout(plan, chunk)
+    seen.update(vocab_stage_layout(plan, stage) for stage in {0, plan.pp_size - 1})
+    return sorted(seen)
+
+
+def plan_group_ranks(plan: Plan) -> list[tuple[int, ...]]:
+    """Every process group ``ParallelContext(plan)`` creates, as global rank tuples in its
+    creation order (the same on every rank, since ``new_group`` is collective), each once:
+    the stages, the embedding pairs (rank ``j`` of the first and of the last stage, pp > 1),
+    then for each layout of :func:`plan_stage_layouts` its TP groups and its DP groups.
+    One-rank groups and the whole world are included (the context caches them too)."""
+    n, pp = plan.stage_size, plan.pp_size
+    out: dict[tuple[int, ...], None] = {}
+    for k in range(pp):
+        out[tuple(plan.stage_ranks(k))] = None
+    if pp > 1:
+        first, last = plan.stage_ranks(0), plan.stage_ranks(pp - 1)
+        for j in range(n):
+            out[(first[j], last[j])] = None
+    for lay in plan_stage_layouts(plan):
+        ranks = plan.stage_ranks(lay.stage)
+        for group in (tp_group_ranks(ranks, lay.tp, lay.consecutive)
+                      + dp_group_ranks(ranks, lay.tp, lay.consecutive)):
+            out[tuple(group)] = None
+    return list(out)
 
 
 # --------------------------------------------------------------------- a layer's TP collectives

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from dist_utils import run_distributed
-from megatron_auto.parallel.context import (Layout, ParallelContext, dp_group_ranks, make_layout,
-                                            tp_dp_rank, tp_group_ranks)
+from megatron_auto.layout import plan_group_ranks
+from megatron_auto.parallel.context import (ParallelContext, StageLayout, dp_group_ranks,
+                                            stage_layout, tp_dp_rank, tp_group_ranks)
 from megatron_auto.plan import LayerStrategy, Plan, PipelineSpec, VocabStrategy
 
 
@@ -59,11 +60,11 @@ def test_layouts_hand_computed() -> None:
 
 @pytest.mark.single
 def test_layout_normalisation_and_errors() -> None:
-    assert make_layout(0, 1, False, 4) == Layout(0, 1, True)
-    assert make_layout(1, 4, False, 4) == Layout(1, 4, True)
-    assert make_layout(0, 2, False, 4) == Layout(0, 2, False)
+    assert stage_layout(0, 1, False, 4) == StageLayout(0, 1, True)
+    assert stage_layout(1, 4, False, 4) == StageLayout(1, 4, True)
+    assert stage_layout(0, 2, False, 4) == StageLayout(0, 2, False)
     with pytest.raises(ValueError, match="tp=3: must be a positive divisor of the 4 ranks"):
-        make_layout(0, 3, True, 4)
+        stage_layout(0, 3, True, 4)
     with pytest.raises(ValueError, match="tp=8"):
         tp_group_ranks(range(4), 8, True)
 
@@ -103,7 +104,10 @@ def _context_worker(rank: int, world_size: int) -> dict:
     with pytest.raises(ValueError, match="lives on stage"):
         pctx.layer_groups(0 if pctx.stage == 1 else 1)
     with pytest.raises(KeyError, match="is not used on stage"):
-        ctx.layout_groups(Layout(1, 2, True))  # ctx has one stage only
+        ctx.layout_groups(StageLayout(1, 2, True))  # ctx has one stage only
+    # the groups made are the pure list gpu_terms counts, in its order
+    for made in (few, many, pctx):
+        assert made.group_ranks == plan_group_ranks(made.plan)
     return out
 
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from dist_utils import run_distributed
-from megatron_auto.parallel.context import Layout, ParallelContext
+from megatron_auto.layout import StageLayout
+from megatron_auto.parallel.context import ParallelContext
 from megatron_auto.parallel.redistribute import batch_chunk, relayout
 from megatron_auto.plan import LayerStrategy, Plan, PipelineSpec, VocabStrategy
 
@@ -37,7 +38,7 @@ def _worker(rank: int, world_size: int) -> list[str]:
         torch.testing.assert_close(x.grad, batch_chunk(upstream, src), rtol=0, atol=0)
         checked.append(f"{LAYOUTS[a]}->{LAYOUTS[b]}")
     with pytest.raises(ValueError, match="relayout between different stages"):
-        relayout(full, ctx.layer_groups(0), Layout(1, 1, True), ctx)
+        relayout(full, ctx.layer_groups(0), StageLayout(1, 1, True), ctx)
     return checked
 
 
@@ -50,7 +51,7 @@ def test_relayout_all_pairs_on_four_ranks() -> None:
 @pytest.mark.single
 def test_batch_chunk_rejects_indivisible_batch() -> None:
     class G:
-        dp_size, dp_rank, layout = 4, 1, Layout(0, 1, True)
+        dp_size, dp_rank, layout = 4, 1, StageLayout(0, 1, True)
 
     with pytest.raises(ValueError, match="micro-batch of 6 samples is not divisible by the 4"):
         batch_chunk(torch.zeros(6, 2), G())

@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
-from ..parallel.context import LayerGroups, Layout, ParallelContext, make_layout
+from ..layout import StageLayout, received_layout
+from ..parallel.context import LayerGroups, ParallelContext
 from ..parallel.mappings import copy_to_tensor_parallel, gather_from_sequence, scatter_to_sequence
 from ..parallel.random import REPLICATED, RNGTracker
 from ..parallel.redistribute import batch_chunk, relayout
@@ -128,16 +129,12 @@ class TransformerStage(nn.Module):
                        if config.position_embedding_type == "rope" else None)
         # Per model chunk: the layout it receives (None: chunk 0 embeds) and sends (None: the
         # last chunk computes the loss).
-        self._chunk_input: dict[int, Layout | None] = {}
-        self._chunk_output: dict[int, Layout | None] = {}
+        self._chunk_input: dict[int, StageLayout | None] = {}
+        self._chunk_output: dict[int, StageLayout | None] = {}
         for c in self.chunk_ids:
-            layers = plan.chunk_layer_range(c)
-            prev = plan.layers[layers[0] - 1] if c > 0 else None
-            self._chunk_input[c] = (None if prev is None else
-                                    make_layout(ctx.stage, prev.tp, prev.tp_consecutive,
-                                                ctx.stage_size))
+            self._chunk_input[c] = received_layout(plan, c)
             self._chunk_output[c] = (None if c == plan.num_chunks - 1
-                                     else self._layer_groups[layers[-1]].layout)
+                                     else self._layer_groups[plan.chunk_layer_range(c)[-1]].layout)
         self.input_layout = self._chunk_input[self.chunk_ids[0]]
         self.output_layout = self._chunk_output[self.chunk_ids[-1]]
 
@@ -148,7 +145,7 @@ class TransformerStage(nn.Module):
         self.to(self.ctx.device)
 
     # ------------------------------------------------------------------ shapes
-    def _chunk_shape(self, microbatch_size: int, layout: Layout) -> tuple[int, ...]:
+    def _chunk_shape(self, microbatch_size: int, layout: StageLayout) -> tuple[int, ...]:
         dp = self.ctx.stage_size // layout.tp
         return (microbatch_size // dp, self.config.seq_length, self.config.hidden_size)
 

@@ -50,8 +50,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..layout import relayout_step
-from ..parallel.context import LayerGroups, Layout, ParallelContext, make_layout
+from ..layout import StageLayout, received_layout, relayout_step
+from ..parallel.context import LayerGroups, ParallelContext
 from ..parallel.random import REPLICATED, TENSOR_PARALLEL, RNGTracker, checkpoint
 from ..parallel.redistribute import batch_chunk, relayout
 from ..parallel.tensor_parallel import (ColumnParallelLinear, RowParallelLinear,
@@ -295,19 +295,15 @@ class T5Stage(nn.Module):
                 setattr(self, name, RelativePositionBias(config, bidirectional=bidirectional))
                 # counted once in the gradient norm: on the first rank holding the table
                 self._shared.append((f"{name}.weight", group, ctx.rank == ranks[0]))
-        self._input_layout: Layout | None = None
-        if not self.is_first_stage:
-            prev = plan.layers[self.layer_ids[0] - 1]
-            self._input_layout = make_layout(ctx.stage, prev.tp, prev.tp_consecutive,
-                                             ctx.stage_size)
-        self._output_layout: Layout | None = (None if self.is_last_stage
-                                              else self._layer_groups[self.layer_ids[-1]].layout)
+        self._input_layout: StageLayout | None = received_layout(plan, ctx.stage)
+        self._output_layout: StageLayout | None = (
+            None if self.is_last_stage else self._layer_groups[self.layer_ids[-1]].layout)
         self.shard_specs = collect_shard_specs(self)
         init_parameters(self, config, seed, self.shard_specs)
         self.to(ctx.device)
 
     # ------------------------------------------------------------------ shapes
-    def _wire_shape(self, microbatch_size: int, layout: Layout) -> tuple[int, ...]:
+    def _wire_shape(self, microbatch_size: int, layout: StageLayout) -> tuple[int, ...]:
         dp = self.ctx.stage_size // layout.tp
         return (microbatch_size // dp, self.config.boundary_seq_length, self.config.hidden_size)
 
@@ -356,7 +352,7 @@ class T5Stage(nn.Module):
     def _relayout_pair(self, a: torch.Tensor, b: torch.Tensor, src: LayerGroups,
                        dst: LayerGroups) -> tuple[torch.Tensor, torch.Tensor]:
         """Move both parts to ``dst`` with one collective (concatenated along the sequence)."""
-        if src is dst or relayout_step(src.layout.pure, dst.layout.pure, self.ctx.stage_size,
+        if src is dst or relayout_step(src.layout.layout, dst.layout.layout, self.ctx.stage_size,
                                        self.ctx.local_index).is_identity:
             return a, b
         both = relayout(torch.cat([a, b], dim=1), src, dst, self.ctx)

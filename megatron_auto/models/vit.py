@@ -32,7 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
-from ..parallel.context import LayerGroups, Layout, ParallelContext, make_layout
+from ..layout import StageLayout, received_layout
+from ..parallel.context import LayerGroups, ParallelContext
 from ..plan import Plan, PlanError
 from ..parallel.random import REPLICATED, RNGTracker
 from ..parallel.redistribute import batch_chunk, relayout
@@ -149,14 +150,9 @@ class VisionStage(nn.Module, abc.ABC):
             for i in self.layer_ids})
         if self.is_last_stage:
             self.head = ClassificationHead(config)
-        first, last = self.layer_ids[0], self.layer_ids[-1]
-        self.input_layout: Layout | None = None
-        if not self.is_first_stage:
-            prev = plan.layers[first - 1]
-            self.input_layout = make_layout(ctx.stage, prev.tp, prev.tp_consecutive,
-                                            ctx.stage_size)
-        self.output_layout: Layout | None = (None if self.is_last_stage
-                                             else self._layer_groups[last].layout)
+        self.input_layout: StageLayout | None = received_layout(plan, ctx.stage)
+        self.output_layout: StageLayout | None = (
+            None if self.is_last_stage else self._layer_groups[self.layer_ids[-1]].layout)
         self.last_losses: dict[str, torch.Tensor] = {}
         self.shard_specs = collect_shard_specs(self)
         seq, hidden, heads, ffn = config.layer_shape(0)
@@ -169,7 +165,8 @@ class VisionStage(nn.Module, abc.ABC):
         """Layer ``index`` of the backbone on ``groups`` (its layout); ViT and Swin differ here."""
 
     # ------------------------------------------------------------------ shapes
-    def _chunk_shape(self, microbatch_size: int, layout: Layout, layer: int) -> tuple[int, ...]:
+    def _chunk_shape(self, microbatch_size: int, layout: StageLayout,
+                     layer: int) -> tuple[int, ...]:
         dp = self.ctx.stage_size // layout.tp
         return (microbatch_size // dp,) + self.config.layer_output_shape(layer)
 

@@ -6,12 +6,12 @@ parameters) and ``memory`` (per-iteration peak memory, used by the trainer and t
 are imported by path.
 """
 
-from .context import (LayerGroups, Layout, ParallelContext, dp_group_ranks, make_layout,
+from .context import (LayerGroups, ParallelContext, StageLayout, dp_group_ranks, stage_layout,
                       tp_dp_rank, tp_group_ranks)
 from .redistribute import batch_chunk, relayout
 from .tensor_parallel import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
                               vocab_parallel_cross_entropy)
 
-__all__ = ["LayerGroups", "Layout", "ParallelContext", "dp_group_ranks", "make_layout",
+__all__ = ["LayerGroups", "ParallelContext", "StageLayout", "dp_group_ranks", "stage_layout",
            "tp_dp_rank", "tp_group_ranks", "batch_chunk", "relayout", "ColumnParallelLinear",
            "RowParallelLinear", "VocabParallelEmbedding", "vocab_parallel_cross_entropy"]

@@ -3,8 +3,10 @@
 The rank arithmetic (stages of ``n = N/pp`` consecutive ranks, a rank's local index
 ``j = rank - stage*n``, TP/DP positions and group members under consecutive or strided TP, the
 batch slice a rank holds) is :mod:`megatron_auto.layout`, shared with the planner's cost model.
-This module turns it into process groups: a :class:`Layout` here is a ``layout.Layout`` placed
-on one pipeline stage (the key of its groups).
+This module turns it into process groups: the key of a rank's groups for a layout is a
+``layout.StageLayout`` (a layout placed on one pipeline stage); which layouts a plan needs and
+which groups they make are ``layout.plan_stage_layouts`` and ``layout.plan_group_ranks``, the
+ones ``planner/cost/gpu_terms.py`` counts NCCL communicators by.
 
 Groups are created once, collectively and in one deterministic order on every rank (
 ``torch.distributed.new_group`` is collective over the world), and cached by their rank tuple:
@@ -21,40 +23,21 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from .. import layout as pure_layout
-from ..layout import dp_group_ranks, tp_dp_rank, tp_group_ranks
+from ..layout import (StageLayout, dp_group_ranks, layer_stage_layout, plan_group_ranks,
+                      plan_stage_layouts, stage_layout, tp_dp_rank, tp_group_ranks,
+                      vocab_stage_layout)
 from ..plan import Plan
 from .device import resolve_device
 
-__all__ = ["LayerGroups", "Layout", "ParallelContext", "dp_group_ranks", "make_layout",
+__all__ = ["LayerGroups", "ParallelContext", "StageLayout", "dp_group_ranks", "stage_layout",
            "tp_dp_rank", "tp_group_ranks"]
-
-
-@dataclass(frozen=True)
-class Layout:
-    """A layout on one pipeline stage: the key of a rank's :class:`LayerGroups` for it."""
-
-    stage: int
-    tp: int
-    consecutive: bool
-
-    @property
-    def pure(self) -> pure_layout.Layout:
-        """The stage-free layout (what :mod:`megatron_auto.layout` computes with)."""
-        return pure_layout.Layout(self.tp, self.consecutive)
-
-
-def make_layout(stage: int, tp: int, consecutive: bool, stage_size: int) -> Layout:
-    """A normalised :class:`Layout` on ``stage`` (``layout.make_layout``: consecutive when moot)."""
-    local = pure_layout.make_layout(tp, consecutive, stage_size)
-    return Layout(stage, local.tp, local.consecutive)
 
 
 @dataclass
 class LayerGroups:
     """The groups one rank uses for one layout: its TP group and its DP group."""
 
-    layout: Layout
+    layout: StageLayout
     tp_group: Any
     tp_rank: int
     tp_size: int
@@ -112,7 +95,7 @@ class ParallelContext:
         self.prev_rank = None if self.is_first_stage else self.rank - self.stage_size
         self.next_rank = None if self.is_last_stage else self.rank + self.stage_size
         self._groups: dict[tuple[int, ...], Any] = {}
-        self._layouts: dict[Layout, LayerGroups] = {}
+        self._layouts: dict[StageLayout, LayerGroups] = {}
         self._create_all_groups()
 
     # ------------------------------------------------------------------ creation
@@ -128,54 +111,39 @@ class ParallelContext:
                 self._groups[key] = dist.new_group(list(key))
         return self._groups[key]
 
-    def all_layouts(self) -> list[Layout]:
-        """Every layout any rank may ask for, in the same order on every rank.
-
-        Layer and vocab layouts of each stage, plus each stage's *input layout* (the previous
-        stage's last layer layout moved to this stage) so relayout at stage boundaries works.
-        """
-        plan = self.plan
-        n = plan.stage_size
-        seen: set[Layout] = set()
-        for i, layer in enumerate(plan.layers):
-            stage = plan.stage_of_layer(i)
-            seen.add(make_layout(stage, layer.tp, layer.tp_consecutive, n))
-            chunk = plan.chunk_of_layer(i)
-            if chunk + 1 < plan.num_chunks and i == plan.chunk_layer_range(chunk)[-1]:
-                # the next model chunk's stage (the next stage; stage 0 after the last one
-                # when interleaved) receives this layout
-                seen.add(make_layout((chunk + 1) % plan.pp_size, layer.tp, layer.tp_consecutive, n))
-        for stage in {0, plan.pp_size - 1}:
-            seen.add(make_layout(stage, plan.vocab.tp, True, n))
-        return sorted(seen, key=lambda lay: (lay.stage, lay.tp, lay.consecutive))
+    def all_layouts(self) -> list[StageLayout]:
+        """Every layout any rank may ask for, in the same order on every rank
+        (``layout.plan_stage_layouts``: layer and vocab layouts of each stage, plus each stage's
+        *input layout*, the previous chunk's last layer layout moved to this stage)."""
+        return plan_stage_layouts(self.plan)
 
     def _create_all_groups(self) -> None:
         plan = self.plan
-        # Stage groups first, then embedding pairs, then per-layout TP and DP groups: one fixed
-        # order so every rank issues the same sequence of collective new_group calls.
+        # Every group in one fixed order (stages, embedding pairs, per-layout TP and DP groups:
+        # layout.plan_group_ranks) so every rank issues the same collective new_group calls;
+        # what follows only looks them up.
+        for ranks in plan_group_ranks(plan):
+            self._group(ranks)
         self._stage_groups = [self._group(plan.stage_ranks(k)) for k in range(plan.pp_size)]
         self.stage_group = self._stage_groups[self.stage]
         self.embedding_group = None
-        if plan.pp_size > 1:
-            first, last = plan.stage_ranks(0), plan.stage_ranks(plan.pp_size - 1)
-            for j in range(plan.stage_size):
-                group = self._group([first[j], last[j]])
-                if self.local_index == j and (self.is_first_stage or self.is_last_stage):
-                    self.embedding_group = group
+        if plan.pp_size > 1 and (self.is_first_stage or self.is_last_stage):
+            j = self.local_index
+            self.embedding_group = self._group([plan.stage_ranks(0)[j],
+                                                plan.stage_ranks(plan.pp_size - 1)[j]])
         device_type = self.device.type
         for layout in self.all_layouts():
-            ranks = plan.stage_ranks(layout.stage)
-            tp_groups = tp_group_ranks(ranks, layout.tp, layout.consecutive)
-            dp_groups = dp_group_ranks(ranks, layout.tp, layout.consecutive)
-            made_tp = [self._group(g) for g in tp_groups]
-            made_dp = [self._group(g) for g in dp_groups]
             if layout.stage != self.stage:
                 continue
+            ranks = self.stage_ranks
+            tp_groups = tp_group_ranks(ranks, layout.tp, layout.consecutive)
+            dp_groups = dp_group_ranks(ranks, layout.tp, layout.consecutive)
             tp_rank, dp_rank = tp_dp_rank(self.local_index, len(ranks), layout.tp,
                                           layout.consecutive)
             self._layouts[layout] = LayerGroups(
-                layout=layout, tp_group=made_tp[dp_rank], tp_rank=tp_rank, tp_size=layout.tp,
-                tp_ranks=tp_groups[dp_rank], dp_group=made_dp[tp_rank], dp_rank=dp_rank,
+                layout=layout, tp_group=self._group(tp_groups[dp_rank]), tp_rank=tp_rank,
+                tp_size=layout.tp, tp_ranks=tp_groups[dp_rank],
+                dp_group=self._group(dp_groups[tp_rank]), dp_rank=dp_rank,
                 dp_size=len(ranks) // layout.tp, dp_ranks=dp_groups[tp_rank],
                 device_type=device_type)
 
@@ -192,18 +160,22 @@ class ParallelContext:
         """Distinct process groups created (grows with layouts, not with layers)."""
         return len(self._groups)
 
-    def layout_groups(self, layout: Layout) -> LayerGroups:
+    @property
+    def group_ranks(self) -> list[tuple[int, ...]]:
+        """The rank tuples of every group created so far, in creation order (the plan's
+        ``layout.plan_group_ranks`` first, then those asked for through :meth:`group`)."""
+        return list(self._groups)
+
+    def layout_groups(self, layout: StageLayout) -> LayerGroups:
         """Groups of this rank for ``layout`` (a layout of this rank's stage)."""
-        layout = make_layout(layout.stage, layout.tp, layout.consecutive, self.stage_size)
+        layout = stage_layout(layout.stage, layout.tp, layout.consecutive, self.stage_size)
         if layout not in self._layouts:
             raise KeyError(f"layout {layout} is not used on stage {self.stage} by this plan; "
                            f"known: {sorted(self._layouts, key=str)}")
         return self._layouts[layout]
 
-    def layer_layout(self, layer: int) -> Layout:
-        strategy = self.plan.layers[layer]
-        return make_layout(self.plan.stage_of_layer(layer), strategy.tp,
-                           strategy.tp_consecutive, self.stage_size)
+    def layer_layout(self, layer: int) -> StageLayout:
+        return layer_stage_layout(self.plan, layer)
 
     def layer_groups(self, layer: int) -> LayerGroups:
         """Groups for global layer index ``layer``, which must belong to this rank's stage."""
@@ -212,9 +184,8 @@ class ParallelContext:
                              f"not on this rank's stage {self.stage}")
         return self.layout_groups(self.layer_layout(layer))
 
-    def vocab_layout(self, stage: int | None = None) -> Layout:
-        stage = self.stage if stage is None else stage
-        return make_layout(stage, self.plan.vocab.tp, True, self.stage_size)
+    def vocab_layout(self, stage: int | None = None) -> StageLayout:
+        return vocab_stage_layout(self.plan, self.stage if stage is None else stage)
 
     def vocab_groups(self) -> LayerGroups:
         """Embedding / LM-head groups (vocab tp, consecutive) on this rank's stage."""

@@ -19,15 +19,14 @@ from typing import Any
 
 import torch
 
-from ..layout import relayout_step, slice_bounds
+from ..layout import StageLayout, relayout_step, slice_bounds
 from .comm import all_gather_into_tensor
-from .context import Layout
 
 
 def _relayout_data(x: torch.Tensor, src: Any, dst: Any, local_index: int,
                    stage_size: int) -> torch.Tensor:
     """Forward data movement; ``src``/``dst`` are LayerGroups of this rank's stage."""
-    step = relayout_step(src.layout.pure, dst.layout.pure, stage_size, local_index)
+    step = relayout_step(src.layout.layout, dst.layout.layout, stage_size, local_index)
     if step.is_identity:
         return x
     if step.gather:
@@ -59,23 +58,23 @@ class _Relayout(torch.autograd.Function):
 def relayout(x: torch.Tensor, src: Any, dst: Any, ctx: Any) -> torch.Tensor:
     """Move ``x`` (batch dim 0, this rank's ``src`` slice) to its ``dst`` slice (autograd).
 
-    ``src``/``dst`` are :class:`LayerGroups` (or bare :class:`Layout`, looked up in ``ctx``) of
+    ``src``/``dst`` are :class:`LayerGroups` (or bare ``layout.StageLayout``, looked up in ``ctx``) of
     this rank's stage; ``ctx`` a :class:`ParallelContext`. Returns ``x`` itself when both layouts
     assign every rank the same slice, else a new tensor that shares no storage with ``x``.
     """
     if src is dst:
         return x
-    src_layout = src if isinstance(src, Layout) else src.layout
-    dst_layout = dst if isinstance(dst, Layout) else dst.layout
+    src_layout = src if isinstance(src, StageLayout) else src.layout
+    dst_layout = dst if isinstance(dst, StageLayout) else dst.layout
     if src_layout.stage != dst_layout.stage:
         raise ValueError(f"relayout between different stages ({src_layout} -> {dst_layout}); "
                          f"move the layout to the receiving stage first")
-    if isinstance(src, Layout):
+    if isinstance(src, StageLayout):
         src = ctx.layout_groups(src)
-    if isinstance(dst, Layout):
+    if isinstance(dst, StageLayout):
         dst = ctx.layout_groups(dst)
     n = ctx.stage_size
-    if relayout_step(src.layout.pure, dst.layout.pure, n, ctx.local_index).is_identity:
+    if relayout_step(src.layout.layout, dst.layout.layout, n, ctx.local_index).is_identity:
         return x
     return _Relayout.apply(x, src, dst, ctx.local_index, n)
 

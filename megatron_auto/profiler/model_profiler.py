@@ -56,7 +56,8 @@ from ..config import ModelConfig
 from ..models.gpt import LanguageModelEmbedding
 from ..models.te_layers import make_transformer_layer
 from ..models.transformer import TransformerLayer, make_norm
-from ..parallel.context import LayerGroups, Layout
+from ..layout import StageLayout
+from ..parallel.context import LayerGroups
 from ..parallel import mappings
 from ..parallel.device import resolve_device
 from ..parallel.tensor_parallel import ColumnParallelLinear, vocab_parallel_cross_entropy
@@ -153,7 +154,7 @@ def _autocast(precision: str, device: torch.device) -> contextlib.AbstractContex
 
 def tp1_groups(device: torch.device) -> LayerGroups:
     """The groups of a one-rank layout: no communication, plain linear layers."""
-    return LayerGroups(layout=Layout(0, 1, True), tp_group=None, tp_rank=0, tp_size=1,
+    return LayerGroups(layout=StageLayout(0, 1, True), tp_group=None, tp_rank=0, tp_size=1,
                        tp_ranks=[0], dp_group=None, dp_rank=0, dp_size=1, dp_ranks=[0],
                        device_type=device.type)
 
@@ -161,7 +162,7 @@ def tp1_groups(device: torch.device) -> LayerGroups:
 def tp_shard_groups(device: torch.device, tp: int) -> LayerGroups:
     """Groups that make a layer build its TP rank-0 shard of degree ``tp`` on one process
     (communication only through :func:`tensor_parallel_compute_only`)."""
-    return LayerGroups(layout=Layout(0, tp, True), tp_group=None, tp_rank=0, tp_size=tp,
+    return LayerGroups(layout=StageLayout(0, tp, True), tp_group=None, tp_rank=0, tp_size=tp,
                        tp_ranks=list(range(tp)), dp_group=None, dp_rank=0, dp_size=1,
                        dp_ranks=[0], device_type=device.type)
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
-from ...layout import all_layouts, dp_group_ranks, tp_group_ranks
+from ...layout import Layout, all_layouts, plan_group_ranks, plan_stage_layouts
 
 # SDPA kernels that do not store the score matrix.
 NO_SCORES_BACKENDS = ("flash", "efficient", "cudnn")
@@ -145,30 +145,18 @@ def step_temporary_bytes(fused: bool, has_sharded_parameters: bool,
 
 def rank_process_groups(plan: Any, rank: int) -> set[tuple]:
     """The process groups of two or more ranks that ``rank`` belongs to under ``plan``, as the
-    runtime creates them (``parallel/context.py``): its stage, the embedding pair of the first
-    and last stage, and the TP and DP groups of every layout its stage uses (the layer layouts,
-    the vocab layout on the first/last stage, the previous stage's last layout as the input of
-    a later stage). Pipeline sends run on the world group, but NCCL gives each pair of peers of
-    point-to-point traffic its own communicator: the pairs with the previous and next stage
-    count too (conservative where a batched p2p reuses the group's communicator)."""
-    n, pp = plan.stage_size, plan.pp_size
-    stage = rank // n
-    ranks = list(range(stage * n, (stage + 1) * n))
+    runtime creates them (``layout.plan_group_ranks``, what ``parallel/context.py`` builds):
+    its stage, the embedding pair of the first and last stage, and the TP and DP groups of
+    every layout its stage uses (``layout.plan_stage_layouts``), with the world. Pipeline
+    sends run on the world group, but NCCL gives each pair of peers of point-to-point traffic
+    its own communicator: the pairs with the previous and next stage count too (conservative
+    where a batched p2p reuses the group's communicator)."""
+    n = plan.stage_size
     groups: set[tuple] = {tuple(range(plan.world_size))}
     for peer in (rank - n, rank + n):
         if 0 <= peer < plan.world_size:
             groups.add(("p2p",) + tuple(sorted((rank, peer))))
-    if n > 1:
-        groups.add(tuple(ranks))
-    if pp > 1 and stage in (0, pp - 1):
-        j = rank - stage * n
-        groups.add((j, (pp - 1) * n + j))
-    layouts = _stage_layouts(plan, stage)
-    for tp, consecutive in layouts:
-        for members in list(tp_group_ranks(ranks, tp, consecutive)) + list(
-                dp_group_ranks(ranks, tp, consecutive)):
-            if rank in members and len(members) > 1:
-                groups.add(tuple(members))
+    groups.update(g for g in plan_group_ranks(plan) if rank in g)
     return {g for g in groups if len(g) > 1}  # a p2p pair has 3 entries: label and peers
 
 
@@ -185,23 +173,10 @@ def _local_group_keys(j: int, n: int, tp: int, consecutive: bool) -> list[tuple[
     return [g for g in groups if g[2] > 1]
 
 
-def _stage_layouts(plan: Any, stage: int) -> set[tuple[int, bool]]:
-    """The layouts a rank of ``stage`` makes groups for (``parallel/context.py``
-    ``all_layouts``): the stage's layers, the last layer of every chunk whose next chunk runs
-    on this stage (its input layout; the previous stage's last layer without interleaving),
-    the vocab on the end stages."""
-    n, pp = plan.stage_size, plan.pp_size
-    layouts: set[tuple[int, bool]] = set()
-    for c in range(plan.num_chunks):
-        ids = plan.chunk_layer_range(c)
-        for i in ids:
-            layer = plan.layers[i]
-            if c % pp == stage or (c + 1 < plan.num_chunks and (c + 1) % pp == stage
-                                   and i == ids[-1]):
-                layouts.add((layer.tp, layer.tp_consecutive or layer.tp in (1, n)))
-    if stage in (0, pp - 1):
-        layouts.add((plan.vocab.tp, True))
-    return layouts
+def _stage_layouts(plan: Any, stage: int) -> set[Layout]:
+    """The layouts a rank of ``stage`` makes groups for (``layout.plan_stage_layouts``, the
+    runtime's list): the stage's layers, each received layout, the vocab on the end stages."""
+    return {lay.layout for lay in plan_stage_layouts(plan) if lay.stage == stage}
 
 
 def group_count(n: int, pp: int, world: int, stage: int, j: int,
