@@ -33,13 +33,14 @@ import torch.distributed as dist
 
 from .config import ArgumentError, ModelConfig
 from .parallel.device import resolve_device
-from .plan import DP_MODES, Plan, PlanError
+from .plan import Plan, PlanError
 from .planner import report
 from .planner.inputs.hardware import ClusterSpec
 from .planner.interop.megatron_flags import to_megatron_flags
 from .planner.inputs.presets import get_cluster
 from .planner.inputs.profiles import ModelProfile
-from .planner.search.driver import InfeasibleError, SearchOptions, pinned_virtual_sizes, search
+from .planner.inputs.pins import search_options
+from .planner.search.driver import InfeasibleError, SearchOptions, search
 from .planning import planning_inputs, runtime_options
 from .profiler import cache as profile_cache
 from .profiler.cache import default_cache_dir
@@ -60,41 +61,25 @@ class AutoParallelError(ValueError):
 # --------------------------------------------------------------------------- search options
 def search_options_for(pins: SearchPins, world_size: int,
                        num_layers: int | None = None) -> SearchOptions:
-    """Planner options from the flags the user pinned; everything else stays searchable.
-
-    ``--use-distributed-optimizer`` pins ``zero1`` (Megatron's distributed optimizer; before
-    ZeRO-1 existed it meant zero2), ``--sequence-parallel`` pins SP on every layer with tp > 1,
-    ``--num-layers-per-virtual-pipeline-stage N`` the virtual size ``L / (pp N)`` (it needs
-    ``--pipeline-model-parallel-size`` and ``num_layers``)."""
+    """Planner options from the flags the user pinned (``planner.inputs.pins.search_options``,
+    the mapping ``megatron-auto plan`` uses too); everything else stays searchable. Says so
+    when a typed flag is not a pin here; raises ``AutoParallelError`` naming the flag."""
     tp, pp = pins.tensor_model_parallel_size, pins.pipeline_model_parallel_size
-    global_batch_size = pins.batch
-    num_microbatches = None
-    if pins.micro_batch_size is not None:
-        if tp is None or pp is None:
-            logger.warning("--micro-batch-size=%s is ignored by --auto-parallel unless "
-                           "--tensor-model-parallel-size and --pipeline-model-parallel-size pin "
-                           "the data-parallel size too; the planner chooses the micro-batch "
-                           "count", pins.micro_batch_size)
-        else:
-            dp = world_size // (tp * pp)
-            per_step = pins.micro_batch_size * dp
-            if per_step <= 0 or global_batch_size % per_step:
-                raise AutoParallelError(
-                    f"--micro-batch-size={pins.micro_batch_size}: times the data-parallel size "
-                    f"{dp} must divide --global-batch-size={global_batch_size}")
-            num_microbatches = global_batch_size // per_step
-    dp_modes = ("zero1",) if pins.use_distributed_optimizer else DP_MODES
+    if pins.micro_batch_size is not None and (tp is None or pp is None):
+        logger.warning("--micro-batch-size=%s is ignored by --auto-parallel unless "
+                       "--tensor-model-parallel-size and --pipeline-model-parallel-size pin "
+                       "the data-parallel size too; the planner chooses the micro-batch "
+                       "count", pins.micro_batch_size)
     try:
-        virtual_sizes = pinned_virtual_sizes(pins.num_layers_per_virtual_pipeline_stage, pp,
-                                             num_layers)
+        options = search_options(pins, world_size, num_layers,
+                                 micro_batch_size=pins.micro_batch_size,
+                                 global_batch_size=pins.batch, show_progress=True)
     except ValueError as err:
         raise AutoParallelError(str(err)) from None
     if pins.recompute_granularity is not None:
         logger.warning("--recompute-granularity is decided per layer by --auto-parallel; the "
                        "flag is ignored")
-    return SearchOptions(tp=tp, pp=pp, num_microbatches=num_microbatches, dp_modes=dp_modes,
-                         sequence_parallel=True if pins.sequence_parallel else None,
-                         virtual_sizes=virtual_sizes, show_progress=True)
+    return options
 
 
 # --------------------------------------------------------------------------- profiles

@@ -33,14 +33,15 @@ from .families.vision.flags import add_vision_args, apply_vit_defaults, vision_c
 from .families.vision.config import BACKBONES, VisionConfig
 from .families.t5.flags import add_t5_args, apply_t5_defaults, t5_config_from_args
 from .families.t5.config import T5Config
-from .plan import DP_MODES, Plan
+from .plan import Plan
 from .planner import report
 from .planner.inputs.hardware import GB, ClusterSpec
 from .planner.interop.megatron_flags import to_megatron_flags
 from .planner.inputs.model_spec import ModelSpec, TrainingSpec
 from .planner.inputs.presets import PRESET_NAMES, get_cluster
 from .planner.inputs.profiles import ModelProfile
-from .planner.search.driver import SearchOptions, evaluate, pinned_virtual_sizes, search
+from .planner.inputs.pins import search_options
+from .planner.search.driver import evaluate, search
 from .planning import PlanningInputs, planning_inputs, runtime_options
 
 # Imported where used (start-up time, docs/planner.md §7): the Galvatron readers, the classic
@@ -67,17 +68,13 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     add_t5_args(parser, script_defaults=False)
 
 
-_DEFAULTS: dict[str, Any] = {}
-
-
 def _model_flag_defaults() -> dict[str, Any]:
-    """Every model flag's destination and default (a parser of the model flags alone), built
-    on first use: only vision, T5 and plan-file inputs need it."""
-    if not _DEFAULTS:
-        parser = argparse.ArgumentParser(add_help=False)
-        add_model_flags(parser)
-        _DEFAULTS.update(vars(parser.parse_args([])))
-    return _DEFAULTS
+    """Every model flag's destination and default (a parser of the model flags alone). Built
+    per call, not cached in the module (about 2 ms; only vision, T5 and plan-file inputs need
+    it, once or twice a command)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_model_flags(parser)
+    return vars(parser.parse_args([]))
 
 
 def model_config_from_flags(args: argparse.Namespace) -> ModelConfig:
@@ -256,20 +253,14 @@ _OPTION_FLAGS = {"space": "--search-space", "time_limit_s": "--time-limit",
 
 def cmd_plan(args: argparse.Namespace) -> int:
     setup = _setup(args)
-    try:
-        virtual_sizes = pinned_virtual_sizes(args.num_layers_per_virtual_pipeline_stage,
-                                             args.pipeline_model_parallel_size,
-                                             setup.spec.num_layers)
+    try:  # the layout flags are pins, as with --auto-parallel (planner.inputs.pins)
+        options = search_options(
+            args, setup.cluster.world_size, setup.spec.num_layers,
+            num_microbatches=args.num_microbatches, schedule=args.schedule,
+            allow_recompute=not args.no_recompute, search_batch_size=args.search_batch_size,
+            space=args.search_space, time_limit_s=args.time_limit, show_progress=not args.quiet)
     except ValueError as err:
         raise CliError(str(err)) from None
-    options = SearchOptions(
-        pp=args.pipeline_model_parallel_size, tp=args.tensor_model_parallel_size,
-        num_microbatches=args.num_microbatches, schedule=args.schedule,
-        allow_recompute=not args.no_recompute, search_batch_size=args.search_batch_size,
-        space=args.search_space, time_limit_s=args.time_limit, show_progress=not args.quiet,
-        dp_modes=("zero1",) if args.use_distributed_optimizer else DP_MODES,
-        sequence_parallel=True if args.sequence_parallel else None,
-        virtual_sizes=virtual_sizes)
     try:
         options = runtime_options(options, setup.config)
         options.validate()

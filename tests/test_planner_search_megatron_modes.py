@@ -9,8 +9,8 @@ import pytest
 
 from megatron_auto.plan import PlanError
 from megatron_auto.planner import LayerType, ModelSpec, SearchOptions, TrainingSpec, evaluate
-from megatron_auto.planner.search.driver import (InfeasibleError, interleaved_variant,
-                                                 pinned_virtual_sizes, search)
+from megatron_auto.planner.cost.interleaving import pinned_virtual_sizes
+from megatron_auto.planner.search.driver import InfeasibleError, interleaved_variant, search
 from megatron_auto.planner.search.spaces import SpaceRules, layer_strategies
 
 from planner_fakes import FakeCluster, round_profile

@@ -33,7 +33,6 @@ from ..cost.estimate import Estimate, evaluate_plan
 from .exact import MEMORY_SLACK, TIE, Incumbent, TaskSearch, search_clock
 from .infeasible import InfeasibleError, infeasible_error, interleaved_least_peak
 from ..cost.interleaving import interleaved_variant
-from ..cost.interleaving import pinned_virtual_sizes  # noqa: F401  (the CLI's import path)
 from .least_memory import cheap_least_peak, task_least_peak
 from ..inputs.model_spec import ModelSpec, TrainingSpec
 from ..inputs.profiles import ModelProfile

@@ -1,0 +1,83 @@
+"""The one mapping from the layout flags a user typed to the search's ``SearchOptions``.
+
+Two front ends pin the search: ``--auto-parallel`` (its ``run_config.SearchPins``, every layout
+flag typed next to it) and ``megatron-auto plan`` (its parsed flags, the same names). Both call
+:func:`search_options`, so a flag means the same in both:
+
+- ``--tensor-model-parallel-size`` / ``--pipeline-model-parallel-size`` pin every layer's tp
+  and the pipeline degree (a typed value pins even when it equals Megatron's default);
+- ``--use-distributed-optimizer`` pins ``zero1`` on every layer (Megatron's distributed
+  optimizer; before ZeRO-1 existed it meant zero2);
+- ``--sequence-parallel`` pins sequence parallelism on every layer with tp > 1 (unset: searched
+  per layer);
+- ``--num-layers-per-virtual-pipeline-stage N`` pins the virtual size ``L / (pp N)``
+  (``interleaving.pinned_virtual_sizes``; it needs the pinned pp);
+- ``--micro-batch-size`` (``--auto-parallel`` only) pins the micro-batch count
+  ``B / (micro-batch x dp)`` when tp and pp are pinned too (they fix dp); otherwise it is not a
+  pin (the caller says so to the user).
+
+The ``plan`` command's own knobs (search space, time limit, schedule, ...) pass through as
+keywords. Nothing here imports ``run_config`` (the planning commands' start-up, see
+docs/cli.md): the pins are read through the :class:`LayoutPins` protocol.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ...config import ArgumentError
+from ...plan import DP_MODES
+from ..cost.interleaving import pinned_virtual_sizes
+from ..search.driver import SearchOptions
+
+
+class LayoutPins(Protocol):
+    """The layout flags as typed (``None`` / ``False``: not typed, the planner chooses)."""
+
+    @property
+    def tensor_model_parallel_size(self) -> int | None: ...
+
+    @property
+    def pipeline_model_parallel_size(self) -> int | None: ...
+
+    @property
+    def use_distributed_optimizer(self) -> bool: ...
+
+    @property
+    def sequence_parallel(self) -> bool: ...
+
+    @property
+    def num_layers_per_virtual_pipeline_stage(self) -> int | None: ...
+
+
+def search_options(pins: LayoutPins, world_size: int, num_layers: int | None, *,
+                   micro_batch_size: int | None = None, global_batch_size: int | None = None,
+                   num_microbatches: int | None = None, schedule: str | None = None,
+                   allow_recompute: bool = True, search_batch_size: bool = False,
+                   space: str = "full", time_limit_s: float | None = None,
+                   show_progress: bool = True) -> SearchOptions:
+    """``SearchOptions`` of ``pins`` (module docstring) and the knobs given.
+
+    ``micro_batch_size`` with pinned tp and pp fixes ``num_microbatches`` from
+    ``global_batch_size``; raises ``ArgumentError`` when it does not divide it, and
+    ``ValueError`` for a virtual-size pin that cannot hold (both name the flag and the fix).
+    The options are not validated here (the caller names its own flags in those errors)."""
+    tp, pp = pins.tensor_model_parallel_size, pins.pipeline_model_parallel_size
+    if micro_batch_size is not None and tp is not None and pp is not None:
+        if global_batch_size is None:
+            raise ValueError("search_options: micro_batch_size needs global_batch_size")
+        dp = world_size // (tp * pp)
+        per_step = micro_batch_size * dp
+        if per_step <= 0 or global_batch_size % per_step:
+            raise ArgumentError(f"--micro-batch-size={micro_batch_size}: times the data-parallel "
+                                f"size {dp} must divide --global-batch-size={global_batch_size}")
+        num_microbatches = global_batch_size // per_step
+    virtual_sizes = pinned_virtual_sizes(pins.num_layers_per_virtual_pipeline_stage, pp,
+                                         num_layers)
+    return SearchOptions(
+        pp=pp, tp=tp, num_microbatches=num_microbatches, schedule=schedule,
+        allow_recompute=allow_recompute, search_batch_size=search_batch_size, space=space,
+        time_limit_s=time_limit_s, show_progress=show_progress,
+        dp_modes=("zero1",) if pins.use_distributed_optimizer else DP_MODES,
+        sequence_parallel=True if pins.sequence_parallel else None,
+        virtual_sizes=virtual_sizes)
