@@ -4,9 +4,10 @@ The graph is read from every module's AST, so imports inside functions count as 
 the top (a function-level import that closes a cycle is still a cycle; it only hides it until
 run time). Layers, bottom to top (docs/architecture.md):
 
-    base         plan, layout, config, run_config,  pure: no torch, import only each other
-                 arguments, utils.* (jsonfile,      (arguments: argparse -> RunConfig, which
-                 atomicfile, plots, progress,       the entry points and training.pretrain use)
+    base         plan, layout, schedule, config,    pure: no torch, import only each other
+                 run_config, arguments,             (arguments: argparse -> RunConfig, which
+                 utils.* (jsonfile, atomicfile,     the entry points and training.pretrain use)
+                 plots, progress,
                  output_paths, flag_warnings),      (a family's config and flags: the models
                  families.*.config and .flags and   read the configs)
                  the families packages' __init__s
@@ -48,7 +49,8 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 
 # Top-level modules by layer; a module of a subpackage takes its package's layer.
 TOP_LEVEL_LAYERS = {
-    "plan": "base", "layout": "base", "config": "base", "run_config": "base",
+    "plan": "base", "layout": "base", "schedule": "base", "config": "base",
+    "run_config": "base",
     "planning": "plan_inputs", "plan_source": "plan_inputs",
     "arguments": "base", "auto": "auto", "cli": "entry",
     "console": "entry", "__main__": "entry", "": "entry",

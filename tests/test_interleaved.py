@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from dist_utils import run_distributed
-from megatron_auto.parallel.interleaved import (gradient_send_releases, interleaved_order,
-                                                num_warmup)
+from megatron_auto.parallel.interleaved import gradient_send_releases
+from megatron_auto.schedule import interleaved_order, num_warmup
 from megatron_auto.plan import Plan, PlanError
 from test_equivalence import (CONFIG, GLOBAL_BATCH, RTOL, STEPS, _train_worker, layer, plan_of)
 
@@ -102,6 +102,12 @@ def test_warmup_counts_by_hand():
     # then forward of micro-batch 0 on chunk 3 and at once its backward
     assert interleaved_order(2, 2, 4, 1)[:4] == [(True, 0, 1), (True, 1, 1), (True, 0, 3),
                                                  (False, 0, 3)]
+    # non-interleaved 1F1B (v = 1): pp - k - 1 warm-up forwards, even when M == pp
+    assert [num_warmup(4, 1, 8, k) for k in range(4)] == [3, 2, 1, 0]
+    assert [num_warmup(4, 1, 4, k) for k in range(4)] == [3, 2, 1, 0]
+    assert num_warmup(4, 1, 2, 0) == 2
+    assert interleaved_order(2, 1, 3, 0) == [(True, 0, 0), (True, 1, 0), (False, 0, 0),
+                                             (True, 2, 0), (False, 1, 0), (False, 2, 0)]
 
 
 # ------------------------------------------------------------------------ equivalence

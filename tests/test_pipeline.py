@@ -217,3 +217,49 @@ def test_loss_parts_are_collected_per_microbatch():
                               total_tokens=float(batch["loss_mask"].sum()), loss_parts=parts)
     assert [p["part"] for p in parts] == pytest.approx([2 * l for l, _ in losses])
     assert [p["extra"] for p in parts] == [0.5, 0.5]  # 0-d values reach the stage unchanged
+
+
+class _OrderRecorder:
+    """A stand-in for pipeline._Stage that records the compute order a schedule runs: every
+    receive hands out the micro-batch index of the forward about to run, a forward's output
+    is its index, so a backward sees the index it belongs to."""
+
+    def __init__(self, num_stages: int, stage: int, num_microbatches: int) -> None:
+        self.ctx = SimpleNamespace(num_stages=num_stages, stage=stage)
+        self.num_microbatches = num_microbatches
+        self.order: list[tuple[bool, int, int]] = []
+
+    def recv_forward(self, *sent):  # every p2p call: nothing to receive here
+        return None
+
+    recv_backward = send_forward_recv_backward = send_backward_recv_forward = recv_forward
+    send_forward = send_backward = recv_forward
+
+    def forward(self, index, received):
+        self.order.append((True, index, self.ctx.stage))
+        return index
+
+    def keep(self, output):
+        return output
+
+    def backward(self, received, output, grad_output):
+        self.order.append((False, output, self.ctx.stage))
+
+
+@pytest.mark.single
+@pytest.mark.parametrize("pp,m", [(1, 3), (2, 1), (2, 4), (4, 2), (4, 4), (4, 9)])
+def test_hand_written_loops_run_the_schedule_modules_order(pp, m):
+    from megatron_auto.parallel.pipeline import _gpipe, _one_f_one_b
+    from megatron_auto.schedule import in_flight, interleaved_order
+
+    for stage in range(pp):
+        run = _OrderRecorder(pp, stage, m)
+        _one_f_one_b(run)
+        assert run.order == interleaved_order(pp, 1, m, stage)
+        held = [sum(1 if f else -1 for f, _, _ in run.order[:i + 1]) for i in range(len(run.order))]
+        assert max(held) == in_flight("1f1b", pp, stage, m)
+        run = _OrderRecorder(pp, stage, m)
+        _gpipe(run)
+        assert run.order == ([(True, i, stage) for i in range(m)]
+                             + [(False, i, stage) for i in range(m)])
+        assert in_flight("gpipe", pp, stage, m) == m

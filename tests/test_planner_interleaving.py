@@ -1,10 +1,10 @@
 """The cost model's view of the interleaved 1F1B schedule (``planner/cost/interleaving.py``,
-``cost_time.pipeline_time``) against the runtime's own order (``parallel/interleaved.py``):
-the warm-up counts, the in-flight chunk mixes counted along the order, the compute order, and
-the iteration time: ``interleaving.schedule_times`` against a simulation here that runs the
-runtime's order with per-chunk durations and the pipeline's dependencies, over random uneven
-chunk times; its proven lower bound; and the cost model's closed form against it (exact for
-equal chunks, the measured error range for uneven ones)."""
+``cost_time.pipeline_time``) against the order the runtime runs (``schedule.interleaved_order``,
+which ``parallel/interleaved.py`` executes): the in-flight maximum and chunk mixes counted
+along the order, and the iteration time: ``interleaving.schedule_times`` against a simulation
+here that runs the order with per-chunk durations and the pipeline's dependencies, over random
+uneven chunk times; its proven lower bound; and the cost model's closed form against it (exact
+for equal chunks, the measured error range for uneven ones)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ import random
 import pytest
 
 from megatron_auto.planner.cost.time_model import pipeline_time
-from megatron_auto.planner.cost.interleaving import (in_flight_vectors, max_in_flight, num_warmup,
-                                                     pipeline_fill, schedule_times, stage_order)
+from megatron_auto.planner.cost.interleaving import (in_flight_vectors, pipeline_fill,
+                                                     schedule_times)
+from megatron_auto.schedule import interleaved_order, max_in_flight
 
-pytestmark = pytest.mark.single  # imports the runtime's schedule (torch)
+pytestmark = pytest.mark.pure
 
 CASES = [(pp, v, m) for pp, v in itertools.product((2, 3, 4), (2, 3, 4))
          for m in (pp, 2 * pp, 3 * pp, 5 * pp)]
@@ -25,8 +26,6 @@ CASES = [(pp, v, m) for pp, v in itertools.product((2, 3, 4), (2, 3, 4))
 
 def _counted_vectors(pp, v, m, stage):
     """Per-local-chunk held activations after every op of the runtime's order."""
-    from megatron_auto.parallel.interleaved import interleaved_order
-
     held, seen = [0] * v, []
     for forward, _, chunk in interleaved_order(pp, v, m, stage):
         held[chunk // pp] += 1 if forward else -1
@@ -36,11 +35,8 @@ def _counted_vectors(pp, v, m, stage):
 
 
 @pytest.mark.parametrize("pp,v,m", CASES)
-def test_warmup_and_in_flight_mixes_match_the_runtime_order(pp, v, m):
-    from megatron_auto.parallel import interleaved
-
+def test_in_flight_maximum_and_mixes_match_the_runtime_order(pp, v, m):
     for stage in range(pp):
-        assert num_warmup(pp, v, m, stage) == interleaved.num_warmup(pp, v, m, stage)
         seen = _counted_vectors(pp, v, m, stage)
         assert max_in_flight(pp, v, m, stage) == max(sum(n) for n in seen)
         maximal = {n for n in seen
@@ -48,20 +44,10 @@ def test_warmup_and_in_flight_mixes_match_the_runtime_order(pp, v, m):
         assert set(in_flight_vectors(pp, v, m, stage)) == maximal
 
 
-@pytest.mark.parametrize("pp,v,m", CASES)
-def test_stage_order_is_the_runtime_order(pp, v, m):
-    from megatron_auto.parallel.interleaved import interleaved_order
-
-    for stage in range(pp):
-        assert stage_order(pp, v, m, stage) == interleaved_order(pp, v, m, stage)
-
-
 def _simulate(pp, v, m, f, b):
     """Makespan of the runtime's order: each stage runs its ops in order, a forward of chunk
     c > 0 waits for chunk c - 1's forward of the same micro-batch, a backward for chunk c + 1's
     backward (the last chunk: its own forward). Durations ``f[c]``, ``b[c]`` per global chunk."""
-    from megatron_auto.parallel.interleaved import interleaved_order
-
     orders = [interleaved_order(pp, v, m, k) for k in range(pp)]
     done, pos, clock, last = {}, [0] * pp, [0.0] * pp, pp * v - 1
     progress = True

@@ -4,19 +4,15 @@ The model is cut into ``pp * v`` chunks; chunk ``c`` runs on stage ``c % pp``, s
 visits every stage v times (after the last stage it goes back to stage 0). A stage runs
 ``M * v`` forwards and as many backwards per iteration (``M`` micro-batches).
 
-Order (:func:`interleaved_order`, a pure function). Virtual micro-batch ``t`` (0 .. M*v-1) of a
-stage is micro-batch ``(t // (pp*v)) * pp + t % pp`` of its local chunk ``(t // pp) % v`` in
-forward, and of local chunk ``v - 1 - (t // pp) % v`` in backward: micro-batches move in groups
-of ``pp`` through the chunks, which is why ``M`` must be a multiple of ``pp`` (Megatron's rule;
-plan validation says so). Stage ``k`` first runs ``W = 2*(pp - k - 1) + (v - 1)*pp`` warm-up
-forwards (all ``M*v`` when ``M == pp``, as in Megatron), then alternates forward ``W + i`` and
-backward ``i`` (steady state), then runs the remaining backwards (cool-down).
+Order: ``schedule.interleaved_order``, the pure rules the cost model prices too (each op's
+virtual micro-batch; Megatron's warm-up forwards, the steady state's forward-backward pairs,
+the cool-down's backwards); ``M`` must be a multiple of ``pp``.
 
 Communication: every send is posted asynchronously right after the compute that produced it
 and waited for once the peer has certainly received it (an output: when its gradient arrives;
 a gradient: when the previous rank's next message after its backward arrives,
-:func:`gradient_send_releases`), else at the end of the iteration; a receive is posted when the compute that needs it
-comes up and waited for at once. Because sends never block, a rank only waits for data its
+:func:`gradient_send_releases`), else at the end of the iteration; a receive is posted when
+the compute that needs it comes up and waited for at once. Because sends never block, a rank only waits for data its
 neighbour produces earlier in the neighbour's own order, and the order above is deadlock-free
 (``tests/test_interleaved.py`` simulates it for many (pp, v, M)). Messages between two ranks
 are matched without ambiguity even when both neighbours are the same rank (pp = 2): every
@@ -27,7 +23,7 @@ backward streams are each produced and consumed in virtual micro-batch order on 
 NCCL is reasoned about here, only gloo is tested.
 
 Memory: like 1F1B, only the received input and the output's autograd edge are kept per
-in-flight (micro-batch, chunk); Megatron's warm-up keeps up to ``W + 1`` of them on stage ``k``.
+in-flight (micro-batch, chunk); stage ``k`` keeps up to ``schedule.max_in_flight`` of them.
 """
 
 from __future__ import annotations
@@ -38,41 +34,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-Op = tuple[bool, int, int]  # (is_forward, micro-batch, model chunk)
+from ..schedule import interleaved_order, virtual_microbatch
 
 _BACKWARD_GROUPS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
-
-
-def virtual_microbatch(t: int, pp: int, v: int, stage: int, forward: bool) -> tuple[int, int]:
-    """(micro-batch, model chunk) of a stage's ``t``-th forward (or backward)."""
-    group, within = divmod(t, pp * v)
-    local = within // pp
-    if not forward:
-        local = v - 1 - local
-    return group * pp + within % pp, local * pp + stage
-
-
-def num_warmup(pp: int, v: int, num_microbatches: int, stage: int) -> int:
-    """Forwards stage ``stage`` runs before its first backward (Megatron's count)."""
-    total = num_microbatches * v
-    if num_microbatches == pp:
-        return total
-    return min(2 * (pp - stage - 1) + (v - 1) * pp, total)
-
-
-def interleaved_order(pp: int, v: int, num_microbatches: int, stage: int) -> list[Op]:
-    """The compute order of one stage: warm-up forwards, 1F1B steady state, cool-down."""
-    if num_microbatches % pp:
-        raise ValueError(f"num_microbatches={num_microbatches}: the interleaved schedule needs a "
-                         f"multiple of the pipeline size {pp}")
-    total = num_microbatches * v
-    warmup = num_warmup(pp, v, num_microbatches, stage)
-    fwd = [(True, *virtual_microbatch(t, pp, v, stage, True)) for t in range(total)]
-    bwd = [(False, *virtual_microbatch(t, pp, v, stage, False)) for t in range(total)]
-    order = fwd[:warmup]
-    for i in range(total - warmup):
-        order += [fwd[warmup + i], bwd[i]]
-    return order + bwd[total - warmup:]
 
 
 class _Ring:

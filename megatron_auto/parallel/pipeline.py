@@ -48,13 +48,14 @@ from typing import Any, Protocol, Sequence
 import torch
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
+from ..plan import SCHEDULES
+from ..schedule import num_warmup
 from . import p2p
 from .interleaved import run_interleaved
 from .timers import Timers
 
 _NO_TIMERS = Timers(0)
 
-SCHEDULES = ("1f1b", "gpipe")
 # Keys of a micro-batch dict that are not handed to the stage as keyword arguments.
 _FIRST_STAGE_INPUT = "tokens"
 _LAST_STAGE_KEYS = ("labels", "loss_mask")
@@ -284,25 +285,26 @@ def _gpipe(run: _Stage) -> None:
 def _one_f_one_b(run: _Stage) -> None:
     """Non-interleaved 1F1B (PipeDream-flush), as in Megatron-LM.
 
-    Stage ``k`` of ``p`` first runs ``p - k - 1`` warm-up forwards, so that the last stage can
-    start backward at once; then alternates one forward and one backward (steady state, at most
-    ``p - k`` micro-batches in flight); then drains the warm-up micro-batches' backwards
-    (cool-down).
+    ``schedule.num_warmup`` forwards first (warm-up, so that the last stage can start backward
+    at once); then one forward and one backward at a time (steady state, at most
+    ``schedule.max_in_flight`` micro-batches in flight); then the warm-up micro-batches'
+    backwards (cool-down): the order ``schedule.interleaved_order(pp, 1, ...)``, run with the
+    paired p2p calls of :mod:`.p2p`.
     """
     num_mb = run.num_microbatches
-    num_warmup = min(run.ctx.num_stages - run.ctx.stage - 1, num_mb)
-    num_steady = num_mb - num_warmup
+    warmup = num_warmup(run.ctx.num_stages, 1, num_mb, run.ctx.stage)
+    num_steady = num_mb - warmup
     inputs: deque = deque()
     outputs: deque = deque()
 
     # Warm-up: forwards only.
-    for i in range(num_warmup):
+    for i in range(warmup):
         _forward_and_keep(run, i, inputs, outputs)
 
-    # Steady state: forward of micro-batch num_warmup + i, backward of micro-batch i.
+    # Steady state: forward of micro-batch warmup + i, backward of micro-batch i.
     x = run.recv_forward() if num_steady > 0 else None
     for i in range(num_steady):
-        out = run.forward(num_warmup + i, x)
+        out = run.forward(warmup + i, x)
         grad_out = run.send_forward_recv_backward(out)
         inputs.append(x)
         outputs.append(run.keep(out))
@@ -315,7 +317,7 @@ def _one_f_one_b(run: _Stage) -> None:
             x = run.send_backward_recv_forward(grad_in)
 
     # Cool-down: the warm-up micro-batches' backwards.
-    for _ in range(num_warmup):
+    for _ in range(warmup):
         grad_out = run.recv_backward()
         grad_in = run.backward(inputs.popleft(), outputs.popleft(), grad_out)
         run.send_backward(grad_in)

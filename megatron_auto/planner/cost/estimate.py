@@ -7,8 +7,9 @@ micro-batches:
 
 - peak memory = reserve + sum of model states + ``in_flight_k`` x activations per micro-batch +
   embedding/head + the largest transient (one layer's backward or the loss);
-  ``in_flight_k = min(pp - k, m)`` for 1F1B and ``m`` for GPipe; interleaved plans hold the
-  schedule's worst mix of chunk activations (``interleaving.in_flight_vectors``).
+  ``in_flight_k = schedule.in_flight`` (``min(pp - k, m)`` for 1F1B, ``m`` for GPipe);
+  interleaved plans hold the schedule's worst mix of chunk activations
+  (``interleaving.in_flight_vectors``).
 - time per micro-batch ``C_k`` = layers' forward + backward + the moves of the micro-batch's
   activation, both ways: embedding -> first layer (first stage), the incoming p2p hop and
   relayout (later stages and chunks), layer -> layer, last layer -> LM head (last stage), with
@@ -29,6 +30,7 @@ from ...layout import (Collective, Layout, dp_group_consecutive, dp_size, layer_
                        layout_of, relayout_collectives, sequence_parallel_boundary_collectives,
                        vocab_layout)
 from ...plan import Plan
+from ...schedule import in_flight
 from .memory_model import GRAD_BYTES, MemoryCost, embedding_memory, layer_memory
 from .time_model import (NO_MOVE, NO_TIME, MoveCost, TimeCost, collective_time, dp_collectives,
                          embedding_time, layer_time, pipeline_time, relayout_cost,
@@ -41,13 +43,6 @@ from ..inputs.profiles import ModelProfile
 GIB = 1024 ** 3
 # A stage whose peak is within this fraction of the budget is reported as memory-bound.
 MEMORY_BINDING_HEADROOM = 0.05
-
-
-def in_flight(schedule: str, pp: int, stage: int, num_microbatches: int) -> int:
-    """Micro-batches whose activations a stage holds at its peak."""
-    if schedule == "gpipe":
-        return num_microbatches
-    return min(pp - stage, num_microbatches)
 
 
 @dataclass(frozen=True)

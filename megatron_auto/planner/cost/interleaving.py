@@ -1,22 +1,16 @@
 """The interleaved 1F1B schedule as the cost model sees it (``pipeline.virtual_size`` v > 1).
 
-The runtime's schedule is ``parallel/interleaved.py`` (Megatron's virtual pipeline); this module
-restates, without torch, the facts the cost model needs from it, and
-``tests/test_planner_interleaving.py`` checks them against the runtime's own order:
+The schedule's rules (the compute order, the warm-up counts, the in-flight maximum) are
+``megatron_auto/schedule.py``, which the runtime (``parallel/interleaved.py``) runs too. From
+them this module derives what the cost model needs:
 
-- the warm-up count of stage ``k``: ``W_k = 2 (pp - k - 1) + (v - 1) pp`` forwards before the
-  first backward, capped by the ``m v`` forwards of the iteration, and all of them when
-  ``m == pp`` (Megatron's rule); the steady state then runs one more forward before each
-  backward, so at most ``min(W_k + 1, m v)`` (micro-batch, chunk) activations are in flight;
-- the compute order itself (:func:`stage_order`), from which :func:`schedule_times` computes
-  the iteration's makespan exactly for any per-chunk times (the reference the cost model's
-  closed form, :func:`pipeline_fill`, is measured against);
-- which local chunks those in-flight activations belong to, over time: forward ``t`` of a stage
-  is of local chunk ``(t // pp) mod v``, backward ``t`` of local chunk
-  ``v - 1 - (t // pp) mod v``. The mix changes during the steady state (a stage may hold more
-  of its first chunk later than at the end of its warm-up), so the peak with uneven chunks is
-  the largest ``sum_j n_j a_j`` over the count vectors ``n`` the schedule passes through;
-  :func:`in_flight_vectors` returns the maximal ones (each right after a forward).
+- :func:`schedule_times`: the iteration's makespan, exactly, for any per-chunk times (the
+  reference the cost model's closed form, :func:`pipeline_fill`, is measured against);
+- which local chunks the in-flight activations belong to, over time. The mix changes during
+  the steady state (a stage may hold more of its first chunk later than at the end of its
+  warm-up), so the peak with uneven chunks is the largest ``sum_j n_j a_j`` over the count
+  vectors ``n`` the schedule passes through; :func:`in_flight_vectors` returns the maximal ones
+  (each right after a forward).
 
 Pure Python, no torch.
 """
@@ -29,24 +23,7 @@ from dataclasses import replace
 import numpy as np
 
 from ...plan import PipelineSpec, Plan, PlanError
-
-
-def num_warmup(pp: int, v: int, num_microbatches: int, stage: int) -> int:
-    """Forwards stage ``stage`` runs before its first backward (Megatron's count)."""
-    total = num_microbatches * v
-    if num_microbatches == pp:
-        return total
-    return min(2 * (pp - stage - 1) + (v - 1) * pp, total)
-
-
-def max_in_flight(pp: int, v: int, num_microbatches: int, stage: int) -> int:
-    """The most (micro-batch, chunk) activations stage ``stage`` holds at once."""
-    return min(num_warmup(pp, v, num_microbatches, stage) + 1, num_microbatches * v)
-
-
-def _local_chunk(t: int, pp: int, v: int, forward: bool) -> int:
-    j = (t // pp) % v
-    return j if forward else v - 1 - j
+from ...schedule import interleaved_order
 
 
 @functools.lru_cache(maxsize=None)
@@ -56,26 +33,14 @@ def in_flight_vectors(pp: int, v: int, num_microbatches: int,
 
     Entry ``j`` of a vector counts the micro-batches whose local chunk ``j`` (global chunk
     ``j * pp + stage``) activations are held; a vector dominated entry by entry by another is
-    dropped. With ``v == 1`` (the non-interleaved 1F1B of ``parallel/pipeline.py``, whose
-    warm-up is ``pp - k - 1``) this is ``((min(pp - stage, m),),)``.
+    dropped. With ``v == 1`` (the non-interleaved 1F1B) this is ``((min(pp - stage, m),),)``.
     """
-    if v == 1:
-        return ((min(pp - stage, num_microbatches),),)
-    total = num_microbatches * v
-    warmup = num_warmup(pp, v, num_microbatches, stage)
     held = [0] * v
     seen: list[tuple[int, ...]] = []
-    forwards = iter(range(total))
-
-    def forward() -> None:
-        held[_local_chunk(next(forwards), pp, v, True)] += 1
-        seen.append(tuple(held))
-
-    for _ in range(warmup):
-        forward()
-    for i in range(total - warmup):
-        forward()
-        held[_local_chunk(i, pp, v, False)] -= 1
+    for forward, _, chunk in interleaved_order(pp, v, num_microbatches, stage):
+        held[chunk // pp] += 1 if forward else -1
+        if forward:
+            seen.append(tuple(held))
     # the distinct vectors no other one dominates, in order of first appearance (distinct, so
     # "another at least as large everywhere" is strict domination); vectorised, in blocks:
     # GPT-3's 1,536 micro-batches give thousands of vectors
@@ -113,34 +78,12 @@ def pipeline_fill(chunk_times: list[list[float]]) -> float:
     return sum(max(times) for times in chunk_times)
 
 
-def stage_order(pp: int, v: int, num_microbatches: int,
-                stage: int) -> list[tuple[bool, int, int]]:
-    """The runtime's compute order of ``stage`` (``parallel/interleaved.py``), restated:
-    ``(is_forward, micro-batch, model chunk)`` per op; forward (backward) ``t`` is of virtual
-    micro-batch ``t``: micro-batch ``(t // (pp v)) pp + t % pp``, local chunk ``(t // pp) % v``
-    (backward: ``v - 1 -`` that); :func:`num_warmup` forwards, then one forward before each
-    backward, then the remaining backwards."""
-    total = num_microbatches * v
-
-    def op(t: int, forward: bool) -> tuple[bool, int, int]:
-        group, within = divmod(t, pp * v)
-        local = within // pp
-        return (forward, group * pp + within % pp,
-                (local if forward else v - 1 - local) * pp + stage)
-
-    warmup = num_warmup(pp, v, num_microbatches, stage)
-    order = [op(t, True) for t in range(warmup)]
-    for i in range(total - warmup):
-        order += [op(warmup + i, True), op(i, False)]
-    return order + [op(t, False) for t in range(total - warmup, total)]
-
-
 def schedule_times(pp: int, v: int, num_microbatches: int, forward: list[float],
                    backward: list[float]) -> tuple[float, list[float]]:
     """``(makespan, per-stage end)`` of one interleaved iteration, exactly, when global chunk
     ``c``'s forward takes ``forward[c]`` and its backward ``backward[c]`` (p2p hops included).
 
-    Each stage runs :func:`stage_order` one op after another; the forward of chunk ``c > 0``
+    Each stage runs ``schedule.interleaved_order`` one op after another; the forward of chunk ``c > 0``
     waits for the forward of chunk ``c - 1`` of the same micro-batch, the backward of chunk
     ``c`` for that of chunk ``c + 1`` (the last chunk's for its own forward). An op starts when
     its stage is free and its input is there: ``end = max(stage free, input end) + duration``,
@@ -158,7 +101,7 @@ def schedule_times(pp: int, v: int, num_microbatches: int, forward: list[float],
     ops: ``makespan >= m C_b + sum_{c<b} (forward[c] + backward[c])``."""
     chunks = pp * v
     m = num_microbatches
-    orders = [stage_order(pp, v, m, k) for k in range(pp)]
+    orders = [interleaved_order(pp, v, m, k) for k in range(pp)]
     done_f = [[-1.0] * chunks for _ in range(m)]
     done_b = [[-1.0] * chunks for _ in range(m)]
     pos, clock = [0] * pp, [0.0] * pp
