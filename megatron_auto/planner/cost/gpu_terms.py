@@ -238,25 +238,20 @@ def divisors_up_to(values: Iterable[int], limit: int) -> Sequence[int]:
 def search_nccl_bound(cluster: Any, stage_size: int, pp: int) -> float:
     """An upper bound on any plan's NCCL memory per rank with stages of ``stage_size`` ranks:
     the world, the stage, the embedding pair, and every distinct TP or DP group that any layout
-    of a stage (``layout.all_layouts``) gives the rank, the largest over the stage's ranks."""
+    of a stage (``layout.all_layouts``) gives the rank, the largest over the stage's ranks.
+    O(stage size x layouts): the search keeps it per stage shape (``tasks.Task.nccl_bound``)."""
     per = float(getattr(cluster, "nccl_communicator_bytes", 0.0))
     if per <= 0:
         return 0.0
-    key = (stage_size, pp)
-    if key not in _NCCL_BOUND_CACHE:
-        most = 0
-        layouts = [(lay.tp, lay.consecutive) for lay in all_layouts(stage_size)]
-        for j in range(stage_size):
-            groups = {g for tp, c in layouts for g in _local_group_keys(j, stage_size, tp, c)
-                      if g[2] < stage_size}
-            most = max(most, len(groups))
-        _NCCL_BOUND_CACHE[key] = most
+    most = 0
+    layouts = [(lay.tp, lay.consecutive) for lay in all_layouts(stage_size)]
+    for j in range(stage_size):
+        groups = {g for tp, c in layouts for g in _local_group_keys(j, stage_size, tp, c)
+                  if g[2] < stage_size}
+        most = max(most, len(groups))
     # world, stage, embedding pair, the p2p pairs with the previous and next stage
     fixed = 1 + (stage_size > 1) + (pp > 1) + min(2, pp - 1)
-    return per * (_NCCL_BOUND_CACHE[key] + fixed)
-
-
-_NCCL_BOUND_CACHE: dict[tuple[int, int], int] = {}
+    return per * (most + fixed)
 
 
 def search_model_budget(cluster: Any, budget_bytes: float, stage_size: int, pp: int) -> float:

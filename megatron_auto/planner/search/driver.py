@@ -30,7 +30,7 @@ from ...plan import ALL_DP_MODES, DP_MODES, SCHEDULES, Plan, VocabStrategy, even
 from ...utils.progress import Progress as Reporter
 from ..inputs.cluster_model import ClusterModel
 from ..cost.estimate import Estimate, evaluate_plan
-from .exact import MEMORY_SLACK, TIE, Incumbent, TaskSearch, search_clock
+from .exact import MEMORY_SLACK, TIE, Incumbent, TaskSearch
 from .infeasible import InfeasibleError, infeasible_error, interleaved_least_peak
 from ..cost.interleaving import interleaved_variant
 from .least_memory import cheap_least_peak, task_least_peak
@@ -39,6 +39,8 @@ from ..inputs.profiles import ModelProfile
 from .partition_report import REPORT_TIME_LIMIT_S, partition_report, pinned_partition
 from .spaces import (BASELINE_SPACES, SPACES, Space, SpaceRules, baselines_inside,
                      plan_in_space, powers_of_two_upto, vocab_tps)
+from .layer_tables import LayerTables
+from .search_cache import SearchCache, SearchClock
 from .tasks import Task
 
 
@@ -46,7 +48,7 @@ GB = 1e9
 BOUND_CELLS = 2048  # the bound DP counts memory in about this many cells of the budget
 # Without a time limit the search stops proving after this long and says so
 # (plan.search["proven_optimal"] false); give time_limit_s to wait longer or less. Seconds of
-# the search process's CPU time (exact.search_clock), not of the wall clock.
+# the search process's CPU time (search_cache.SearchClock), not of the wall clock.
 DEFAULT_TIME_LIMIT_S = 10.0
 # With baselines, the full space may use this share of the limit; the baseline spaces (a
 # comparison) share what it leaves.
@@ -204,13 +206,13 @@ def _vocabs(spec: ModelSpec, space: Space, options: SearchOptions, n: int, b_m: 
 
 def _tasks(space: Space, spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
            profile: ModelProfile, budget: float, options: SearchOptions, world: int,
-           step: int) -> list[Task]:
+           step: int, cache: SearchCache) -> list[Task]:
     schedules = [options.schedule] if options.schedule else ["1f1b"]
     pps = space.pps or tuple(p for p in powers_of_two_upto(world) if p <= spec.num_layers)
     if options.pp is not None and space.pps is None:
         pps = tuple(p for p in pps if p == options.pp)
     out = []
-    shared: dict = {}
+    shared: dict[tuple[Any, ...], LayerTables] = {}  # a space's tasks share layer tables
     for batch in _batches(training, options):
         for pp in pps:
             if pp > spec.num_layers or world % pp:
@@ -232,7 +234,7 @@ def _tasks(space: Space, spec: ModelSpec, training: TrainingSpec, cluster: Clust
                         for v in vs:
                             task = Task(spec, profile, cluster, world, batch, pp, m, sched,
                                         space.rules, vocab, budget, step, shared,
-                                        virtual_size=v)
+                                        virtual_size=v, cache=cache)
                             if not task.ok:
                                 break
                             if v == 1:
@@ -261,15 +263,15 @@ def _partition_pin(task: Task, space: Space, options: SearchOptions) -> tuple[in
     return pinned_partition(task, kind)
 
 
-def _stopped(deadline: float, best: Incumbent) -> bool:
+def _stopped(deadline: float, best: Incumbent, clock: SearchClock) -> bool:
     """The deadline passed and there is an answer to return, or none is needed (a baseline
     space, a comparison); without one the answer's search goes on: a task whose least-memory
     plan fits has one within a few nodes."""
-    return (best.plan is not None or best.comparison) and search_clock() > deadline
+    return (best.plan is not None or best.comparison) and clock() > deadline
 
 
-def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
-         profile: ModelProfile, budget: float, options: SearchOptions, world: int, step: int,
+def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cache: SearchCache,
+         budget: float, options: SearchOptions, world: int, step: int,
          deadline: float, progress: Progress | None,
          stats: dict[str, Any], comparison: bool = False, start: Incumbent | None = None,
          floor: float = 0.0
@@ -286,16 +288,18 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cluster: 
     ``infeasible.interleaved_least_peak``). Pass 2: the branch and bound of every task left. Every step
     stops at ``deadline`` once a plan exists. ``floor``: a lower bound on the seconds per sample
     of every plan of ``spaces`` known beforehand (a baseline space inside a proven full space:
-    ``baseline_floor``), taken with each task's own bound.
+    ``baseline_floor``), taken with each task's own bound. ``cache``: the search's (the
+    cluster and profile searched, the clock of ``deadline``).
     """
     best = start or Incumbent(comparison=comparison)
     tasks = []
     keys: dict[int, float] = {}
     for sp in spaces:
-        for t in _tasks(sp, spec, training, cluster, profile, budget, options, world, step):
+        for t in _tasks(sp, spec, training, cache.cluster, cache.profile, budget, options,
+                        world, step, cache):
             # Setup prices every layer table once (the bound below); a comparison stops here
             # too when the deadline passes (the answer's search needs every task).
-            if comparison and search_clock() > deadline:
+            if comparison and cache.clock() > deadline:
                 best.stopped = True
                 return best, [], None
             keys[id(t)] = t.cheap_bound(False) / t.global_batch
@@ -324,7 +328,7 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cluster: 
             if bound(task, False) >= best.value * (1 - TIE):
                 counts["pruned"] += len(group) - i
                 break
-            if _stopped(deadline, best):
+            if _stopped(deadline, best, cache.clock):
                 best.stopped = True
                 counts["pruned"] += len(group) - i
                 break
@@ -368,7 +372,7 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cluster: 
             if bound(task, False) >= best.value * (1 - TIE):
                 counts["pruned"] += len(live) - i
                 break
-            if _stopped(deadline, best):
+            if _stopped(deadline, best, cache.clock):
                 best.stopped = True  # tasks left unsearched: the answer is not proven
                 counts["pruned"] += len(live) - i
                 break
@@ -421,7 +425,9 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
     if world > cluster.world_size or world < 1:
         raise ValueError(f"world_size={world}: must be between 1 and the cluster's "
                          f"{cluster.world_size} devices")
-    t0, wall0 = search_clock(), time.monotonic()
+    cache = SearchCache(profile, cluster)  # this search's alone (search_cache)
+    clock = cache.clock
+    t0, wall0 = clock(), time.monotonic()
     budget = float(memory_budget_bytes)
     step = _bound_step(budget, cluster, options)
     limit_s = options.time_limit_s or DEFAULT_TIME_LIMIT_S
@@ -432,7 +438,7 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
     progress = options.progress or reporter
     stats: dict[str, Any] = {}
     subspaces = spaces_of(options.space, options, world)
-    best, tasks, winner = _run(subspaces, spec, training, cluster, profile, budget, options,
+    best, tasks, winner = _run(subspaces, spec, training, cache, budget, options,
                                world, step, t0 + share * limit_s, progress, stats,
                                start=_given(incumbents, spec, training, cluster, profile, budget))
     if reporter is not None:
@@ -458,15 +464,14 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
             options, world, cluster.devices_per_node) else 0.0
         names = [n for n in BASELINE_SPACES if n != options.space]
         for j, name in enumerate(names):
-            subspaces, now = spaces_of(name, options, world), search_clock()
+            subspaces, now = spaces_of(name, options, world), clock()
             dpn, p = cluster.devices_per_node, best.plan
             if floor and any(plan_in_space(p, sp, spec, _vocabs(
                     spec, sp, options, p.stage_size, p.microbatch_size, sp.rules, dpn), dpn)
                     for sp in subspaces):
                 baselines[name] = best.estimate  # the optimum of a space it is a plan of
                 continue
-            found, _, _ = _run(subspaces, spec, training, cluster,
-                               profile, budget, options, world, step,
+            found, _, _ = _run(subspaces, spec, training, cache, budget, options, world, step,
                                now + max(0.0, end - now) / (len(names) - j), None, {},
                                comparison=True, floor=floor)
             baselines[name] = found.estimate
@@ -483,7 +488,7 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
     chosen = (best.plan, best.estimate)
     tried = _virtual_size_report(best.plan, best.estimate, spec, training, cluster, profile,
                                  budget, options)
-    report_s = min(REPORT_TIME_LIMIT_S, end - search_clock())
+    report_s = min(REPORT_TIME_LIMIT_S, end - clock())
     if not options.report_partitions:
         partitions: Any = "not asked for"
     elif winner is None:
@@ -499,7 +504,7 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
         "partitions": partitions,
         "from_incumbent": winner is None,
         "adopted_from_baseline": adopted,
-        "search_time_s": time.monotonic() - wall0, "search_cpu_s": search_clock() - t0,
+        "search_time_s": time.monotonic() - wall0, "search_cpu_s": clock() - t0,
         "tasks": stats.get("tasks", 0),
         "tasks_pruned": stats.get("pruned", 0),
         "tasks_over_memory": stats.get("memory_pruned", 0), "nodes": stats.get("nodes", 0),

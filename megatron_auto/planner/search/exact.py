@@ -44,7 +44,6 @@ Interleaved tasks (``task.v > 1``): the walk is over the ``pp v`` model chunks i
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,24 +59,6 @@ from .tasks import Task, Weights
 
 TIE = 1e-9
 MEMORY_SLACK = 1e-9  # relative: our sums and evaluate_plan's may differ in the last bits
-
-
-_CLOCK = [-1.0, 0.0]  # (wall, CPU) of the last CPU-clock read
-
-
-def search_clock() -> float:
-    """The clock every search deadline reads: this process's CPU seconds. On a shared machine
-    the wall clock runs many times faster than the search's own progress (load 20 gave it a
-    tenth of a core), so a wall-clock limit made the answer depend on the load; CPU seconds
-    give the same search the same work whatever else runs (docs/planner.md §3).
-
-    Reading the CPU clock costs microseconds (a system call), the search reads it at every
-    node: it is read again only once 10 ms of wall time have passed, and CPU time never runs
-    ahead of the wall clock, so the value is at most 10 ms behind."""
-    wall = time.monotonic()
-    if wall - _CLOCK[0] >= 0.01:
-        _CLOCK[0], _CLOCK[1] = wall, time.process_time()
-    return _CLOCK[1]
 
 
 @dataclass
@@ -123,7 +104,8 @@ class TaskSearch:
                  deadline: float | None = None, partition: tuple[int, ...] | None = None
                  ) -> None:
         self.task, self.training, self.best = task, training, incumbent
-        self.deadline = deadline
+        self.deadline = deadline  # on task.cache.clock (the search's CPU clock)
+        self.clock = task.cache.clock
         self.partition = partition
         self.limit = task.budget * (1 + MEMORY_SLACK) - task.cluster.memory_reserve_bytes
         self.chosen: list[LayerStrategy] = []
@@ -209,7 +191,7 @@ class TaskSearch:
 
     def _check_deadline(self) -> None:
         if self.deadline is not None and (self.best.plan is not None or self.best.comparison) \
-                and search_clock() > self.deadline:
+                and self.clock() > self.deadline:
             raise _Stopped
 
     def run(self) -> None:

@@ -17,6 +17,7 @@ from ..cost.time_model import (relayout_cost, relayout_time, sequence_parallel_s
                                stage_boundary_cost)
 from ..inputs.model_spec import ModelSpec
 from ..inputs.profiles import ModelProfile
+from .search_cache import SearchCache
 from .spaces import SpaceRules, layer_strategies
 from .stage_costs import StrategyCosts, prune_dominated, strategy_costs
 from ...layout import Layout, layout_of
@@ -31,8 +32,10 @@ class LayerTables:
     in flight) computed on first use, layouts, transition and hop costs, transient buckets."""
 
     def __init__(self, spec: ModelSpec, profile: ModelProfile, cluster: ClusterModel,
-                 rules: SpaceRules, n: int, b_m: int, pp: int, schedule: str) -> None:
+                 rules: SpaceRules, n: int, b_m: int, pp: int, schedule: str,
+                 cache: SearchCache) -> None:
         self.spec, self.profile, self.cluster = spec, profile, cluster
+        self.cache = cache  # the search's: priced strategies per layer type
         self.n, self.b_m, self.pp, self.schedule = n, b_m, pp, schedule
         self.strategies = [layer_strategies(lt, n, b_m, rules, cluster.devices_per_node)
                            for lt in spec.layer_types]
@@ -131,12 +134,14 @@ class LayerTables:
     def costs(self, t: int, k_in: int) -> StrategyCosts:
         key = (t, k_in)
         if key not in self._costs:
-            lp = self.profile.layer_types[self.spec.layer_types[t].name]
+            name = self.spec.layer_types[t].name
+            lp = self.profile.layer_types[name]
             # any layer of this type stands for its norm/bias sizes
             order = self.spec.layer_order
             norms = sp_reduced_tensor_bytes(self.spec, order.index(t)) if t in order else ()
             full = strategy_costs(lp, self.cluster, self.strategies[t], self.n, self.b_m, k_in,
-                                  self.schedule, self.profile.precision, norm_grad_bytes=norms)
+                                  self.schedule, self.profile.precision, norm_grad_bytes=norms,
+                                  memo=self.cache.priced_strategies(name))
             self._costs[key] = full.take(prune_dominated(full))
         return self._costs[key]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .exact import Incumbent, TaskSearch, search_clock
+from .exact import Incumbent, TaskSearch
 from .least_memory import stage_least
 from ..inputs.model_spec import TrainingSpec
 from .partition import bmw_paper, even, memory_balanced, min_max_partition
@@ -82,7 +82,7 @@ def partition_report(task: Task, training: TrainingSpec, best: Incumbent,
         part = pinned_partition(task, kind)
         if part is not None and part not in priced:
             found = Incumbent()
-            TaskSearch(task, training, found, search_clock() + time_limit_s,
+            TaskSearch(task, training, found, task.cache.clock() + time_limit_s,
                        partition=part).run()
             priced[part] = {
                 "partition": list(part),

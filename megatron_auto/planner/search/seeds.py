@@ -33,7 +33,6 @@ import numpy as np
 
 from ...plan import LayerStrategy, PipelineSpec, Plan, even_partition
 from .stage_dp import LayerOptions, StageTables, solve_stage
-from ..cost.gpu_terms import search_nccl_bound
 from ..cost.time_model import pipeline_time
 from .partition import min_max_partition
 from .tasks import Task
@@ -103,7 +102,7 @@ def _stage(task: Task, k: int, start: int, bold: bool):
         else:
             room = (task.room * (1 - 1e-9)
                     - max(e.persistent + max(tau, e.transient), e.step_peak)
-                    - search_nccl_bound(task.cluster, task.n, task.pp))
+                    - task.nccl_bound)
         if room < 0:
             continue
         cells = min(int(room // _step(task)), SEED_CELLS)
@@ -199,7 +198,7 @@ def _pair_stage(task: Task, k: int, length: int, bold: bool):
     c = task.tables.costs(0, task.in_flight[k])
     e = task.emb[k]
     value = c.microbatch + (c.optimizer + c.exposed_sync) / task.m
-    nccl = task.nccl_floor[k] if bold else search_nccl_bound(task.cluster, task.n, task.pp)
+    nccl = task.nccl_floor[k] if bold else task.nccl_bound
     room = task.budget * (1 - 1e-9) - task.cluster.memory_reserve_bytes - nccl
     x = np.arange(length + 1)[None, None, :]
     y = length - x

@@ -10,14 +10,14 @@ these up the way ``cost_model.evaluate_plan`` does; it never re-derives a formul
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
 from ...plan import LayerStrategy, VocabStrategy
 from ..inputs.cluster_model import ClusterModel
-from ..cost.memory_model import embedding_memory, layer_memory
-from ..cost.time_model import embedding_time, layer_time
+from ..cost.memory_model import MemoryCost, embedding_memory, layer_memory
+from ..cost.time_model import TimeCost, embedding_time, layer_time
 from ..inputs.profiles import EmbeddingProfile, LayerTypeProfile
 from ...layout import Layout, layout_of
 
@@ -90,39 +90,44 @@ class EmbeddingCosts:
 
 _COLUMNS = ("forward", "backward", "exposed_sync", "optimizer", "persistent", "transient",
             "step_peak", "step_floor", "step_temporary", "sharded")
-# Priced strategies per (profile, cluster) pair, most recent last: the tasks of one search (and
-# its baseline spaces, whose strategies are a subset) price the same strategy at the same stage
-# size and micro-batch many times. Both are frozen dataclasses; the entry holds them, so their
-# ids cannot be reused while it lives.
-_MEMO: dict[tuple[int, int], tuple[object, object, dict]] = {}
-_MEMO_PAIRS = 4
+
+# A strategy's key: (strategy, stage size, micro-batch size, in flight, schedule, precision,
+# SP-reduced norm bytes); its layer terms' key leaves out the micro-batches in flight.
+StrategyKey = tuple[LayerStrategy, int, int, int, str, str, tuple[float, ...]]
+LayerKey = tuple[LayerStrategy, int, int, str, str, tuple[float, ...]]
+Row = tuple[tuple[Layout, bool], tuple[float, ...]]  # a strategy's class and _COLUMNS values
 
 
-def _memo(profile: LayerTypeProfile, cluster: ClusterModel) -> dict:
-    key = (id(profile), id(cluster))
-    if key not in _MEMO:
-        while len(_MEMO) >= _MEMO_PAIRS:
-            _MEMO.pop(next(iter(_MEMO)))
-        _MEMO[key] = (profile, cluster, {})
-    return _MEMO[key][2]
+@dataclass
+class PricedStrategies:
+    """One layer type's priced strategies on one cluster (a search's ``SearchCache`` holds
+    one per layer type): ``rows`` per :data:`StrategyKey`, and the layer's memory terms and
+    times, which do not depend on the micro-batches in flight, per :data:`LayerKey`."""
+
+    rows: dict[StrategyKey, Row] = field(default_factory=dict)
+    layers: dict[LayerKey, tuple[MemoryCost, TimeCost]] = field(default_factory=dict)
 
 
 def strategy_costs(profile: LayerTypeProfile, cluster: ClusterModel,
                    strategies: list[LayerStrategy], stage_size: int, microbatch_size: int,
                    in_flight: int, schedule: str, precision: str,
-                   norm_grad_bytes: tuple[float, ...] = ()) -> StrategyCosts:
+                   norm_grad_bytes: tuple[float, ...] = (),
+                   memo: PricedStrategies | None = None) -> StrategyCosts:
     """Price every strategy of one layer type (``evaluate_plan``'s per-layer terms).
     ``norm_grad_bytes``: ``cost_model.sp_reduced_tensor_bytes`` of the type, all-reduced by its
-    sequence-parallel strategies."""
+    sequence-parallel strategies. ``memo``: this type's earlier prices on this cluster (the
+    search's cache), read and extended; None prices everything afresh."""
     n = stage_size
-    memo = _memo(profile, cluster)
+    memo = PricedStrategies() if memo is None else memo
     rows = []
+    norms = tuple(norm_grad_bytes)
     for s in strategies:
-        key = (s, n, microbatch_size, in_flight, schedule, precision, tuple(norm_grad_bytes))
-        if key not in memo:
-            memo[key] = _price(profile, cluster, s, n, microbatch_size, in_flight, schedule,
-                               precision, norm_grad_bytes)
-        rows.append(memo[key])
+        key = (s, n, microbatch_size, in_flight, schedule, precision, norms)
+        row = memo.rows.get(key)
+        if row is None:
+            row = memo.rows[key] = _price(profile, cluster, s, n, microbatch_size, in_flight,
+                                          schedule, precision, norms, memo)
+        rows.append(row)
     return StrategyCosts(strategies=tuple(strategies), layouts=tuple(r[0] for r in rows),
                          **{k: np.array([r[1][j] for r in rows], dtype=float)
                             for j, k in enumerate(_COLUMNS)})
@@ -130,7 +135,7 @@ def strategy_costs(profile: LayerTypeProfile, cluster: ClusterModel,
 
 def _price(profile: LayerTypeProfile, cluster: ClusterModel, s: LayerStrategy, n: int,
            microbatch_size: int, in_flight: int, schedule: str, precision: str,
-           norm_grad_bytes: tuple[float, ...]) -> tuple[tuple[Layout, bool], tuple[float, ...]]:
+           norm_grad_bytes: tuple[float, ...], memo: PricedStrategies) -> Row:
     """One strategy's class and its ``_COLUMNS`` values."""
     frag = fragmentation_of(cluster)
     fused = bool(getattr(cluster, "fused_optimizer", False))
@@ -138,17 +143,16 @@ def _price(profile: LayerTypeProfile, cluster: ClusterModel, s: LayerStrategy, n
     dp = n // s.tp
     sp = s.sequence_parallel and s.tp > 1
     # The layer's memory terms and times do not depend on the micro-batches in flight: priced
-    # once for every stage position (the memo of this profile and cluster pair).
-    key = ("layer", s, n, microbatch_size, schedule, precision, tuple(norm_grad_bytes))
-    memo = _memo(profile, cluster)
-    if key not in memo:
+    # once for every stage position (memo.layers).
+    key = (s, n, microbatch_size, schedule, precision, norm_grad_bytes)
+    if key not in memo.layers:
         samples = microbatch_size / dp
-        memo[key] = (
+        memo.layers[key] = (
             layer_memory(profile, s.tp, dp, s.dp_mode, s.recompute, samples,
                          first_backward_peak=schedule == "gpipe", sequence_parallel=sp),
             layer_time(profile, cluster, layout, s.dp_mode, s.recompute, samples, n, precision,
                        sequence_parallel=sp, norm_grad_bytes=norm_grad_bytes if sp else ()))
-    mem, t = memo[key]
+    mem, t = memo.layers[key]
     # evaluate_plan sums parameters + gradients_at_peak + optimizer states and
     # in_flight x activations per layer; persistent() is that sum (no early release here).
     return (layout, sp), (

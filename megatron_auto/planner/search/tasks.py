@@ -46,11 +46,12 @@ from ..cost.estimate import in_flight, step_overhead
 from .bottleneck import Bottleneck
 from ..cost.time_model import relayout_cost, sequence_parallel_switch_time
 from .stage_dp import LayerOptions, solve_stage
-from ..cost.gpu_terms import group_count
+from ..cost.gpu_terms import group_count, search_nccl_bound
 from ..cost.interleaving import chunk_in_flight
 from .layer_tables import LayerTables
 from ..inputs.model_spec import ModelSpec
 from ..inputs.profiles import ModelProfile
+from .search_cache import SearchCache
 from .spaces import SpaceRules
 from .stage_costs import EmbeddingCosts, StrategyCosts, embedding_costs
 from ...layout import all_layouts, vocab_layout
@@ -74,17 +75,20 @@ class Weights:
 MIXES = (1.0,)
 
 
-_NCCL_FLOOR: dict[tuple, int] = {}  # communicator counts by stage shape (pure arithmetic)
-
-
 class Task:
     """Cost tables of one (B, pp, m, schedule, vocabulary layout) for one search space."""
 
     def __init__(self, spec: ModelSpec, profile: ModelProfile, cluster: ClusterModel,
                  world_size: int, global_batch: int, pp: int, m: int, schedule: str,
                  rules: SpaceRules, vocab: VocabStrategy, budget_bytes: float,
-                 step: int, shared: dict | None = None, virtual_size: int = 1) -> None:
+                 step: int, shared: dict | None = None, virtual_size: int = 1,
+                 cache: SearchCache | None = None) -> None:
         self.spec, self.profile, self.cluster = spec, profile, cluster
+        # The search's reusable results (its own when the task is built alone).
+        if cache is None:
+            cache = SearchCache(profile, cluster)
+        cache.check(profile, cluster)
+        self.cache = cache
         # Interleaved 1F1B (v > 1): the search walks the pp * v model chunks in model order,
         # chunk c on stage c % pp; every per-position array below is per chunk (per stage
         # when v == 1, where chunks and stages are the same).
@@ -107,7 +111,7 @@ class Task:
         shared = {} if shared is None else shared
         if key not in shared:
             shared[key] = LayerTables(spec, profile, cluster, rules, self.n, self.b_m, pp,
-                                       schedule)
+                                       schedule, cache)
         self.tables = shared[key]
         self.ok = self.tables.ok
         self._emb: list[EmbeddingCosts] | None = None
@@ -132,7 +136,7 @@ class Task:
             self.__dict__["_sibling"] = Task(
                 self.spec, self.profile, self.cluster, self.world_size, self.global_batch,
                 self.pp, self.m, self.schedule, self.rules, self.vocab, self.budget, self.step,
-                {key: self.tables})
+                {key: self.tables}, cache=self.cache)
         return self.__dict__["_sibling"]
 
     def __getattr__(self, name: str):
@@ -208,15 +212,26 @@ class Task:
                 end = k in (0, self.pp - 1)
                 key = (self.n, self.pp, self.world_size, k == 0, k == self.pp - 1,
                        self.vocab.tp if end else 0)
-                if key not in _NCCL_FLOOR:
+                floors = self.cache.nccl_floors
+                if key not in floors:
                     vocab = {(self.vocab.tp, True)} if end else set()
-                    _NCCL_FLOOR[key] = min(  # every rank of a stage holds as many
+                    floors[key] = min(  # every rank of a stage holds as many
                         group_count(self.n, self.pp, self.world_size, k, 0,
                                     vocab | {(lay.tp, lay.consecutive)})
                         for lay in all_layouts(self.n))
-                out.append(per * _NCCL_FLOOR[key])
+                out.append(per * floors[key])
             self.__dict__["_nccl_floor"] = out
         return self.__dict__["_nccl_floor"]
+
+    @property
+    def nccl_bound(self) -> float:
+        """``gpu_terms.search_nccl_bound`` of this task's stage shape: an upper bound on any
+        plan's NCCL bytes per rank (O(stage size) to compute: once per shape and search)."""
+        key = (self.n, self.pp)
+        bounds = self.cache.nccl_bounds
+        if key not in bounds:
+            bounds[key] = search_nccl_bound(self.cluster, self.n, self.pp)
+        return bounds[key]
 
     @property
     def min_transient(self) -> list[float]:
