@@ -25,6 +25,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             "tests/conftest.py):\n  " + "\n  ".join(wrong))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _cache_inside_the_session(tmp_path_factory: pytest.TempPathFactory):
+    """Point the package's cache (profiles, the embedded corpus, dataset indices) at a directory
+    of this session, so that no test reads or writes the user's ``~/.cache/megatron_auto`` or
+    another run's cache: a fresh clone and a developer's checkout run the same tests. Forked
+    ranks and subprocesses inherit it; a test that needs its own cache sets it itself."""
+    import os
+
+    saved = os.environ.get("MEGATRON_AUTO_CACHE")
+    os.environ["MEGATRON_AUTO_CACHE"] = str(tmp_path_factory.mktemp("megatron_auto_cache"))
+    yield
+    if saved is None:
+        os.environ.pop("MEGATRON_AUTO_CACHE", None)
+    else:
+        os.environ["MEGATRON_AUTO_CACHE"] = saved
+
+
 @pytest.fixture(autouse=True)
 def _package_logger_restored():
     """Put the package logger back as it was after each test.

@@ -15,16 +15,9 @@ from megatron_auto.planner.inputs.hardware import GB
 from megatron_auto.planner.inputs.model_spec import ModelSpec, TrainingSpec
 from megatron_auto.planner.inputs.presets import get_cluster
 
-REPO = Path(__file__).resolve().parents[1]
-# The measured files Galvatron ships live beside the repository (not in it); a worktree
-# elsewhere points at them with MEGATRON_AUTO_GALVATRON_PROFILES.
-PROFILES = Path(os.environ.get("MEGATRON_AUTO_GALVATRON_PROFILES")
-                or REPO.parent / "shared" / "reference" / "galvatron-profiles")
-needs_files = pytest.mark.skipif(
-    not PROFILES.is_dir(),
-    reason=f"Galvatron reference profiles not found at <repo>/../shared/reference/"
-           f"galvatron-profiles or $MEGATRON_AUTO_GALVATRON_PROFILES (they are not shipped with "
-           f"the project)")
+# Galvatron 2.4's shipped profile and plan files, copied into the repository (source and
+# license: tests/data/galvatron/README.md).
+PROFILES = Path(__file__).resolve().parent / "data" / "galvatron"
 
 MB = 2**20
 BERT_COMP = "computation_profiling_bf16_hidden1024_head16.json"
@@ -44,7 +37,6 @@ def gpt():
 
 
 @pytest.mark.single
-@needs_files
 def test_hardware_files_give_the_measured_numbers():
     c = cluster_from_galvatron(PROFILES / "allreduce_bandwidth_1nodes_8gpus_per_node.json",
                                PROFILES / "p2p_bandwidth_1nodes_8gpus_per_node.json",
@@ -65,7 +57,6 @@ def test_hardware_files_give_the_measured_numbers():
 
 
 @pytest.mark.single
-@needs_files
 def test_computation_and_memory_files_both_layouts():
     comp = read_computation(PROFILES / BERT_COMP)
     assert comp.layer_time(0, 512).per_sample_ms == pytest.approx(1.773727989196777)
@@ -86,7 +77,6 @@ def test_computation_and_memory_files_both_layouts():
 
 
 @pytest.mark.single
-@needs_files
 def test_model_profile_units_by_hand():
     training = TrainingSpec(global_batch_size=64, precision="bf16")
     cluster = get_cluster("a100-40g-1x8")
@@ -110,7 +100,6 @@ def test_model_profile_units_by_hand():
 
 
 @pytest.mark.single
-@needs_files
 def test_profile_of_another_model_is_refused():
     other = ModelSpec.uniform(24, 2048, 16, 512, 30592, causal=False, name="bert")
     cluster = get_cluster("a100-40g-1x8")
@@ -138,7 +127,6 @@ def test_profile_of_another_model_is_refused():
 
 
 @pytest.mark.single
-@needs_files
 def test_galvatron_plans_convert_with_per_layer_values():
     plan = plan_from_galvatron_config(PROFILES / BERT_PLAN)
     assert plan.world_size == 8 and plan.num_layers == 24
