@@ -24,11 +24,12 @@ import argparse
 import importlib.util
 import math
 import os
-import warnings
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from .config import (DEFAULT_GLOBAL_BATCH_SIZE, FP8_FORMATS, TRANSFORMER_IMPLS, ArgumentError,
                      ConfigError, ModelConfig, resolve_precision)
+from .run_flag_checks import check_output_flags, given_flags, warn_inapplicable_flags
+from .utils.flag_warnings import warn_flag
 
 if TYPE_CHECKING:
     # annotations only: run_config's dataclasses, imported where built (below)
@@ -92,9 +93,6 @@ IGNORED_MEGATRON_FLAGS: dict[str, tuple[str | None, tuple[str, ...] | None]] = {
 def _ignored_dest(flag: str) -> str:
     return "ignored_" + flag.lstrip("-").replace("-", "_")
 
-
-# Data flags that only matter when a tokenizer is built (not with --mock-data).
-_TOKENIZER_FLAGS = ("tokenizer_type", "tokenizer_model", "vocab_file", "merge_file")
 
 # ----------------------------------------------------------------------------- flag groups
 def add_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -180,7 +178,7 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="train the GEMMs in FP8 with Transformer Engine's delayed scaling "
                         "(hybrid: E4M3 forward, E5M2 backward); needs --transformer-impl "
                         "transformer_engine")
-    g.add_argument("--compile-backend", default="inductor",
+    g.add_argument("--compile-backend", default=None,
                    help="torch.compile backend for --compile: inductor (default), aot_eager, "
                         "eager")
 
@@ -257,6 +255,9 @@ def add_logging_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                    help="write checkpoints in the background (torch.distributed.checkpoint."
                         "async_save): training stalls only while the state is copied (needs "
                         "--save)")
+    g.add_argument("--overwrite", action="store_true",
+                   help="let --save replace a checkpoint of another run there (without it, a "
+                        "--save directory holding one is refused unless --load continues it)")
     g.add_argument("--no-load-fallback", dest="load_fallback", action="store_false",
                    help="stop at a damaged --load checkpoint instead of loading the newest "
                         "intact older one")
@@ -319,7 +320,9 @@ def parse_run_config(argv: Sequence[str] | None = None,
     Raises ``ConfigError`` (``ArgumentError`` for flag combinations) naming the flag, its value
     and the fix; argparse itself exits with status 2 on unknown flags.
     """
-    args = (parser or build_parser()).parse_args(argv)
+    parser = parser or build_parser()
+    args = parser.parse_args(argv)
+    args.given_flags = given_flags(parser, argv)  # for the families that ignore shared flags
     check_args(args)
     return run_config_from_args(args, model_config_from_args or model_config_from_args_default)
 
@@ -354,8 +357,8 @@ def check_args(args: argparse.Namespace) -> None:
                for flag, (metavar, _) in IGNORED_MEGATRON_FLAGS.items()
                if hasattr(args, _ignored_dest(flag))]
     if ignored:
-        warnings.warn(f"Megatron-LM flags ignored (no effect in megatron_auto; see "
-                      f"docs/training.md): {' '.join(ignored)}", stacklevel=2)
+        warn_flag(f"Megatron-LM flags ignored (no effect in megatron_auto; see "
+                  f"docs/training.md): {' '.join(ignored)}")
     _check_transformer_impl(args)
     if args.mock_data and args.data_path:
         _fail("--data-path", " ".join(args.data_path),
@@ -421,16 +424,8 @@ def check_args(args: argparse.Namespace) -> None:
             and args.distributed_timeout_minutes > 0):
         _fail("--distributed-timeout-minutes", args.distributed_timeout_minutes,
               "must be a positive number of minutes (e.g. 10)")
-    for flag in ("memory_budget_gb", "cluster"):
-        if getattr(args, flag) is not None and not args.auto_parallel:
-            warnings.warn(f"--{flag.replace('_', '-')}={getattr(args, flag)} only guides "
-                          f"--auto-parallel and is ignored without it", stacklevel=2)
-    if args.mock_data:  # random token ids: the vocabulary is --vocab-size, no tokenizer is built
-        given = [f"--{flag.replace('_', '-')}={getattr(args, flag)}" for flag in _TOKENIZER_FLAGS
-                 if getattr(args, flag) is not None]
-        if given:
-            warnings.warn(f"{' '.join(given)}: ignored with --mock-data (random token ids; the "
-                          f"vocabulary is --vocab-size)", stacklevel=2)
+    warn_inapplicable_flags(args)
+    check_output_flags(args)
     if args.tokenizer_type is not None and not (args.data_path or args.mock_data):
         _fail("--tokenizer-type", args.tokenizer_type,
               "needs --data-path (the embedded default brings its own tokenizer)")
@@ -538,7 +533,8 @@ def run_config_from_args(args: argparse.Namespace,
             wandb_save_dir=args.wandb_save_dir),
         training=TrainingConfig(train_iters=args.train_iters, eval_interval=args.eval_interval,
                                 eval_iters=args.eval_iters, seed=args.seed,
-                                compile_backend=args.compile_backend if args.compile else None,
+                                compile_backend=((args.compile_backend or "inductor")
+                                                 if args.compile else None),
                                 check_for_nan_in_loss_and_grad=args.check_for_nan_in_loss_and_grad,
                                 exit_signal_handler=args.exit_signal_handler,
                                 exit_duration_in_mins=args.exit_duration_in_mins,
@@ -546,7 +542,7 @@ def run_config_from_args(args: argparse.Namespace,
         distributed_timeout_minutes=args.distributed_timeout_minutes,
         checkpoint=CheckpointConfig(save=args.save, load=args.load,
                                     save_interval=args.save_interval,
-                                    async_save=args.async_save,
+                                    async_save=args.async_save, overwrite=args.overwrite,
                                     load_fallback=args.load_fallback),
         plan_source=plan_source_from_args(args), plan_out=args.plan_out)
 
@@ -556,7 +552,7 @@ def add_sp_and_virtual_pipeline_args(group: Any) -> None:
     pretrain scripts' and ``megatron-auto``'s classic layout)."""
     group.add_argument("--sequence-parallel", action="store_true",
                        help="Megatron-SP on every layer: norms, dropout and residuals split "
-                            "along the sequence over the TP group (ignored with TP 1)")
+                            "along the sequence over the TP group (at TP 1: a warning, no effect)")
     group.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None,
                        metavar="N", help="interleaved 1F1B: model chunks of N layers, "
                                          "pp x v of them (needs pp > 1)")

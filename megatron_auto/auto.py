@@ -48,6 +48,7 @@ from .profiler.hardware_profiler import PROFILER_REVISION, HardwareProfilerConfi
 from .profiler.model_profiler import (get_or_create_model_profile, profile_cache_key, profile_model,
                                       ranks_measure_together)
 from .run_config import SearchPins
+from .utils.flag_warnings import warn_flag
 from .families.t5.config import T5Config
 from .families.vision.config import VisionConfig
 
@@ -66,10 +67,9 @@ def search_options_for(pins: SearchPins, world_size: int,
     when a typed flag is not a pin here; raises ``AutoParallelError`` naming the flag."""
     tp, pp = pins.tensor_model_parallel_size, pins.pipeline_model_parallel_size
     if pins.micro_batch_size is not None and (tp is None or pp is None):
-        logger.warning("--micro-batch-size=%s is ignored by --auto-parallel unless "
-                       "--tensor-model-parallel-size and --pipeline-model-parallel-size pin "
-                       "the data-parallel size too; the planner chooses the micro-batch "
-                       "count", pins.micro_batch_size)
+        warn_flag(f"--micro-batch-size={pins.micro_batch_size} is ignored by --auto-parallel "
+                  f"unless --tensor-model-parallel-size and --pipeline-model-parallel-size pin "
+                  f"the data-parallel size too; the planner chooses the micro-batch count")
     try:
         options = search_options(pins, world_size, num_layers,
                                  micro_batch_size=pins.micro_batch_size,
@@ -77,8 +77,8 @@ def search_options_for(pins: SearchPins, world_size: int,
     except ValueError as err:
         raise AutoParallelError(str(err)) from None
     if pins.recompute_granularity is not None:
-        logger.warning("--recompute-granularity is decided per layer by --auto-parallel; the "
-                       "flag is ignored")
+        warn_flag(f"--recompute-granularity={pins.recompute_granularity}: recompute is decided "
+                  f"per layer by --auto-parallel; the flag is ignored")
     return options
 
 

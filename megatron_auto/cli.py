@@ -28,6 +28,7 @@ from typing import Any, Sequence
 from .arguments import (DEFAULT_GLOBAL_BATCH_SIZE, add_model_args, check_model_option_args,
                         add_sp_and_virtual_pipeline_args, classic_layout_from_args,
                         model_config_from_args)
+from .cli_checks import check_outputs, command_given_flags, warn_other_family_flags
 from .config import ModelConfig, resolve_precision
 from .families.vision.flags import add_vision_args, apply_vit_defaults, vision_config_from_args
 from .families.vision.config import BACKBONES, VisionConfig
@@ -43,6 +44,8 @@ from .planner.inputs.profiles import ModelProfile
 from .planner.inputs.pins import search_options
 from .planner.search.driver import evaluate, search
 from .planning import PlanningInputs, planning_inputs, runtime_options
+from .run_flag_checks import warn_sequence_parallel_at_tp1
+from .utils.flag_warnings import one_line_flag_warnings, warn_flag
 
 # Imported where used (start-up time, docs/planner.md §7): the Galvatron readers, the classic
 # flags' plan maker, plotting, and the profiler's and reproduce's subcommands, none of which
@@ -172,9 +175,8 @@ def _setup(args: argparse.Namespace, global_batch_size: int | None = None,
         global_batch_size=global_batch_size or args.global_batch_size or DEFAULT_GLOBAL_BATCH,
         memory_budget_gb=args.memory_budget_gb, profile=profile)
     if inputs.budget_bytes > cluster.device_memory_bytes:
-        print(f"warning: --memory-budget-gb={args.memory_budget_gb} exceeds the "
-              f"{cluster.device_memory_bytes / GB:.1f} GB of a {cluster.device_name}",
-              file=sys.stderr)
+        warn_flag(f"--memory-budget-gb={args.memory_budget_gb} exceeds the "
+                  f"{cluster.device_memory_bytes / GB:.1f} GB of a {cluster.device_name}")
     return inputs
 
 
@@ -253,6 +255,9 @@ _OPTION_FLAGS = {"space": "--search-space", "time_limit_s": "--time-limit",
 
 def cmd_plan(args: argparse.Namespace) -> int:
     setup = _setup(args)
+    if (args.sequence_parallel and args.tensor_model_parallel_size == 1
+            and getattr(setup.config, "runs_sequence_parallel", True)):
+        warn_sequence_parallel_at_tp1()
     try:  # the layout flags are pins, as with --auto-parallel (planner.inputs.pins)
         options = search_options(
             args, setup.cluster.world_size, setup.spec.num_layers,
@@ -309,26 +314,16 @@ def cmd_explain(args: argparse.Namespace) -> int:
     print(_explain_text(setup, plan, estimate), end="")
     if args.plot:
         from .utils.plots import plot_plan  # noqa: PLC0415 - start-up time
-        plot_plan(plan, args.plot, estimate.to_dict(), setup.budget_bytes)
-        print(f"\nplot written to {args.plot}")
+        written = plot_plan(plan, args.plot, estimate.to_dict(), setup.budget_bytes)
+        print(f"\nplot written to {written}")
     return 0
 
 
 def cmd_plot_metrics(args: argparse.Namespace) -> int:
-    records = []
-    with open(args.metrics_file, encoding="utf-8") as fh:
-        for number, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise CliError(f"{args.metrics_file}:{number}: not a JSON object ({err.msg}); "
-                               f"pass the file written by --metrics-file") from None
+    from .utils.plots import plot_metrics, read_metrics_file  # noqa: PLC0415 - start-up time
+    records = read_metrics_file(args.metrics_file)
     out = args.output or os.path.splitext(args.metrics_file)[0] + ".png"
-    from .utils.plots import plot_metrics  # noqa: PLC0415 - start-up time
-    plot_metrics(records, out)
-    print(f"plot written to {out}")
+    print(f"plot written to {plot_metrics(records, out)}")
     return 0
 
 
@@ -544,8 +539,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
+    args.given_flags = command_given_flags(parser, args_list)
     try:
-        return args.func(args)
+        with one_line_flag_warnings():
+            warn_other_family_flags(args)
+            check_outputs(args)
+            return args.func(args)
     except ValueError as err:  # every project error class derives from ValueError
         print(f"megatron-auto {args.command}: error: {err}", file=sys.stderr)
         minimum = getattr(err, "min_memory_bytes", None) or getattr(err, "minimum_bytes", None)

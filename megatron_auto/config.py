@@ -70,6 +70,11 @@ class ModelConfig:
 
     model_types: ClassVar[tuple[str, ...]] = MODEL_TYPES
     position_embedding_types: ClassVar[tuple[str, ...]] = POSITION_EMBEDDING_TYPES
+    # Whether the family's stages run Megatron sequence parallelism (plans and flags asking for
+    # it are refused otherwise, naming the model instead of a sequence-length rule).
+    runs_sequence_parallel: ClassVar[bool] = True
+    # The flag that sets ``seq_length`` (T5: its encoder's), for the messages that name it.
+    seq_length_flag: ClassVar[str] = "--seq-length"
 
     num_layers: int = 4
     hidden_size: int = 256
@@ -160,8 +165,8 @@ class ModelConfig:
                 raise ConfigError(f"{flag}={value}: {fix}")
 
         for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size"):
-            need(getattr(self, name) > 0, f"--{name.replace('_', '-')}", getattr(self, name),
-                 "must be a positive integer")
+            flag = self.seq_length_flag if name == "seq_length" else f"--{name.replace('_', '-')}"
+            need(getattr(self, name) > 0, flag, getattr(self, name), "must be a positive integer")
         need(self.ffn_hidden_size > 0, "--ffn-hidden-size", self.ffn_hidden_size,
              "must be a positive integer")
         need(self.hidden_size % self.num_attention_heads == 0, "--hidden-size", self.hidden_size,
@@ -169,7 +174,7 @@ class ModelConfig:
              f"choose a hidden size that is a multiple of the head count")
         need(self.max_position_embeddings >= self.seq_length, "--max-position-embeddings",
              self.max_position_embeddings,
-             f"must be at least --seq-length={self.seq_length}")
+             f"must be at least {self.seq_length_flag}={self.seq_length}")
         need(0.0 <= self.hidden_dropout < 1.0, "--hidden-dropout", self.hidden_dropout,
              "must be in [0, 1)")
         need(0.0 <= self.attention_dropout < 1.0, "--attention-dropout", self.attention_dropout,

@@ -348,6 +348,10 @@ class Plan:
                     model.check_tensor_parallel(layer.tp, what=what)
             except ValueError as err:
                 raise PlanError(str(err)) from None
+            if layer.sequence_parallel and not getattr(model, "runs_sequence_parallel", True):
+                raise PlanError(f"plan field layers[{i}].sequence_parallel=True: the "
+                                f"{model.model_type} model does not run sequence parallelism "
+                                f"yet; set it to false (or drop --sequence-parallel)")
             if layer.sequence_parallel and model.seq_length % layer.tp:
                 raise PlanError(f"plan field layers[{i}].sequence_parallel=True: --seq-length="
                                 f"{model.seq_length} must be divisible by the layer's tp={layer.tp}; "

@@ -23,12 +23,12 @@ the fix.
 
 from __future__ import annotations
 
-import warnings
-
 from .config import ArgumentError, ModelConfig
 from .plan import Plan, PlanError
 from .planner.interop.megatron_flags import MegatronFlagError, plan_from_megatron_flags
 from .run_config import DEFAULT_GLOBAL_BATCH_SIZE, ClassicLayout, PlanFile
+from .run_flag_checks import warn_sequence_parallel_at_tp1
+from .utils.flag_warnings import warn_flag
 
 def make_plan(source: PlanFile | ClassicLayout, model_config: ModelConfig,
               world_size: int) -> Plan:
@@ -54,10 +54,10 @@ def plan_from_file(source: PlanFile, model_config: ModelConfig, world_size: int)
             f"{plan.global_batch_size} in {source.path}; drop --global-batch-size or make a plan "
             f"for this batch size")
     if source.micro_batch_size is not None:
-        warnings.warn(f"--micro-batch-size={source.micro_batch_size} is ignored with --plan: each "
-                      f"layer's micro-batch follows from the plan (global_batch_size "
-                      f"{plan.global_batch_size} / num_microbatches {plan.num_microbatches} / dp)",
-                      stacklevel=3)
+        warn_flag(f"--micro-batch-size={source.micro_batch_size} is ignored with --plan: each "
+                  f"layer's micro-batch follows from the plan (global_batch_size "
+                  f"{plan.global_batch_size} / num_microbatches {plan.num_microbatches} / dp)",
+                  stacklevel=2)
     return plan
 
 
@@ -66,6 +66,11 @@ def plan_from_classic_flags(layout: ClassicLayout, model_config: ModelConfig,
     """The uniform plan of Megatron's layout flags; shared by the pretrain scripts and
     ``megatron-auto evaluate``/``explain``."""
     tp = layout.tensor_model_parallel_size or 1
+    if layout.sequence_parallel and not getattr(model_config, "runs_sequence_parallel", True):
+        raise ArgumentError(f"--sequence-parallel: the {model_config.model_type} model does not "
+                            f"run sequence parallelism yet; drop the flag")
+    if layout.sequence_parallel and tp == 1:
+        warn_sequence_parallel_at_tp1()
     model_config.check_tensor_parallel(tp)
     model_config.check_vocab_parallel(tp, what="--tensor-model-parallel-size")
     pp = layout.pipeline_model_parallel_size or 1

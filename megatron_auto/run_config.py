@@ -198,6 +198,8 @@ class CheckpointConfig:
     save_interval: int | None = None
     async_save: bool = False  # --async-save: dcp.async_save, written in the background
     load_fallback: bool = True  # a damaged checkpoint falls back to the previous intact one
+    # --overwrite: --save may replace a checkpoint of another run (one --load does not continue)
+    overwrite: bool = False
 
 
 # ----------------------------------------------------------------------------- plan sources

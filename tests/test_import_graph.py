@@ -6,7 +6,8 @@ run time). Layers, bottom to top (docs/architecture.md):
 
     base         plan, layout, schedule, config,    pure: no torch, import only each other
                  run_config, arguments,             (arguments: argparse -> RunConfig, which
-                 utils.* (jsonfile, atomicfile,     the entry points and training.pretrain use)
+                 run_flag_checks,                   the entry points and training.pretrain use)
+                 utils.* (jsonfile, atomicfile,
                  plots, progress,
                  output_paths, flag_warnings),      (a family's config and flags: the models
                  families.*.config and .flags and   read the configs)
@@ -52,7 +53,8 @@ TOP_LEVEL_LAYERS = {
     "plan": "base", "layout": "base", "schedule": "base", "config": "base",
     "run_config": "base",
     "planning": "plan_inputs", "plan_source": "plan_inputs",
-    "arguments": "base", "auto": "auto", "cli": "entry",
+    "arguments": "base", "run_flag_checks": "base", "auto": "auto", "cli": "entry",
+    "cli_checks": "entry",
     "console": "entry", "__main__": "entry", "": "entry",
 }
 PACKAGE_LAYERS = {"utils": "base", "families": "base", "planner": "planner", "parallel": "parallel",

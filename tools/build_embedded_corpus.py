@@ -126,7 +126,8 @@ def main(argv: list[str] | None = None) -> None:
         subprocess.run(
             [sys.executable, os.path.join(here, "train_tokenizer.py"), "--input", corpus,
              "--model-prefix", os.path.join(args.output_dir, "stdlib_docstrings_bpe"),
-             "--vocab-size", str(args.vocab_size), "--model-type", "bpe"],
+             "--vocab-size", str(args.vocab_size), "--model-type", "bpe",
+             "--overwrite"],  # regenerating the shipped assets replaces them by design
             check=True,
         )
 

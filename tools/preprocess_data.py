@@ -30,8 +30,11 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
 from megatron_auto.data.embedded import embedded_tokenizer_model  # noqa: E402
-from megatron_auto.data.preprocess import TokenizerArgs, preprocess_jsonl  # noqa: E402
-from megatron_auto.data.tokenizers import TOKENIZER_TYPES  # noqa: E402
+from megatron_auto.data.preprocess import (  # noqa: E402
+    TokenizerArgs, output_prefix_for, preprocess_jsonl)
+from megatron_auto.data.tokenizers import TOKENIZER_TYPES, unread_tokenizer_flags  # noqa: E402
+from megatron_auto.utils.flag_warnings import one_line_flag_warnings, warn_flag  # noqa: E402
+from megatron_auto.utils.output_paths import check_output_file, refuse_existing  # noqa: E402
 
 
 def get_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -50,6 +53,9 @@ def get_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--append-eod", action="store_true", help="append the end-of-document token to each document")
     g = p.add_argument_group("output data")
     g.add_argument("--output-prefix", required=True, help="output files are PREFIX_{key}_{document|sentence}.bin/.idx")
+    g.add_argument("--overwrite", action="store_true",
+                   help="replace output files that already exist (without it they are refused "
+                        "before any tokenizing)")
     g = p.add_argument_group("runtime")
     g.add_argument("--workers", type=int, default=1, help="tokenizing processes")
     g.add_argument("--log-interval", type=int, default=1000, help="report progress every N documents")
@@ -61,10 +67,33 @@ def get_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def check_outputs(args: argparse.Namespace) -> None:
+    """Every ``.bin/.idx`` this run writes: its directory writable, and not there yet unless
+    ``--overwrite`` (refused before the tokenizer is even built)."""
+    outputs = [output_prefix_for(args.output_prefix, key, args.split_sentences) + ext
+               for key in args.json_keys for ext in (".bin", ".idx")]
+    for path in outputs:
+        check_output_file(path, "--output-prefix")
+    refuse_existing(outputs, "--output-prefix", args.overwrite)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = get_args(argv)
+    with one_line_flag_warnings():
+        return _preprocess(args)
+
+
+def _preprocess(args: argparse.Namespace) -> int:
     tok = TokenizerArgs(args.tokenizer_type, args.tokenizer_model, args.vocab_file, args.merge_file, args.vocab_size)
+    unread = unread_tokenizer_flags(args.tokenizer_type, tokenizer_model=args.tokenizer_model,
+                                    vocab_file=args.vocab_file, merge_file=args.merge_file,
+                                    vocab_size=args.vocab_size)
+    if unread:
+        warn_flag(f"{' '.join(unread)}: not read by --tokenizer-type {args.tokenizer_type}; drop "
+                  f"{'it' if len(unread) == 1 else 'them'} or choose the tokenizer that reads "
+                  f"{'it' if len(unread) == 1 else 'them'}")
     try:
+        check_outputs(args)
         stats = preprocess_jsonl(
             args.input, args.output_prefix, tok, args.json_keys, args.append_eod, args.workers,
             args.split_sentences, args.log_interval, log=sys.stderr,

@@ -312,6 +312,25 @@ class ExtraIdsTokenizer:
         return getattr(self.__dict__["base"], name)
 
 
+#: The input flags (argparse destinations) each ``--tokenizer-type`` reads; the others of
+#: ``tokenizer_model vocab_file merge_file vocab_size`` it ignores.
+TOKENIZER_INPUT_FLAGS: dict[str, tuple[str, ...]] = {
+    "GPT2BPETokenizer": ("vocab_file", "merge_file"),
+    "BertWordPieceLowerCase": ("vocab_file",), "BertWordPieceCase": ("vocab_file",),
+    "SentencePieceTokenizer": ("tokenizer_model",),
+    "GPTSentencePieceTokenizer": ("tokenizer_model",),
+    "HuggingFaceTokenizer": ("tokenizer_model",), "NullTokenizer": ("vocab_size",),
+}
+
+
+def unread_tokenizer_flags(tokenizer_type: str, **flags: object) -> list[str]:
+    """``--flag=value`` of each given (not None) input flag of ``flags`` (destinations) that
+    ``tokenizer_type`` does not read, in the order given."""
+    reads = TOKENIZER_INPUT_FLAGS.get(tokenizer_type, tuple(flags))
+    return [f"--{dest.replace('_', '-')}={value}" for dest, value in flags.items()
+            if value is not None and dest not in reads]
+
+
 def build_tokenizer(
     tokenizer_type: str,
     tokenizer_model: str | None = None,

@@ -39,7 +39,8 @@ from ..parallel.device import resolve_device, select_local_cuda_device
 from ..parallel.timers import gather_over_ranks
 from ..plan import Plan, PlanError
 from ..plan_source import make_plan
-from ..run_config import RunConfig, SearchPins
+from ..run_config import CheckpointConfig, RunConfig, SearchPins
+from ..utils.flag_warnings import one_line_flag_warnings
 from . import checkpoint
 from .data import DataError, DataSource, load_global_batch, prepare_data_source
 from .exit_control import ExitControl
@@ -153,6 +154,7 @@ def pretrain(config: RunConfig, model_provider: ModelProvider,
         source = DataSource(kind=config.data.source, data_prefix=list(config.data.data_path))
     if task.model_overrides:
         model_config = dataclasses.replace(model_config, **task.model_overrides)
+    _check_save_dir(ckpt)
     resume = bool(ckpt.load) and checkpoint.has_checkpoint(ckpt.load)
     if ckpt.load and not resume:
         log.info(f"> --load={ckpt.load}: no finished checkpoint there yet; starting from scratch")
@@ -205,6 +207,22 @@ def pretrain(config: RunConfig, model_provider: ModelProvider,
         checkpoint.save_checkpoint(trainer, ckpt.save, async_save=ckpt.async_save)
     checkpoint.wait_for_pending_save()  # an asynchronous save finishes before the run ends
     return trainer
+
+
+def _check_save_dir(ckpt: CheckpointConfig) -> None:
+    """Refuse a ``--save`` directory that holds another run's checkpoint (one this run does not
+    ``--load``): saving there would point its ``latest`` at this run and overwrite its
+    iterations. ``--overwrite`` allows it (Megatron-LM's behaviour)."""
+    if not ckpt.save or ckpt.overwrite or not checkpoint.has_checkpoint(ckpt.save):
+        return
+    if ckpt.load and os.path.realpath(ckpt.load) == os.path.realpath(ckpt.save):
+        return  # the run continues that checkpoint
+    with open(os.path.join(ckpt.save, checkpoint.LATEST_FILE), encoding="utf-8") as fh:
+        latest = fh.read().strip()
+    raise checkpoint.CheckpointError(
+        f"--save={ckpt.save}: already holds a checkpoint (latest iteration {latest}) that this "
+        f"run would replace; add --load {ckpt.save} to continue it, --overwrite to save over "
+        f"it, or choose a new directory")
 
 
 def _experiment_log(config: RunConfig, rank: int) -> ExperimentLog:
@@ -379,13 +397,16 @@ def launch(model_provider: ModelProvider, datasets_provider: DatasetsProvider,
     Configuration mistakes (bad flags, bad ``--plan`` files, bad data flags) print one
     ``error: ...`` line on stderr, without a traceback, and return 2.
     """
+    # Warnings and errors once, from rank 0 (torchrun's RANK before the world is joined: flags
+    # are checked first); a flag that cannot apply is one ``warning: ...`` line.
+    first_rank = int(os.environ.get("RANK", "0")) == 0
     try:
-        config = arguments.parse_run_config(argv, parser,
-                                            model_config_from_args=model_config_from_args)
-        pretrain(config, model_provider, datasets_provider, batch_fn, task)
+        with one_line_flag_warnings(show=first_rank):
+            config = arguments.parse_run_config(argv, parser,
+                                                model_config_from_args=model_config_from_args)
+            pretrain(config, model_provider, datasets_provider, batch_fn, task)
         code = 0
     except _user_errors() as err:
-        # Once, from rank 0 (torchrun's RANK before the world is joined: flags fail first).
         rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
         if rank == 0:
             print(f"error: {err}", file=sys.stderr)

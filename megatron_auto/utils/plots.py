@@ -12,6 +12,7 @@ reports of ``planner/report.py``.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Mapping, Sequence
 
@@ -37,7 +38,15 @@ def _figure(rows: int, height_per_row: float) -> Any:
     return Figure(figsize=(10, height_per_row * rows), layout="constrained")
 
 
+def plot_path(path: str) -> str:
+    """The file a figure saved to ``path`` lands in: matplotlib appends ``.png`` to a name
+    without a suffix (its ``savefig.format``), so ``out`` is written as ``out.png``."""
+    return path if os.path.splitext(path)[1] else path + ".png"
+
+
 def _save(fig: Any, path: str) -> str:
+    """Save ``fig``; returns the path of the file written (:func:`plot_path`)."""
+    path = plot_path(path)
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise PlotError(f"{path}: the directory {parent} does not exist; create it or choose "
@@ -134,7 +143,8 @@ def draw_stage_time(ax: Any, stages: Sequence[Mapping[str, Any]], num_microbatch
 
 def plot_plan(plan: Plan, path: str, estimate: Mapping[str, Any] | None = None,
               memory_budget_bytes: float | None = None) -> str:
-    """The strategy map, plus per-stage memory and time when an estimate is known."""
+    """The strategy map, plus per-stage memory and time when an estimate is known. Returns
+    the path written (:func:`plot_path`)."""
     estimate = estimate if estimate is not None else plan.estimate
     stages = list((estimate or {}).get("stages") or [])
     fig = _figure(3 if stages else 1, 3.2)
@@ -148,13 +158,61 @@ def plot_plan(plan: Plan, path: str, estimate: Mapping[str, Any] | None = None,
     return _save(fig, path)
 
 
+_PLOTTED_FIELDS = ("samples_per_s", "iteration_time_s", "predicted_iteration_time_s",
+                   "peak_memory_bytes", "predicted_peak_memory_bytes")
+
+
+def _plotted(key: str) -> bool:
+    return key.endswith("_loss") or key in _PLOTTED_FIELDS
+
+
+def read_metrics_file(path: str) -> list[dict[str, Any]]:
+    """The records of a ``--metrics-file`` (JSON lines), checked for what :func:`plot_metrics`
+    draws: each line a JSON object, ``iteration`` an integer, ``split`` a string, every drawn
+    field (losses, throughput, times, memory) a number or null. ``PlotError`` names the line,
+    the key and the value."""
+    records = []
+    with open(path, encoding="utf-8") as fh:
+        for number, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise PlotError(f"{where}: not a JSON object ({err.msg}); pass the file written "
+                                f"by --metrics-file") from None
+            if not isinstance(record, dict):
+                raise PlotError(f"{where}: a JSON {type(record).__name__}, not an object; pass "
+                                f"the file written by --metrics-file (one object per line)")
+            for key, value in record.items():
+                if key not in ("iteration", "split") and not _plotted(key):
+                    continue  # not drawn: whatever it holds changes no figure
+                ok = (isinstance(value, int) and not isinstance(value, bool) if key == "iteration"
+                      else isinstance(value, str) if key == "split"
+                      else value is None or (isinstance(value, (int, float))
+                                             and not isinstance(value, bool)))
+                if not ok:
+                    raise PlotError(f"{where}: {key}={value!r} is not "
+                                    + ("an integer" if key == "iteration" else "a string"
+                                       if key == "split" else "a number") + "; pass the file "
+                                    "written by --metrics-file")
+            records.append(record)
+    return records
+
+
 def plot_metrics(records: Sequence[Mapping[str, Any]], path: str) -> str:
-    """Loss, throughput, and predicted against measured time and memory of a metrics file."""
+    """Loss, throughput, and predicted against measured time and memory of a metrics file.
+    Returns the path written (:func:`plot_path`)."""
     train = [r for r in records if r.get("split", "train") == "train" and "iteration" in r]
     valid = [r for r in records if r.get("split") == "valid"]
     if not train:
-        raise PlotError("the metrics file has no training records (lines with 'iteration'); "
-                        "pass the file written by --metrics-file")
+        found = (f"its {len(valid)} records are all validation records (\"split\": \"valid\"), "
+                 f"and the plots are of training" if valid else
+                 "no line has an 'iteration'")
+        raise PlotError(f"the metrics file has no training records ({found}); pass the "
+                        f"--metrics-file of a training run, which logs a training record every "
+                        f"--log-interval iterations")
     fig = _figure(2, 3.4)
     (loss_ax, speed_ax), (time_ax, mem_ax) = fig.subplots(2, 2)
     it = [r["iteration"] for r in train]

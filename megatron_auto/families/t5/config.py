@@ -35,6 +35,8 @@ class T5Config(ModelConfig):
 
     model_types: ClassVar[tuple[str, ...]] = ("t5",)
     position_embedding_types: ClassVar[tuple[str, ...]] = T5_POSITION_EMBEDDING_TYPES
+    runs_sequence_parallel: ClassVar[bool] = False  # the T5 stages refuse SP plans
+    seq_length_flag: ClassVar[str] = "--encoder-seq-length"
 
     model_type: str = "t5"
     position_embedding_type: str = "relative"

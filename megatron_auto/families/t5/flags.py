@@ -11,9 +11,11 @@ default ``relative``).
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from ...arguments import DEFAULT_MOCK_VOCAB_SIZE
 from ...config import ConfigError
+from ...run_flag_checks import warn_ignored_model_flags
 from .config import T5_POSITION_EMBEDDING_TYPES, T5Config
 
 #: Defaults of the T5 script (the embedded run): a small CPU-friendly model.
@@ -71,6 +73,23 @@ def apply_t5_defaults(args: argparse.Namespace, parser_defaults: dict) -> None:
             setattr(args, dest, value)
 
 
+def _warn_shadowed(args: argparse.Namespace) -> None:
+    """The shared flags a T5 reads only as defaults (``--num-layers`` once both layer counts
+    are given, ``--seq-length`` once ``--encoder-seq-length`` is) and the ones it never reads
+    (``--rotary-base``: T5 has no rotary embeddings), when typed."""
+    given = getattr(args, "given_flags", None)
+    if given is None:
+        return
+    ignored = ["rotary_base"]
+    if args.encoder_num_layers is not None and args.decoder_num_layers is not None:
+        ignored.append("num_layers")
+    if args.encoder_seq_length is not None:
+        ignored.append("seq_length")
+    warn_ignored_model_flags(given, ignored, args, "t5",
+                             "--encoder-num-layers, --decoder-num-layers and "
+                             "--encoder-seq-length set its shape; it has no rotary embeddings")
+
+
 def t5_config_from_args(args: argparse.Namespace) -> T5Config:
     """The :class:`T5Config` the flags describe; ``ConfigError`` names a bad flag."""
     if args.position_embedding_type not in T5_POSITION_EMBEDDING_TYPES:
@@ -83,12 +102,17 @@ def t5_config_from_args(args: argparse.Namespace) -> T5Config:
     if args.untie_embeddings_and_output_weights:
         raise ConfigError("--untie-embeddings-and-output-weights: T5 ties its LM head to the word "
                           "embeddings (as Megatron-LM's T5); drop the flag")
+    # ``is None``, not ``or``: a given 0 is refused by T5Config, never replaced by the default
+    def given_or(value: Any, default: Any) -> Any:
+        return default if value is None else value
+
+    _warn_shadowed(args)
     return T5Config(
-        encoder_num_layers=args.encoder_num_layers or args.num_layers,
-        decoder_num_layers=args.decoder_num_layers or args.num_layers,
+        encoder_num_layers=given_or(args.encoder_num_layers, args.num_layers),
+        decoder_num_layers=given_or(args.decoder_num_layers, args.num_layers),
         hidden_size=args.hidden_size, num_attention_heads=args.num_attention_heads,
         ffn_hidden_size=args.ffn_hidden_size, kv_channels=args.kv_channels,
-        seq_length=args.encoder_seq_length or args.seq_length,
+        seq_length=given_or(args.encoder_seq_length, args.seq_length),
         decoder_seq_length=args.decoder_seq_length,
         max_position_embeddings=args.max_position_embeddings,
         vocab_size=args.vocab_size or DEFAULT_MOCK_VOCAB_SIZE,

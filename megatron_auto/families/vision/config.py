@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 from ...config import ConfigError
 
@@ -75,6 +75,8 @@ class SwinStageShape:
 @dataclass(frozen=True)
 class VisionConfig:
     """An image classifier. ``model_type`` is the backbone (``vit`` or ``swin``)."""
+
+    runs_sequence_parallel: ClassVar[bool] = False  # the vision stages refuse SP plans
 
     model_type: str = "vit"
     img_h: int = 32

@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 
 from ...config import ConfigError
+from ...run_flag_checks import warn_ignored_model_flags
+from ...utils.flag_warnings import warn_flag
 from .config import BACKBONES, SWIN_PRESETS, VisionConfig
 
 #: The Swin shape when neither a preset nor a shape flag says otherwise (small, CPU-friendly).
@@ -87,6 +89,38 @@ def _swin_shape(args: argparse.Namespace) -> dict:
     return shape
 
 
+#: Shared model and data flags (destinations) an image classifier never reads: its sequence
+#: is the patch grid, it has no vocabulary, tokenizer or text positions.
+LANGUAGE_ONLY_FLAGS = ("seq_length", "max_position_embeddings", "vocab_size",
+                       "make_vocab_size_divisible_by", "position_embedding_type", "rotary_base",
+                       "swiglu", "normalization", "untie_embeddings_and_output_weights",
+                       "disable_bias_linear", "openai_gelu", "group_query_attention",
+                       "num_query_groups", "tokenizer_type", "tokenizer_model", "vocab_file",
+                       "merge_file", "vocab_extra_ids", "eod_mask_loss", "split",
+                       "data_cache_path")
+#: ViT's shape flags, which a Swin backbone replaces by its own (``--swin-*``).
+VIT_SHAPE_FLAGS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size")
+
+
+def _warn_ignored(args: argparse.Namespace, backbone: str) -> None:
+    """Warn once for the given flags this backbone does not read (``given_flags``: the
+    destinations the command line typed, set by the entry points; unknown: no warning)."""
+    given = getattr(args, "given_flags", None)
+    swin_flags = [k for k in DEFAULT_SWIN if getattr(args, k, None) is not None]
+    if backbone != "swin" and swin_flags:  # None is their default: typed when set
+        warn_flag(" ".join(f"--{k.replace('_', '-')}={_text(getattr(args, k))}" for k in swin_flags)
+                  + f": the Swin backbone's shape; ignored by the {backbone} backbone (add "
+                  f"--vision-backbone-type swin, or drop them)", stacklevel=3)
+    ignored = LANGUAGE_ONLY_FLAGS + (VIT_SHAPE_FLAGS if backbone == "swin" else ())
+    why = ("its tokens are the image's patches: --img-h, --img-w and --patch-dim set the "
+           "sequence" + ("; --swin-* flags set its shape" if backbone == "swin" else ""))
+    warn_ignored_model_flags(given, ignored, args, backbone, why)
+
+
+def _text(value: object) -> str:
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
 def vision_config_from_args(args: argparse.Namespace) -> VisionConfig:
     """The :class:`VisionConfig` the flags describe; ``ConfigError`` names a bad flag."""
     backbone = getattr(args, "vision_backbone_type", None) or args.model_type
@@ -94,6 +128,7 @@ def vision_config_from_args(args: argparse.Namespace) -> VisionConfig:
         raise ConfigError(f"--swin-backbone-type={args.swin_backbone_type}: needs "
                           f"--vision-backbone-type swin (megatron-auto: --model-type swin); "
                           f"add it or drop the preset")
+    _warn_ignored(args, backbone)
     return VisionConfig(
         model_type=backbone, img_h=args.img_h, img_w=args.img_w,
         patch_dim=args.patch_dim, num_channels=args.num_channels, num_classes=args.num_classes,

@@ -31,6 +31,7 @@ from dataclasses import replace
 from typing import Any, Mapping
 
 from ...plan import LayerStrategy, PipelineSpec, Plan, PlanError, VocabStrategy, even_partition
+from ...utils.flag_warnings import warn_flag
 from . import galvatron_files as gf
 from . import galvatron_memory as gm
 from .galvatron_files import GalvatronFormatError
@@ -396,6 +397,41 @@ def _scalar(path: str, data: Mapping[str, Any], key: str, default: Any = None) -
     return data[key]
 
 
+def _int_scalar(path: str, data: Mapping[str, Any], key: str, default: int | None = None, *,
+                minimum: int = 0, choices: tuple[int, ...] | None = None) -> int:
+    """An integer key (an int, or an integral float or numeric string as JSON writers may
+    give it); anything else, a value below ``minimum`` or outside ``choices`` is refused,
+    never rounded or read as true."""
+    value = _scalar(path, data, key, default)
+    number: int | None = None
+    if isinstance(value, bool):
+        number = None
+    elif isinstance(value, int):
+        number = value
+    elif isinstance(value, float) and value.is_integer():
+        number = int(value)
+    elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        number = int(value)
+    if number is None:
+        raise GalvatronFormatError(f"galvatron config {path}: key {key!r}={value!r} must be an "
+                                   f"integer")
+    if choices is not None and number not in choices:
+        raise GalvatronFormatError(f"galvatron config {path}: key {key!r}={value!r} must be one "
+                                   f"of {', '.join(map(str, choices))}")
+    if number < minimum:
+        raise GalvatronFormatError(f"galvatron config {path}: key {key!r}={value!r} must be at "
+                                   f"least {minimum}")
+    return number
+
+
+def _zero_one(path: str, key: str, values: list[int], meaning: str) -> None:
+    """Per-layer switches are 0 or 1; another value is refused, not read as on."""
+    bad = [i for i, v in enumerate(values) if v not in (0, 1)]
+    if bad:
+        raise GalvatronFormatError(f"galvatron config {path}: key {key!r} entry {bad[0]} is "
+                                   f"{values[bad[0]]}; use 0 or 1 ({meaning})")
+
+
 def plan_from_galvatron_config(source: str | os.PathLike | Mapping[str, Any], world_size: int | None = None,
                                model: Mapping[str, Any] | None = None, *,
                                sequence_parallel: bool = False) -> Plan:
@@ -436,14 +472,16 @@ def plan_from_galvatron_config(source: str | os.PathLike | Mapping[str, Any], wo
     # Galvatron's runtime falls back to --global_checkpoint (default 0) without the key, as its
     # shipped "3D" example plans are written.
     ckpt = _int_list(path, data, "checkpoint", n) if "checkpoint" in data else [0] * n
+    _zero_one(path, "tp_consecutive_flags", consec, "1: consecutive TP ranks, 0: strided")
+    _zero_one(path, "checkpoint", ckpt, "1: recompute the layer, 0: keep its activations")
     if "use_sp" in data and any(_int_list(path, data, "use_sp", n)):
         raise GalvatronFormatError(f"galvatron config {path}: key 'use_sp' enables Ulysses sequence "
                                    f"parallelism, which megatron_auto does not run; search again "
                                    f"with --sp_space tp")
-    if int(data.get("vsp", 0)):
+    if _int_scalar(path, data, "vsp", 0, choices=(0, 1)):
         raise GalvatronFormatError(f"galvatron config {path}: key 'vsp'=1 (Ulysses on the vocabulary "
                                    f"layers) is not supported; search again with vsp off")
-    pp = int(_scalar(path, data, "pp_deg"))
+    pp = _int_scalar(path, data, "pp_deg", minimum=1)
     division = _int_list(path, data, "pp_division", None) if "pp_division" in data else None
     default_dp = _scalar(path, data, "default_dp_type", "ddp")
     if default_dp not in ("ddp", "zero2"):
@@ -461,10 +499,11 @@ def plan_from_galvatron_config(source: str | os.PathLike | Mapping[str, Any], wo
                                  tp_consecutive=bool(c), recompute=bool(r),
                                  sequence_parallel=sequence_parallel and t > 1)
                    for t, c, d, r in zip(tps, consec, dp_types, ckpt))
-    vocab = VocabStrategy(tp=int(data.get("vtp", 1)),
-                          dp_mode="zero3" if int(data.get("embed_sdp", 0)) else default_dp)
-    global_bsz = int(_scalar(path, data, "global_bsz"))
-    chunks = int(_scalar(path, data, "chunks", 1))
+    vocab = VocabStrategy(tp=_int_scalar(path, data, "vtp", 1, minimum=1),
+                          dp_mode="zero3" if _int_scalar(path, data, "embed_sdp", 0,
+                                                         choices=(0, 1)) else default_dp)
+    global_bsz = _int_scalar(path, data, "global_bsz", minimum=1)
+    chunks = _int_scalar(path, data, "chunks", 1, minimum=1)
     pipeline = PipelineSpec(size=pp, schedule=_PIPELINES[pipeline_type],
                             layers_per_stage=tuple(division) if division else ())
     if not division:
@@ -473,7 +512,7 @@ def plan_from_galvatron_config(source: str | os.PathLike | Mapping[str, Any], wo
     if sequence_parallel:
         notes.append("Galvatron's --sequence_parallel: Megatron-SP on every layer with tp > 1")
     last_error: PlanError | None = None
-    for m in range(max(chunks, 1), global_bsz + 1):
+    for m in range(chunks, global_bsz + 1):
         if global_bsz % m:
             continue
         try:
@@ -488,6 +527,7 @@ def plan_from_galvatron_config(source: str | os.PathLike | Mapping[str, Any], wo
         if m != chunks:
             notes.append(f"chunks={chunks} does not split global_bsz={global_bsz} into equal "
                          f"micro-batches that every layer's dp divides; using {m} micro-batches")
+            warn_flag(f"galvatron config {path}: {notes[-1]} (noted in the plan's search.notes)")
         return plan
     raise GalvatronFormatError(f"galvatron config {path}: no micro-batch count >= chunks={chunks} "
                                f"gives a valid plan ({last_error}); check global_bsz and tp_sizes_enc")

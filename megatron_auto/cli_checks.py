@@ -1,0 +1,115 @@
+"""``megatron-auto``'s checks before a subcommand works: its output paths, and the model flags
+that the chosen ``--model-type`` does not read.
+
+Output paths (the shared checks of ``utils/output_paths.py``): every file or directory a
+subcommand writes is checked writable before it searches, prices, measures or reads. What an
+existing output becomes is each subcommand's contract (docs/cli.md, "Outputs"): the files
+``plan --plan-out`` (default ``plan.json``), ``evaluate --plan-out``, ``explain --plot``,
+``plot-metrics -o``, ``import-galvatron``'s ``--*-out``, ``profile-model --out`` and
+``profile-hardware --out/--raw-out`` are results of the command and are rewritten (atomically:
+a reader sees the old file or the new one); ``calibrate`` writes back into ``--cluster`` /
+``--model-profile`` unless ``--cluster-out`` / ``--model-profile-out`` are given (its documented
+default); ``reproduce --out DIR`` and ``--results`` are resumed and appended to, never
+truncated. None of them takes ``--overwrite``.
+
+Model flags: ``--model-type`` picks a family, and the flags of the other families (the vision
+flags for a GPT, the T5 flags for a ViT, ...) are then read by nobody: one warning names them
+(``utils/flag_warnings.py``), as the pretrain scripts do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Sequence
+
+from .families.t5.flags import add_t5_args
+from .families.vision.config import BACKBONES
+from .families.vision.flags import add_vision_args
+from .run_flag_checks import given_flags
+from .utils.flag_warnings import warn_flag
+from .utils.output_paths import check_output_dir, check_output_file
+
+__all__ = ["check_outputs", "command_given_flags", "warn_other_family_flags"]
+
+# (destination, flag) of the files each subcommand writes; "dir" entries are directories,
+# "append" files are extended, "plot" files get matplotlib's suffix rule.
+_OUTPUTS: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "plan": (("plan_out", "--plan-out", "file"),),
+    "evaluate": (("plan_out", "--plan-out", "file"),),
+    "explain": (("plot", "--plot", "plot"),),
+    "plot-metrics": (("output", "--output", "plot"),),
+    "import-galvatron": (("model_profile_out", "--model-profile-out", "file"),
+                         ("cluster_out", "--cluster-out", "file"),
+                         ("plan_out", "--plan-out", "file")),
+    "profile-model": (("out", "--out", "file"), ("cache_dir", "--cache-dir", "dir")),
+    "profile-hardware": (("out", "--out", "file"), ("raw_out", "--raw-out", "file")),
+    "calibrate": (("cluster_out", "--cluster-out", "file"),
+                  ("model_profile_out", "--model-profile-out", "file")),
+    "reproduce": (("out", "--out", "dir"), ("results", "--results", "append"),
+                  ("table_out", "--table-out", "file")),
+}
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """``OutputPathError`` (one line, exit 2) for an output path of ``args.command`` that cannot
+    be written; nothing is created."""
+    for dest, flag, kind in _OUTPUTS.get(args.command, ()):
+        path = getattr(args, dest, None)
+        if not path:
+            continue
+        if kind == "dir":
+            check_output_dir(path, flag)
+            continue
+        if kind == "plot":
+            from .utils.plots import plot_path  # noqa: PLC0415 - start-up time of the others
+            path = plot_path(path)
+        check_output_file(path, flag, append=kind == "append")
+    if args.command == "calibrate":  # the default writes back into the profiles it read
+        if args.cluster_out is None and os.path.isfile(args.cluster):
+            check_output_file(args.cluster, "--cluster")
+        if args.model_profile_out is None and args.model_profile:
+            check_output_file(args.model_profile, "--model-profile")
+
+
+def command_given_flags(parser: argparse.ArgumentParser,
+                        argv: Sequence[str]) -> frozenset[str] | None:
+    """The destinations ``argv`` (``COMMAND FLAGS...``) types for its subcommand, or None when
+    the parser has no such subcommand."""
+    if not argv:
+        return None
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and argv[0] in action.choices:
+            return given_flags(action.choices[argv[0]], list(argv[1:]))
+    return None
+
+
+_FAMILY_FLAGS: dict[str, tuple[str, ...]] = {}
+
+
+def _family_flags() -> dict[str, tuple[str, ...]]:
+    """Destinations of the vision and the T5 flags (parsers of those flags alone, built once)."""
+    if not _FAMILY_FLAGS:
+        for name, add in (("vision", lambda p: add_vision_args(p, backbone_flag=False,
+                                                                script_defaults=False)),
+                          ("t5", lambda p: add_t5_args(p, script_defaults=False))):
+            parser = argparse.ArgumentParser(add_help=False)
+            parser.add_argument("--position-embedding-type", choices=["learned"])  # T5 widens it
+            add(parser)
+            _FAMILY_FLAGS[name] = tuple(a.dest for a in parser._actions
+                                        if a.dest != "position_embedding_type")
+    return _FAMILY_FLAGS
+
+
+def warn_other_family_flags(args: argparse.Namespace) -> None:
+    """One warning naming the given flags of the families ``--model-type`` did not choose."""
+    given = getattr(args, "given_flags", None)
+    if not given or not hasattr(args, "model_type"):
+        return
+    family = "vision" if args.model_type in BACKBONES else args.model_type
+    unused = [dest for name, dests in _family_flags().items() if name != family
+              for dest in dests if dest in given]
+    if unused:
+        flags = " ".join(f"--{d.replace('_', '-')}={getattr(args, d)}" for d in unused)
+        warn_flag(f"{flags}: ignored with --model-type {args.model_type} (they describe "
+                  f"another model family; pick its --model-type or drop them)")
