@@ -638,3 +638,35 @@ def test_train_tokenizer_bad_inputs_are_one_error_line(tmp_path):
         _assert_one_error_line(code, err.getvalue(), expected, case)
     assert (d / "tok.model").read_bytes() == b"my model"
     assert not [n for n in os.listdir(d) if n.startswith(("t2", "t3"))]
+
+
+@pytest.mark.multirank
+def test_tokenizer_flags_the_tokenizer_does_not_read_warn(tmp_path):
+    """A tokenizer input flag the chosen --tokenizer-type does not read, and a --vocab-size
+    the tokenizer's vocabulary overrides, each say so in one warning; the run trains."""
+    from dist_utils import run_distributed
+
+    from megatron_auto.data.embedded import embedded_tokenizer_model
+
+    model = embedded_tokenizer_model()
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"A short document number {i}, with words."})
+                              + "\n" for i in range(64)))
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        assert _tool("preprocess_data").main([
+            "--input", str(corpus), "--output-prefix", str(tmp_path / "d"), "--tokenizer-type",
+            "SentencePieceTokenizer", "--tokenizer-model", model, "--append-eod",
+            "--log-interval", "0"]) == 0, err.getvalue()
+    argv = [a for a in TINY if a != "--mock-data"] + [
+        "--data-path", str(tmp_path / "d_text_document"), "--split", "1,0,0",
+        "--tokenizer-type", "SentencePieceTokenizer", "--tokenizer-model", model,
+        "--merge-file", "merges.txt", "--data-cache-path", str(tmp_path / "cache")]
+    [(code, err, out)] = run_distributed(_run_worker, 1, "pretrain_gpt", argv)
+    assert code == 0, err
+    warnings = [line for line in err.splitlines() if line.strip()]
+    assert warnings[0] == ("warning: --merge-file=merges.txt: not read by --tokenizer-type "
+                           "SentencePieceTokenizer; drop it or choose the tokenizer that reads it")
+    assert warnings[1].startswith("warning: --vocab-size=64: the model takes the vocabulary of "
+                                  "--tokenizer-type SentencePieceTokenizer (")
+    assert len(warnings) == 2 and "iteration        1/" in out

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..run_config import DataConfig
+from ..utils.flag_warnings import warn_flag
 
 
 @dataclass
@@ -57,11 +58,22 @@ def prepare_data_source(config: DataConfig, *, build_first: Callable[[Callable[[
             config.cache_dir, split_sentences=sentence_level))
         tokenizer = data_lib.build_tokenizer(data_lib.EMBEDDED_TOKENIZER_TYPE, tokenizer_model=model,
                                              vocab_extra_ids=config.vocab_extra_ids)
+        _warn_vocab_size_overridden(config.vocab_size, tokenizer.vocab_size,
+                                    "the embedded tokenizer")
         return DataSource(kind="embedded", tokenizer=tokenizer, vocab_size=tokenizer.vocab_size,
                           data_prefix=[prefix])
     if config.tokenizer_type is None:
         raise DataError("--tokenizer-type=None: --data-path needs the tokenizer the data was "
                         "preprocessed with; add --tokenizer-type (and its model/vocab files)")
+    # --vocab-size is the NullTokenizer's input; for the others the tokenizer's vocabulary
+    # rules (checked against the given value below)
+    unread = data_lib.tokenizers.unread_tokenizer_flags(
+        config.tokenizer_type, tokenizer_model=config.tokenizer_model,
+        vocab_file=config.vocab_file, merge_file=config.merge_file)
+    if unread:
+        warn_flag(f"{' '.join(unread)}: not read by --tokenizer-type {config.tokenizer_type}; "
+                  f"drop {'it' if len(unread) == 1 else 'them'} or choose the tokenizer that "
+                  f"reads {'it' if len(unread) == 1 else 'them'}")
     try:
         tokenizer = data_lib.build_tokenizer(
             config.tokenizer_type, tokenizer_model=config.tokenizer_model,
@@ -69,8 +81,19 @@ def prepare_data_source(config: DataConfig, *, build_first: Callable[[Callable[[
             vocab_size=config.vocab_size, vocab_extra_ids=config.vocab_extra_ids)
     except (ValueError, OSError) as err:
         raise DataError(f"--tokenizer-type={config.tokenizer_type}: {err}") from None
+    if config.tokenizer_type != "NullTokenizer":  # which reads it (its ids are below it)
+        _warn_vocab_size_overridden(config.vocab_size, tokenizer.vocab_size,
+                                    f"--tokenizer-type {config.tokenizer_type}")
     return DataSource(kind="files", tokenizer=tokenizer, vocab_size=tokenizer.vocab_size,
                       data_prefix=list(config.data_path))
+
+
+def _warn_vocab_size_overridden(given: int | None, vocabulary: int, tokenizer: str) -> None:
+    """--vocab-size next to a tokenizer whose vocabulary differs: the tokenizer's rules."""
+    if given is not None and given != vocabulary:
+        warn_flag(f"--vocab-size={given}: the model takes the vocabulary of {tokenizer} "
+                  f"({vocabulary} ids) instead; drop the flag (it sets the vocabulary of "
+                  f"--mock-data and the NullTokenizer only)")
 
 
 def collate(items: Sequence[Mapping[str, np.ndarray]]) -> dict[str, torch.Tensor]:
