@@ -21,6 +21,7 @@ from megatron_auto.run_config import DataConfig
 from megatron_auto.training.data import DataSource, collate
 from megatron_auto.training.pretrain import launch
 from megatron_auto.training.trainer import TaskSpec
+from megatron_auto.utils.flag_warnings import warn_flag
 
 # Entries of BertStage.last_losses that the loop sums over micro-batches and ranks.
 LOSS_PARTS = ("mlm_loss_sum", "sop_loss_sum", "num_tokens", "num_samples")
@@ -38,6 +39,10 @@ def datasets_provider(data_config: DataConfig, source: DataSource, model_config:
                       test_samples: int) -> tuple[Any, Any, Any]:
     """(train, valid, test) BERT datasets (sentence pairs, 15% masking)."""
     from megatron_auto import data
+
+    if data_config.eod_mask_loss:
+        warn_flag("--eod-mask-loss: masks the loss of GPT's end-of-document tokens; a BERT "
+                  "predicts masked tokens only, so it changes nothing here; drop it")
 
     if source.kind == "mock":
         vocab, seq = model_config.vocab_size, model_config.seq_length

@@ -20,6 +20,7 @@ from megatron_auto.config import ModelConfig
 from megatron_auto.run_config import DataConfig
 from megatron_auto.training.data import DataSource, collate
 from megatron_auto.training.pretrain import launch
+from megatron_auto.utils.flag_warnings import warn_flag
 
 
 def model_provider(config: ModelConfig, ctx: Any, seed: int) -> nn.Module:
@@ -36,6 +37,9 @@ def datasets_provider(data_config: DataConfig, source: DataSource, model_config:
     from megatron_auto import data
 
     if source.kind == "mock":
+        if data_config.eod_mask_loss:
+            warn_flag("--eod-mask-loss: --mock-data's random tokens have no end-of-document "
+                      "token to mask; it changes nothing; drop one of them")
         vocab = model_config.vocab_size
         return (data.MockGPTDataset(vocab, model_config.seq_length, train_samples, seed),
                 data.MockGPTDataset(vocab, model_config.seq_length, valid_samples, seed + 1)

@@ -475,7 +475,16 @@ WARNING_CASES = {
         "pretrain_t5", T5_TINY + ["--num-layers", "6", "--encoder-num-layers", "1",
                                   "--decoder-num-layers", "1"],
         "--num-layers=6: ignored by the t5 model (--encoder-num-layers, --decoder-num-layers "
-        "and --encoder-seq-length set its shape; it has no rotary embeddings)"),
+        "and --encoder-seq-length set its shape; it has no rotary embeddings and its loss is "
+        "over the span targets)"),
+    "--eod-mask-loss with mock data": (
+        "pretrain_gpt", TINY + ["--eod-mask-loss"],
+        "--eod-mask-loss: --mock-data's random tokens have no end-of-document token to mask; "
+        "it changes nothing; drop one of them"),
+    "--eod-mask-loss for BERT": (
+        "pretrain_bert", TINY + ["--eod-mask-loss"],
+        "--eod-mask-loss: masks the loss of GPT's end-of-document tokens; a BERT predicts "
+        "masked tokens only, so it changes nothing here; drop it"),
     # case 21 (a plan file's sequence_parallel at tp 1 is refused instead: it states a layer)
     "--sequence-parallel at tp 1": (
         "pretrain_gpt", TINY + ["--sequence-parallel", "--tensor-model-parallel-size", "1"],

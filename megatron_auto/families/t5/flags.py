@@ -76,18 +76,20 @@ def apply_t5_defaults(args: argparse.Namespace, parser_defaults: dict) -> None:
 def _warn_shadowed(args: argparse.Namespace) -> None:
     """The shared flags a T5 reads only as defaults (``--num-layers`` once both layer counts
     are given, ``--seq-length`` once ``--encoder-seq-length`` is) and the ones it never reads
-    (``--rotary-base``: T5 has no rotary embeddings), when typed."""
+    (``--rotary-base``: T5 has no rotary embeddings; ``--eod-mask-loss``: its loss is over the
+    span-corruption targets), when typed."""
     given = getattr(args, "given_flags", None)
     if given is None:
         return
-    ignored = ["rotary_base"]
+    ignored = ["rotary_base", "eod_mask_loss"]
     if args.encoder_num_layers is not None and args.decoder_num_layers is not None:
         ignored.append("num_layers")
     if args.encoder_seq_length is not None:
         ignored.append("seq_length")
     warn_ignored_model_flags(given, ignored, args, "t5",
                              "--encoder-num-layers, --decoder-num-layers and "
-                             "--encoder-seq-length set its shape; it has no rotary embeddings")
+                             "--encoder-seq-length set its shape; it has no rotary embeddings "
+                             "and its loss is over the span targets")
 
 
 def t5_config_from_args(args: argparse.Namespace) -> T5Config:
