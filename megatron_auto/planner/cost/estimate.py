@@ -36,7 +36,7 @@ from .time_model import (NO_MOVE, NO_TIME, MoveCost, TimeCost, collective_time, 
                          embedding_time, layer_time, pipeline_time, relayout_cost,
                          stage_boundary_cost, vocab_dp_collectives)
 from .gpu_terms import fragmentation_bytes, stage_nccl_bytes
-from .interleaving import peak_activations, pipeline_fill
+from .interleaving import InFlightMemo, peak_activations, pipeline_fill
 from ..inputs.model_spec import ModelSpec, TrainingSpec
 from ..inputs.profiles import ModelProfile
 
@@ -295,7 +295,8 @@ def _add_moves(a: MoveCost, b: MoveCost) -> MoveCost:
 
 
 def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: Any,
-                  profile: ModelProfile, memory_budget_bytes: float | None = None) -> Estimate:
+                  profile: ModelProfile, memory_budget_bytes: float | None = None, *,
+                  in_flight_memo: InFlightMemo | None = None) -> Estimate:
     """Cost-model estimate of ``plan`` (any source). Raises ``ValueError`` on a mismatch between
     plan, model and profile (layer count, world size, batch).
 
@@ -303,7 +304,8 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
     moves (a p2p hop into every chunk but the model's first), its activations peak at the
     largest in-flight mix of :func:`interleaving.in_flight_vectors`, and the pipeline formula
     takes the fill ``sum_k max_j c_{k,j}`` and ``m - 1/v`` steady micro-batches
-    (``cost_time.pipeline_time``)."""
+    (``cost_time.pipeline_time``). ``in_flight_memo``: the caller's memo of those mixes (a
+    search prices many plans of one schedule)."""
     if plan.num_layers != spec.num_layers:
         raise ValueError(f"plan has {plan.num_layers} layers but model {spec.name!r} has "
                          f"{spec.num_layers}; use a plan made for this model")
@@ -393,7 +395,7 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
         else:
             with_emb = list(kept)
             with_emb[emb_chunk] += emb_mem.activations_per_microbatch
-            counts = peak_activations(with_emb, pp, v, m, k)[1]
+            counts = peak_activations(with_emb, pp, v, m, k, in_flight_memo)[1]
         act = sum(nj * a for nj, a in zip(counts, kept))
         k_emb = counts[emb_chunk]
         for i, j, mem, t in layer_mems:

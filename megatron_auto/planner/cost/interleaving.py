@@ -17,7 +17,6 @@ Pure Python, no torch.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import replace
 
 import numpy as np
@@ -26,15 +25,31 @@ from ...plan import PipelineSpec, Plan, PlanError
 from ...schedule import interleaved_order
 
 
-@functools.lru_cache(maxsize=None)
-def in_flight_vectors(pp: int, v: int, num_microbatches: int,
-                      stage: int) -> tuple[tuple[int, ...], ...]:
+Vectors = tuple[tuple[int, ...], ...]
+# in_flight_vectors by (pp, v, micro-batches, stage), kept by the caller that asks often (a
+# search's SearchCache): walking a long schedule costs milliseconds, and nothing is kept here.
+InFlightMemo = dict[tuple[int, int, int, int], Vectors]
+
+
+def in_flight_vectors(pp: int, v: int, num_microbatches: int, stage: int,
+                      memo: InFlightMemo | None = None) -> Vectors:
     """The maximal per-local-chunk in-flight counts of ``stage`` over one iteration.
 
     Entry ``j`` of a vector counts the micro-batches whose local chunk ``j`` (global chunk
     ``j * pp + stage``) activations are held; a vector dominated entry by entry by another is
     dropped. With ``v == 1`` (the non-interleaved 1F1B) this is ``((min(pp - stage, m),),)``.
+    ``memo``: earlier answers, read and extended.
     """
+    key = (pp, v, num_microbatches, stage)
+    if memo is not None and key in memo:
+        return memo[key]
+    out = _maximal_vectors(pp, v, num_microbatches, stage)
+    if memo is not None:
+        memo[key] = out
+    return out
+
+
+def _maximal_vectors(pp: int, v: int, num_microbatches: int, stage: int) -> Vectors:
     held = [0] * v
     seen: list[tuple[int, ...]] = []
     for forward, _, chunk in interleaved_order(pp, v, num_microbatches, stage):
@@ -56,11 +71,12 @@ def in_flight_vectors(pp: int, v: int, num_microbatches: int,
 
 
 def peak_activations(per_chunk: list[float], pp: int, v: int, num_microbatches: int,
-                     stage: int) -> tuple[float, tuple[int, ...]]:
+                     stage: int, memo: InFlightMemo | None = None
+                     ) -> tuple[float, tuple[int, ...]]:
     """``(bytes, counts)``: the largest ``sum_j n_j per_chunk[j]`` over :func:`in_flight_vectors`
     and the counts that reach it (the first in schedule order on ties)."""
     best, best_vec = -1.0, ()
-    for vec in in_flight_vectors(pp, v, num_microbatches, stage):
+    for vec in in_flight_vectors(pp, v, num_microbatches, stage, memo):
         value = sum(n * a for n, a in zip(vec, per_chunk))
         if value > best:
             best, best_vec = value, vec
@@ -129,7 +145,8 @@ def schedule_times(pp: int, v: int, num_microbatches: int, forward: list[float],
     return max(clock), clock
 
 
-def chunk_in_flight(pp: int, v: int, num_microbatches: int) -> list[int]:
+def chunk_in_flight(pp: int, v: int, num_microbatches: int,
+                    memo: InFlightMemo | None = None) -> list[int]:
     """Per model chunk ``c`` (stage ``c % pp``, local chunk ``c // pp``), the micro-batches of
     that chunk held at ONE moment of its stage's schedule: the maximal in-flight vector with
     the largest total (the first on ties). Any single vector the schedule passes through is at
@@ -138,7 +155,7 @@ def chunk_in_flight(pp: int, v: int, num_microbatches: int) -> list[int]:
     search's memory cuts and bounds use it as a lower bound."""
     out = [0] * (pp * v)
     for stage in range(pp):
-        vec = max(in_flight_vectors(pp, v, num_microbatches, stage), key=sum)
+        vec = max(in_flight_vectors(pp, v, num_microbatches, stage, memo), key=sum)
         for j, count in enumerate(vec):
             out[j * pp + stage] = count
     return out

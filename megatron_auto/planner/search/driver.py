@@ -486,8 +486,8 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
                 best, adopted = found, name
                 best.stopped = True
     chosen = (best.plan, best.estimate)
-    tried = _virtual_size_report(best.plan, best.estimate, spec, training, cluster, profile,
-                                 budget, options)
+    tried = _virtual_size_report(best.plan, best.estimate, spec, training, cache, budget,
+                                 options)
     report_s = min(REPORT_TIME_LIMIT_S, end - clock())
     if not options.report_partitions:
         partitions: Any = "not asked for"
@@ -548,7 +548,7 @@ def _given(plans: Sequence[Plan], spec: ModelSpec, training: TrainingSpec,
 
 
 def _virtual_size_report(plan: Plan, est: Estimate, spec: ModelSpec, training: TrainingSpec,
-                         cluster: Any, profile: ModelProfile, budget: float,
+                         cache: SearchCache, budget: float,
                          options: SearchOptions) -> dict[str, float | None]:
     """For the record (``plan.search.partition.virtual_size_samples_per_s``): the answer's
     samples/s and, for each other virtual size searched, that of the answer's stages cut into
@@ -565,7 +565,8 @@ def _virtual_size_report(plan: Plan, est: Estimate, spec: ModelSpec, training: T
             continue
         try:
             e = est if v == plan.virtual_size else evaluate_plan(
-                variant, spec, training, cluster, profile, budget)
+                variant, spec, training, cache.cluster, cache.profile, budget,
+                in_flight_memo=cache.in_flight)
         except ValueError:  # a layer type the moved strategy does not fit
             out[str(v)] = None
             continue

@@ -443,7 +443,7 @@ class TaskSearch:
                     vocab=task.vocab, layers=tuple(self.chosen),
                     model=task.spec.plan_model_record())
         est = evaluate_plan(plan, task.spec, self.training, task.cluster, task.profile,
-                            task.budget)
+                            task.budget, in_flight_memo=task.cache.in_flight)
         value = est.iteration_time_s / task.global_batch
         if est.feasible and value < self.best.value * (1 - TIE):
             self.best.value, self.best.plan, self.best.estimate = value, plan, est

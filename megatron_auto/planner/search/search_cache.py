@@ -10,7 +10,10 @@ profile in between cannot change an answer) and everything is freed with the sea
   of one search and its baseline spaces price the same strategy at the same stage size and
   micro-batch size many times;
 - ``nccl_floors`` and ``nccl_bounds``: NCCL communicator counts by stage shape
-  (``Task.nccl_floor``, ``Task.nccl_bound``; pure arithmetic, O(stage size) each).
+  (``Task.nccl_floor``, ``Task.nccl_bound``; pure arithmetic, O(stage size) each);
+- ``in_flight``: the interleaved schedules' in-flight count vectors
+  (``interleaving.in_flight_vectors``, a walk of the whole schedule): every task and every
+  interleaved plan the search prices reads them.
 
 The priced strategies depend on the profile and the cluster, so a cache serves one pair
 (:meth:`SearchCache.check`).
@@ -19,6 +22,7 @@ The priced strategies depend on the profile and the cluster, so a cache serves o
 from __future__ import annotations
 
 import time
+from ..cost.interleaving import InFlightMemo
 from ..inputs.cluster_model import ClusterModel
 from ..inputs.profiles import ModelProfile
 from .stage_costs import PricedStrategies
@@ -57,6 +61,7 @@ class SearchCache:
         self.nccl_floors: dict[tuple[int, int, int, bool, bool, int], int] = {}
         # (stage size, pp) -> the NCCL bytes bound of gpu_terms.search_nccl_bound
         self.nccl_bounds: dict[tuple[int, int], float] = {}
+        self.in_flight: InFlightMemo = {}
 
     def check(self, profile: ModelProfile, cluster: ClusterModel) -> None:
         """Raise ``ValueError`` unless this cache serves ``profile`` and ``cluster`` (the same

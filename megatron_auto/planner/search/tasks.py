@@ -125,7 +125,7 @@ class Task:
         their compute bound first; the interleaved counts walk the whole schedule)."""
         if self.v == 1:
             return [in_flight(self.schedule, self.pp, k, self.m) for k in range(self.pp)]
-        return chunk_in_flight(self.pp, self.v, self.m)
+        return chunk_in_flight(self.pp, self.v, self.m, self.cache.in_flight)
 
     def sibling(self) -> "Task":
         """The same task without interleaving (v = 1), sharing the layer tables."""
