@@ -34,10 +34,10 @@ EMBEDDED_TRAIN_IMAGES = 50_000
 
 
 def model_provider(config: VisionConfig, ctx: Any, seed: int) -> nn.Module:
-    """This rank's pipeline stage of the classifier (ViT or Swin, as the config says)."""
-    from megatron_auto.models.vision import build_vision_stage
+    """This rank's pipeline stage of the classifier (ViT or Swin: the config's family's)."""
+    from megatron_auto.families.registry import family_of
 
-    return build_vision_stage(config, ctx, seed=seed)
+    return family_of(config).build_stage(config, ctx, seed)
 
 
 def datasets_provider(data_config: DataConfig, source: DataSource, model_config: VisionConfig,

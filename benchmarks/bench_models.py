@@ -64,15 +64,13 @@ def make_batch(cfg: VisionConfig | T5Config, batch: int, step: int) -> dict[str,
 def bench(cfg: VisionConfig | T5Config, batch: int, steps: int, warmup: int,
           device: torch.device) -> tuple[float, float]:
     """Median step seconds (ours, plain) for one model."""
-    from megatron_auto.models.t5 import T5Stage
-    from megatron_auto.models.vision import build_vision_stage
+    from megatron_auto.families.registry import family_of
     from megatron_auto.training.pretrain import build_trainer, train_step
 
     t5 = isinstance(cfg, T5Config)
     opt_cfg = OptimizerConfig()
     plan = Plan.uniform(1, cfg.num_layers, global_batch_size=batch)
-    ours = build_trainer(cfg, plan, (lambda c, ctx, seed: T5Stage(c, ctx, seed=seed)) if t5 else
-                         (lambda c, ctx, seed: build_vision_stage(c, ctx, seed=seed)),
+    ours = build_trainer(cfg, plan, family_of(cfg).build_stage,
                          optimizer_config=opt_cfg,
                          lr_config=LRConfig(lr=1e-4, decay_style="constant"), device=device,
                          task=TaskSpec(every_stage_reads_batch=True) if t5 else TaskSpec())

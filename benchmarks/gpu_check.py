@@ -56,7 +56,8 @@ from megatron_auto.config import ModelConfig  # noqa: E402
 from megatron_auto.utils.jsonfile import write_json  # noqa: E402
 from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy  # noqa: E402
 from megatron_auto.planner.inputs.hardware import ClusterSpec  # noqa: E402
-from megatron_auto.planner.inputs.model_spec import ModelSpec, TrainingSpec  # noqa: E402
+from megatron_auto.planner.inputs.model_spec import TrainingSpec  # noqa: E402
+from megatron_auto.families.registry import model_spec  # noqa: E402
 from megatron_auto.planner.inputs.presets import make_cluster  # noqa: E402
 from megatron_auto.planner.inputs.profiles import ModelProfile, analytic_profile  # noqa: E402
 from megatron_auto.planner.search.driver import evaluate  # noqa: E402
@@ -257,8 +258,8 @@ def part_b(setup: Setup, device: torch.device, work: Path) -> tuple[dict, ModelP
     """The model profiler on the layer of (a)/(c), the hardware profiler on this device."""
     from megatron_auto.profiler.hardware_profiler import (HardwareProfilerConfig,  # noqa: PLC0415
                                                           profile_hardware)
-    from megatron_auto.profiler.model_profiler import (ModelProfilerConfig,  # noqa: PLC0415
-                                                       get_or_create_model_profile)
+    from megatron_auto.profiler.lookup import get_or_create_model_profile  # noqa: PLC0415
+    from megatron_auto.profiler.measure import ModelProfilerConfig  # noqa: PLC0415
 
     mp_config = ModelProfilerConfig(batch_sizes=(1, 2) if setup.dry else (),
                                     warmup_iters=0 if setup.dry else 1,
@@ -311,7 +312,7 @@ def single_gpu_plans(setup: Setup, te: bool) -> dict[str, tuple[ModelConfig, Pla
 
 def predictions(cfg: ModelConfig, plan: Plan, cluster: ClusterSpec, profile: ModelProfile,
                 preset: ClusterSpec | None) -> dict:
-    spec = ModelSpec.from_model_config(cfg)
+    spec = model_spec(cfg)
     training = TrainingSpec(global_batch_size=plan.global_batch_size, precision=profile.precision)
     out = {}
     est = evaluate(plan, spec, training, cluster, profile)

@@ -37,7 +37,8 @@ sys.path.insert(0, str(REPO))
 from megatron_auto.config import ModelConfig  # noqa: E402
 from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy  # noqa: E402
 from megatron_auto.planner.inputs.hardware import ClusterSpec  # noqa: E402
-from megatron_auto.planner.inputs.model_spec import ModelSpec, TrainingSpec  # noqa: E402
+from megatron_auto.planner.inputs.model_spec import TrainingSpec  # noqa: E402
+from megatron_auto.families.registry import model_spec, spec_of_record  # noqa: E402
 from megatron_auto.planner.search.driver import evaluate  # noqa: E402
 from megatron_auto.planner.calibrate import (apply_calibration, fit_calibration,  # noqa: E402
                                               load_run)
@@ -118,8 +119,8 @@ def auto_parallel_profile(nproc: int, cache_dir: Path):
     import torch  # noqa: PLC0415 - after the subprocesses, to keep their start light
 
     from megatron_auto.profiler import cache as profile_cache  # noqa: PLC0415
-    from megatron_auto.profiler.model_profiler import (  # noqa: PLC0415
-        ModelProfilerConfig, profile_cache_key)
+    from megatron_auto.profiler.measure import ModelProfilerConfig  # noqa: PLC0415
+    from megatron_auto.profiler.model_profiler import profile_cache_key  # noqa: PLC0415
 
     degrees = []
     for k in range(1, nproc.bit_length()):
@@ -192,7 +193,7 @@ def main() -> int:
     if profile is None:
         print(f"no cached profile of the --auto-parallel run in {work / 'cache'}")
         return 1
-    spec = ModelSpec.from_model_config(MODEL)
+    spec = model_spec(MODEL)
     training = TrainingSpec(global_batch_size=GLOBAL_BATCH, precision="fp32")
 
     rows, runs = [], []
@@ -285,7 +286,7 @@ def reprice(work: Path, table_out: str | None) -> int:
     # auto_parallel_profile also holds a second one, measured alone by the script itself).
     profile = max((ModelProfile.load(f) for f in profiles),
                   key=lambda p: len(p.layer_types["gpt"].forward_time_by_tp))
-    spec = ModelSpec.from_model_config(MODEL)
+    spec = model_spec(MODEL)
     training = TrainingSpec(global_batch_size=GLOBAL_BATCH, precision="fp32")
     rows = []
     order = list(plans(cluster.world_size))
@@ -320,7 +321,7 @@ def leave_one_out(runs, cluster, profile, spec, training) -> None:
     mem_err, time_err = [], []
     for i, (name, run) in enumerate(runs):
         others = [r for j, (_, r) in enumerate(runs) if j != i]
-        cal = fit_calibration(others, cluster, profile)
+        cal = fit_calibration(others, cluster, profile, spec_of=spec_of_record)
         c2, p2 = apply_calibration(cal, cluster, profile)
         est = evaluate(run.plan, spec, training, c2, p2)
         pred_mem = max(s.peak_memory_bytes for s in est.stages)

@@ -28,7 +28,8 @@ sys.path.insert(0, str(REPO))
 
 from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy  # noqa: E402
 from megatron_auto.planner.inputs.hardware import ClusterSpec  # noqa: E402
-from megatron_auto.planner.inputs.model_spec import ModelSpec, TrainingSpec  # noqa: E402
+from megatron_auto.planner.inputs.model_spec import TrainingSpec  # noqa: E402
+from megatron_auto.families.registry import model_spec  # noqa: E402
 from megatron_auto.planner.inputs.profiles import analytic_profile  # noqa: E402
 from megatron_auto.planner.search.driver import evaluate  # noqa: E402
 from megatron_auto.families.t5.config import T5Config  # noqa: E402
@@ -63,7 +64,7 @@ def main() -> int:
         cluster = ClusterSpec(name="cpu-1x1", num_nodes=1, devices_per_node=1,
                               device_name="cpu", device_memory_bytes=2**34,
                               peak_flops={"fp32": 1e10, "bf16": 1e9}, memory_reserve_bytes=0)
-    spec = ModelSpec.from_t5_config(CONFIG)
+    spec = model_spec(CONFIG)
     training = TrainingSpec(global_batch_size=GLOBAL_BATCH, precision="fp32")
     profile = analytic_profile(spec, training, cluster)
     work = Path(tempfile.mkdtemp(prefix="validate_t5_memory_"))

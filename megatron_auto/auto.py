@@ -22,7 +22,6 @@ run (``training/pretrain.py``) calls :func:`plan_for_run` collectively on every 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from pathlib import Path
@@ -45,12 +44,9 @@ from .planning import planning_inputs, runtime_options
 from .profiler import cache as profile_cache
 from .profiler.cache import default_cache_dir
 from .profiler.hardware_profiler import PROFILER_REVISION, HardwareProfilerConfig, profile_hardware
-from .profiler.model_profiler import (get_or_create_model_profile, profile_cache_key, profile_model,
-                                      ranks_measure_together)
+from .profiler.lookup import cache_key, get_or_create_model_profile, has_profiler, measure_model
 from .run_config import SearchPins
 from .utils.flag_warnings import warn_flag
-from .families.t5.config import T5Config
-from .families.vision.config import VisionConfig
 
 logger = logging.getLogger("megatron_auto")
 
@@ -155,47 +151,30 @@ def contend_while_profiling(model_config: ModelConfig, precision: str, cache_dir
     at the same time, so that compute is timed under the same sharing of the machine as the
     training that follows (CPU ranks share cores; on GPUs each rank has its own device and this
     only costs the few seconds of the measurement). Only rank 0's profile is kept (cached by
-    :func:`resolve_model_profile`); the others' are discarded. Each timing round starts on
-    every rank at once (``ranks_measure_together``). Collective; returns whether the ranks
-    measure (rank 0 then measures under ``ranks_measure_together`` too)."""
+    :func:`_measured_profile`); the others' are discarded. Each timing round starts on
+    every rank at once (the profilers' ``barrier``). Collective; returns whether the ranks
+    measure (rank 0 then measures with that barrier too)."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return False
-    key_of, measure = profile_cache_key, profile_model
-    if isinstance(model_config, VisionConfig):
-        from .profiler.vision_profiler import (  # noqa: PLC0415 - lazy: the vision models
-            profile_vision_model, vision_profile_cache_key)
-        key_of, measure = vision_profile_cache_key, profile_vision_model
-    elif isinstance(model_config, T5Config):
-        from .profiler.t5_profiler import (  # noqa: PLC0415 - lazy: the T5 model
-            profile_t5_model, t5_profile_cache_key)
-        key_of, measure = t5_profile_cache_key, profile_t5_model
-    key = key_of(model_config, precision, resolve_device())
+    key = cache_key(model_config, precision, resolve_device())
     cached = _broadcast(profile_cache.load_cached(key, cache_dir) is not None
                         if _rank() == 0 else None)
     if not cached and _rank() != 0:
-        with ranks_measure_together(dist.barrier):
-            measure(model_config, precision, resolve_device())
+        measure_model(model_config, precision, resolve_device(), barrier=dist.barrier)
     return not cached
 
 
-def _measured_profile(model_config: Any, precision: str, cache_dir: Path) -> ModelProfile:
-    """The model profile measured on this device (cached by the profiler). Rank 0 only."""
-    if isinstance(model_config, VisionConfig):
-        from .profiler.vision_profiler import lookup_or_measure_vision  # noqa: PLC0415 - lazy: the vision models
-
-        return lookup_or_measure_vision(model_config, precision, resolve_device(),
-                                        cache_dir=cache_dir).profile
-    if isinstance(model_config, T5Config):
-        from .profiler.t5_profiler import lookup_or_measure_t5  # noqa: PLC0415 - lazy: the T5 model
-
-        return lookup_or_measure_t5(model_config, precision, resolve_device(),
-                                    cache_dir=cache_dir).profile
+def _measured_profile(model_config: Any, precision: str, cache_dir: Path,
+                      together: bool) -> ModelProfile:
+    """The model profile measured on this device by the config's family's profiler (cached);
+    ``together``: the other ranks measure at once (:func:`contend_while_profiling`). Rank 0."""
     return get_or_create_model_profile(model_config, precision, resolve_device(),
-                                       cache_dir=cache_dir)
+                                       cache_dir=cache_dir,
+                                       barrier=dist.barrier if together else None)
 
 
 # --------------------------------------------------------------------------- entry point
-def plan_for_run(pins: SearchPins, model_config: ModelConfig | VisionConfig, world_size: int, *,
+def plan_for_run(pins: SearchPins, model_config: Any, world_size: int, *,
                  precision: str = "fp32") -> Plan:
     """Profile, search and broadcast: the plan every rank of this run trains with (validated
     against ``model_config``). Collective; raises ``AutoParallelError`` on every rank alike."""
@@ -211,15 +190,15 @@ def plan_for_run(pins: SearchPins, model_config: ModelConfig | VisionConfig, wor
     except ArgumentError as err:
         raise AutoParallelError(str(err)) from None
 
-    measure = describes_this_machine(cluster)
+    # Measured on this device (cached), or analytic when the cluster is other hardware or the
+    # model's family has no profiler.
+    measure = describes_this_machine(cluster) and has_profiler(model_config)
     together = measure and contend_while_profiling(model_config, precision, cache_dir)
     outcome: dict[str, Any] | None = None
     if _rank() == 0:
         try:
-            # Measured on this device (cached), or analytic when the cluster is other hardware.
-            with ranks_measure_together(dist.barrier) if together else contextlib.nullcontext():
-                profile = (_measured_profile(model_config, precision, cache_dir) if measure
-                           else None)
+            profile = (_measured_profile(model_config, precision, cache_dir, together) if measure
+                       else None)
             inputs = planning_inputs(model_config, cluster, precision=precision,
                                      global_batch_size=pins.batch,
                                      memory_budget_gb=pins.memory_budget_gb, profile=profile)

@@ -25,20 +25,16 @@ import os
 import sys
 from typing import Any, Sequence
 
-from .arguments import (DEFAULT_GLOBAL_BATCH_SIZE, add_model_args, check_model_option_args,
-                        add_sp_and_virtual_pipeline_args, classic_layout_from_args,
-                        model_config_from_args)
+from .arguments import (DEFAULT_GLOBAL_BATCH_SIZE, add_model_args,
+                        add_sp_and_virtual_pipeline_args, classic_layout_from_args)
 from .cli_checks import check_outputs, command_given_flags, warn_other_family_flags
 from .config import ModelConfig, resolve_precision
-from .families.vision.flags import add_vision_args, apply_vit_defaults, vision_config_from_args
-from .families.vision.config import BACKBONES, VisionConfig
-from .families.t5.flags import add_t5_args, apply_t5_defaults, t5_config_from_args
-from .families.t5.config import T5Config
+from .families.registry import config_from_record, families, family_of, get_family
 from .plan import Plan
 from .planner import report
 from .planner.inputs.hardware import GB, ClusterSpec
 from .planner.interop.megatron_flags import to_megatron_flags
-from .planner.inputs.model_spec import ModelSpec, TrainingSpec
+from .planner.inputs.model_spec import TrainingSpec
 from .planner.inputs.presets import PRESET_NAMES, get_cluster
 from .planner.inputs.profiles import ModelProfile
 from .planner.inputs.pins import search_options
@@ -61,41 +57,33 @@ class CliError(ValueError):
 
 # ------------------------------------------------------------------------------ model flags
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
-    """The pretrain scripts' model shape flags (Megatron-LM names) plus ``--model-type``."""
+    """The pretrain scripts' model shape flags (Megatron-LM names), ``--model-type`` (one of
+    the registered model families) and every family's own flags."""
     add_model_args(parser)
-    parser.add_argument("--model-type", default="gpt", choices=["gpt", "bert", "t5", *BACKBONES],
-                        help="gpt (causal decoder, default), bert (encoder), t5 (encoder-decoder, "
-                             "with pretrain_t5.py's flags), or an image classifier: vit or swin "
-                             "(with pretrain_vision_classify.py's flags)")
-    add_vision_args(parser, backbone_flag=False, script_defaults=False)
-    add_t5_args(parser, script_defaults=False)
+    registered = families()
+    parser.add_argument("--model-type", default="gpt", choices=[f.name for f in registered],
+                        help=", ".join(f.help or f.name for f in registered))
+    added: list[Any] = []
+    for family in registered:  # families sharing flags (vit, swin) share the adder: add once
+        if family.add_flags is not None and family.add_flags not in added:
+            added.append(family.add_flags)
+            family.add_flags(parser)
 
 
 def _model_flag_defaults() -> dict[str, Any]:
-    """Every model flag's destination and default (a parser of the model flags alone). Built
-    per call, not cached in the module (about 2 ms; only vision, T5 and plan-file inputs need
-    it, once or twice a command)."""
+    """Every model flag's destination and default (a parser of the model flags alone, with
+    every family registered now). Built per call, not cached in the module (about 2 ms; only
+    some families' conversions and plan-file inputs need it, once or twice a command)."""
     parser = argparse.ArgumentParser(add_help=False)
     add_model_flags(parser)
     return vars(parser.parse_args([]))
 
 
-def model_config_from_flags(args: argparse.Namespace) -> ModelConfig:
-    """``ModelConfig`` from the model flags, through the pretrain scripts' converter (a
-    ``VisionConfig`` for ``--model-type vit|swin``, with the vision script's defaults)."""
-    if args.model_type in BACKBONES:
-        vision = argparse.Namespace(**vars(args))
-        apply_vit_defaults(vision, _model_flag_defaults())
-        return vision_config_from_args(vision)
-    check_model_option_args(args)
-    if args.model_type == "t5":
-        t5 = argparse.Namespace(**vars(args))
-        apply_t5_defaults(t5, _model_flag_defaults())
-        return t5_config_from_args(t5)
-    cfg = model_config_from_args(args)
-    if args.model_type == "bert":
-        cfg = dataclasses.replace(cfg, model_type="bert", num_tokentypes=2)
-    return cfg
+def model_config_from_flags(args: argparse.Namespace) -> Any:
+    """The config of ``--model-type``'s family from the model flags, through the family's
+    conversion (the pretrain scripts' converters, with their defaults where the flag was left
+    at the shared default)."""
+    return get_family(args.model_type).from_flags(args, _model_flag_defaults())
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -194,10 +182,7 @@ def _plan_and_model(args: argparse.Namespace, world_size: int) -> tuple[Plan, Mo
         plan = Plan.load(args.plan)
         if plan.model and set(plan.model) >= {"num_layers", "hidden_size", "num_attention_heads"}:
             try:
-                kind = plan.model.get("model_type")
-                config = (VisionConfig.from_dict(plan.model) if kind in BACKBONES
-                          else T5Config.from_dict(plan.model) if kind == "t5"
-                          else ModelConfig.from_dict(plan.model))
+                config = config_from_record(plan.model)
             except (TypeError, ValueError) as err:
                 raise CliError(f"--plan {args.plan}: its model record does not describe a model "
                                f"({err}); give the model flags") from None
@@ -337,7 +322,7 @@ def cmd_import_galvatron(args: argparse.Namespace) -> int:
         if not args.model_profile_out:
             raise CliError("--computation/--memory need --model-profile-out FILE to write to")
         config = model_config_from_flags(args)
-        spec = ModelSpec.from_model_config(config)
+        spec = family_of(config).model_spec(config)
         training = TrainingSpec(global_batch_size=args.global_batch_size or DEFAULT_GLOBAL_BATCH,
                                 precision=_precision(args))
         cluster = get_cluster(args.cluster)

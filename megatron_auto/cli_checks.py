@@ -12,8 +12,8 @@ a reader sees the old file or the new one); ``calibrate`` writes back into ``--c
 default); ``reproduce --out DIR`` and ``--results`` are resumed and appended to, never
 truncated. None of them takes ``--overwrite``.
 
-Model flags: ``--model-type`` picks a family, and the flags of the other families (the vision
-flags for a GPT, the T5 flags for a ViT, ...) are then read by nobody: one warning names them
+Model flags: ``--model-type`` picks a family, and the flags the other registered families add
+(the vision flags for a GPT, the T5 flags for a ViT, ...) are then read by nobody: one warning names them
 (``utils/flag_warnings.py``), as the pretrain scripts do.
 """
 
@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Sequence
+from typing import Callable, Sequence
 
-from .families.t5.flags import add_t5_args
-from .families.vision.config import BACKBONES
-from .families.vision.flags import add_vision_args
+from .families.registry import families, get_family
 from .run_flag_checks import given_flags
 from .utils.flag_warnings import warn_flag
 from .utils.output_paths import check_output_dir, check_output_file
@@ -84,21 +82,20 @@ def command_given_flags(parser: argparse.ArgumentParser,
     return None
 
 
-_FAMILY_FLAGS: dict[str, tuple[str, ...]] = {}
-
-
-def _family_flags() -> dict[str, tuple[str, ...]]:
-    """Destinations of the vision and the T5 flags (parsers of those flags alone, built once)."""
-    if not _FAMILY_FLAGS:
-        for name, add in (("vision", lambda p: add_vision_args(p, backbone_flag=False,
-                                                                script_defaults=False)),
-                          ("t5", lambda p: add_t5_args(p, script_defaults=False))):
-            parser = argparse.ArgumentParser(add_help=False)
-            parser.add_argument("--position-embedding-type", choices=["learned"])  # T5 widens it
-            add(parser)
-            _FAMILY_FLAGS[name] = tuple(a.dest for a in parser._actions
-                                        if a.dest != "position_embedding_type")
-    return _FAMILY_FLAGS
+def _family_flags() -> list[tuple[Callable[[argparse.ArgumentParser], None], tuple[str, ...]]]:
+    """Per flag adder of the registered families (vit and swin share one), the destinations it
+    adds: a parser of those flags alone, built per call (only when model flags are given)."""
+    out: list[tuple[Callable[[argparse.ArgumentParser], None], tuple[str, ...]]] = []
+    for family in families():
+        add = family.add_flags
+        if add is None or any(known is add for known, _ in out):
+            continue
+        parser = argparse.ArgumentParser(add_help=False)
+        parser.add_argument("--position-embedding-type", choices=["learned"])  # T5 widens it
+        add(parser)
+        out.append((add, tuple(a.dest for a in parser._actions
+                               if a.dest != "position_embedding_type")))
+    return out
 
 
 def warn_other_family_flags(args: argparse.Namespace) -> None:
@@ -106,9 +103,11 @@ def warn_other_family_flags(args: argparse.Namespace) -> None:
     given = getattr(args, "given_flags", None)
     if not given or not hasattr(args, "model_type"):
         return
-    family = "vision" if args.model_type in BACKBONES else args.model_type
-    unused = [dest for name, dests in _family_flags().items() if name != family
-              for dest in dests if dest in given]
+    adders = _family_flags()
+    own = get_family(args.model_type).add_flags
+    own_dests = {dest for add, dests in adders if add is own for dest in dests}
+    unused = [dest for add, dests in adders if add is not own for dest in dests
+              if dest in given and dest not in own_dests]
     if unused:
         flags = " ".join(f"--{d.replace('_', '-')}={getattr(args, d)}" for d in unused)
         warn_flag(f"{flags}: ignored with --model-type {args.model_type} (they describe "

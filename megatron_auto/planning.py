@@ -18,12 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import ArgumentError, ModelConfig
+from .families.registry import family_of
 from .planner.inputs.hardware import ClusterSpec
 from .planner.inputs.model_spec import ModelSpec, TrainingSpec
 from .planner.inputs.profiles import ModelProfile, analytic_profile
 from .planner.search.driver import SearchOptions
-from .families.t5.config import T5Config
-from .families.vision.config import VisionConfig
 
 
 @dataclass(frozen=True)
@@ -39,19 +38,24 @@ class PlanningInputs:
 
 
 def runtime_options(options: SearchOptions, config: Any) -> SearchOptions:
-    """``options`` limited to the plans the runtime trains for ``config``: the T5 and image
-    classifier stages run neither Megatron sequence parallelism nor the interleaved schedule
-    (they refuse such plans), so neither is searched for them. Raises ``ArgumentError`` when
+    """``options`` limited to the plans the runtime trains for ``config``: a family whose stages
+    run no Megatron sequence parallelism or no interleaved schedule (T5 and the image
+    classifiers: they refuse such plans) has neither searched. Raises ``ArgumentError`` when
     the caller pinned one of them (``--sequence-parallel``, a virtual size > 1)."""
-    if not isinstance(config, (T5Config, VisionConfig)):
-        return options
-    if options.sequence_parallel:
-        raise ArgumentError(f"--sequence-parallel: the {config.model_type} model does not run "
-                            f"sequence parallelism yet; drop the flag")
-    if min(options.virtual_sizes) > 1:
-        raise ArgumentError(f"--num-layers-per-virtual-pipeline-stage: the {config.model_type} "
-                            f"model runs only non-interleaved schedules; drop the flag")
-    return dataclasses.replace(options, sequence_parallel=False, virtual_sizes=(1,))
+    family = family_of(config)
+    changes: dict[str, Any] = {}
+    if not family.sequence_parallel:
+        if options.sequence_parallel:
+            raise ArgumentError(f"--sequence-parallel: the {config.model_type} model does not "
+                                f"run sequence parallelism yet; drop the flag")
+        changes["sequence_parallel"] = False
+    if not family.interleaved:
+        if min(options.virtual_sizes) > 1:
+            raise ArgumentError(f"--num-layers-per-virtual-pipeline-stage: the "
+                                f"{config.model_type} model runs only non-interleaved "
+                                f"schedules; drop the flag")
+        changes["virtual_sizes"] = (1,)
+    return dataclasses.replace(options, **changes) if changes else options
 
 
 def planning_inputs(config: ModelConfig, cluster: ClusterSpec, *, precision: str,
@@ -67,7 +71,7 @@ def planning_inputs(config: ModelConfig, cluster: ClusterSpec, *, precision: str
     """
     if global_batch_size < 1:
         raise ArgumentError(f"--global-batch-size={global_batch_size}: must be a positive integer")
-    spec = ModelSpec.from_model_config(config)
+    spec = family_of(config).model_spec(config)
     training = TrainingSpec(global_batch_size=global_batch_size, precision=precision)
     budget = cluster.budget_bytes(memory_budget_gb)
     if profile is None:

@@ -227,7 +227,8 @@ def _step_worker(rank: int, world_size: int, plan_name: str,
                                                  ("pp2-sp", "bf16"), ("pp1-zero1", "fp32")])
 def test_training_step_gathers_and_scatters_what_the_cost_model_prices(plan_name: str,
                                                                       precision: str) -> None:
-    from megatron_auto.planner import ModelSpec, TrainingSpec
+    from megatron_auto.planner import TrainingSpec
+    from megatron_auto.families.registry import model_spec
     from megatron_auto.planner.cost.estimate import stage_collectives
     from megatron_auto.planner.inputs.profiles import analytic_profile
     from planner_fakes import FakeCluster
@@ -235,7 +236,7 @@ def test_training_step_gathers_and_scatters_what_the_cost_model_prices(plan_name
     flags = {"bf16": True} if precision == "bf16" else {}
     plan = PLANS[plan_name]
     per_rank = run_distributed(_step_worker, plan.world_size, plan_name, flags)
-    spec = ModelSpec.from_model_config(CONFIG)
+    spec = model_spec(CONFIG)
     # hidden_bytes_per_sample in the compute dtype: what the residual stream carries
     profile = analytic_profile(spec, TrainingSpec(8, precision), FakeCluster())
     as_called = {"all_gather": "all_gather", "zero_gather": "all_gather",
@@ -341,14 +342,15 @@ def _t5_step_worker(rank: int, world_size: int) -> list[Any]:
 
 
 def test_t5_step_gathers_and_scatters_what_the_cost_model_prices() -> None:
-    from megatron_auto.planner import ModelSpec, TrainingSpec
+    from megatron_auto.planner import TrainingSpec
+    from megatron_auto.families.registry import model_spec
     from megatron_auto.planner.cost.estimate import stage_collectives
     from megatron_auto.planner.inputs.profiles import analytic_profile
     from planner_fakes import FakeCluster
     from test_t5 import CONFIG as T5_CONFIG
 
     per_rank = run_distributed(_t5_step_worker, T5_PLAN.world_size)
-    spec = ModelSpec.from_model_config(T5_CONFIG)
+    spec = model_spec(T5_CONFIG)
     profile = analytic_profile(spec, TrainingSpec(8, "fp32"), FakeCluster())
     as_called = {"all_gather": "all_gather", "zero_gather": "all_gather",
                  "zero_scatter": "reduce_scatter"}

@@ -39,11 +39,12 @@ OVER_TOLERANCE = 0.05
 def _plan_estimate(plan: Plan, profile) -> tuple[float, ...]:
     """Per-stage peaks of ``plan`` by the cost model, without a context reserve."""
     from megatron_auto.planner.cost.estimate import evaluate_plan
-    from megatron_auto.planner.inputs.model_spec import ModelSpec, TrainingSpec
+    from megatron_auto.planner.inputs.model_spec import TrainingSpec
+    from megatron_auto.families.registry import model_spec
 
     cluster = FakeCluster(devices_per_node=plan.world_size, memory_reserve_bytes=0,
                           device_memory_bytes=10 ** 12)
-    estimate = evaluate_plan(plan, ModelSpec.from_model_config(GPT),
+    estimate = evaluate_plan(plan, model_spec(GPT),
                              TrainingSpec(global_batch_size=plan.global_batch_size,
                                           precision="fp32"), cluster, profile)
     return tuple(s.peak_memory_bytes for s in estimate.stages)
@@ -72,7 +73,7 @@ def _peaks(rank, world_size, plan_dict):
 
 @pytest.fixture(scope="module")
 def profile(tmp_path_factory):
-    from megatron_auto.profiler.model_profiler import get_or_create_model_profile
+    from megatron_auto.profiler.lookup import get_or_create_model_profile
 
     return get_or_create_model_profile(GPT, "fp32", torch.device("cpu"),
                                        cache_dir=str(tmp_path_factory.mktemp("profile")))

@@ -127,7 +127,8 @@ def test_vocab_zero_units_gather_and_scatter_what_the_cost_model_prices(pp, mode
     from dist_utils import run_distributed
     from megatron_auto.config import ModelConfig
     from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy
-    from megatron_auto.planner import ModelSpec, TrainingSpec
+    from megatron_auto.planner import TrainingSpec
+    from megatron_auto.families.registry import model_spec
     from megatron_auto.planner.cost.estimate import stage_collectives
     from megatron_auto.planner.inputs.profiles import analytic_profile
     from test_collective_count import CONFIG, _is_block
@@ -138,7 +139,7 @@ def test_vocab_zero_units_gather_and_scatter_what_the_cost_model_prices(pp, mode
                 vocab=VocabStrategy(dp_mode=mode), layers=(LayerStrategy(tp=2),) * 5)
     per_rank = run_distributed(_vocab_step, world, plan.to_dict(), untie)
     cfg = ModelConfig.from_dict({**CONFIG.to_dict(), "untie_embeddings_and_output_weights": untie})
-    spec = ModelSpec.from_model_config(cfg)
+    spec = model_spec(cfg)
     profile = analytic_profile(spec, TrainingSpec(8, "fp32"), FakeCluster())
     as_called = {"all_gather": "all_gather", "zero_gather": "all_gather",
                  "zero_scatter": "reduce_scatter"}

@@ -13,6 +13,9 @@ run time). Layers, bottom to top (docs/architecture.md):
                  families.*.config and .flags and   read the configs)
                  the families packages' __init__s
     planner      planner.*                          pure (numpy): base only
+    families     families.registry, .family,        the model-family registry and each
+                 families.*.family                  family's record: pure, on the planner
+                                                    (stage and profiler by reference)
     parallel     parallel.*                         torch runtime: base only
     data         data.*                             datasets and tokenizers: base only
     plan_inputs  planning, plan_source              pure: the planner's inputs and the plan
@@ -57,30 +60,35 @@ TOP_LEVEL_LAYERS = {
     "cli_checks": "entry",
     "console": "entry", "__main__": "entry", "": "entry",
 }
-PACKAGE_LAYERS = {"utils": "base", "families": "base", "planner": "planner", "parallel": "parallel",
-                  "data": "data",
-                  "models": "models", "profiler": "profiler", "training": "training",
-                  "reproduce": "reproduce", "conversion": "conversion"}
+PACKAGE_LAYERS = {"utils": "base", "families": "families", "planner": "planner",
+                  "parallel": "parallel", "data": "data", "models": "models",
+                  "profiler": "profiler", "training": "training", "reproduce": "reproduce",
+                  "conversion": "conversion"}
+# families/ spans two layers: a family's plain data (its config and flags modules, and the
+# package __init__s, which import nothing) is base, read by the models; the registry and the
+# family records, which build the planner's model specs, are the families layer.
+FAMILY_DATA_MODULES = ("config", "flags")
 BELOW = {  # layer -> the layers it may import (besides its own)
     "base": set(),
     "planner": {"base"},
     "parallel": {"base"},
     "data": {"base"},
-    "plan_inputs": {"base", "planner"},
+    "families": {"base", "planner"},
+    "plan_inputs": {"base", "planner", "families"},
     # The experiment grid searches and prices (torch-free); --run launches the entry scripts
     # as subprocesses, never imports them.
-    "reproduce": {"base", "planner", "plan_inputs"},
+    "reproduce": {"base", "planner", "families", "plan_inputs"},
     "models": {"base", "parallel"},
-    "profiler": {"base", "parallel", "models", "planner"},
-    "auto": {"base", "parallel", "models", "planner", "plan_inputs", "profiler"},
-    "training": {"base", "parallel", "data", "models", "planner", "plan_inputs", "profiler",
-                 "auto"},
-    "conversion": {"base", "parallel", "data", "models", "planner", "plan_inputs", "profiler",
-                   "auto", "training"},
-    "entry": {"base", "parallel", "data", "models", "planner", "plan_inputs", "profiler", "auto",
-              "training", "reproduce", "conversion"},
+    "profiler": {"base", "parallel", "models", "planner", "families"},
+    "auto": {"base", "parallel", "models", "planner", "families", "plan_inputs", "profiler"},
+    "training": {"base", "parallel", "data", "models", "planner", "families", "plan_inputs",
+                 "profiler", "auto"},
+    "conversion": {"base", "parallel", "data", "models", "planner", "families", "plan_inputs",
+                   "profiler", "auto", "training"},
+    "entry": {"base", "parallel", "data", "models", "planner", "families", "plan_inputs",
+              "profiler", "auto", "training", "reproduce", "conversion"},
 }
-TORCH_FREE_LAYERS = ("base", "planner", "plan_inputs", "reproduce")
+TORCH_FREE_LAYERS = ("base", "planner", "families", "plan_inputs", "reproduce")
 # Not a layer of their own but promised torch-free at import: the profiler's subcommands are
 # registered by `megatron-auto`, whose planning commands must not pay for torch.
 TORCH_FREE_EXTRA = ("profiler.cli",)
@@ -195,6 +203,9 @@ def layer_of(module: str) -> str:
         if head not in PACKAGE_LAYERS:
             raise AssertionError(f"{PACKAGE}.{module}: package {head!r} is in no layer; add it "
                                  f"to PACKAGE_LAYERS in {Path(__file__).name}")
+        if head == "families" and (module.split(".")[-1] in FAMILY_DATA_MODULES
+                                   or MODULES[module].name == "__init__.py"):
+            return "base"
         return PACKAGE_LAYERS[head]
     if module not in TOP_LEVEL_LAYERS:
         raise AssertionError(f"{PACKAGE}.{module}: module in no layer; add it to "

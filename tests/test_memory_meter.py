@@ -181,12 +181,13 @@ def _gpt_peak(rank, world_size, plan_dict):
 def test_planner_memory_model_is_close_to_the_measured_peak(dp_mode):
     from megatron_auto.config import ModelConfig
     from megatron_auto.planner.cost.estimate import evaluate_plan
-    from megatron_auto.planner.inputs.model_spec import ModelSpec, TrainingSpec
+    from megatron_auto.planner.inputs.model_spec import TrainingSpec
+    from megatron_auto.families.registry import model_spec
     from megatron_auto.planner.inputs.presets import preset
     from megatron_auto.planner.inputs.profiles import analytic_profile
 
     plan = Plan.uniform(2, 2, global_batch_size=8, num_microbatches=2, dp_mode=dp_mode)
-    spec = ModelSpec.from_model_config(ModelConfig(**GPT))
+    spec = model_spec(ModelConfig(**GPT))
     training = TrainingSpec(global_batch_size=8, precision="fp32")
     cluster = preset("a100-40g-1x8")
     stage = evaluate_plan(plan, spec, training, cluster,

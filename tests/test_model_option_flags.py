@@ -14,7 +14,8 @@ from megatron_auto import arguments
 from megatron_auto.config import ConfigError, ModelConfig
 from megatron_auto.plan_source import make_plan
 from megatron_auto.planner.inputs.presets import get_cluster
-from megatron_auto.planner.inputs.model_spec import ModelSpec, TrainingSpec
+from megatron_auto.planner.inputs.model_spec import TrainingSpec
+from megatron_auto.families.registry import model_spec
 from megatron_auto.planner.inputs.profiles import analytic_profile
 
 pytestmark = pytest.mark.pure
@@ -59,7 +60,7 @@ def test_tensor_parallelism_must_keep_key_value_heads_whole():
     run = arguments.parse_run_config(LLAMA_FLAGS + ["--tensor-model-parallel-size", "4"])
     with pytest.raises(ConfigError, match=r"=4: must divide --num-query-groups=2"):
         make_plan(run.plan_source, run.model, 4)
-    spec = ModelSpec.from_model_config(run.model)
+    spec = model_spec(run.model)
     assert spec.max_common_tp() == 2  # 8 heads and 96 FFN would allow 8; 2 groups allow 2
     assert not spec.layer_types[0].tp_divides(4)
 
@@ -69,7 +70,7 @@ def test_planner_counts_parameters_of_the_options():
                  ["--group-query-attention", "--num-query-groups", "2", "--normalization",
                   "RMSNorm"]):
         cfg = arguments.parse_run_config(argv).model
-        assert ModelSpec.from_model_config(cfg).layer_types[0].num_parameters == \
+        assert model_spec(cfg).layer_types[0].num_parameters == \
             cfg.num_layer_parameters()
     # by hand for the LLaMA shape: h=64, 8 heads of 8, 2 kv groups -> kv = 16, f = 96
     # QKV (64 + 32) x 64, output 64 x 64, gate+up 2 x 96 x 64, down 64 x 96, two RMSNorms 64
@@ -82,8 +83,8 @@ def test_grouped_query_attention_lowers_flops_and_kept_bytes():
     gqa = arguments.parse_run_config(LLAMA_FLAGS).model
     cluster = get_cluster("a100-40g-1x8")
     training = TrainingSpec(global_batch_size=8, precision="bf16")
-    p_mha = analytic_profile(ModelSpec.from_model_config(mha), training, cluster)
-    p_gqa = analytic_profile(ModelSpec.from_model_config(gqa), training, cluster)
+    p_mha = analytic_profile(model_spec(mha), training, cluster)
+    p_gqa = analytic_profile(model_spec(gqa), training, cluster)
     (l_mha,), (l_gqa,) = p_mha.layer_types.values(), p_gqa.layer_types.values()
     s, h = 128, 64
     # keys and values shrink from h to kv = 16: 2 * s * 2h(h - kv) FLOPs fewer ...

@@ -16,7 +16,8 @@ from megatron_auto.config import ModelConfig
 from megatron_auto.plan import Plan
 from megatron_auto.planner.cost.estimate import evaluate_plan
 from megatron_auto.planner.inputs.hardware import GiB, ClusterSpec
-from megatron_auto.planner.inputs.model_spec import ModelSpec, TrainingSpec
+from megatron_auto.planner.inputs.model_spec import TrainingSpec
+from megatron_auto.families.registry import model_spec, spec_of_record
 from megatron_auto.planner.inputs.presets import make_cluster
 from megatron_auto.planner.inputs.profiles import ModelProfile, analytic_profile
 from megatron_auto.planner import calibrate as cal
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.pure
 
 CFG = ModelConfig(num_layers=4, hidden_size=1024, num_attention_heads=16, seq_length=1024,
                   vocab_size=32000)
-SPEC = ModelSpec.from_model_config(CFG)
+SPEC = model_spec(CFG)
 TRAINING = TrainingSpec(global_batch_size=32, precision="bf16")
 CLUSTER = make_cluster("a100-40g", 1, 8)  # overlap 1.1256, reserve 1.5 GiB
 PROFILE = analytic_profile(SPEC, TRAINING, CLUSTER)
@@ -70,7 +71,7 @@ def _runs(profile_mode: str) -> list[cal.RunMeasurement]:
 
 
 def test_fit_recovers_true_terms_with_a_measured_profile():
-    result = cal.fit_calibration(_runs("measured"), CLUSTER, PROFILE)
+    result = cal.fit_calibration(_runs("measured"), CLUSTER, PROFILE, spec_of=spec_of_record)
     assert result.time_scale == pytest.approx(TRUE["time_scale"], rel=1e-4)
     assert result.overlap_slowdown == pytest.approx(TRUE["overlap"], rel=1e-4)
     assert result.latency_scale == pytest.approx(TRUE["latency_scale"], rel=1e-4)
@@ -81,7 +82,8 @@ def test_fit_recovers_true_terms_with_a_measured_profile():
 
 
 def test_fit_recovers_compute_efficiency_with_the_analytic_profile():
-    result = cal.fit_calibration(_runs("analytic"), CLUSTER, None, precision="bf16")
+    result = cal.fit_calibration(_runs("analytic"), CLUSTER, None, precision="bf16",
+                                 spec_of=spec_of_record)
     assert result.time_scale == pytest.approx(TRUE["time_scale"], rel=1e-4)
     assert result.overlap_slowdown == pytest.approx(TRUE["overlap"], rel=1e-4)
     new_cluster, new_profile = cal.apply_calibration(result, CLUSTER, None)
@@ -93,7 +95,7 @@ def test_fit_recovers_compute_efficiency_with_the_analytic_profile():
 
 def test_calibrated_profiles_reproduce_the_measurements():
     runs = _runs("measured")
-    result = cal.fit_calibration(runs, CLUSTER, PROFILE)
+    result = cal.fit_calibration(runs, CLUSTER, PROFILE, spec_of=spec_of_record)
     new_cluster, new_profile = cal.apply_calibration(result, CLUSTER, PROFILE)
     for run in runs:
         t, m = _measure(run.plan, new_cluster, new_profile)
@@ -103,7 +105,7 @@ def test_calibrated_profiles_reproduce_the_measurements():
 
 
 def test_one_run_fits_scale_and_reserve_and_says_what_it_kept():
-    result = cal.fit_calibration(_runs("measured")[:1], CLUSTER, PROFILE)
+    result = cal.fit_calibration(_runs("measured")[:1], CLUSTER, PROFILE, spec_of=spec_of_record)
     assert result.overlap_slowdown == CLUSTER.overlap_slowdown
     assert result.activation_scale == 1.0
     assert any("overlap_slowdown kept" in n for n in result.notes)
@@ -145,7 +147,7 @@ def test_calibrate_files_writes_cluster_and_profile(tmp_path):
     cluster_path, profile_path = tmp_path / "cluster.json", tmp_path / "profile.json"
     CLUSTER.save(cluster_path)
     PROFILE.save(profile_path)
-    result = cal.calibrate_files(runs, str(cluster_path), str(profile_path))
+    result = cal.calibrate_files(runs, str(cluster_path), str(profile_path), spec_of=spec_of_record)
     assert result.time_scale == pytest.approx(1.25, rel=1e-4)
     written = ClusterSpec.load(cluster_path)
     assert written.overlap_slowdown == pytest.approx(1.3, rel=1e-4)
@@ -160,7 +162,7 @@ def test_calibrate_files_writes_cluster_and_profile(tmp_path):
 def test_preset_cluster_needs_an_output_file(tmp_path):
     runs = [_write_run(tmp_path, 0, _plans()[0], 1.0, 8e9)]
     with pytest.raises(cal.CalibrationError, match="--cluster a100-40g-1x8 is a preset.*--cluster-out"):
-        cal.calibrate_files(runs, "a100-40g-1x8", precision="bf16")
+        cal.calibrate_files(runs, "a100-40g-1x8", precision="bf16", spec_of=spec_of_record)
 
 
 def test_missing_metrics_field_is_named(tmp_path):
@@ -191,12 +193,12 @@ def test_plan_without_model_record_and_mismatched_world(tmp_path):
     plan = Plan.uniform(8, 4, global_batch_size=32, num_microbatches=4)
     run = cal.RunMeasurement(plan, "p.json", "m.jsonl", 1.0, 8e9, 1)
     with pytest.raises(cal.CalibrationError, match="p.json: has no 'model' record"):
-        cal.fit_calibration([run], CLUSTER, PROFILE)
+        cal.fit_calibration([run], CLUSTER, PROFILE, spec_of=spec_of_record)
     small = make_cluster("a100-40g", 1, 4)
     with pytest.raises(cal.CalibrationError, match="world_size=8 but cluster .* has 4 devices"):
-        cal.fit_calibration(_runs("measured")[:1], small, PROFILE)
+        cal.fit_calibration(_runs("measured")[:1], small, PROFILE, spec_of=spec_of_record)
     with pytest.raises(cal.CalibrationError, match="--precision is missing"):
-        cal.fit_calibration(_runs("measured")[:1], CLUSTER, None)
+        cal.fit_calibration(_runs("measured")[:1], CLUSTER, None, spec_of=spec_of_record)
 
 
 def test_read_metrics_skips_warmup_and_takes_median_and_max(tmp_path):
@@ -213,6 +215,7 @@ def test_a_logged_prediction_from_other_profiles_is_flagged():
     consistent = dataclasses.replace(runs[0], predicted_iteration_time_s=priced_here)
     foreign = dataclasses.replace(runs[1], metrics_path="other.jsonl",
                                   predicted_iteration_time_s=123.0)
-    result = cal.fit_calibration([consistent, foreign, *runs[2:]], CLUSTER, PROFILE)
+    result = cal.fit_calibration([consistent, foreign, *runs[2:]], CLUSTER, PROFILE,
+                                 spec_of=spec_of_record)
     flagged = [n for n in result.notes if "logged a prediction" in n]
     assert len(flagged) == 1 and flagged[0].startswith("other.jsonl")

@@ -9,6 +9,7 @@ import pytest
 from megatron_auto.config import ModelConfig
 from megatron_auto.planner import (LayerType, ModelProfile, ModelSpec, ProfileError, SpecError,
                                    TrainingSpec, analytic_profile)
+from megatron_auto.families.registry import model_spec
 
 from planner_fakes import FakeCluster, round_profile
 
@@ -18,13 +19,13 @@ pytestmark = pytest.mark.pure
 def test_from_model_config_gpt_and_bert():
     cfg = ModelConfig(num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=16,
                       vocab_size=1000, make_vocab_size_divisible_by=128)
-    spec = ModelSpec.from_model_config(cfg)
+    spec = model_spec(cfg)
     assert spec.num_layers == 4 and spec.vocab_size == 1024
     assert spec.layer_types[0].ffn_hidden_size == 256 and spec.layer_types[0].causal
     # Parameters agree with the runtime config's own count (tied: embedding counted once).
     assert spec.layer_types[0].num_parameters == cfg.num_layer_parameters()
     assert spec.plan_model_record()["hidden_size"] == 64
-    bert = ModelSpec.from_model_config(ModelConfig(num_layers=2, hidden_size=64,
+    bert = model_spec(ModelConfig(num_layers=2, hidden_size=64,
                                                    num_attention_heads=4, model_type="bert"))
     assert not bert.layer_types[0].causal
 

@@ -12,6 +12,7 @@ from megatron_auto.plan import Plan
 from megatron_auto.planner import (BASELINE_SPACES, InfeasibleError, LayerType, ModelSpec,
                                    SearchOptions, TrainingSpec, analytic_profile, evaluate,
                                    search)
+from megatron_auto.families.registry import model_spec
 
 from planner_fakes import FakeCluster, round_profile
 
@@ -234,7 +235,7 @@ def test_pinned_choices_hold_even_when_a_baseline_would_be_faster():
 
     cfg = ModelConfig(num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32,
                       vocab_size=512)
-    spec, training = ModelSpec.from_model_config(cfg), TrainingSpec(16, "fp32")
+    spec, training = model_spec(cfg), TrainingSpec(16, "fp32")
     cluster = get_cluster("a100-40g-1x8")
     profile = analytic_profile(spec, training, cluster)
     free = search(spec, training, cluster, profile, 40 * 10**9, SearchOptions(show_progress=False))

@@ -11,7 +11,8 @@ import pytest
 
 from megatron_auto.cli import main
 from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy
-from megatron_auto.planner import ModelSpec, SearchOptions, TrainingSpec, analytic_profile, search
+from megatron_auto.planner import SearchOptions, TrainingSpec, analytic_profile, search
+from megatron_auto.families.registry import model_spec
 from megatron_auto.planner.cost.estimate import evaluate_plan, stage_moves
 from megatron_auto.planner.inputs.presets import get_cluster
 from megatron_auto.families.t5.config import T5Config
@@ -28,7 +29,7 @@ T5_FLAGS = ["--model-type", "t5", "--encoder-num-layers", "12", "--decoder-num-l
 
 
 def test_t5_has_an_encoder_and_a_decoder_type_in_order():
-    spec = ModelSpec.from_model_config(T5_BASE)
+    spec = model_spec(T5_BASE)
     enc, dec = spec.layer_types
     assert (enc.name, enc.count, enc.seq_length, enc.cross_attention_seq_length,
             enc.carried_seq_length) == ("t5_encoder", 12, 512, 0, 128)
@@ -42,7 +43,7 @@ def test_t5_has_an_encoder_and_a_decoder_type_in_order():
 def test_spec_counts_every_parameter_of_the_runtime_model(kv):
     # T5Config.num_parameters equals the runtime stage's parameters (test_t5, test_t5_parts)
     cfg = dataclasses.replace(T5_BASE, kv_channels=kv)
-    spec = ModelSpec.from_model_config(cfg)
+    spec = model_spec(cfg)
     assert spec.layer_types[0].num_parameters == cfg.encoder_layer_parameters()
     assert spec.layer_types[1].num_parameters == cfg.decoder_layer_parameters()
     total = (sum(spec.layer_type(i).num_parameters for i in range(spec.num_layers))
@@ -51,7 +52,7 @@ def test_spec_counts_every_parameter_of_the_runtime_model(kv):
 
 
 def test_analytic_profile_charges_cross_attention_and_the_carry():
-    spec = ModelSpec.from_model_config(T5_BASE)
+    spec = model_spec(T5_BASE)
     profile = analytic_profile(spec, TrainingSpec(8, precision="bf16"),
                                get_cluster("a100-40g-1x8"))
     enc, dec = profile.layer_types["t5_encoder"], profile.layer_types["t5_decoder"]
@@ -77,7 +78,7 @@ def _plan(lps, tp=1):
 
 
 def test_cost_model_moves_the_carry_across_every_boundary():
-    spec = ModelSpec.from_model_config(T5_BASE)
+    spec = model_spec(T5_BASE)
     profile = analytic_profile(spec, TrainingSpec(64, precision="bf16"),
                                get_cluster("a100-40g-1x8"))
     carried = 2 * 640 * 768
@@ -100,7 +101,7 @@ def test_cost_model_moves_the_carry_across_every_boundary():
 
 
 def test_search_finds_a_plan_the_runtime_accepts():
-    spec = ModelSpec.from_model_config(T5_BASE)
+    spec = model_spec(T5_BASE)
     cluster = get_cluster("a100-40g-1x8")
     training = TrainingSpec(64, precision="bf16")
     result = search(spec, training, cluster, analytic_profile(spec, training, cluster),

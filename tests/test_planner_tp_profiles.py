@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from megatron_auto.planner import ModelProfile, ProfileError
+from megatron_auto.families.registry import model_spec
 
 from planner_fakes import round_profile
 
@@ -93,7 +94,7 @@ def test_bad_replicated_fraction_names_the_field(tmp_path, value):
 def test_evaluate_with_a_profile_lacking_the_plans_tp_exits_2_with_one_line(tmp_path, capsys):
     from megatron_auto.cli import main
     from megatron_auto.config import ModelConfig
-    from megatron_auto.planner import ModelSpec, TrainingSpec, analytic_profile
+    from megatron_auto.planner import TrainingSpec, analytic_profile
     from megatron_auto.planner.inputs.presets import get_cluster
 
     shape = ["--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "4",
@@ -101,7 +102,7 @@ def test_evaluate_with_a_profile_lacking_the_plans_tp_exits_2_with_one_line(tmp_
     config = ModelConfig(num_layers=2, hidden_size=256, num_attention_heads=4, seq_length=128,
                          vocab_size=1024)
     cluster = get_cluster("a100-40g-1x8")
-    prof = analytic_profile(ModelSpec.from_model_config(config), TrainingSpec(16, "fp32"), cluster)
+    prof = analytic_profile(model_spec(config), TrainingSpec(16, "fp32"), cluster)
     lt = prof.layer_types["gpt"]
     measured = replace(lt, forward_time_by_tp={t: lt.forward_time_by_tp[t] for t in (1, 2)})
     path = tmp_path / "two.json"

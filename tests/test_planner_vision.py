@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 
 from megatron_auto.planner import ModelSpec, SearchOptions, TrainingSpec, analytic_profile, search
+from megatron_auto.families.registry import model_spec
 from megatron_auto.planner.inputs.presets import get_cluster
 from megatron_auto.families.vision.config import SWIN_PRESETS, VisionConfig
 
@@ -31,7 +32,7 @@ def _total_parameters(spec: ModelSpec) -> int:
 
 
 def test_swin_tiny_layer_types_follow_the_stages():
-    spec = ModelSpec.from_model_config(swin("tiny"))
+    spec = model_spec(swin("tiny"))
     assert [(t.name, t.count, t.seq_length, t.hidden_size, t.num_attention_heads,
              t.merge_input_hidden) for t in spec.layer_types] == [
         ("swin1", 2, 3136, 96, 3, 0), ("swin2_merge", 1, 784, 192, 6, 96),
@@ -47,12 +48,12 @@ def test_swin_tiny_layer_types_follow_the_stages():
                                                                              "swin-huge"])
 def test_spec_counts_every_parameter_of_the_runtime_model(cfg):
     # VisionConfig.num_parameters equals the runtime stages' parameters (test_vit/test_swin)
-    assert _total_parameters(ModelSpec.from_model_config(cfg)) == cfg.num_parameters()
+    assert _total_parameters(model_spec(cfg)) == cfg.num_parameters()
 
 
 def test_analytic_profile_charges_window_attention_per_window():
     cfg = swin("tiny")
-    spec = ModelSpec.from_model_config(cfg)
+    spec = model_spec(cfg)
     # the math SDPA kernel, which stores the scores (presets price flash: docs/cost_model.md §9)
     math_cluster = dataclasses.replace(get_cluster("a100-40g-1x8"), attention_backend="math")
     profile = analytic_profile(spec, TrainingSpec(8, precision="bf16"), math_cluster)
@@ -78,7 +79,7 @@ def test_analytic_profile_charges_window_attention_per_window():
 
 @pytest.mark.parametrize("cfg", [VIT_BASE, swin("tiny")], ids=["vit-b16", "swin-t"])
 def test_search_gives_plans_the_runtime_accepts(cfg):
-    spec = ModelSpec.from_model_config(cfg)
+    spec = model_spec(cfg)
     cluster = get_cluster("a100-40g-1x8")
     training = TrainingSpec(64, precision="bf16")
     profile = analytic_profile(spec, training, cluster)

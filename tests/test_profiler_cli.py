@@ -65,11 +65,12 @@ def test_calibrate_command_end_to_end(tmp_path, capsys):
     from megatron_auto.config import ModelConfig
     from megatron_auto.plan import Plan
     from megatron_auto.planner.cost.estimate import evaluate_plan
-    from megatron_auto.planner.inputs.model_spec import ModelSpec, TrainingSpec
+    from megatron_auto.planner.inputs.model_spec import TrainingSpec
+    from megatron_auto.families.registry import model_spec
     from megatron_auto.planner.inputs.profiles import analytic_profile
 
     cfg = ModelConfig(num_layers=2, hidden_size=512, num_attention_heads=8, seq_length=256)
-    spec, training = ModelSpec.from_model_config(cfg), TrainingSpec(8, precision="fp32")
+    spec, training = model_spec(cfg), TrainingSpec(8, precision="fp32")
     cluster = make_cluster("a100-40g", 1, 2)
     profile = analytic_profile(spec, training, cluster)
     runs = []

@@ -44,7 +44,7 @@ def test_message_sizes_are_timed_in_interleaved_rounds():
     calls: list[str] = []
     steps = [lambda name=name: calls.append(name) for name in ("64K", "1M", "4M")]
     befores: list[int] = []
-    times = cb.time_rounds(steps, warmup=1, iters=3, device=torch.device("cpu"),
+    times = cb.time_calls(steps, warmup=1, iters=3, device=torch.device("cpu"),
                            before=lambda: befores.append(len(calls)))
     assert calls == ["64K", "1M", "4M"] * 4  # every size once per round, the warm-up one too
     assert befores == list(range(12))  # the untimed gap before every call

@@ -9,10 +9,12 @@ import torch
 
 from megatron_auto.config import ModelConfig
 from megatron_auto.plan import Plan
-from megatron_auto.planner.inputs.model_spec import ModelSpec
+from megatron_auto.families.registry import model_spec
 from megatron_auto.planner.inputs.profiles import ModelProfile
 from megatron_auto.profiler import cache as profile_cache
+from megatron_auto.profiler import lookup, measure
 from megatron_auto.profiler import model_profiler as mp
+from megatron_auto.profiler import timing
 from megatron_auto.profiler.activation_meter import SavedTensorMeter
 from tests.dist_utils import run_distributed
 
@@ -21,7 +23,7 @@ from tests.dist_utils import run_distributed
 TINY = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32,
                    vocab_size=256, make_vocab_size_divisible_by=128, hidden_dropout=0.0,
                    attention_dropout=0.0)
-QUICK = mp.ModelProfilerConfig(batch_sizes=(2, 3), warmup_iters=0, iters=1)
+QUICK = measure.ModelProfilerConfig(batch_sizes=(2, 3), warmup_iters=0, iters=1)
 S, H = TINY.seq_length, TINY.hidden_size
 
 
@@ -33,7 +35,7 @@ def tiny_profile() -> ModelProfile:
 
 @pytest.mark.single
 def test_profile_is_valid_and_matches_the_model(tiny_profile):
-    spec = ModelSpec.from_model_config(TINY)
+    spec = model_spec(TINY)
     tiny_profile.check_matches(spec, "fp32")
     again = ModelProfile.from_dict(json.loads(json.dumps(tiny_profile.to_dict())))
     assert again == tiny_profile
@@ -86,7 +88,7 @@ def _tp2_saved_bytes(rank: int, world_size: int, cfg_dict: dict) -> int:
 
     cfg = ModelConfig.from_dict(cfg_dict)
     ctx = ParallelContext(Plan.uniform(2, cfg.num_layers, global_batch_size=4, tp=2))
-    layer = mp._init_(TransformerLayer(cfg, ctx.layer_groups(0)), 0.02)
+    layer = measure.init_parameters(TransformerLayer(cfg, ctx.layer_groups(0)), 0.02)
     x = torch.randn(4, cfg.seq_length, cfg.hidden_size, requires_grad=True)
     meter = SavedTensorMeter(layer, exclude=[x])
     with meter:
@@ -112,21 +114,21 @@ def test_tp_split_derivation_matches_a_real_tp2_layer(dropout):
 # ------------------------------------------------------------------------------------ cache
 @pytest.mark.single
 def test_cache_reuses_the_profile_without_measuring(tmp_path):
-    first = mp.lookup_or_measure(TINY, "fp32", "cpu", str(tmp_path), config=QUICK)
+    first = lookup.lookup_or_measure(TINY, "fp32", "cpu", str(tmp_path), config=QUICK)
     assert first.measured
     files = list(tmp_path.glob("*.json"))
     assert len(files) == 1 and files[0].name.startswith("cpu-")
-    second = mp.lookup_or_measure(TINY, "fp32", "cpu", str(tmp_path), config=QUICK)
+    second = lookup.lookup_or_measure(TINY, "fp32", "cpu", str(tmp_path), config=QUICK)
     assert not second.measured  # served from the cache
     assert second.profile == first.profile
-    assert mp.get_or_create_model_profile(TINY, "fp32", "cpu", str(tmp_path),
+    assert lookup.get_or_create_model_profile(TINY, "fp32", "cpu", str(tmp_path),
                                           config=QUICK) == first.profile
     # The layer count is not part of the key; the sequence length is.
     deeper = ModelConfig.from_dict({**TINY.to_dict(), "num_layers": 8})
-    assert not mp.lookup_or_measure(deeper, "fp32", "cpu", str(tmp_path), config=QUICK).measured
+    assert not lookup.lookup_or_measure(deeper, "fp32", "cpu", str(tmp_path), config=QUICK).measured
     longer = ModelConfig.from_dict({**TINY.to_dict(), "seq_length": 16})
-    assert mp.lookup_or_measure(longer, "fp32", "cpu", str(tmp_path), config=QUICK).measured
-    assert mp.lookup_or_measure(TINY, "fp32", "cpu", str(tmp_path), config=QUICK,
+    assert lookup.lookup_or_measure(longer, "fp32", "cpu", str(tmp_path), config=QUICK).measured
+    assert lookup.lookup_or_measure(TINY, "fp32", "cpu", str(tmp_path), config=QUICK,
                                 force=True).measured
     assert len(list(tmp_path.glob("*.json"))) == 2
 
@@ -156,16 +158,16 @@ def test_bad_inputs_name_the_flag():
     with pytest.raises(ValueError, match="--precision 'fp8'"):
         mp.profile_model(TINY, "fp8", "cpu", config=QUICK)
     with pytest.raises(ValueError, match=r"--batch-sizes \[2\]: give at least two"):
-        mp.ModelProfilerConfig(batch_sizes=(2,))
+        measure.ModelProfilerConfig(batch_sizes=(2,))
     with pytest.raises(ValueError, match=r"--batch-sizes \[1, 1\]: need distinct"):
-        mp.ModelProfilerConfig(batch_sizes=(1, 1))
+        measure.ModelProfilerConfig(batch_sizes=(1, 1))
 
 
 @pytest.mark.single
 def test_fit_line_hand_checked():
-    assert mp.fit_line([1, 2, 4], [3.0, 5.0, 9.0]) == pytest.approx((2.0, 1.0))
+    assert timing.fit_line([1, 2, 4], [3.0, 5.0, 9.0]) == pytest.approx((2.0, 1.0))
     # Negative intercept from noise -> line through the origin: sum(xy)/sum(x^2) = 20.5/21.
-    assert mp.fit_line([1, 2, 4], [0.5, 2.0, 4.0]) == pytest.approx((20.5 / 21, 0.0))
+    assert timing.fit_line([1, 2, 4], [0.5, 2.0, 4.0]) == pytest.approx((20.5 / 21, 0.0))
 
 
 # -------------------------------------------------------------------------- TP shards timed
@@ -175,8 +177,8 @@ def test_tp_shard_is_the_runtimes_shard_and_runs_without_communication():
     from megatron_auto.parallel import mappings
 
     before = mappings.group_size, mappings._all_reduce
-    with mp.tensor_parallel_compute_only(2):
-        shard = TransformerLayer(TINY, mp.tp_shard_groups(torch.device("cpu"), 2))
+    with measure.tensor_parallel_compute_only(2):
+        shard = TransformerLayer(TINY, measure.tp_shard_groups(torch.device("cpu"), 2))
         x = torch.randn(2, S, H, requires_grad=True)
         shard(x).sum().backward()  # no process group exists: nothing may communicate
     assert (mappings.group_size, mappings._all_reduce) == before
@@ -194,15 +196,15 @@ def test_replicated_fraction_fit_recovers_a_known_split():
     # A toy layer that repeats 20% of its tp-1 work on every rank: 1.0 -> 0.8/2 + 0.2 = 0.6 at
     # tp 2, 0.8/4 + 0.2 = 0.4 at tp 4 (ms per sample).
     table = {1: (1.0e-3, 0.0), 2: (0.6e-3, 1e-4), 4: (0.4e-3, 2e-4)}
-    assert mp.fit_replicated_fraction(table) == pytest.approx(0.2)
-    assert mp.fit_replicated_fraction({1: (1.0e-3, 0.0)}) == 0.0
+    assert timing.fit_replicated_fraction(table) == pytest.approx(0.2)
+    assert timing.fit_replicated_fraction({1: (1.0e-3, 0.0)}) == 0.0
     # Noise faster than a perfect split is clipped to "nothing repeated".
-    assert mp.fit_replicated_fraction({1: (1.0e-3, 0.0), 2: (0.4e-3, 0.0)}) == 0.0
+    assert timing.fit_replicated_fraction({1: (1.0e-3, 0.0), 2: (0.4e-3, 0.0)}) == 0.0
 
 
 @pytest.mark.single
 def test_profile_times_the_requested_tp_degrees_and_keys_the_cache_on_them():
-    config = mp.ModelProfilerConfig(batch_sizes=(2, 3), warmup_iters=0, iters=1, tp_degrees=(2,))
+    config = measure.ModelProfilerConfig(batch_sizes=(2, 3), warmup_iters=0, iters=1, tp_degrees=(2,))
     profile = mp.profile_model(TINY, "fp32", "cpu", config=config)
     lt = profile.layer_types["gpt"]
     assert sorted(lt.forward_time_by_tp) == [1, 2]
@@ -211,9 +213,9 @@ def test_profile_times_the_requested_tp_degrees_and_keys_the_cache_on_them():
     assert mp.profile_cache_key(TINY, "fp32", "cpu", config)["tp_degrees"] == [2]
     assert mp.profile_cache_key(TINY, "fp32", "cpu", QUICK)["tp_degrees"] == []  # lone process
     with pytest.raises(ValueError, match="--tp-degrees"):
-        mp.ModelProfilerConfig(tp_degrees=(1,))
+        measure.ModelProfilerConfig(tp_degrees=(1,))
     with pytest.raises(ValueError, match="must divide --num-attention-heads=4"):
-        mp.ModelProfilerConfig(tp_degrees=(3,)).degrees(TINY)
+        measure.ModelProfilerConfig(tp_degrees=(3,)).degrees(TINY)
 
 
 def _default_degrees_profile(rank: int, world_size: int, cfg_dict: dict) -> dict:
@@ -225,8 +227,8 @@ def _default_degrees_profile(rank: int, world_size: int, cfg_dict: dict) -> dict
     cfg = ModelConfig.from_dict(cfg_dict)
     ctx = ParallelContext(Plan.uniform(2, cfg.num_layers, global_batch_size=4, tp=2))
     real = TransformerLayer(cfg, ctx.layer_groups(0))
-    with mp.tensor_parallel_compute_only(2):
-        shard = TransformerLayer(cfg, mp.tp_shard_groups(torch.device("cpu"), 2))
+    with measure.tensor_parallel_compute_only(2):
+        shard = TransformerLayer(cfg, measure.tp_shard_groups(torch.device("cpu"), 2))
     profile = mp.profile_model(cfg, "fp32", "cpu", config=QUICK)  # no collective inside
     dist.barrier()  # both ranks done before either tears the group down
     return {"degrees": sorted(profile.layer_types["gpt"].forward_time_by_tp),
@@ -258,7 +260,7 @@ def test_analytic_kept_bytes_on_a_cpu_cluster_are_what_a_cpu_layer_keeps():
     measured = mp.profile_model(cfg, "fp32", "cpu", config=QUICK)
     cpu = ClusterSpec(name="cpu", num_nodes=1, devices_per_node=1, device_name="cpu-test",
                       device_memory_bytes=2**34, peak_flops={"fp32": 1e11, "bf16": 1e11})
-    spec = ModelSpec.from_model_config(cfg)
+    spec = model_spec(cfg)
     analytic = analytic_profile(spec, TrainingSpec(8, "fp32"), cpu)
     got, want = analytic.layer_types["gpt"], measured.layer_types["gpt"]
     assert got.activation_split_bytes == pytest.approx(want.activation_split_bytes, rel=1e-9)
@@ -290,18 +292,17 @@ def test_sizes_are_timed_in_interleaved_rounds_each_started_by_the_barrier():
         return forward
 
     forwards = [closure("b2", 1.0), closure("b4", 2.0), closure("b8", 3.0)]
-    fwd, bwd = mp._time_rounds(forwards, warmup=1, iters=3, device=torch.device("cpu"))
+    settings = measure.ModelProfilerConfig(batch_sizes=(2, 4, 8), warmup_iters=1, iters=3)
+    fwd, bwd = measure.time_forward_backward(forwards, settings, torch.device("cpu"))
     assert calls == ["b2", "b4", "b8"] * 4  # one of every size per round, warm-up round included
     assert len(fwd) == len(bwd) == 3 and all(t > 0 for t in fwd + bwd)
-    assert barriers == []  # outside ranks_measure_together no barrier is called
+    assert barriers == []  # no barrier given: none is called
     calls.clear()
-    with mp.ranks_measure_together(lambda: barriers.append(len(calls))):
-        mp._time_rounds(forwards, warmup=2, iters=2, device=torch.device("cpu"))
+    settings = measure.ModelProfilerConfig(batch_sizes=(2, 4, 8), warmup_iters=2, iters=2)
+    measure.time_forward_backward(forwards, settings, torch.device("cpu"),
+                                  barrier=lambda: barriers.append(len(calls)))
     # one barrier before every round (warm-up ones too), each before that round's first size
     assert barriers == [0, 3, 6, 9]
-    barriers.clear()
-    mp._time_rounds(forwards, warmup=0, iters=1, device=torch.device("cpu"))
-    assert barriers == []  # the context is gone
 
 
 def _profile_together(rank: int, world_size: int, cfg_dict: dict) -> int:
@@ -313,9 +314,9 @@ def _profile_together(rank: int, world_size: int, cfg_dict: dict) -> int:
         count[0] += 1
         dist.barrier()
 
-    config = mp.ModelProfilerConfig(batch_sizes=(2, 3), warmup_iters=1, iters=2)
-    with mp.ranks_measure_together(barrier):
-        profile = mp.profile_model(ModelConfig.from_dict(cfg_dict), "fp32", "cpu", config=config)
+    config = measure.ModelProfilerConfig(batch_sizes=(2, 3), warmup_iters=1, iters=2)
+    profile = mp.profile_model(ModelConfig.from_dict(cfg_dict), "fp32", "cpu", config=config,
+                               barrier=barrier)
     assert profile.layer_types["gpt"].forward_time_per_sample_s >= 0
     dist.barrier()
     return count[0]

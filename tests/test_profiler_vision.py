@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from megatron_auto.planner import ModelSpec, SearchOptions, TrainingSpec, search
+from megatron_auto.planner import SearchOptions, TrainingSpec, search
+from megatron_auto.families.registry import model_spec
 from megatron_auto.planner.inputs.presets import get_cluster
-from megatron_auto.profiler.model_profiler import ModelProfilerConfig
-from megatron_auto.profiler.vision_profiler import lookup_or_measure_vision, profile_vision_model
+from megatron_auto.profiler.lookup import lookup_or_measure
+from megatron_auto.profiler.measure import ModelProfilerConfig
+from megatron_auto.profiler.vision_profiler import profile_vision_model
 from megatron_auto.families.vision.config import VisionConfig
 
 pytestmark = pytest.mark.single
@@ -18,7 +20,7 @@ SWIN = VisionConfig(model_type="swin", img_h=16, img_w=16, patch_dim=2, swin_emb
 
 
 def test_every_swin_layer_type_is_measured_with_its_own_shape():
-    spec = ModelSpec.from_vision_config(SWIN)
+    spec = model_spec(SWIN)
     profile = profile_vision_model(SWIN, "fp32", "cpu", config=QUICK)
     assert sorted(profile.layer_types) == sorted(t.name for t in spec.layer_types) == [
         "swin1", "swin2", "swin2_merge"]
@@ -40,11 +42,11 @@ def test_every_swin_layer_type_is_measured_with_its_own_shape():
 def test_measured_profile_is_cached_and_searchable(tmp_path):
     vit = VisionConfig(model_type="vit", img_h=8, img_w=8, patch_dim=2, num_layers=2,
                        hidden_size=32, num_attention_heads=4, num_classes=5)
-    first = lookup_or_measure_vision(vit, "fp32", "cpu", str(tmp_path), config=QUICK)
-    again = lookup_or_measure_vision(vit, "fp32", "cpu", str(tmp_path), config=QUICK)
+    first = lookup_or_measure(vit, "fp32", "cpu", str(tmp_path), config=QUICK)
+    again = lookup_or_measure(vit, "fp32", "cpu", str(tmp_path), config=QUICK)
     assert first.measured and not again.measured
     assert again.profile.layer_types.keys() == {"vit"}
-    spec = ModelSpec.from_vision_config(vit)
+    spec = model_spec(vit)
     cluster = get_cluster("a100-40g-1x8")
     result = search(spec, TrainingSpec(8, precision="fp32"), cluster, again.profile,
                     cluster.budget_bytes(None), SearchOptions(), world_size=4)

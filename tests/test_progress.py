@@ -129,12 +129,13 @@ def test_model_profiler_reports_every_measurement(fake_time, capsys):
 
     from megatron_auto.config import ModelConfig
     from megatron_auto.profiler import model_profiler as mp
+    from megatron_auto.profiler.measure import ModelProfilerConfig
 
     torch.set_num_threads(1)
     config = ModelConfig(num_layers=1, hidden_size=32, num_attention_heads=4, seq_length=16,
                          vocab_size=128, make_vocab_size_divisible_by=128)
     mp.profile_model(config, "fp32", "cpu",
-                     config=mp.ModelProfilerConfig(batch_sizes=(1, 2), warmup_iters=0, iters=1))
+                     config=ModelProfilerConfig(batch_sizes=(1, 2), warmup_iters=0, iters=1))
     lines = capsys.readouterr().err.splitlines()
     assert lines[-1].startswith("megatron-auto profile-model (gpt): done, 6/6 measurements")
 

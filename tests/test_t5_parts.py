@@ -141,14 +141,15 @@ def test_planner_moves_the_bytes_the_runtime_sends_across_a_boundary():
     from megatron_auto.models.t5 import T5Stage
     from megatron_auto.parallel.context import ParallelContext
     from megatron_auto.plan import Plan
-    from megatron_auto.planner import ModelSpec, TrainingSpec, analytic_profile
+    from megatron_auto.planner import TrainingSpec, analytic_profile
+    from megatron_auto.families.registry import model_spec
     from megatron_auto.planner.inputs.presets import get_cluster
 
     cfg = T5Config(encoder_num_layers=1, decoder_num_layers=1, hidden_size=16,
                    num_attention_heads=2, seq_length=10, decoder_seq_length=6, vocab_size=40,
                    make_vocab_size_divisible_by=8)
     stage = T5Stage(cfg, ParallelContext(Plan.uniform(1, 2, global_batch_size=3)))
-    spec = ModelSpec.from_model_config(cfg)
+    spec = model_spec(cfg)
     profile = analytic_profile(spec, TrainingSpec(3, precision="fp32"), get_cluster("a100-40g-1x8"))
     wire = stage._wire_shape(3, stage._layer_groups[0].layout)  # what a boundary would send
     for name in ("t5_encoder", "t5_decoder"):

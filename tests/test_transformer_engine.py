@@ -24,7 +24,7 @@ from dist_utils import run_distributed
 from test_equivalence import CONFIG, layer, make_batch, plan_of
 from megatron_auto.config import ConfigError, ModelConfig
 from megatron_auto.parallel.random import RNGTracker
-from megatron_auto.profiler.model_profiler import tp1_groups
+from megatron_auto.profiler.measure import tp1_groups
 
 REPO = Path(__file__).resolve().parents[1]
 TE = dataclasses.replace(CONFIG, transformer_impl="transformer_engine")

@@ -63,7 +63,7 @@ def _auto_plans(world_size, config, argv):
 
 def _train_worker(rank, world_size, config_dict, plan_dicts, steps):
     from megatron_auto.models.init import gather_full_state
-    from megatron_auto.models.vision import build_vision_stage
+    from megatron_auto.families.registry import family_of
     from megatron_auto.training.lr_scheduler import LRConfig
     from megatron_auto.parallel.optimizer import OptimizerConfig
     from megatron_auto.training.trainer import build_trainer, train_step
@@ -75,7 +75,7 @@ def _train_worker(rank, world_size, config_dict, plan_dicts, steps):
     for plan_dict in plan_dicts:
         trainer = build_trainer(
             config, Plan.from_dict(plan_dict),
-            lambda cfg, ctx, seed: build_vision_stage(cfg, ctx, seed=seed),
+            family_of(config).build_stage,
             # eps 1e-5: gradient elements that are (nearly) zero, the key bias exactly and
             # some output biases by cancellation (~1e-6), are rounding noise that Adam with a
             # tiny eps would turn into +-lr steps, differently under each plan.
@@ -132,7 +132,7 @@ def _plain_worker(rank, world_size, config_dict):
 
     import torch.nn.functional as F
 
-    from megatron_auto.models.vision import build_vision_stage
+    from megatron_auto.families.registry import family_of
     from megatron_auto.parallel.context import ParallelContext
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
@@ -140,7 +140,7 @@ def _plain_worker(rank, world_size, config_dict):
 
     config = VisionConfig.from_dict(config_dict)
     plan = Plan.from_dict(plan_of(1, [layer()] * config.num_layers, num_microbatches=1))
-    ours = build_vision_stage(config, ParallelContext(plan))
+    ours = family_of(config).build_stage(config, ParallelContext(plan))
     plain = plain_model(config)
     plain.load_state_dict(ours.state_dict(), strict=True)
     batch = make_batch(config, 0)

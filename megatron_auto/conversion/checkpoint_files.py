@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from ..utils.atomicfile import atomic_write
 from ..config import ModelConfig
+from ..families.registry import families, family_of_record
 from ..utils.output_paths import check_output_dir
 from ..training.checkpoint import (FORMAT, INFO_FILE, LATEST_FILE, RECORD_KEY, VERSION,
                                    CheckpointError, describe_files, has_checkpoint, iteration_dir,
@@ -46,11 +47,16 @@ def read_model_checkpoint(load_dir: str | os.PathLike) -> tuple[ModelConfig, dic
                               f" is missing); give the --save directory of a training run")
     path, info = read_info(load_dir)
     model = info.get("model") or {}
-    if "img_h" in model or model.get("model_type") not in ("gpt", "bert"):
+    try:
+        family = family_of_record(model)
+    except ValueError:  # a family this process does not know
+        family = None
+    if family is None or not family.hf_architectures:
+        convertible = " and ".join(f.name.upper() for f in families() if f.hf_architectures)
         raise CheckpointError(f"--load-dir={os.fspath(load_dir)}: holds a "
-                              f"{model.get('model_type')} model; only GPT and BERT checkpoints "
+                              f"{model.get('model_type')} model; only {convertible} checkpoints "
                               f"convert to Hugging Face models")
-    config = ModelConfig.from_dict(model)
+    config = family.config_from_dict(model)
     metadata = FileSystemReader(path).read_metadata().state_dict_metadata
     state = {key: torch.empty(md.size, dtype=md.properties.dtype)
              for key, md in metadata.items()

@@ -25,6 +25,7 @@ from typing import Any, Mapping
 import torch
 
 from ..config import ModelConfig
+from ..families.registry import families, family_of
 from ..utils.jsonfile import read_json
 from ..utils.output_paths import check_output_dir, refuse_non_empty_dir
 from .checkpoint_files import (check_new_checkpoint_dir, read_model_checkpoint,
@@ -232,7 +233,7 @@ def import_checkpoint(hf_dir: str | os.PathLike, save_dir: str | os.PathLike,
     if arch is None:
         raise ConversionError(f"--load-dir={where}: a {hf_config.model_type!r} model; only "
                               f"{', '.join(HF_MODEL_TYPES)} convert")
-    kind = "bert" if arch == "megatron-bert" else "gpt"
+    kind = next(f.name for f in families() if arch in f.hf_architectures)  # gpt or bert
     if model_type is not None and model_type != kind:
         raise ConversionError(f"--model-type={model_type.upper()}: {where} holds a "
                               f"{hf_config.model_type} model ({kind.upper()}); pass "
@@ -267,30 +268,11 @@ def import_checkpoint(hf_dir: str | os.PathLike, save_dir: str | os.PathLike,
 
 # ------------------------------------------------------------------------------- flags
 def training_flags(config: ModelConfig) -> list[str]:
-    """The ``pretrain_gpt.py`` / ``pretrain_bert.py`` model flags that build ``config``."""
-    out = ["--num-layers", str(config.num_layers), "--hidden-size", str(config.hidden_size),
-           "--num-attention-heads", str(config.num_attention_heads),
-           "--ffn-hidden-size", str(config.ffn_hidden_size),
-           "--seq-length", str(config.seq_length),
-           "--max-position-embeddings", str(config.max_position_embeddings),
-           "--vocab-size", str(config.vocab_size),
-           "--make-vocab-size-divisible-by", str(config.make_vocab_size_divisible_by),
-           "--norm-epsilon", repr(config.layernorm_epsilon)]
-    if config.position_embedding_type == "rope":
-        out += ["--position-embedding-type", "rope", "--rotary-base", repr(config.rotary_base)]
-    if config.activation == "swiglu":
-        out.append("--swiglu")
-    if config.normalization == "rmsnorm":
-        out += ["--normalization", "RMSNorm"]
-    if config.untie_embeddings_and_output_weights:
-        out.append("--untie-embeddings-and-output-weights")
-    if not config.add_bias_linear:
-        out.append("--disable-bias-linear")
-    if config.openai_gelu:
-        out.append("--openai-gelu")
-    if config.num_query_groups is not None:
-        out += ["--group-query-attention", "--num-query-groups", str(config.num_query_groups)]
-    return out
+    """The ``pretrain_gpt.py`` / ``pretrain_bert.py`` model flags that build ``config`` (its
+    family's entry-script flags)."""
+    script_flags = family_of(config).script_flags
+    assert script_flags is not None  # GPT's and BERT's (the families that convert) have them
+    return script_flags(config)
 
 
 def describe(config: ModelConfig) -> str:

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
+from ..families.registry import family_of
 
 ARCHITECTURES = ("gpt2", "llama", "megatron-bert")
 TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh")
@@ -82,9 +83,11 @@ def export_problem(cfg: ModelConfig, arch: str) -> str | None:
     def check(pairs: list[tuple[bool, str]]) -> str | None:
         return next((why for ok, why in pairs if not ok), None)
 
+    family = family_of(cfg)  # which architectures its family converts to (BERT's, GPT's)
     if arch == "megatron-bert":
-        if cfg.model_type != "bert":
-            return f"model_type={cfg.model_type}: Megatron-BERT is an encoder; use gpt2 or llama"
+        if arch not in family.hf_architectures:
+            return (f"model_type={cfg.model_type}: Megatron-BERT is an encoder; use "
+                    f"{' or '.join(family.hf_architectures)}")
         return check([
             (cfg.position_embedding_type == "learned", "position_embedding_type=rope: "
              "Megatron-BERT has learned positions"),
@@ -96,9 +99,9 @@ def export_problem(cfg: ModelConfig, arch: str) -> str | None:
             (cfg.query_groups == cfg.num_attention_heads, f"num_query_groups="
              f"{cfg.query_groups}: Megatron-BERT has one key/value head per head"),
         ])
-    if cfg.model_type != "gpt":
+    if arch in ARCHITECTURES and arch not in family.hf_architectures:
         return f"model_type={cfg.model_type}: {arch} is a decoder; use --hf-architecture " \
-               f"megatron-bert for BERT"
+               f"{family.hf_architectures[0]} for {cfg.model_type.upper()}"
     if arch not in _DECODERS:
         return f"--hf-architecture={arch}: choose one of {', '.join(ARCHITECTURES)}"
     problem = _decoder_problem(cfg, arch)
@@ -142,11 +145,13 @@ def _decoder_problem(cfg: ModelConfig, arch: str) -> str | None:
 
 
 def pick_architecture(cfg: ModelConfig) -> str:
-    """The architecture ``--hf-architecture auto`` writes: BERT's, else LLaMA for RoPE, else
-    GPT-2 (:func:`export_problem` then says what does not fit, if anything)."""
-    if cfg.model_type == "bert":
-        return "megatron-bert"
-    return "llama" if cfg.position_embedding_type == "rope" else "gpt2"
+    """The architecture ``--hf-architecture auto`` writes: the family's first (BERT's
+    Megatron-BERT, GPT's GPT-2), LLaMA for a RoPE model of a family that has it
+    (:func:`export_problem` then says what does not fit, if anything)."""
+    architectures = family_of(cfg).hf_architectures
+    if "llama" in architectures and cfg.position_embedding_type == "rope":
+        return "llama"
+    return architectures[0]
 
 
 def hf_config_kwargs(cfg: ModelConfig, arch: str) -> dict[str, Any]:

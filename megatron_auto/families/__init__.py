@@ -1,10 +1,13 @@
-"""Model families (GPT/BERT, T5, ViT/Swin): each family's configuration and flags in one place.
+"""Model families (GPT, BERT, T5, ViT, Swin, and any registered): each family in one place.
 
-``t5/`` and ``vision/`` hold their family's ``config`` (the frozen dataclass the runtime, the
-planner and the entry script read) and ``flags`` (the entry script's argparse flags and their
-conversion into that config). GPT and BERT build on the package's shared ``config.ModelConfig``
-and ``arguments.py``, which every family reuses.
+``registry`` is the one public registry (docs/families.md): the records of the built-in
+families and :func:`~.registry.register_family` for new ones; ``family`` defines the record.
+Per family, ``<name>/family.py`` holds its record (spec builder, CLI flags and their
+conversion, checkpoint fields, plan record, entry-script flags, its stage and profiler by
+reference), ``<name>/config.py`` its config and ``<name>/flags.py`` its entry script's flags
+(GPT and BERT use the package's shared ``config.ModelConfig`` and ``arguments.py``).
 
-These modules are plain data (no torch, no planner): the models read the configs, so this
-package and its family packages import nothing at import time.
+The configs and flags are plain data on the package's base layer, read by the models; so this
+``__init__`` and the family packages' import nothing, and importing a config never loads the
+registry (which builds the planner's model specs).
 """

@@ -1,10 +1,11 @@
 """Swin Transformer backbone under any plan: shifted-window attention, patch merging.
 
-Layer ``i`` of the plan is one Swin block (see :mod:`megatron_auto.families.vision.config` for the stage
-shapes). A block is pre-norm like the ViT layer, but attention runs inside non-overlapping
-``w x w`` windows of the token grid, with a learned relative position bias per head, and every
-odd block of a stage first rolls the grid by ``w // 2`` (shifted windows), masking the pairs of
-tokens that the roll brought together from opposite borders (additive -100, as in the paper).
+Layer ``i`` of the plan is one Swin block (see :mod:`megatron_auto.families.vision.config` for
+the stage shapes). A block is pre-norm like the ViT layer, but attention runs inside
+non-overlapping ``w x w`` windows of the token grid, with a learned relative position bias per
+head, and every odd block of a stage first rolls the grid by ``w // 2`` (shifted windows),
+masking the pairs of tokens that the roll brought together from opposite borders (additive
+-100, as in the paper).
 
 Patch merging belongs to the first block of every stage after the first (``downsample``), so it
 takes that layer's strategy: its layout, data parallelism and recompute. It is small and

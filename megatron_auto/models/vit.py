@@ -84,7 +84,7 @@ class PatchEmbedding(nn.Module):
         h = config.embedding_hidden_size
         self.patch_dim = config.patch_dim
         self.proj = nn.Linear(config.patch_size_flat, h)
-        if config.model_type == "vit":
+        if config.class_token:
             self.cls_token = nn.Parameter(torch.empty(1, 1, h))
             self.position_embeddings = nn.Parameter(torch.empty(config.seq_length, h))
             self.norm = None
@@ -118,7 +118,7 @@ class ClassificationHead(nn.Module):
         h = config.final_hidden_size
         self.final_norm = nn.LayerNorm(h, eps=config.layernorm_epsilon)
         self.output_layer = nn.Linear(h, config.num_classes)
-        self.pool_cls = config.model_type == "vit"
+        self.pool_cls = config.class_token
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden (b, s, h) -> logits (b, num_classes)."""

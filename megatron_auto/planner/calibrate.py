@@ -31,11 +31,10 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..config import ConfigError, ModelConfig
 from ..plan import Plan, PlanError
 from .cost.estimate import evaluate_plan
 from .inputs.hardware import GiB, ClusterSpec
@@ -134,14 +133,19 @@ def load_run(metrics_path: str | os.PathLike, plan_path: str | os.PathLike,
                           metrics_path=os.fspath(metrics_path), **measured)
 
 
-def model_spec_of(plan: Plan, where: str) -> ModelSpec:
+#: A recorded model (a plan's ``model``) -> its spec; the caller knows the model families
+#: (``megatron_auto.families.registry.spec_of_record``), the planner does not.
+SpecOfRecord = Callable[[Mapping[str, Any]], ModelSpec]
+
+
+def model_spec_of(plan: Plan, where: str, spec_of: SpecOfRecord) -> ModelSpec:
     """The model a plan was made for, from its ``model`` record (written by the planner)."""
     if not plan.model:
         raise CalibrationError(f"plan file {where}: has no 'model' record; calibrate needs plans "
                                f"written by `megatron-auto plan` (or add the ModelConfig fields)")
     try:
-        return ModelSpec.from_model_config(ModelConfig.from_dict(plan.model))
-    except ConfigError as err:
+        return spec_of(plan.model)
+    except ValueError as err:  # the family's config rejects the record
         raise CalibrationError(f"plan file {where}: field model: {err}") from None
 
 
@@ -277,12 +281,12 @@ class Calibration:
 
 def fit_calibration(runs: Sequence[RunMeasurement], cluster: ClusterSpec,
                     profile: ModelProfile | None = None,
-                    precision: str | None = None) -> Calibration:
+                    precision: str | None = None, *, spec_of: SpecOfRecord) -> Calibration:
     """Fit ``(time_scale, overlap_slowdown)`` and ``(memory_reserve_bytes, activation_scale)``.
 
     ``profile`` is the model profile the plans were priced with (None: the analytic profile of
     ``cluster``, whose compute then scales through the cluster's FLOP/s). ``precision`` defaults
-    to the profile's.
+    to the profile's. ``spec_of`` reads the model spec from a plan's ``model`` record.
     """
     if not runs:
         raise CalibrationError("calibrate needs at least one run (--run METRICS PLAN)")
@@ -292,7 +296,7 @@ def fit_calibration(runs: Sequence[RunMeasurement], cluster: ClusterSpec,
                                "(fp32, bf16 or fp16) or pass --model-profile")
     cases = []
     for run in runs:
-        spec = model_spec_of(run.plan, run.plan_path)
+        spec = model_spec_of(run.plan, run.plan_path, spec_of)
         training = TrainingSpec(global_batch_size=run.plan.global_batch_size, precision=precision)
         if run.plan.world_size != cluster.world_size:
             raise CalibrationError(
@@ -400,12 +404,13 @@ def apply_calibration(cal: Calibration, cluster: ClusterSpec,
 
 
 def calibrate_files(runs: Sequence[tuple[str, str]], cluster: str,
-                    model_profile: str | None = None, *, cluster_out: str | None = None,
-                    model_profile_out: str | None = None, precision: str | None = None,
-                    skip_iterations: int = 2) -> Calibration:
+                    model_profile: str | None = None, *, spec_of: SpecOfRecord,
+                    cluster_out: str | None = None, model_profile_out: str | None = None,
+                    precision: str | None = None, skip_iterations: int = 2) -> Calibration:
     """Calibrate from files and write the results (the ``megatron-auto calibrate`` command).
 
-    ``runs`` are ``(metrics_file, plan_file)`` pairs; ``cluster`` a preset name or cluster JSON.
+    ``runs`` are ``(metrics_file, plan_file)`` pairs; ``cluster`` a preset name or cluster JSON;
+    ``spec_of`` as for :func:`fit_calibration`.
     The cluster is written to ``cluster_out`` (default: back into ``cluster`` when it is a
     file); the model profile to ``model_profile_out`` (default: back into ``model_profile``).
     """
@@ -417,7 +422,7 @@ def calibrate_files(runs: Sequence[tuple[str, str]], cluster: str,
         cluster_out = cluster
     profile = ModelProfile.load(model_profile) if model_profile else None
     measured = [load_run(metrics, plan, skip_iterations) for metrics, plan in runs]
-    cal = fit_calibration(measured, spec, profile, precision)
+    cal = fit_calibration(measured, spec, profile, precision, spec_of=spec_of)
     new_cluster, new_profile = apply_calibration(cal, spec, profile)
     new_cluster.save(cluster_out)
     if new_profile is not None:

@@ -26,6 +26,7 @@ import os
 from typing import Any, Callable
 
 from ..config import ModelConfig
+from ..families.registry import spec_of_record
 from ..run_config import resolve_precision
 from ..planner.calibrate import calibrate_files
 from ..planner.inputs.hardware import ClusterSpec
@@ -113,7 +114,8 @@ def add_profile_model_parser(
 def cmd_profile_model(args: argparse.Namespace) -> int:
     """Measure (or reuse from the cache) the model profile and print a summary."""
     from ..parallel.device import resolve_device  # noqa: PLC0415 - lazy: torch (seconds to import), only when measuring
-    from .model_profiler import ModelProfilerConfig, lookup_or_measure  # noqa: PLC0415 - lazy: torch and the models
+    from .lookup import lookup_or_measure  # noqa: PLC0415 - lazy: torch and the models
+    from .measure import ModelProfilerConfig  # noqa: PLC0415 - lazy: torch
 
     config = args.model_config_from_flags_(args)
     precision = _precision(args, "fp32")
@@ -122,13 +124,8 @@ def cmd_profile_model(args: argparse.Namespace) -> int:
                                    warmup_iters=args.warmup_iters, iters=args.iters,
                                    tp_degrees=(tuple(args.tp_degrees) if args.tp_degrees
                                                else None))
-    measure = lookup_or_measure
-    if getattr(config, "model_type", None) in ("vit", "swin"):  # an image classifier
-        from .vision_profiler import lookup_or_measure_vision as measure  # noqa: PLC0415 - lazy: the vision models
-    elif getattr(config, "model_type", None) == "t5":
-        from .t5_profiler import lookup_or_measure_t5 as measure  # noqa: PLC0415 - lazy: the T5 model
-    found = measure(config, precision, args.device, args.cache_dir, config=settings,
-                    force=args.force)
+    found = lookup_or_measure(config, precision, args.device, args.cache_dir, config=settings,
+                              force=args.force)  # the config's family measures it
     profile, cached = found.profile, not found.measured
     if args.out:
         profile.save(args.out)
@@ -272,7 +269,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise ValueError(f"--skip-iterations {args.skip_iterations}: must be >= 0")
     precision = _precision(args, None if args.model_profile else "fp32")
     result = calibrate_files([tuple(r) for r in args.run], args.cluster, args.model_profile,
-                             cluster_out=args.cluster_out,
+                             spec_of=spec_of_record, cluster_out=args.cluster_out,
                              model_profile_out=args.model_profile_out, precision=precision,
                              skip_iterations=args.skip_iterations)
     if args.json:

@@ -29,6 +29,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from ..parallel.comm import all_gather_into_tensor, reduce_scatter_tensor
 from ..parallel.grad_norm import NormEntry, clip_grads_, global_grad_norm
 from ..parallel.optimizer import OptimizerConfig, build_optimizer
+from .timing import sync, time_rounds
 
 OPS = ("allreduce", "allgather", "reduce_scatter")
 
@@ -75,11 +76,6 @@ def fit_latency_bandwidth(effective_bytes: Sequence[float],
 
 
 # --------------------------------------------------------------------------- timing helpers
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def world_max(values: Sequence[float], device: torch.device) -> list[float]:
     """Element-wise maximum of ``values`` over all ranks (the same list on every rank)."""
     buf = torch.tensor(list(values), dtype=torch.float64, device=device)
@@ -103,35 +99,19 @@ def time_loop(step: Callable[[], Any], warmup: int, iters: int, device: torch.de
     each call is synchronised so that it is timed alone. ``before`` (untimed) runs ahead of
     every call: see :func:`compute_gap`. No barrier: the ranks run their calls back to back.
     """
-    return time_rounds([step], warmup, iters, device, before, barrier=False)[0]
+    return time_calls([step], warmup, iters, device, before, barrier=False)[0]
 
 
-def time_rounds(steps: Sequence[Callable[[], Any]], warmup: int, iters: int,
-                device: torch.device, before: Callable[[], Any] | None = None,
-                barrier: bool = True) -> list[float]:
-    """Seconds per call of each of ``steps`` on this rank: medians over ``iters`` rounds.
-
-    Each round starts from a world barrier (unless ``barrier`` is false) and times every step
-    once, each call synchronised, ``before`` (untimed) ahead of it. Interleaving the message sizes puts a slow
-    stretch of a shared machine on all of them alike: timed one size after another, it landed
-    on one size and tilted the latency / bandwidth line (the fitted CPU all-reduce latency came
-    out 2.5 ms in one quiet run and 3.7 ms in the next, which moved a sequence-parallel plan's
-    price by 30%).
-    """
-    samples: list[list[float]] = [[] for _ in steps]
-    for i in range(warmup + iters):
-        if barrier:
-            world_barrier(device)
-        for k, step in enumerate(steps):
-            if before is not None:
-                before()
-                sync(device)
-            start = time.perf_counter()
-            step()
-            sync(device)
-            if i >= warmup:
-                samples[k].append(time.perf_counter() - start)
-    return [float(np.median(x)) for x in samples]
+def time_calls(steps: Sequence[Callable[[], Any]], warmup: int, iters: int,
+               device: torch.device, before: Callable[[], Any] | None = None,
+               barrier: bool = True) -> list[float]:
+    """Seconds per call of each of ``steps`` on this rank: the profilers' one timing loop
+    (:func:`~.timing.time_rounds`, every message size once per round) with each round started
+    from a world barrier (unless ``barrier`` is false) and ``before`` (untimed) ahead of every
+    call."""
+    rounds = time_rounds([(step,) for step in steps], warmup, iters, device, before=before,
+                         barrier=(lambda: world_barrier(device)) if barrier else None)
+    return [seconds for (seconds,) in rounds]
 
 
 def compute_gap(device: torch.device) -> Callable[[], None]:

@@ -394,7 +394,7 @@ def profile_hardware(config: HardwareProfilerConfig = HardwareProfilerConfig()) 
         spanned = max(nodes_of(ranks, local) for ranks in groups)
         for op in config.ops:
             steps = [cb.collective_step(op, nbytes, handles[mine], g, device) for nbytes in sizes]
-            times = cb.time_rounds(steps, config.warmup_iters, config.iters, device, before=gap)
+            times = cb.time_calls(steps, config.warmup_iters, config.iters, device, before=gap)
             if outside is not None:  # NCCL makes the communicator at its first collective
                 nccl = max(nccl, outside_allocator_bytes(device) - outside)
                 outside = None
@@ -419,7 +419,7 @@ def profile_hardware(config: HardwareProfilerConfig = HardwareProfilerConfig()) 
         senders = [r for r in range(world) if (r // stage) % 2 == 0 and r + stage < world]
         spanned = max(nodes_of([r, r + stage], local) for r in senders)
         steps = [cb.p2p_step(nbytes, peer, sender, device) for nbytes in sizes]
-        times = cb.world_max(cb.time_rounds(steps, config.warmup_iters, config.iters, device,
+        times = cb.world_max(cb.time_calls(steps, config.warmup_iters, config.iters, device,
                                             before=gap), device)
         result = CommResult("p2p", pp, True, spanned, list(sizes), times)
         result.latency_s, result.busbw = cb.fit_latency_bandwidth(list(sizes), times)

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from ..config import ModelConfig
-from ..planner.inputs.model_spec import ModelSpec
+from ..families.registry import family_of
 from ..families.t5.config import T5Config
 from ..families.vision.config import VisionConfig
+from ..planner.inputs.model_spec import ModelSpec
 
 #: Bumped whenever a cell's inputs or a record's meaning change: a results file written by
 #: another version is refused instead of mixing incomparable numbers.
@@ -37,58 +38,34 @@ class GridError(ValueError):
 
 @dataclass(frozen=True)
 class GridModel:
-    """One workload. ``config`` is the runtime's model description (a ``ModelConfig`` or
-    ``VisionConfig`` or ``T5Config``),
-    ``script`` the entry script that trains it (``--run``)."""
+    """One workload. ``config`` is the runtime's model description (a config of a registered
+    model family: ``ModelConfig``, ``T5Config``, ``VisionConfig``), ``script`` the entry
+    script that trains it (``--run``)."""
 
     name: str
     family: str  # bert | t5 | vit | swin | gpt
     source: str
     global_batch_size: int = PAPER_BATCH
-    config: ModelConfig | VisionConfig | None = None  # T5Config is a ModelConfig
+    config: Any = None
     script: str = "pretrain_gpt.py"
     precision: str = "bf16"
 
     def spec(self) -> ModelSpec:
         assert self.config is not None  # every entry has one
-        return ModelSpec.from_model_config(self.config)
+        return family_of(self.config).model_spec(self.config)
 
     def flags(self) -> list[str]:
-        """The entry script's model flags (Megatron's names) for this shape."""
-        cfg = self.config
-        if isinstance(cfg, VisionConfig):
-            out = ["--vision-backbone-type", cfg.model_type, "--img-h", str(cfg.img_h),
-                   "--img-w", str(cfg.img_w), "--patch-dim", str(cfg.patch_dim),
-                   "--num-channels", str(cfg.num_channels), "--num-classes", str(cfg.num_classes)]
-            if cfg.model_type == "vit":
-                out += ["--num-layers", str(cfg.num_layers), "--hidden-size", str(cfg.hidden_size),
-                        "--num-attention-heads", str(cfg.num_attention_heads),
-                        "--ffn-hidden-size", str(cfg.ffn_hidden_size)]
-            else:
-                out += ["--swin-embed-dim", str(cfg.swin_embed_dim),
-                        "--swin-depths", ",".join(map(str, cfg.swin_depths)),
-                        "--swin-num-heads", ",".join(map(str, cfg.swin_num_heads)),
-                        "--swin-window-size", str(cfg.swin_window_size)]
-            return out
-        if isinstance(cfg, T5Config):
-            return ["--encoder-num-layers", str(cfg.encoder_num_layers),
-                    "--decoder-num-layers", str(cfg.decoder_num_layers),
-                    "--hidden-size", str(cfg.hidden_size),
-                    "--num-attention-heads", str(cfg.num_attention_heads),
-                    "--kv-channels", str(cfg.kv_channels),
-                    "--ffn-hidden-size", str(cfg.ffn_hidden_size),
-                    "--encoder-seq-length", str(cfg.seq_length),
-                    "--decoder-seq-length", str(cfg.decoder_seq_length),
-                    "--vocab-size", str(cfg.vocab_size)]
-        if isinstance(cfg, ModelConfig):
-            return ["--num-layers", str(cfg.num_layers), "--hidden-size", str(cfg.hidden_size),
-                    "--num-attention-heads", str(cfg.num_attention_heads),
-                    "--ffn-hidden-size", str(cfg.ffn_hidden_size),
-                    "--seq-length", str(cfg.seq_length),
-                    "--max-position-embeddings", str(cfg.max_position_embeddings),
-                    "--vocab-size", str(cfg.vocab_size)]
-        raise GridError(f"model {self.name!r}: no training flags are known for it; it can be "
-                        f"simulated but not run with --run")
+        """The entry script's model flags (Megatron's names) for this shape (its family's)."""
+        script_flags = family_of(self.config).script_flags if self.config is not None else None
+        if script_flags is None:
+            raise GridError(f"model {self.name!r}: no training flags are known for it; it can "
+                            f"be simulated but not run with --run")
+        return script_flags(self.config)
+
+    def cli_flags(self) -> list[str]:
+        """The ``megatron-auto`` model flags for this shape (``--model-type`` first)."""
+        self.flags()  # the same error when none are known
+        return family_of(self.config).cli_flags(self.config)
 
 
 def _gpt(name: str, layers: int, hidden: int, heads: int, source: str) -> GridModel:

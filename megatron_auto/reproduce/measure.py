@@ -91,12 +91,6 @@ def measure_cluster(out: Path, nproc: int, timeout_s: float = 900) -> Path:
     return out
 
 
-def _model_type_flags(model: GridModel) -> list[str]:
-    if model.family in ("vit", "swin"):
-        return ["--model-type", model.family]
-    return ["--model-type", model.family] if model.family in ("bert", "t5") else []
-
-
 def _precision_flags(model: GridModel) -> list[str]:
     return {"bf16": ["--bf16"], "fp16": ["--fp16"]}.get(model.precision, [])
 
@@ -106,12 +100,8 @@ def measure_profile(model: GridModel, profile_dir: Path, timeout_s: float = 1800
     out = profile_dir / f"{model.name}.json"
     if out.exists():
         return out
-    flags = model.flags()
-    if model.family in ("vit", "swin"):  # the planner CLI names the backbone --model-type
-        i = flags.index("--vision-backbone-type")
-        flags = flags[:i] + flags[i + 2:]
-    cmd = [*_python(), "-m", "megatron_auto.cli", "profile-model", *_model_type_flags(model),
-           *flags, *_precision_flags(model), "--out", str(out)]
+    cmd = [*_python(), "-m", "megatron_auto.cli", "profile-model", *model.cli_flags(),
+           *_precision_flags(model), "--out", str(out)]
     proc = _run(cmd, out.with_suffix(".log"), timeout_s)
     if proc.returncode != 0 or not out.exists():
         raise RunError(f"profiling {model.name} failed (exit {proc.returncode}); see "

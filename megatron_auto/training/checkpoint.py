@@ -73,45 +73,13 @@ from ..utils.atomicfile import atomic_write
 from ..config import ModelConfig
 from ..parallel.context import ParallelContext
 from ..parallel.data_parallel import DataParallel
+from ..families.registry import family_of, family_of_record
 from ..plan import Plan
-from ..families.t5.config import T5Config
-from ..families.vision.config import BACKBONES, VisionConfig
 from .checkpoint_verify import (FORMAT, INFO_FILE, LATEST_FILE, RECORD_KEY, VERSION,  # noqa: F401 - re-exported
                                 CheckpointError, INCOMPLETE_PREFIX, choose_checkpoint,
                                 describe_files, incomplete_dir, iteration_dir, latest_iteration)
 from .logging import get_logger
 from .precision import LossScaler
-
-#: model-config fields that decide parameter names and shapes (or what they mean), with the flag
-#: that sets each one; a checkpoint loads only into a model that agrees on all of them.
-VISION_SHAPE_FIELDS = {
-    "model_type": "--vision-backbone-type", "img_h": "--img-h", "img_w": "--img-w",
-    "patch_dim": "--patch-dim", "num_channels": "--num-channels", "num_classes": "--num-classes",
-    "num_layers": "--num-layers / --swin-depths", "hidden_size": "--hidden-size",
-    "num_attention_heads": "--num-attention-heads", "ffn_hidden_size": "--ffn-hidden-size",
-    "swin_embed_dim": "--swin-embed-dim", "swin_depths": "--swin-depths",
-    "swin_num_heads": "--swin-num-heads", "swin_window_size": "--swin-window-size",
-}
-SHAPE_FIELDS = {
-    "num_layers": "--num-layers", "hidden_size": "--hidden-size",
-    "num_attention_heads": "--num-attention-heads", "ffn_hidden_size": "--ffn-hidden-size",
-    "padded_vocab_size": "--vocab-size / --make-vocab-size-divisible-by",
-    "position_embedding_type": "--position-embedding-type",
-    "max_position_embeddings": "--max-position-embeddings", "activation": "--swiglu",
-    "normalization": "--normalization",
-    "untie_embeddings_and_output_weights": "--untie-embeddings-and-output-weights",
-    "model_type": "the entry script (pretrain_gpt.py / pretrain_bert.py)",
-    "bert_binary_head": "--bert-no-binary-head", "num_tokentypes": "the entry script",
-    "query_groups": "--group-query-attention --num-query-groups",
-    "add_bias_linear": "--disable-bias-linear", "openai_gelu": "--openai-gelu",
-}
-T5_SHAPE_FIELDS = {
-    **SHAPE_FIELDS, "model_type": "the entry script (pretrain_t5.py)",
-    "encoder_num_layers": "--encoder-num-layers", "decoder_num_layers": "--decoder-num-layers",
-    "kv_channels": "--kv-channels",
-    "relative_attention_num_buckets": "--relative-attention-num-buckets",
-}
-
 
 class TrainingState(Protocol):
     """What a checkpoint saves and restores (``trainer.Trainer`` is one; this module needs no
@@ -422,29 +390,22 @@ def read_info(load_dir: str | os.PathLike, *, fallback: bool = True) -> tuple[st
     return choose_checkpoint(load_dir, fallback=fallback)
 
 
-def check_model_matches(saved: dict[str, Any], config: ModelConfig, where: str) -> None:
-    """Raise CheckpointError naming the first shape field on which ``saved`` and ``config`` differ."""
-    fields = SHAPE_FIELDS
-    if isinstance(config, VisionConfig):  # an image classifier: its own shape fields
-        unused = (("hidden_size", "num_attention_heads", "ffn_hidden_size")
-                  if config.model_type == "swin" else ("swin_embed_dim", "swin_depths",
-                                                        "swin_num_heads", "swin_window_size"))
-        fields = {k: v for k, v in VISION_SHAPE_FIELDS.items() if k not in unused}
-        if saved.get("model_type") not in BACKBONES:
-            raise CheckpointError(f"--load={where}: the checkpoint holds a "
-                                  f"{saved.get('model_type')} model, this run trains a "
-                                  f"{config.model_type} classifier; load a checkpoint of this "
-                                  f"model")
-        saved_config = VisionConfig.from_dict(saved)
-    elif isinstance(config, T5Config) or saved.get("model_type") == "t5":
-        if saved.get("model_type") != config.model_type:
-            raise CheckpointError(f"--load={where}: the checkpoint holds a "
-                                  f"{saved.get('model_type')} model, this run trains a "
-                                  f"{config.model_type}; load a checkpoint of this model")
-        fields, saved_config = T5_SHAPE_FIELDS, T5Config.from_dict(saved)
-    else:
-        saved_config = ModelConfig.from_dict(saved)
-    for name, flag in fields.items():
+def check_model_matches(saved: dict[str, Any], config: Any, where: str) -> None:
+    """Raise CheckpointError unless ``saved`` (a checkpoint's model record) describes a model of
+    ``config``'s kind (a family of the same config class: GPT and BERT, ViT and Swin) that
+    agrees on every checkpoint field of ``config``'s family; the message names the first field
+    that differs and the flag that sets it."""
+    family = family_of(config)
+    try:
+        saved_family = family_of_record(saved)
+    except ValueError:
+        saved_family = None
+    if saved_family is None or saved_family.config_class is not family.config_class:
+        raise CheckpointError(f"--load={where}: the checkpoint holds a {saved.get('model_type')} "
+                              f"model, this run trains a {family.label}; "
+                              f"load a checkpoint of this model")
+    saved_config = family.config_from_dict(saved)
+    for name, flag in family.checkpoint_fields.items():
         old, new = getattr(saved_config, name), getattr(config, name)
         if old != new:
             raise CheckpointError(

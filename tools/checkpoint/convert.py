@@ -78,6 +78,7 @@ def _convert(args: argparse.Namespace) -> int:
     from megatron_auto.conversion.hf import (ConversionError, describe,  # noqa: PLC0415
                                              export_checkpoint, import_checkpoint,
                                              training_flags)
+    from megatron_auto.families.registry import family_of  # noqa: PLC0415
     from megatron_auto.training.checkpoint import CheckpointError  # noqa: PLC0415
     from megatron_auto.training.logging import get_logger, setup_logging  # noqa: PLC0415
 
@@ -107,7 +108,7 @@ def _convert(args: argparse.Namespace) -> int:
                           f"Hugging Face config.json")
             arch, config = import_checkpoint(args.load_dir, args.save_dir, given, model_type,
                                              overwrite=args.overwrite)
-            script = "pretrain_bert.py" if config.model_type == "bert" else "pretrain_gpt.py"
+            script = family_of(config).entry_script
             log.info(f"> imported {arch} {args.load_dir} into {args.save_dir}: {describe(config)}")
             log.info(f"> train it with: {script} --load {args.save_dir} "
                      + " ".join(training_flags(config)))

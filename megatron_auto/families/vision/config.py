@@ -126,6 +126,12 @@ class VisionConfig:
         return self.num_channels * self.patch_dim * self.patch_dim
 
     @property
+    def class_token(self) -> bool:
+        """ViT prepends a class token (with a learned position table) and pools it; Swin has
+        neither and pools the mean token."""
+        return self.model_type == "vit"
+
+    @property
     def embedding_hidden_size(self) -> int:
         return self.hidden_size if self.model_type == "vit" else self.swin_embed_dim
 
@@ -139,7 +145,7 @@ class VisionConfig:
     @property
     def seq_length(self) -> int:
         """Tokens per image at the embedding (ViT: patches + class token)."""
-        return self.num_patches + (1 if self.model_type == "vit" else 0)
+        return self.num_patches + (1 if self.class_token else 0)
 
     def swin_stages(self) -> tuple[SwinStageShape, ...]:
         """The Swin stages' shapes (empty for ViT)."""

@@ -6,37 +6,20 @@ with stages of different widths has several. Layers of one type cost the same, w
 exploits (a stage's cost depends only on which types it holds, in which order, and where it sits
 in the pipeline).
 
-Pure data: no torch, no numpy. Every check raises :class:`SpecError` naming the field, the value
+The planner knows no model family: each family builds the spec of its configs
+(``megatron_auto.families``), with as many layer types as it has. Pure data: no torch, no
+numpy. Every check raises :class:`SpecError` naming the field, the value
 and a fix.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
-
-from ...config import ModelConfig
-from ...families.t5.config import T5Config
-from ...families.vision.config import VisionConfig
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adam",)
 ACTIVATIONS = ("gelu", "swiglu")
-PLAN_MODEL_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
-                   "seq_length", "max_position_embeddings", "vocab_size",
-                   "make_vocab_size_divisible_by", "position_embedding_type", "activation",
-                   "normalization", "untie_embeddings_and_output_weights", "model_type",
-                   "num_tokentypes", "num_query_groups", "add_bias_linear",
-                   # image classifiers (families.vision.config.VisionConfig)
-                   "img_h", "img_w", "patch_dim", "num_channels", "num_classes",
-                   "swin_embed_dim", "swin_depths", "swin_num_heads", "swin_window_size",
-                   # T5 (families.t5.config.T5Config)
-                   "encoder_num_layers", "decoder_num_layers", "decoder_seq_length",
-                   "kv_channels", "relative_attention_num_buckets",
-                   "relative_attention_max_distance")
-
-
 class SpecError(ValueError):
     """An invalid model or training description; the message names field, value and fix."""
 
@@ -168,8 +151,11 @@ class ModelSpec:
 
     ``layer_order[i]`` is the index into ``layer_types`` of transformer layer ``i``.
     ``vocab_size`` is the padded vocabulary (embedding rows). ``num_position_embeddings`` is 0 for
-    rotary models. ``config`` keeps the ModelConfig this spec came from (written into the plan's
-    ``model`` record so the runtime can check it); it does not take part in equality.
+    rotary models. ``config`` is the record of the model this spec came from, written as the
+    plan's ``model`` (the runtime checks every key present against its own config): only what
+    decides the costs, so that a different dropout or init does not invalidate a plan, and
+    ``model_type``, which names the model's family. The family's spec builder
+    (``megatron_auto.families``) fills it; it does not take part in equality.
     """
 
     layer_types: tuple[LayerType, ...]
@@ -181,7 +167,7 @@ class ModelSpec:
     name: str = ""
     num_position_embeddings: int = 0
     config: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
-    # Image classifiers (:meth:`from_vision_config`): the patch embedding's and the head's
+    # Image classifiers: the patch embedding's and the head's
     # parameter counts, the tokens the head projects (1: a pooled image) and its width.
     embedding_parameter_count: int | None = None
     head_parameter_count: int | None = None
@@ -244,11 +230,10 @@ class ModelSpec:
         return tp
 
     def plan_model_record(self) -> dict[str, Any]:
-        """The ``model`` record of a plan (docs/design.md §5.2): the ModelConfig fields when known."""
+        """The ``model`` record of a plan (docs/design.md §5.2): ``config`` when the spec has
+        one (its family's builder chose those fields), else the shape of its layers."""
         if self.config is not None:
-            # Only what decides the costs: the runtime checks every key present against its own
-            # flags, and a different dropout or init must not invalidate a plan.
-            return {k: v for k, v in self.config.items() if k in PLAN_MODEL_KEYS}
+            return dict(self.config)
         lt = self.layer_types[0]
         record: dict[str, Any] = {"name": self.name, "num_layers": self.num_layers}
         if len(self.layer_types) == 1:
@@ -259,102 +244,6 @@ class ModelSpec:
         return record
 
     # ----------------------------------------------------------------- builders
-    @classmethod
-    def from_model_config(cls, cfg: ModelConfig | VisionConfig) -> "ModelSpec":
-        """The spec of a GPT or BERT model described by a runtime ``ModelConfig`` (or of an
-        image classifier, see :meth:`from_vision_config`)."""
-        if isinstance(cfg, VisionConfig):
-            return cls.from_vision_config(cfg)
-        if isinstance(cfg, T5Config):
-            return cls.from_t5_config(cfg)
-        lt = LayerType(name=cfg.model_type, hidden_size=cfg.hidden_size,
-                       num_attention_heads=cfg.num_attention_heads,
-                       ffn_hidden_size=cfg.ffn_hidden_size, seq_length=cfg.seq_length,
-                       count=cfg.num_layers, activation=cfg.activation, causal=cfg.causal,
-                       num_query_groups=cfg.num_query_groups or 0,
-                       add_bias_linear=cfg.add_bias_linear, normalization=cfg.normalization)
-        positions = cfg.max_position_embeddings if cfg.position_embedding_type == "learned" else 0
-        return cls(layer_types=(lt,), layer_order=(0,) * cfg.num_layers,
-                   vocab_size=cfg.padded_vocab_size, embedding_hidden_size=cfg.hidden_size,
-                   seq_length=cfg.seq_length,
-                   tied_embeddings=not cfg.untie_embeddings_and_output_weights,
-                   name=cfg.model_type, num_position_embeddings=positions + cfg.num_tokentypes,
-                   config=cfg.to_dict())
-
-    @classmethod
-    def from_vision_config(cls, cfg: VisionConfig) -> "ModelSpec":
-        """The spec of a ViT or Swin classifier (``families.vision.config.VisionConfig``).
-
-        ViT: one layer type ``vit``. Swin: per stage ``swin<k>`` for its blocks, and
-        ``swin<k>_merge`` for the first block of every stage after the first (patch merging
-        belongs to it), so the planner's stack has layer types of different width, heads and
-        sequence length. ``vocab_size`` is the class count (the head's rows).
-        """
-        h_emb = cfg.embedding_hidden_size
-        if cfg.model_type == "vit":
-            types = [(LayerType(name="vit", hidden_size=cfg.hidden_size,
-                                num_attention_heads=cfg.num_attention_heads,
-                                ffn_hidden_size=cfg.ffn_hidden_size, seq_length=cfg.seq_length,
-                                count=cfg.num_layers, causal=False), cfg.num_layers)]
-            embedding = cfg.patch_size_flat * h_emb + h_emb + h_emb + cfg.seq_length * h_emb
-        else:
-            types = []
-            for st in cfg.swin_stages():
-                common = dict(hidden_size=st.hidden_size, num_attention_heads=st.num_heads,
-                              ffn_hidden_size=cfg.swin_mlp_ratio * st.hidden_size,
-                              seq_length=st.seq_length, causal=False, window_size=st.window)
-                plain = st.depth
-                if st.index > 0:
-                    types.append((LayerType(name=f"swin{st.index + 1}_merge", count=1,
-                                            merge_input_hidden=st.hidden_size // 2, **common), 1))
-                    plain -= 1
-                if plain:
-                    types.append((LayerType(name=f"swin{st.index + 1}", count=plain, **common),
-                                  plain))
-            embedding = cfg.patch_size_flat * h_emb + h_emb + 2 * h_emb
-        stacked = cls.stacked(types, vocab_size=cfg.num_classes, embedding_hidden_size=h_emb,
-                              seq_length=cfg.seq_length, name=cfg.model_type)
-        h_out = cfg.final_hidden_size
-        return dataclasses.replace(
-            stacked, tied_embeddings=False, config=cfg.to_dict(),
-            embedding_parameter_count=embedding,
-            head_parameter_count=2 * h_out + h_out * cfg.num_classes + cfg.num_classes,
-            head_tokens=1, head_hidden_size=h_out)
-
-    @classmethod
-    def from_t5_config(cls, cfg: T5Config) -> "ModelSpec":
-        """The spec of a T5 (``families.t5.config.T5Config``): layer types ``t5_encoder`` (``s_e``
-        tokens, carrying the decoder's ``s_d`` embedded tokens) and ``t5_decoder`` (``s_d``
-        tokens, cross-attention over ``s_e``, carrying the encoder output), in that order.
-
-        The embedding holds the word (and learned position) table; the head its bias, the
-        decoder's final norm and the tied word copy, and projects the ``s_d`` decoder tokens.
-        The encoder's final norm and the relative bias tables (a few KB) are counted in the
-        head's parameters, though they live on the stages of the last encoder layer and of
-        each stack."""
-        common = dict(hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads,
-                      ffn_hidden_size=cfg.ffn_hidden_size, activation=cfg.activation,
-                      kv_channels=cfg.kv_channels, add_bias_linear=cfg.add_bias_linear,
-                      normalization=cfg.normalization)
-        enc = LayerType(name="t5_encoder", seq_length=cfg.seq_length,
-                        count=cfg.encoder_num_layers, causal=False,
-                        carried_seq_length=cfg.decoder_seq_length, **common)
-        dec = LayerType(name="t5_decoder", seq_length=cfg.decoder_seq_length,
-                        count=cfg.decoder_num_layers, causal=True,
-                        cross_attention_seq_length=cfg.seq_length,
-                        carried_seq_length=cfg.seq_length, **common)
-        h, v = cfg.hidden_size, cfg.padded_vocab_size
-        positions = cfg.max_position_embeddings if cfg.position_embedding_type == "learned" else 0
-        norm = 2 * h if cfg.normalization == "layernorm" else h
-        stacked = cls.stacked([(enc, cfg.encoder_num_layers), (dec, cfg.decoder_num_layers)],
-                              vocab_size=v, embedding_hidden_size=h, seq_length=cfg.seq_length,
-                              name="t5")
-        return dataclasses.replace(
-            stacked, tied_embeddings=True, config=cfg.to_dict(), num_position_embeddings=positions,
-            embedding_parameter_count=(v + positions) * h,
-            head_parameter_count=2 * norm + v + cfg.relative_bias_parameters(),
-            head_tokens=cfg.decoder_seq_length, head_hidden_size=h)
-
     @classmethod
     def uniform(cls, num_layers: int, hidden_size: int, num_attention_heads: int,
                 seq_length: int, vocab_size: int, ffn_hidden_size: int | None = None,

@@ -1,0 +1,122 @@
+"""The GPT and BERT families: one layer type each, ``ModelConfig`` with ``model_type`` ``gpt``
+(causal decoder, ``pretrain_gpt.py``) or ``bert`` (bidirectional encoder with token types and
+the sentence-order head, ``pretrain_bert.py``).
+
+Also what the other language-model families reuse: :data:`PLAN_RECORD_KEYS` (the config fields a
+plan records) and :data:`CHECKPOINT_FIELDS` (the fields a checkpoint must agree on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any, Mapping
+
+from ...arguments import check_model_option_args, model_config_from_args
+from ...config import ModelConfig
+from ...planner.inputs.model_spec import LayerType, ModelSpec
+from ..family import Family, flags_of
+
+#: ``ModelConfig`` fields a plan's ``model`` record keeps: what decides the costs (and
+#: ``model_type``, the family), not dropout or init, which must not invalidate a plan.
+PLAN_RECORD_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
+                    "seq_length", "max_position_embeddings", "vocab_size",
+                    "make_vocab_size_divisible_by", "position_embedding_type", "activation",
+                    "normalization", "untie_embeddings_and_output_weights", "model_type",
+                    "num_tokentypes", "num_query_groups", "add_bias_linear")
+
+#: Model-config fields that decide parameter names and shapes (or what they mean), with the
+#: flag that sets each one; a checkpoint loads only into a model that agrees on all of them.
+CHECKPOINT_FIELDS = {
+    "num_layers": "--num-layers", "hidden_size": "--hidden-size",
+    "num_attention_heads": "--num-attention-heads", "ffn_hidden_size": "--ffn-hidden-size",
+    "padded_vocab_size": "--vocab-size / --make-vocab-size-divisible-by",
+    "position_embedding_type": "--position-embedding-type",
+    "max_position_embeddings": "--max-position-embeddings", "activation": "--swiglu",
+    "normalization": "--normalization",
+    "untie_embeddings_and_output_weights": "--untie-embeddings-and-output-weights",
+    "model_type": "the entry script (pretrain_gpt.py / pretrain_bert.py)",
+    "bert_binary_head": "--bert-no-binary-head", "num_tokentypes": "the entry script",
+    "query_groups": "--group-query-attention --num-query-groups",
+    "add_bias_linear": "--disable-bias-linear", "openai_gelu": "--openai-gelu",
+}
+
+
+def plan_record(config: Any, keys: tuple[str, ...]) -> dict[str, Any]:
+    """The fields of ``config`` named in ``keys``, in the config's field order."""
+    return {k: v for k, v in config.to_dict().items() if k in keys}
+
+
+def model_spec(cfg: ModelConfig) -> ModelSpec:
+    """One layer type named after the family (causal for GPT); learned positions and BERT's
+    token types count as position rows of the embedding."""
+    lt = LayerType(name=cfg.model_type, hidden_size=cfg.hidden_size,
+                   num_attention_heads=cfg.num_attention_heads,
+                   ffn_hidden_size=cfg.ffn_hidden_size, seq_length=cfg.seq_length,
+                   count=cfg.num_layers, activation=cfg.activation, causal=cfg.causal,
+                   num_query_groups=cfg.num_query_groups or 0,
+                   add_bias_linear=cfg.add_bias_linear, normalization=cfg.normalization)
+    positions = cfg.max_position_embeddings if cfg.position_embedding_type == "learned" else 0
+    return ModelSpec(layer_types=(lt,), layer_order=(0,) * cfg.num_layers,
+                     vocab_size=cfg.padded_vocab_size, embedding_hidden_size=cfg.hidden_size,
+                     seq_length=cfg.seq_length,
+                     tied_embeddings=not cfg.untie_embeddings_and_output_weights,
+                     name=cfg.model_type, num_position_embeddings=positions + cfg.num_tokentypes,
+                     config=plan_record(cfg, PLAN_RECORD_KEYS))
+
+
+def gpt_from_flags(args: argparse.Namespace, defaults: Mapping[str, Any]) -> ModelConfig:
+    """The pretrain scripts' conversion of the model flags."""
+    check_model_option_args(args)
+    return model_config_from_args(args)
+
+
+def bert_from_flags(args: argparse.Namespace, defaults: Mapping[str, Any]) -> ModelConfig:
+    """As ``pretrain_bert.py``: GPT's flags, bidirectional, with two token types."""
+    return dataclasses.replace(gpt_from_flags(args, defaults), model_type="bert",
+                               num_tokentypes=2)
+
+
+def model_flags(config: ModelConfig) -> list[str]:
+    """The ``pretrain_gpt.py`` / ``pretrain_bert.py`` model flags that build ``config``."""
+    out = flags_of(config, {
+        "--num-layers": "num_layers", "--hidden-size": "hidden_size",
+        "--num-attention-heads": "num_attention_heads", "--ffn-hidden-size": "ffn_hidden_size",
+        "--seq-length": "seq_length", "--max-position-embeddings": "max_position_embeddings",
+        "--vocab-size": "vocab_size",
+        "--make-vocab-size-divisible-by": "make_vocab_size_divisible_by"})
+    out += ["--norm-epsilon", repr(config.layernorm_epsilon)]
+    if config.position_embedding_type == "rope":
+        out += ["--position-embedding-type", "rope", "--rotary-base", repr(config.rotary_base)]
+    if config.activation == "swiglu":
+        out.append("--swiglu")
+    if config.normalization == "rmsnorm":
+        out += ["--normalization", "RMSNorm"]
+    if config.untie_embeddings_and_output_weights:
+        out.append("--untie-embeddings-and-output-weights")
+    if not config.add_bias_linear:
+        out.append("--disable-bias-linear")
+    if config.openai_gelu:
+        out.append("--openai-gelu")
+    if config.num_query_groups is not None:
+        out += ["--group-query-attention", "--num-query-groups", str(config.num_query_groups)]
+    return out
+
+
+def _language_model(name: str, from_flags: Any, stage: str, help_text: str,
+                    hf_architectures: tuple[str, ...], entry_script: str) -> Family:
+    """GPT and BERT differ only in these; both run SP and the interleaved schedule."""
+    return Family(name=name, config_class=ModelConfig, model_spec=model_spec,
+                  from_flags=from_flags, stage=stage,
+                  profiler="megatron_auto.profiler.model_profiler:GPT_PROFILER", help=help_text,
+                  checkpoint_fields=CHECKPOINT_FIELDS, sequence_parallel=True, interleaved=True,
+                  hf_architectures=hf_architectures, entry_script=entry_script,
+                  script_flags=model_flags)
+
+
+FAMILIES = (
+    _language_model("gpt", gpt_from_flags, "megatron_auto.models.gpt:GPTStage",
+                    "gpt (causal decoder, default)", ("gpt2", "llama"), "pretrain_gpt.py"),
+    _language_model("bert", bert_from_flags, "megatron_auto.models.bert:BertStage",
+                    "bert (encoder)", ("megatron-bert",), "pretrain_bert.py"),
+)
