@@ -289,6 +289,15 @@ def test_no_import_runs_against_the_layers():
     assert not bad, "imports against the layers (docs/design.md §2):\n" + "\n".join(bad)
 
 
+def test_the_planner_knows_no_model_family():
+    # The family configs are base modules, but the planner plans ModelSpecs only: each family
+    # builds its own (docs/families.md), so no planner module imports anything of families/.
+    bad = [f"{_name(m)} -> {_name(t)}" for m, targets in sorted(_edges().items())
+           if m.split(".")[0] == "planner" for t in sorted(targets)
+           if t.split(".")[0] == "families"]
+    assert not bad, "the planner imports model families: " + ", ".join(bad)
+
+
 def test_the_checks_catch_a_cycle_and_an_upward_import():
     edges = {"plan": {"config"}, "config": {"planner.search"}, "planner.search": {"plan"},
              "parallel.context": {"planner.search"}}
