@@ -1,7 +1,7 @@
 """The one registry of model families: which families exist and how to find a model's family.
 
-Built in: ``gpt``, ``bert`` (``families/gpt/``), ``t5`` (``families/t5/``), ``vit`` and
-``swin`` (``families/vision/``). A new family is one :class:`~.family.Family` record handed to
+Built in: ``gpt``, ``bert`` (``families/gpt/``), ``vit`` and ``swin`` (``families/vision/``),
+``t5`` (``families/t5/``). A new family is one :class:`~.family.Family` record handed to
 :func:`register_family` (docs/families.md): the CLI's ``--model-type`` choices, the planner's
 model spec, ``--auto-parallel``'s profiling, checkpoints and the experiment grid all find it
 here. Lookups go by name, the ``model_type`` every config and every recorded model carries:
@@ -93,6 +93,8 @@ def spec_of_record(record: Mapping[str, Any]) -> ModelSpec:
     return model_spec(config_from_record(record))
 
 
-for _family in (*_GPT_FAMILIES, *_T5_FAMILIES, *_VISION_FAMILIES):
+# The order of --model-type's choices and of the families' flag groups in --help (the vision
+# flags, then T5's, as before the registry).
+for _family in (*_GPT_FAMILIES, *_VISION_FAMILIES, *_T5_FAMILIES):
     register_family(_family)
 del _family
