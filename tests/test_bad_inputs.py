@@ -679,3 +679,18 @@ def test_tokenizer_flags_the_tokenizer_does_not_read_warn(tmp_path):
     assert warnings[1].startswith("warning: --vocab-size=64: the model takes the vocabulary of "
                                   "--tokenizer-type SentencePieceTokenizer (")
     assert len(warnings) == 2 and "iteration        1/" in out
+
+
+@pytest.mark.pure
+def test_reproduce_flags_of_the_other_mode_warn(tmp_path):
+    """reproduce: the --run flags without --run say they are ignored (here before a budget
+    that fits no device stops the command, so no grid runs)."""
+    code, err, _ = _cli(["reproduce", "--models", "bert-huge-32", "--budgets", "1000",
+                         "--nproc-per-node", "4", "--run-iters", "5", "--out", str(tmp_path),
+                         "--quiet", "--no-plots"])
+    assert code == 2
+    assert err[:2] == [
+        "warning: --nproc-per-node=4: ignored; it applies to --run (train the plans on this "
+        "cluster)",
+        "warning: --run-iters=5: ignored; it applies to --run (train the plans on this cluster)"]
+    assert "every budget exceeds the device memory" in err[2] and len(err) == 3

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..planner.inputs.hardware import ClusterSpec
+from ..utils.flag_warnings import warn_flag
 from ..utils.progress import Progress
 from .grid import DEFAULT_CLUSTERS, GRID_VERSION, MODELS, TINY_MODELS, cells, select_budgets, \
     select_models
@@ -113,7 +114,22 @@ def _nproc(args: argparse.Namespace) -> int:
     return 2  # CPUs (gloo); on a GPU node pass the GPU count
 
 
+def _warn_mode_flags(args: argparse.Namespace) -> None:
+    """The --run flags without --run, and the grid flags --run replaces, when typed."""
+    given = getattr(args, "given_flags", None) or frozenset()
+    if args.run:
+        unused = [("clusters", "--run plans on this cluster's measured profile"),
+                  ("profile_dir", "--run measures the profiles into OUT/profiles")]
+    else:
+        unused = [(dest, "it applies to --run (train the plans on this cluster)")
+                  for dest in ("nproc_per_node", "run_iters", "run_cluster")]
+    for dest, why in unused:
+        if dest in given:
+            warn_flag(f"--{dest.replace('_', '-')}={getattr(args, dest)}: ignored; {why}")
+
+
 def cmd_reproduce(args: argparse.Namespace) -> int:
+    _warn_mode_flags(args)
     models = select_models(args.models)
     methods = select_methods(args.methods)
     budgets = select_budgets(args.budgets)
