@@ -121,6 +121,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
     g.add_argument("--disable-bias-linear", action="store_true",
                    help="no biases in the QKV, attention output and MLP projections (LLaMA)")
+    g.add_argument("--add-qkv-bias", action="store_true",
+                   help="a bias on the QKV projection only, with --disable-bias-linear (Qwen2)")
     g.add_argument("--openai-gelu", action="store_true",
                    help="GeLU's tanh approximation (GPT-2's gelu_new) instead of the erf form")
     g.add_argument("--group-query-attention", action="store_true",
@@ -481,7 +483,8 @@ def model_config_from_args(args: argparse.Namespace, vocab_size: int | None = No
         activation="swiglu" if args.swiglu else "gelu",
         normalization=args.normalization.lower(),
         untie_embeddings_and_output_weights=args.untie_embeddings_and_output_weights,
-        add_bias_linear=not args.disable_bias_linear, openai_gelu=args.openai_gelu,
+        add_bias_linear=not args.disable_bias_linear,
+        add_qkv_bias=getattr(args, "add_qkv_bias", False), openai_gelu=args.openai_gelu,
         num_query_groups=_num_query_groups(args),
         transformer_impl=getattr(args, "transformer_impl", "local"),
         fp8_format=getattr(args, "fp8_format", None))

@@ -97,6 +97,9 @@ class ModelConfig:
     bert_binary_head: bool = True  # BERT sentence-order head
     num_tokentypes: int = 0  # BERT token-type embeddings (2 for sentence pairs)
     add_bias_linear: bool = True  # biases of the QKV, output and MLP projections (Megatron's)
+    # --add-qkv-bias: a bias on the QKV projection only (Qwen2's attention), where
+    # add_bias_linear is off; with add_bias_linear the QKV projection has its bias anyway.
+    add_qkv_bias: bool = False
     openai_gelu: bool = False  # GeLU's tanh approximation (GPT-2's ``gelu_new``), not erf
     num_query_groups: int | None = None  # key/value heads (grouped-query attention); None: heads
     # --transformer-impl: our layers, or Transformer Engine's modules behind the same layer
@@ -135,6 +138,11 @@ class ModelConfig:
         return self.query_groups * self.head_dim
 
     @property
+    def qkv_bias(self) -> bool:
+        """Whether the fused QKV projection has a bias (``--add-qkv-bias`` or all biases)."""
+        return self.add_bias_linear or self.add_qkv_bias
+
+    @property
     def causal(self) -> bool:
         return self.model_type == "gpt"
 
@@ -145,6 +153,8 @@ class ModelConfig:
         fc1 = 2 * f if self.activation == "swiglu" else f
         weights = h * (h + 2 * kv) + h * h + h * fc1 + f * h  # QKV, output, fc1, fc2
         biases = (h + 2 * kv) + h + fc1 + h if self.add_bias_linear else 0
+        if self.add_qkv_bias and not self.add_bias_linear:
+            biases = h + 2 * kv
         return weights + biases + 2 * norm
 
     def num_parameters(self) -> int:

@@ -66,7 +66,8 @@ def test_tensor_parallelism_must_keep_key_value_heads_whole():
 
 
 def test_planner_counts_parameters_of_the_options():
-    for argv in (LLAMA_FLAGS, ["--openai-gelu"], ["--disable-bias-linear"],
+    for argv in (LLAMA_FLAGS, LLAMA_FLAGS + ["--add-qkv-bias"], ["--openai-gelu"],
+                 ["--disable-bias-linear"], ["--add-qkv-bias"],
                  ["--group-query-attention", "--num-query-groups", "2", "--normalization",
                   "RMSNorm"]):
         cfg = arguments.parse_run_config(argv).model
@@ -76,6 +77,9 @@ def test_planner_counts_parameters_of_the_options():
     # QKV (64 + 32) x 64, output 64 x 64, gate+up 2 x 96 x 64, down 64 x 96, two RMSNorms 64
     cfg = arguments.parse_run_config(LLAMA_FLAGS).model
     assert cfg.num_layer_parameters() == 96 * 64 + 64 * 64 + 2 * 96 * 64 + 96 * 64 + 2 * 64
+    # --add-qkv-bias (Qwen2): the QKV projection's 64 + 32 biases, no other
+    qwen2 = arguments.parse_run_config(LLAMA_FLAGS + ["--add-qkv-bias"]).model
+    assert qwen2.num_layer_parameters() - cfg.num_layer_parameters() == 96
 
 
 def test_grouped_query_attention_lowers_flops_and_kept_bytes():
@@ -94,10 +98,20 @@ def test_grouped_query_attention_lowers_flops_and_kept_bytes():
     assert l_mha.parameter_count - l_gqa.parameter_count == 2 * h * (h - 16)
 
 
+def test_add_qkv_bias_round_trips_through_the_script_flags():
+    from megatron_auto.families.gpt.family import model_flags
+    qwen2 = arguments.parse_run_config(LLAMA_FLAGS + ["--add-qkv-bias"]).model
+    assert qwen2.add_qkv_bias and qwen2.qkv_bias and not qwen2.add_bias_linear
+    assert arguments.parse_run_config(model_flags(qwen2)).model == qwen2
+    # the plan record names it only when set: plans of other models stay as they were
+    assert model_spec(qwen2).config["add_qkv_bias"] is True
+    assert "add_qkv_bias" not in model_spec(arguments.parse_run_config([]).model).config
+
+
 def test_configs_without_the_new_fields_load_as_before():
     """Plans and checkpoints written before these options exist read as the old model."""
     old = {k: v for k, v in ModelConfig().to_dict().items()
-           if k not in ("add_bias_linear", "openai_gelu", "num_query_groups")}
+           if k not in ("add_bias_linear", "openai_gelu", "num_query_groups", "add_qkv_bias")}
     cfg = ModelConfig.from_dict(old)
     assert cfg == ModelConfig() and cfg.query_groups == cfg.num_attention_heads
     assert dataclasses.replace(cfg, num_attention_heads=8).query_groups == 8

@@ -1,7 +1,8 @@
 """The model options a faithful GPT-2 / LLaMA conversion needs, under every kind of plan.
 
-``--disable-bias-linear``, ``--openai-gelu`` and ``--group-query-attention --num-query-groups``
-(with RoPE, SwiGLU, RMSNorm and an untied head for the LLaMA shape) must keep the equivalence
+``--disable-bias-linear``, ``--openai-gelu``, ``--group-query-attention --num-query-groups``
+(with RoPE, SwiGLU, RMSNorm and an untied head for the LLaMA shape) and ``--add-qkv-bias``
+(Qwen2's shape: LLaMA's with a bias on the QKV projection only) must keep the equivalence
 invariant (docs/design.md §4): fp32, dropout off, three AdamW steps through ``train_step``; losses
 relative 1e-5 and every updated parameter ``rtol 1e-5, atol 1e-6`` against one process. The
 plans split the key/value groups over TP (2 groups over tp 2: one whole group per rank) and
@@ -19,6 +20,7 @@ import torch
 
 from dist_utils import run_distributed
 from megatron_auto.config import ConfigError, ModelConfig
+from megatron_auto.families.registry import model_spec
 from test_equivalence import CONFIG as BASE, RTOL, STEPS, _train_worker, layer, plan_of
 
 pytestmark = pytest.mark.multirank
@@ -27,6 +29,8 @@ pytestmark = pytest.mark.multirank
 LLAMA = dataclasses.replace(BASE, position_embedding_type="rope", activation="swiglu",
                             normalization="rmsnorm", untie_embeddings_and_output_weights=True,
                             add_bias_linear=False, num_query_groups=2)
+# Qwen2's: LLaMA's with a bias on the (TP-split, grouped) QKV projection only.
+QWEN2 = dataclasses.replace(LLAMA, add_qkv_bias=True)
 # GPT-2's: tanh GeLU, biases, tied embeddings, learned positions.
 GPT2 = dataclasses.replace(BASE, openai_gelu=True)
 
@@ -59,7 +63,7 @@ def _run(config: ModelConfig, world_size: int, plans: list[dict]) -> list[tuple[
 
 @functools.lru_cache(maxsize=None)
 def _reference(name: str) -> tuple[list, dict]:
-    config = {"llama": LLAMA, "gpt2": GPT2}[name]
+    config = {"llama": LLAMA, "qwen2": QWEN2, "gpt2": GPT2}[name]
     return _run(config, 1, [plan_of(1, [layer()] * 4, num_microbatches=1)])[0]
 
 
@@ -76,10 +80,10 @@ def _assert_matches(name: str, results: list, state: dict, label: str) -> None:
 @pytest.fixture(scope="module")
 def two_rank_results():
     return {model: dict(zip(PLANS, _run(config, 2, list(PLANS.values()))))
-            for model, config in (("llama", LLAMA), ("gpt2", GPT2))}
+            for model, config in (("llama", LLAMA), ("qwen2", QWEN2), ("gpt2", GPT2))}
 
 
-@pytest.mark.parametrize("model", ["llama", "gpt2"])
+@pytest.mark.parametrize("model", ["llama", "qwen2", "gpt2"])
 @pytest.mark.parametrize("plan", list(PLANS))
 def test_two_rank_plans_match_one_process(two_rank_results, model, plan):
     results, state = two_rank_results[model][plan]
@@ -99,10 +103,15 @@ def test_the_options_change_the_model():
     d = BASE.hidden_size // BASE.num_attention_heads
     assert llama["layers.0.self_attention.linear_qkv.weight"].shape == (
         BASE.hidden_size + 2 * 2 * d, BASE.hidden_size)
-    for config, state in ((LLAMA, llama), (GPT2, _reference("gpt2")[1])):
-        # the config's (and so the planner's) count is the real layer's
-        assert sum(v.numel() for n, v in state.items() if n.startswith("layers.0.")) == \
-            config.num_layer_parameters()
+    _, qwen2 = _reference("qwen2")
+    assert qwen2["layers.0.self_attention.linear_qkv.bias"].shape == (BASE.hidden_size + 2 * 2 * d,)
+    assert not any(n.endswith(("linear_proj.bias", "linear_fc1.bias", "linear_fc2.bias"))
+                   for n in qwen2)
+    for config, state in ((LLAMA, llama), (QWEN2, qwen2), (GPT2, _reference("gpt2")[1])):
+        # the config's and the planner's counts are the real layer's
+        real = sum(v.numel() for n, v in state.items() if n.startswith("layers.0."))
+        assert real == config.num_layer_parameters()
+        assert real == model_spec(config).layer_types[0].num_parameters
     _, gpt2 = _reference("gpt2")
     assert gpt2["layers.0.self_attention.linear_qkv.bias"].shape == (3 * BASE.hidden_size,)
     (_, base), = _run(BASE, 1, [plan_of(1, [layer()] * 4, num_microbatches=1)])

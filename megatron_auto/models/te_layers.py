@@ -120,7 +120,7 @@ class TESelfAttention(nn.Module):
         norm = "RMSNorm" if config.normalization == "rmsnorm" else "LayerNorm"
         kw = _te_kwargs(groups, device)
         self.linear_qkv = _shard_info(te.LayerNormLinear(
-            h, h + 2 * config.kv_size, eps=config.layernorm_epsilon, bias=bias,
+            h, h + 2 * config.kv_size, eps=config.layernorm_epsilon, bias=config.qkv_bias,
             normalization=norm, parallel_mode="column", **kw), groups, {"weight": 0, "bias": 0})
         self.core = te.DotProductAttention(
             config.num_attention_heads, config.head_dim, num_gqa_groups=config.query_groups,

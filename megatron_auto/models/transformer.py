@@ -14,7 +14,8 @@ group its ``heads/g`` query heads, then its key head, then its value head (Megat
 with ``g = heads`` that is q, k, v of head 0, then of head 1, ...); query head ``j`` uses the
 key/value head of group ``j // (heads/g)``. The SwiGLU ``linear_fc1.weight`` interleaves rows as
 ``(gate_0, up_0, gate_1, up_1, ...)``, i.e. ``(f, 2, h)`` flattened to ``(2f, h)``.
-``add_bias_linear=False`` (``--disable-bias-linear``) drops the four projections' biases;
+``add_bias_linear=False`` (``--disable-bias-linear``) drops the four projections' biases
+(``add_qkv_bias``, ``--add-qkv-bias``, keeps the QKV projection's);
 ``openai_gelu`` uses GeLU's tanh approximation.
 
 Recompute (``recompute=True``): the layer keeps only its inputs and re-runs its forward in
@@ -110,7 +111,8 @@ class SelfAttention(nn.Module):
                  causal: bool, sequence_parallel: bool = False) -> None:
         super().__init__()
         h, bias = config.hidden_size, config.add_bias_linear
-        self.linear_qkv = ColumnParallelLinear(h, h + 2 * config.kv_size, groups, bias=bias,
+        self.linear_qkv = ColumnParallelLinear(h, h + 2 * config.kv_size, groups,
+                                               bias=config.qkv_bias,
                                                sequence_parallel=sequence_parallel)
         self.linear_proj = RowParallelLinear(h, h, groups, bias=bias, input_is_parallel=True,
                                              sequence_parallel=sequence_parallel)

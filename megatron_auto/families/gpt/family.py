@@ -38,7 +38,8 @@ CHECKPOINT_FIELDS = {
     "model_type": "the entry script (pretrain_gpt.py / pretrain_bert.py)",
     "bert_binary_head": "--bert-no-binary-head", "num_tokentypes": "the entry script",
     "query_groups": "--group-query-attention --num-query-groups",
-    "add_bias_linear": "--disable-bias-linear", "openai_gelu": "--openai-gelu",
+    "add_bias_linear": "--disable-bias-linear", "add_qkv_bias": "--add-qkv-bias",
+    "openai_gelu": "--openai-gelu",
 }
 
 
@@ -55,14 +56,24 @@ def model_spec(cfg: ModelConfig) -> ModelSpec:
                    ffn_hidden_size=cfg.ffn_hidden_size, seq_length=cfg.seq_length,
                    count=cfg.num_layers, activation=cfg.activation, causal=cfg.causal,
                    num_query_groups=cfg.num_query_groups or 0,
-                   add_bias_linear=cfg.add_bias_linear, normalization=cfg.normalization)
+                   add_bias_linear=cfg.add_bias_linear, normalization=cfg.normalization,
+                   add_qkv_bias=cfg.add_qkv_bias)
     positions = cfg.max_position_embeddings if cfg.position_embedding_type == "learned" else 0
     return ModelSpec(layer_types=(lt,), layer_order=(0,) * cfg.num_layers,
                      vocab_size=cfg.padded_vocab_size, embedding_hidden_size=cfg.hidden_size,
                      seq_length=cfg.seq_length,
                      tied_embeddings=not cfg.untie_embeddings_and_output_weights,
                      name=cfg.model_type, num_position_embeddings=positions + cfg.num_tokentypes,
-                     config=plan_record(cfg, PLAN_RECORD_KEYS))
+                     config=_plan_record(cfg))
+
+
+def _plan_record(cfg: ModelConfig) -> dict[str, Any]:
+    """The plan's model record; ``add_qkv_bias`` only when set, so that plans of models
+    without it stay as they were."""
+    record = plan_record(cfg, PLAN_RECORD_KEYS)
+    if cfg.add_qkv_bias:
+        record["add_qkv_bias"] = True
+    return record
 
 
 def gpt_from_flags(args: argparse.Namespace, defaults: Mapping[str, Any]) -> ModelConfig:
@@ -96,6 +107,8 @@ def model_flags(config: ModelConfig) -> list[str]:
         out.append("--untie-embeddings-and-output-weights")
     if not config.add_bias_linear:
         out.append("--disable-bias-linear")
+    if config.add_qkv_bias and not config.add_bias_linear:
+        out.append("--add-qkv-bias")
     if config.openai_gelu:
         out.append("--openai-gelu")
     if config.num_query_groups is not None:

@@ -44,7 +44,8 @@ class LayerType:
 
     ``num_query_groups`` ``g`` is the key/value head count of grouped-query attention (0: one
     per attention head); keys and values are ``g * head_dim`` wide and TP must divide ``g``.
-    ``add_bias_linear=False``: the four projections have no bias; ``normalization`` decides
+    ``add_bias_linear=False``: the four projections have no bias (``add_qkv_bias``: but the
+    QKV projection has one, as Qwen2's attention); ``normalization`` decides
     whether a norm has a bias (LayerNorm) or not (RMSNorm).
 
     Encoder-decoder layers (T5): ``kv_channels`` ``> 0`` is the width of one head (default
@@ -70,6 +71,7 @@ class LayerType:
     kv_channels: int = 0
     cross_attention_seq_length: int = 0
     carried_seq_length: int = 0
+    add_qkv_bias: bool = False
 
     def __post_init__(self) -> None:
         where = f"layer_types[{self.name!r}]"
@@ -107,6 +109,8 @@ class LayerType:
         bias = 1 if self.add_bias_linear else 0
         # fused QKV ((p + 2kv) x h) and output projection (h x p), with their biases
         attention = 2 * h * p + 2 * h * kv + bias * (p + h + 2 * kv)
+        if self.add_qkv_bias and not bias:
+            attention += p + 2 * kv
         if self.activation == "swiglu":
             mlp = 3 * h * f + bias * (2 * f + h)  # two input projections (gate, up), one output
         else:
