@@ -73,6 +73,7 @@ def named_losses(sums: dict[str, float]) -> dict[str, float]:
 
 
 BERT_TASK = TaskSpec(
+    model_families=("bert",),
     model_overrides={"model_type": "bert", "num_tokentypes": 2, "bert_binary_head": True},
     sentence_level_data=True, every_stage_reads_batch=True, loss_part_keys=LOSS_PARTS,
     named_losses=named_losses)

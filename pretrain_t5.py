@@ -78,7 +78,7 @@ def batch_fn(items: Sequence[dict]) -> dict[str, torch.Tensor]:
 
 
 #: every stage reads the batch: the encoder mask is needed wherever attention runs
-T5_TASK = TaskSpec(every_stage_reads_batch=True)
+T5_TASK = TaskSpec(every_stage_reads_batch=True, model_families=("t5",))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -74,7 +74,7 @@ def named_losses(sums: dict[str, float]) -> dict[str, float]:
     return {"accuracy": sums["correct"] / max(sums["num_samples"], 1.0)}
 
 
-VISION_TASK = TaskSpec(text_data=False, loss_part_keys=("correct", "num_samples"),
+VISION_TASK = TaskSpec(text_data=False, model_families=("vit", "swin"), loss_part_keys=("correct", "num_samples"),
                        named_losses=named_losses)
 
 

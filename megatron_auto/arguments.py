@@ -98,6 +98,9 @@ def _ignored_dest(flag: str) -> str:
 def add_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Model shape flags (Megatron-LM names); defaults are the embedded small GPT."""
     g = parser.add_argument_group("model")
+    g.add_argument("--hf-config", default=None, metavar="FILE_OR_DIR",
+                   help="a Hugging Face config.json (or the directory holding it): the model "
+                        "flags take its values; model flags given as well override them")
     g.add_argument("--num-layers", type=int, default=4)
     g.add_argument("--hidden-size", type=int, default=256)
     g.add_argument("--num-attention-heads", type=int, default=4)
@@ -310,21 +313,35 @@ def build_parser(description: str = "Train a GPT with a per-layer parallel plan.
     return parser
 
 
+#: ``(args, typed destinations, the parser's destinations)``: fills the model flags from
+#: ``--hf-config`` (``families.hf_config.apply_hf_config``, which this base layer cannot import:
+#: the entry points pass it in).
+ModelFileReader = Callable[[argparse.Namespace, frozenset, frozenset], Any]
+
+
 def parse_run_config(argv: Sequence[str] | None = None,
                      parser: argparse.ArgumentParser | None = None, *,
-                     model_config_from_args: Callable[[argparse.Namespace], Any] | None = None
-                     ) -> RunConfig:
+                     model_config_from_args: Callable[[argparse.Namespace], Any] | None = None,
+                     read_model_file: ModelFileReader | None = None) -> RunConfig:
     """The :class:`RunConfig` of ``argv`` (default ``sys.argv[1:]``), checked.
 
     ``parser`` extends :func:`build_parser` with a script's own flags and
     ``model_config_from_args`` converts them into its model config (the vision classifiers'
     ``VisionConfig``); by default the model is this module's :class:`ModelConfig`.
+    ``read_model_file`` fills the model flags from ``--hf-config`` before they are checked (a
+    typed flag wins); without it ``--hf-config`` is refused.
     Raises ``ConfigError`` (``ArgumentError`` for flag combinations) naming the flag, its value
     and the fix; argparse itself exits with status 2 on unknown flags.
     """
     parser = parser or build_parser()
     args = parser.parse_args(argv)
     args.given_flags = given_flags(parser, argv)  # for the families that ignore shared flags
+    if getattr(args, "hf_config", None):
+        if read_model_file is None:
+            _fail("--hf-config", args.hf_config, "this entry point cannot read Hugging Face "
+                  "configs; run a pretrain script or megatron-auto")
+        read_model_file(args, args.given_flags,
+                        frozenset(a.dest for a in parser._actions if a.dest != argparse.SUPPRESS))
     check_args(args)
     return run_config_from_args(args, model_config_from_args or model_config_from_args_default)
 

@@ -29,6 +29,7 @@ from .arguments import (DEFAULT_GLOBAL_BATCH_SIZE, add_model_args,
                         add_sp_and_virtual_pipeline_args, classic_layout_from_args)
 from .cli_checks import check_outputs, command_given_flags, warn_other_family_flags
 from .config import ModelConfig, resolve_precision
+from .families.hf_config import apply_hf_config
 from .families.registry import config_from_record, families, family_of, get_family
 from .plan import Plan
 from .planner import report
@@ -512,6 +513,18 @@ def _add_profiler_subcommands(sub: Any) -> None:
     add_calibrate_parser(sub)
 
 
+def _read_hf_config(parser: argparse.ArgumentParser, command: str,
+                    args: argparse.Namespace) -> None:
+    """``--hf-config``: the model flags (and ``--model-type``) from the file, unless typed."""
+    if not getattr(args, "hf_config", None):
+        return
+    sub = next(a.choices[command] for a in parser._actions
+               if isinstance(a, argparse._SubParsersAction))
+    dests = frozenset(a.dest for a in sub._actions if a.dest != argparse.SUPPRESS)
+    apply_hf_config(args, args.given_flags or frozenset(), dests,
+                    family_dest="model_type" if "model_type" in dests else None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand; returns the exit status (0 ok, 2 bad input)."""
     args_list = list(sys.argv[1:] if argv is None else argv)
@@ -527,6 +540,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.given_flags = command_given_flags(parser, args_list)
     try:
         with one_line_flag_warnings():
+            _read_hf_config(parser, args_list[0], args)
             warn_other_family_flags(args)
             check_outputs(args)
             return args.func(args)

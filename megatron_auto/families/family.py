@@ -16,7 +16,8 @@ kind of model asks the family (:mod:`.registry` finds it) instead of testing the
 - checkpoints: :attr:`Family.checkpoint_fields` (the fields a checkpoint must agree on, each
   with the flag that sets it) and the config's ``to_dict`` / ``from_dict`` (what a checkpoint
   and a plan record of the model);
-- Hugging Face conversion: :attr:`Family.hf_architectures`;
+- Hugging Face conversion: :attr:`Family.hf_architectures`; Hugging Face configs
+  (``--hf-config``): :attr:`Family.hf_model_types` and :attr:`Family.hf_config`;
 - the experiment grid's ``--run``: :attr:`Family.entry_script` and :attr:`Family.script_flags`
   (the entry script's model flags of a config).
 
@@ -106,7 +107,9 @@ class Family:
     analytic profile only. ``noun`` names the model in messages ("a vit classifier").
     ``script_flags(config)``: the model flags of ``entry_script`` that build ``config``;
     ``script_only_flags``: those of them (each with one value) that ``megatron-auto`` does not
-    take, since it names the family with ``--model-type`` instead.
+    take, since it names the family with ``--model-type`` instead. ``hf_model_types``: the
+    Hugging Face ``model_type`` values of the configs this family reads for ``--hf-config``,
+    with ``hf_config(reader)`` filling a ``families.hf_config.HFReader`` with the flag values.
     """
 
     name: str
@@ -125,6 +128,8 @@ class Family:
     entry_script: str | None = None
     script_flags: Callable[[Any], list[str]] | None = None
     script_only_flags: tuple[str, ...] = ()
+    hf_model_types: tuple[str, ...] = ()
+    hf_config: Callable[[Any], None] | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.isidentifier():

@@ -35,6 +35,7 @@ import torch.distributed as dist
 
 from .. import arguments
 from ..config import ConfigError, ModelConfig
+from ..families.hf_config import apply_hf_config
 from ..parallel.device import resolve_device, select_local_cuda_device
 from ..parallel.timers import gather_over_ranks
 from ..plan import Plan, PlanError
@@ -402,8 +403,14 @@ def launch(model_provider: ModelProvider, datasets_provider: DatasetsProvider,
     first_rank = int(os.environ.get("RANK", "0")) == 0
     try:
         with one_line_flag_warnings(show=first_rank):
+            def read_model_file(args: argparse.Namespace, given: frozenset,
+                                dests: frozenset) -> None:  # --hf-config, for this script
+                apply_hf_config(args, given, dests, training=True,
+                                families_taken=task.model_families)
+
             config = arguments.parse_run_config(argv, parser,
-                                                model_config_from_args=model_config_from_args)
+                                                model_config_from_args=model_config_from_args,
+                                                read_model_file=read_model_file)
             pretrain(config, model_provider, datasets_provider, batch_fn, task)
         code = 0
     except _user_errors() as err:

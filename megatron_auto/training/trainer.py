@@ -61,6 +61,9 @@ class TaskSpec:
     # corpus) is then not prepared, and the datasets provider gets a DataSource naming only the
     # kind and the paths.
     text_data: bool = True
+    # The model families the script trains (a --hf-config of another is refused naming the
+    # family's script).
+    model_families: tuple[str, ...] = ("gpt",)
 
 
 GPT_TASK = TaskSpec()

@@ -16,6 +16,7 @@ from ...arguments import check_model_option_args, model_config_from_args
 from ...config import ModelConfig
 from ...planner.inputs.model_spec import LayerType, ModelSpec
 from ..family import Family, flags_of
+from .hf_config import DECODER_MODEL_TYPES, ENCODER_MODEL_TYPES, read_decoder, read_encoder
 
 #: ``ModelConfig`` fields a plan's ``model`` record keeps: what decides the costs (and
 #: ``model_type``, the family), not dropout or init, which must not invalidate a plan.
@@ -117,19 +118,22 @@ def model_flags(config: ModelConfig) -> list[str]:
 
 
 def _language_model(name: str, from_flags: Any, stage: str, help_text: str,
-                    hf_architectures: tuple[str, ...], entry_script: str) -> Family:
+                    hf_architectures: tuple[str, ...], entry_script: str,
+                    hf_model_types: tuple[str, ...], hf_config: Any) -> Family:
     """GPT and BERT differ only in these; both run SP and the interleaved schedule."""
     return Family(name=name, config_class=ModelConfig, model_spec=model_spec,
                   from_flags=from_flags, stage=stage,
                   profiler="megatron_auto.profiler.model_profiler:GPT_PROFILER", help=help_text,
                   checkpoint_fields=CHECKPOINT_FIELDS, sequence_parallel=True, interleaved=True,
                   hf_architectures=hf_architectures, entry_script=entry_script,
-                  script_flags=model_flags)
+                  script_flags=model_flags, hf_model_types=hf_model_types, hf_config=hf_config)
 
 
 FAMILIES = (
     _language_model("gpt", gpt_from_flags, "megatron_auto.models.gpt:GPTStage",
-                    "gpt (causal decoder, default)", ("gpt2", "llama"), "pretrain_gpt.py"),
+                    "gpt (causal decoder, default)", ("gpt2", "llama"), "pretrain_gpt.py",
+                    DECODER_MODEL_TYPES, read_decoder),
     _language_model("bert", bert_from_flags, "megatron_auto.models.bert:BertStage",
-                    "bert (encoder)", ("megatron-bert",), "pretrain_bert.py"),
+                    "bert (encoder)", ("megatron-bert",), "pretrain_bert.py",
+                    ENCODER_MODEL_TYPES, read_encoder),
 )

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 from ...arguments import check_model_option_args
 from ...planner.inputs.model_spec import LayerType, ModelSpec
 from ..family import Family, flags_of
+from .hf_config import MODEL_TYPES as HF_MODEL_TYPES, read_t5
 from ..gpt.family import CHECKPOINT_FIELDS, PLAN_RECORD_KEYS, plan_record
 from .config import T5Config
 from .flags import add_t5_args, apply_t5_defaults, t5_config_from_args
@@ -91,5 +92,5 @@ FAMILIES = (
            profiler="megatron_auto.profiler.t5_profiler:T5_PROFILER", add_flags=add_flags,
            help="t5 (encoder-decoder, with pretrain_t5.py's flags)",
            checkpoint_fields=T5_CHECKPOINT_FIELDS, entry_script="pretrain_t5.py",
-           script_flags=model_flags),
+           script_flags=model_flags, hf_model_types=HF_MODEL_TYPES, hf_config=read_t5),
 )

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from ...planner.inputs.model_spec import LayerType, ModelSpec
 from ..family import Family, flags_of
+from .hf_config import read_swin, read_vit
 from ..gpt.family import plan_record
 from .config import VisionConfig
 from .flags import add_vision_args, apply_vit_defaults, vision_config_from_args
@@ -108,7 +109,8 @@ def _backbone(name: str, stage: str, unused: tuple[str, ...]) -> Family:
         help=f"{name} (image classifier, with pretrain_vision_classify.py's flags)",
         checkpoint_fields={k: v for k, v in VISION_CHECKPOINT_FIELDS.items() if k not in unused},
         entry_script="pretrain_vision_classify.py", script_flags=model_flags,
-        script_only_flags=("--vision-backbone-type",))
+        script_only_flags=("--vision-backbone-type",), hf_model_types=(name,),
+        hf_config=read_vit if name == "vit" else read_swin)
 
 
 FAMILIES = (
