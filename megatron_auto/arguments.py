@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from .config import (DEFAULT_GLOBAL_BATCH_SIZE, FP8_FORMATS, TRANSFORMER_IMPLS, ArgumentError,
                      ConfigError, ModelConfig, resolve_precision)
 from .run_flag_checks import check_output_flags, given_flags, warn_inapplicable_flags
+from .utils.ignored_flags import (IGNORED_MEGATRON_FLAGS, add_ignored_megatron_args,
+                                  warn_ignored_megatron_flags)
 from .utils.flag_warnings import warn_flag
 
 if TYPE_CHECKING:
@@ -52,48 +54,12 @@ _LAYOUT_DEFAULTS = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_si
                     "recompute_method": None, "recompute_num_layers": None,
                     "decoder_first_pipeline_num_layers": None,
                     "decoder_last_pipeline_num_layers": None, "sequence_parallel": False,
-                    "num_layers_per_virtual_pipeline_stage": None}
+                    "num_layers_per_virtual_pipeline_stage": None,
+                    "pipeline_model_parallel_layout": None, "use_megatron_fsdp": False,
+                    "data_parallel_sharding_strategy": None}
 # Float flags whose non-finite value (inf, nan: argparse's float() accepts both) is rejected.
 _FINITE_FLAGS = ("lr", "min_lr", "clip_grad", "weight_decay", "adam_beta1", "adam_beta2",
                  "adam_eps", "loss_scale", "memory_budget_gb")
-# Megatron-LM flags that a Megatron launch script passes and that change nothing here (kernel
-# fusions, overlap and implementation switches this runtime has no variant of, data-loader
-# knobs): accepted so the script runs, and named in one warning. Flag -> its value's metavar
-# (None: a switch) and its choices (None: any). Never list a flag this project implements or
-# means to (--sequence-parallel, --transformer-impl transformer_engine, --fp8-format,
-# --disable-bias-linear, --openai-gelu, --group-query-attention, --num-query-groups, ...):
-# ignoring those would train another model than asked. Listed in docs/training.md.
-IGNORED_MEGATRON_FLAGS: dict[str, tuple[str | None, tuple[str, ...] | None]] = {
-    "--use-mcore-models": (None, None),
-    "--use-flash-attn": (None, None),
-    "--no-masked-softmax-fusion": (None, None),
-    "--no-bias-gelu-fusion": (None, None),
-    "--no-bias-swiglu-fusion": (None, None),
-    "--no-bias-dropout-fusion": (None, None),
-    "--no-rope-fusion": (None, None),
-    "--no-gradient-accumulation-fusion": (None, None),
-    "--no-async-tensor-model-parallel-allreduce": (None, None),
-    "--overlap-grad-reduce": (None, None),
-    "--overlap-param-gather": (None, None),
-    "--no-persist-layer-norm": (None, None),
-    "--attention-softmax-in-fp32": (None, None),
-    "--accumulate-allreduce-grads-in-fp32": (None, None),
-    "--use-cpu-initialization": (None, None),
-    "--no-create-attention-mask-in-dataloader": (None, None),
-    "--manual-gc": (None, None),
-    "--log-throughput": (None, None),
-    # The backend follows the device (NCCL on CUDA, gloo on CPU).
-    "--distributed-backend": ("BACKEND", ("nccl", "gloo")),
-    "--num-workers": ("N", None),
-    "--dataloader-type": ("TYPE", ("single", "cyclic", "external")),
-    "--attention-backend": ("BACKEND", None),
-}
-
-
-def _ignored_dest(flag: str) -> str:
-    return "ignored_" + flag.lstrip("-").replace("-", "_")
-
-
 # ----------------------------------------------------------------------------- flag groups
 def add_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Model shape flags (Megatron-LM names); defaults are the embedded small GPT."""
@@ -200,6 +166,7 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="Megatron's distributed optimizer: shard the optimizer state over "
                         "data parallelism (every layer gets dp_mode zero1)")
     add_sp_and_virtual_pipeline_args(p)
+    add_layout_and_fsdp_args(p)
     p.add_argument("--auto-parallel", action="store_true",
                    help="search the per-layer parallel plan (profile, then plan, then train)")
     p.add_argument("--plan", default=None, metavar="FILE", help="train with this plan file")
@@ -290,21 +257,6 @@ def add_logging_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     return parser
 
 
-def add_ignored_megatron_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """:data:`IGNORED_MEGATRON_FLAGS`; an absent one leaves no attribute (``SUPPRESS``), so the
-    namespace tells exactly which were typed."""
-    g = parser.add_argument_group("Megatron-LM flags accepted and ignored (one warning names "
-                                  "them)")
-    for flag, (metavar, choices) in IGNORED_MEGATRON_FLAGS.items():
-        if metavar is None:
-            g.add_argument(flag, dest=_ignored_dest(flag), action="store_true",
-                           default=argparse.SUPPRESS, help="no effect here")
-        else:
-            g.add_argument(flag, dest=_ignored_dest(flag), metavar=metavar, choices=choices,
-                           default=argparse.SUPPRESS, help="no effect here")
-    return parser
-
-
 def build_parser(description: str = "Train a GPT with a per-layer parallel plan.") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description, allow_abbrev=False)
     for add in (add_model_args, add_training_args, add_data_args, add_logging_args,
@@ -372,12 +324,7 @@ def _check_transformer_impl(args: argparse.Namespace) -> None:
 def check_args(args: argparse.Namespace) -> None:
     """Reject contradictory flags at start, naming the flag, its value and the fix."""
     resolve_precision(args.bf16, args.fp16)
-    ignored = [flag if metavar is None else f"{flag}={getattr(args, _ignored_dest(flag))}"
-               for flag, (metavar, _) in IGNORED_MEGATRON_FLAGS.items()
-               if hasattr(args, _ignored_dest(flag))]
-    if ignored:
-        warn_flag(f"Megatron-LM flags ignored (no effect in megatron_auto; see "
-                  f"docs/training.md): {' '.join(ignored)}")
+    warn_ignored_megatron_flags(args)
     _check_transformer_impl(args)
     if args.mock_data and args.data_path:
         _fail("--data-path", " ".join(args.data_path),
@@ -578,6 +525,21 @@ def add_sp_and_virtual_pipeline_args(group: Any) -> None:
                                          "pp x v of them (needs pp > 1)")
 
 
+def add_layout_and_fsdp_args(group: Any) -> None:
+    """Megatron-Core's ``--pipeline-model-parallel-layout`` and Megatron-FSDP's
+    ``--use-megatron-fsdp --data-parallel-sharding-strategy`` (classic layouts)."""
+    group.add_argument("--pipeline-model-parallel-layout", default=None, metavar="LAYOUT",
+                       help="the pipeline partition as Megatron-Core writes it: chunks in model "
+                            "order split by |, E embedding, t layer, L loss, x*n repeats "
+                            "(e.g. 'Et*3|t*5L'; pp x v chunks: interleaved when v > 1)")
+    group.add_argument("--use-megatron-fsdp", action="store_true",
+                       help="Megatron-FSDP: with --data-parallel-sharding-strategy optim, "
+                            "optim_grads or optim_grads_params every layer is zero1, zero2 or "
+                            "zero3")
+    group.add_argument("--data-parallel-sharding-strategy", default=None,
+                       choices=["no_shard", "optim", "optim_grads", "optim_grads_params"])
+
+
 def plan_source_from_args(args: argparse.Namespace) -> PlanFile | ClassicLayout | SearchPins:
     """``--plan``, ``--auto-parallel`` (with the pins typed in this parse) or the classic flags."""
     from .run_config import PlanFile, SearchPins  # noqa: PLC0415 - run_config's dataclasses
@@ -612,4 +574,7 @@ def classic_layout_from_args(args: argparse.Namespace) -> ClassicLayout:
         decoder_last_pipeline_num_layers=args.decoder_last_pipeline_num_layers,
         sequence_parallel=getattr(args, "sequence_parallel", False),
         num_layers_per_virtual_pipeline_stage=getattr(
-            args, "num_layers_per_virtual_pipeline_stage", None))
+            args, "num_layers_per_virtual_pipeline_stage", None),
+        pipeline_model_parallel_layout=getattr(args, "pipeline_model_parallel_layout", None),
+        use_megatron_fsdp=getattr(args, "use_megatron_fsdp", False),
+        data_parallel_sharding_strategy=getattr(args, "data_parallel_sharding_strategy", None))

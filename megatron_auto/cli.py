@@ -25,7 +25,7 @@ import os
 import sys
 from typing import Any, Sequence
 
-from .arguments import (DEFAULT_GLOBAL_BATCH_SIZE, add_model_args,
+from .arguments import (DEFAULT_GLOBAL_BATCH_SIZE, add_layout_and_fsdp_args, add_model_args,
                         add_sp_and_virtual_pipeline_args, classic_layout_from_args)
 from .cli_checks import check_outputs, command_given_flags, warn_other_family_flags
 from .config import ModelConfig, resolve_precision
@@ -121,6 +121,7 @@ def _add_plan_source(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--decoder-first-pipeline-num-layers", type=int, default=None)
     g.add_argument("--decoder-last-pipeline-num-layers", type=int, default=None)
     add_sp_and_virtual_pipeline_args(g)
+    add_layout_and_fsdp_args(g)
 
 
 # ------------------------------------------------------------------------------ shared setup

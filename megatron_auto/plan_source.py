@@ -96,7 +96,10 @@ def plan_from_classic_flags(layout: ClassicLayout, model_config: ModelConfig,
             decoder_first_pipeline_num_layers=layout.decoder_first_pipeline_num_layers,
             decoder_last_pipeline_num_layers=layout.decoder_last_pipeline_num_layers,
             sequence_parallel=layout.sequence_parallel,
-            num_layers_per_virtual_pipeline_stage=layout.num_layers_per_virtual_pipeline_stage)
+            num_layers_per_virtual_pipeline_stage=layout.num_layers_per_virtual_pipeline_stage,
+            pipeline_model_parallel_layout=layout.pipeline_model_parallel_layout,
+            use_megatron_fsdp=layout.use_megatron_fsdp,
+            data_parallel_sharding_strategy=layout.data_parallel_sharding_strategy)
     except MegatronFlagError as err:
         raise ArgumentError(str(err)) from None
     plan.validate(model_config)

@@ -232,6 +232,9 @@ class ClassicLayout:
     decoder_last_pipeline_num_layers: int | None = None
     sequence_parallel: bool = False  # --sequence-parallel: every layer (ignored at tp 1)
     num_layers_per_virtual_pipeline_stage: int | None = None  # interleaved 1F1B chunks
+    pipeline_model_parallel_layout: str | None = None  # Megatron-Core's partition string
+    use_megatron_fsdp: bool = False  # with data_parallel_sharding_strategy: zero1/2/3
+    data_parallel_sharding_strategy: str | None = None
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,10 @@ data parallelism over the rest, optionally ``--use-distributed-optimizer`` (Mega
 distributed optimizer: optimizer state sharded over DP, our ``zero1``), ``--sequence-parallel``
 (every layer ``sequence_parallel``; ignored at tp 1, as Megatron does),
 ``--num-layers-per-virtual-pipeline-stage N`` (interleaved 1F1B with chunks of N layers; block
-recompute then counts per chunk), and recompute flags.
+recompute then counts per chunk), ``--pipeline-model-parallel-layout`` (Megatron-Core's string
+of any partition, interleaved or not: ``megatron_layout.py``), Megatron-FSDP
+(``--use-megatron-fsdp --data-parallel-sharding-strategy optim|optim_grads|optim_grads_params``:
+our ``zero1``/``zero2``/``zero3`` on every layer), and recompute flags.
 :func:`plan_from_megatron_flags` turns such a flag set into a uniform :class:`Plan`;
 :func:`to_megatron_flags` goes back, or says why a plan has no classic-flag equivalent.
 
@@ -27,9 +30,17 @@ from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
 from ...plan import Plan, PlanError
+from .megatron_layout import LAYOUT_FLAG, LayoutError, chunks_from_layout, layout_string
 
 RECOMPUTE_GRANULARITIES = ("full", "selective")
 RECOMPUTE_METHODS = ("uniform", "block")
+#: Megatron-FSDP's ``--data-parallel-sharding-strategy`` -> our dp_mode (``no_shard``: plain
+#: data parallelism, or the distributed optimizer with ``--use-distributed-optimizer``).
+SHARDING_STRATEGIES = {"no_shard": None, "optim": "zero1", "optim_grads": "zero2",
+                       "optim_grads_params": "zero3"}
+#: The flags Megatron-FSDP needs beside the strategy (its documentation's required set).
+FSDP_FLAGS = ["--use-megatron-fsdp", "--use-distributed-optimizer",
+              "--no-gradient-accumulation-fusion", "--ckpt-format", "fsdp_dtensor"]
 
 
 class MegatronFlagError(ValueError):
@@ -83,6 +94,8 @@ def plan_from_megatron_flags(
         decoder_last_pipeline_num_layers: int | None = None,
         sequence_parallel: bool = False,
         num_layers_per_virtual_pipeline_stage: int | None = None,
+        pipeline_model_parallel_layout: str | None = None,
+        use_megatron_fsdp: bool = False, data_parallel_sharding_strategy: str | None = None,
         model: Mapping[str, Any] | None = None) -> Plan:
     """The uniform plan a classic Megatron flag set describes.
 
@@ -105,11 +118,29 @@ def plan_from_megatron_flags(
             f"--global-batch-size={global_batch_size}: must be a multiple of --micro-batch-size="
             f"{micro_batch_size} x data-parallel size {dp} = {micro_batch_size * dp}")
     num_microbatches = global_batch_size // (micro_batch_size * dp)
-    sizes = _stage_sizes(num_layers, pp, decoder_first_pipeline_num_layers,
-                         decoder_last_pipeline_num_layers)
     virtual_size = 1
     per_chunk = num_layers_per_virtual_pipeline_stage
-    if per_chunk is not None:
+    if pipeline_model_parallel_layout is not None:
+        others = [flag for flag, value in (
+            ("--decoder-first-pipeline-num-layers", decoder_first_pipeline_num_layers),
+            ("--decoder-last-pipeline-num-layers", decoder_last_pipeline_num_layers),
+            ("--num-layers-per-virtual-pipeline-stage", per_chunk)) if value is not None]
+        if others:
+            raise MegatronFlagError(f"{LAYOUT_FLAG}={pipeline_model_parallel_layout!r}: sets the "
+                                    f"whole partition; drop {' and '.join(others)}")
+        try:
+            sizes = chunks_from_layout(pipeline_model_parallel_layout, pp, num_layers)
+        except LayoutError as err:
+            raise MegatronFlagError(str(err)) from None
+        virtual_size = len(sizes) // pp
+        if virtual_size > 1 and pp < 2:
+            raise MegatronFlagError(f"{LAYOUT_FLAG}={pipeline_model_parallel_layout!r}: "
+                                    f"{len(sizes)} chunks on one pipeline rank (interleaving "
+                                    f"needs --pipeline-model-parallel-size > 1)")
+    else:
+        sizes = _stage_sizes(num_layers, pp, decoder_first_pipeline_num_layers,
+                             decoder_last_pipeline_num_layers)
+    if per_chunk is not None and pipeline_model_parallel_layout is None:
         virtual_size = _virtual_size(num_layers, pp, per_chunk, decoder_first_pipeline_num_layers,
                                      decoder_last_pipeline_num_layers)
         sizes = (per_chunk,) * (pp * virtual_size)
@@ -141,7 +172,19 @@ def plan_from_megatron_flags(
                         recompute[start + j] = True
                     start += size
     dp_mode = "zero1" if use_distributed_optimizer else "ddp"
-    if use_distributed_optimizer:
+    if data_parallel_sharding_strategy is not None or use_megatron_fsdp:
+        strategy = data_parallel_sharding_strategy or "no_shard"
+        if strategy not in SHARDING_STRATEGIES:
+            raise MegatronFlagError(f"--data-parallel-sharding-strategy={strategy!r}: choose one "
+                                    f"of {', '.join(SHARDING_STRATEGIES)}")
+        if strategy != "no_shard" and not use_megatron_fsdp:
+            raise MegatronFlagError(f"--data-parallel-sharding-strategy={strategy}: shards only "
+                                    f"with --use-megatron-fsdp (Megatron-FSDP); add it")
+        dp_mode = SHARDING_STRATEGIES[strategy] or dp_mode
+        if dp_mode in ("zero2", "zero3"):
+            notes.append(f"Megatron-FSDP --data-parallel-sharding-strategy {strategy} is "
+                         f"{dp_mode} on every layer and the vocabulary")
+    if use_distributed_optimizer and dp_mode == "zero1":
         notes.append("--use-distributed-optimizer is zero1 (Megatron's distributed optimizer: "
                      "optimizer state sharded over data parallelism)")
     if sequence_parallel and tp == 1:
@@ -197,12 +240,6 @@ def to_megatron_flags(plan: Plan) -> tuple[list[str] | None, list[str]]:
     if len(modes) > 1:
         reasons.append(f"per-layer data-parallel flavours differ ({modes}); Megatron uses one for "
                        f"the whole model")
-    if "zero3" in modes:
-        reasons.append("zero3 (sharded parameters) has no classic Megatron flag; its distributed "
-                       "optimizer shards only the optimizer state (zero1)")
-    if "zero2" in modes:
-        reasons.append("zero2 (sharded gradients) has no classic Megatron flag; its distributed "
-                       "optimizer (--use-distributed-optimizer) is zero1")
     sp = [i for i, layer in enumerate(layers) if layer.sequence_parallel]
     if sp and len(sp) < len(layers):
         reasons.append(f"sequence_parallel on layers {_ranges(sp)} only; Megatron's "
@@ -220,28 +257,8 @@ def to_megatron_flags(plan: Plan) -> tuple[list[str] | None, list[str]]:
     if plan.pipeline.schedule != "1f1b":
         reasons.append(f"pipeline.schedule={plan.pipeline.schedule}: Megatron's non-interleaved "
                        f"schedule is 1F1B only")
-    sizes = list(plan.pipeline.layers_per_stage)
     pp = plan.pp_size
-    stage_flags: list[str] = []
-    if plan.virtual_size > 1:
-        if len(set(sizes)) > 1:
-            reasons.append(f"pipeline.layers_per_stage={sizes}: interleaved chunks of different "
-                           f"sizes; --num-layers-per-virtual-pipeline-stage gives equal chunks")
-        else:
-            stage_flags += ["--num-layers-per-virtual-pipeline-stage", str(sizes[0])]
-    elif len(set(sizes)) > 1:
-        middle = sizes[1:-1]
-        if not middle:  # two stages: pin both
-            stage_flags += ["--decoder-first-pipeline-num-layers", str(sizes[0]),
-                            "--decoder-last-pipeline-num-layers", str(sizes[-1])]
-        elif len(set(middle)) == 1:
-            if sizes[0] != middle[0]:
-                stage_flags += ["--decoder-first-pipeline-num-layers", str(sizes[0])]
-            if sizes[-1] != middle[0]:
-                stage_flags += ["--decoder-last-pipeline-num-layers", str(sizes[-1])]
-        else:
-            reasons.append(f"pipeline.layers_per_stage={sizes}: Megatron can pin only the first and "
-                           f"last stage; the middle stages must hold equal layer counts")
+    stage_flags = _stage_flags(list(plan.pipeline.layers_per_stage), plan.virtual_size)
     recompute_flags = _recompute_flags(plan, reasons)
     if reasons:
         return None, reasons
@@ -252,10 +269,36 @@ def to_megatron_flags(plan: Plan) -> tuple[list[str] | None, list[str]]:
     flags += stage_flags
     if modes == ["zero1"]:
         flags.append("--use-distributed-optimizer")
+    elif modes in (["zero2"], ["zero3"]):  # Megatron-FSDP shards gradients (and parameters)
+        strategy = next(s for s, m in SHARDING_STRATEGIES.items() if m == modes[0])
+        flags += FSDP_FLAGS[:1] + ["--data-parallel-sharding-strategy", strategy] + FSDP_FLAGS[1:]
     if sp:
         flags.append("--sequence-parallel")
     flags += recompute_flags
     return flags, []
+
+
+def _stage_flags(sizes: list[int], virtual_size: int) -> list[str]:
+    """The partition's flags: none when even; Megatron's pinned first/last stage around an
+    even middle, or equal interleaved chunks, where those say it; else the layout string,
+    which holds any partition (Megatron-Core 0.12+)."""
+    if len(set(sizes)) == 1:
+        if virtual_size > 1:
+            return ["--num-layers-per-virtual-pipeline-stage", str(sizes[0])]
+        return []
+    if virtual_size == 1:
+        middle = sizes[1:-1]
+        if not middle:  # two stages: pin both
+            return ["--decoder-first-pipeline-num-layers", str(sizes[0]),
+                    "--decoder-last-pipeline-num-layers", str(sizes[-1])]
+        if len(set(middle)) == 1:
+            out = []
+            if sizes[0] != middle[0]:
+                out += ["--decoder-first-pipeline-num-layers", str(sizes[0])]
+            if sizes[-1] != middle[0]:
+                out += ["--decoder-last-pipeline-num-layers", str(sizes[-1])]
+            return out
+    return [LAYOUT_FLAG, layout_string(sizes)]
 
 
 def _recompute_flags(plan: Plan, reasons: list[str]) -> list[str]:
