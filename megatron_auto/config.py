@@ -73,6 +73,8 @@ class ModelConfig:
     # Whether the family's stages run Megatron sequence parallelism (plans and flags asking for
     # it are refused otherwise, naming the model instead of a sequence-length rule).
     runs_sequence_parallel: ClassVar[bool] = True
+    # Whether its stages run context parallelism (per-layer ``cp`` > 1, models/cp_attention.py).
+    runs_context_parallel: ClassVar[bool] = True
     # The flag that sets ``seq_length`` (T5: its encoder's), for the messages that name it.
     seq_length_flag: ClassVar[str] = "--seq-length"
 

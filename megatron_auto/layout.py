@@ -12,6 +12,19 @@ Python, no torch. A pipeline stage has ``n`` ranks, known inside it by their *lo
 With ``tp`` equal to 1 or ``n`` both orders give the same groups; :func:`make_layout`
 normalises those to consecutive so that equal layouts compare equal.
 
+Context parallelism (a layout's ``cp`` > 1, one degree per plan): the stage is ``cp`` *blocks*
+of ``m = n/cp`` adjacent indices, block ``c = j // m`` holding sequence chunks ``c`` and
+``2cp-1-c`` of ``2cp`` equal chunks of every sample (:func:`cp_chunks`, the load-balanced order
+of causal ring attention). Inside a block the rules above apply to ``m`` ranks and the block
+index ``j % m``: TP groups, batch slices (``m/tp`` of them, :func:`num_batch_slices`) and
+relayouts never leave a block, since every block holds the same samples. The ranks with the
+same block index form a *CP group* (``cp`` members ``m`` apart, :func:`cp_group_ranks`): they
+exchange keys and values in attention. Parameters are replicated over the CP group as over the
+batch slices, so the group a parameter shard's gradient is reduced over (the *DP group*,
+:func:`dp_group_ranks`) is every rank of the stage with the same TP rank: ``dp x cp = n/tp``
+members (:func:`dp_size`). With ``cp > 1`` TP groups are consecutive (strided TP with CP is
+not a layout: :func:`make_layout` refuses it).
+
 Activations are split along the batch: DP replica ``dp_rank`` holds the contiguous slice
 ``dp_rank`` of ``dp`` equal slices of the micro-batch, the same on every rank of its TP group.
 
@@ -42,10 +55,11 @@ from .plan import Plan
 
 
 class Layout(NamedTuple):
-    """A TP degree and rank order inside a stage; build it with :func:`make_layout`."""
+    """A TP degree, rank order and CP degree inside a stage; build it with :func:`make_layout`."""
 
     tp: int
     consecutive: bool
+    cp: int = 1
 
 
 def _check_tp(tp: int, stage_size: int) -> None:
@@ -53,24 +67,85 @@ def _check_tp(tp: int, stage_size: int) -> None:
         raise ValueError(f"tp={tp}: must be a positive divisor of the {stage_size} ranks per stage")
 
 
-def make_layout(tp: int, consecutive: bool, stage_size: int) -> Layout:
-    """The normalised layout: ``consecutive`` is True when ``tp`` is 1 or ``stage_size``."""
+def _check_cp(cp: int, tp: int, stage_size: int) -> None:
+    if not isinstance(cp, int) or cp < 1 or stage_size % cp:
+        raise ValueError(f"cp={cp}: must be a positive divisor of the {stage_size} ranks per stage")
+    if (stage_size // cp) % tp:
+        raise ValueError(f"tp={tp} x cp={cp}: must divide the {stage_size} ranks per stage")
+
+
+def make_layout(tp: int, consecutive: bool, stage_size: int, cp: int = 1) -> Layout:
+    """The normalised layout: ``consecutive`` is True when ``tp`` is 1 or the whole CP block
+    (``stage_size / cp``). Raises ``ValueError`` for strided TP under ``cp > 1``."""
     _check_tp(tp, stage_size)
-    return Layout(tp, bool(consecutive) or tp in (1, stage_size))
+    _check_cp(cp, tp, stage_size)
+    block = stage_size // cp
+    consecutive = bool(consecutive) or tp in (1, block)
+    if cp > 1 and not consecutive:
+        raise ValueError(f"tp={tp} with cp={cp}: strided TP groups (tp_consecutive false) are "
+                         f"not a layout under context parallelism; use consecutive TP")
+    return Layout(tp, consecutive, cp)
 
 
 def layout_of(strategy: Any, stage_size: int) -> Layout:
-    """The layout of anything with ``tp`` and ``tp_consecutive`` (a ``plan.LayerStrategy``)."""
-    return make_layout(strategy.tp, strategy.tp_consecutive, stage_size)
+    """The layout of anything with ``tp``, ``tp_consecutive`` and optionally ``cp`` (a
+    ``plan.LayerStrategy``)."""
+    return make_layout(strategy.tp, strategy.tp_consecutive, stage_size,
+                       getattr(strategy, "cp", 1))
 
 
-def vocab_layout(vocab_tp: int, stage_size: int) -> Layout:
-    """The embedding's and LM head's layout: vocab TP groups are always consecutive."""
-    return make_layout(vocab_tp, True, stage_size)
+def vocab_layout(vocab_tp: int, stage_size: int, cp: int = 1) -> Layout:
+    """The embedding's and LM head's layout: vocab TP groups are always consecutive; the
+    vocabulary shares the plan's CP degree."""
+    return make_layout(vocab_tp, True, stage_size, cp)
 
 
 def dp_size(layout: Layout, stage_size: int) -> int:
+    """Ranks of a DP group, those holding the same parameter shard: ``dp x cp = n/tp``. In
+    sample units (a sample's share of the sequence) each rank processes ``b/dp_size`` of a
+    micro-batch of ``b`` samples, with or without CP."""
     return stage_size // layout.tp
+
+
+def cp_block_size(layout: Layout, stage_size: int) -> int:
+    """Ranks of one CP block (``m = n/cp``): the ranks holding the same sequence chunks."""
+    return stage_size // layout.cp
+
+
+def num_batch_slices(layout: Layout, stage_size: int) -> int:
+    """Batch slices of a micro-batch (``m/tp`` per CP block): what must divide it."""
+    return stage_size // (layout.tp * layout.cp)
+
+
+def cp_rank(local_index: int, stage_size: int, cp: int) -> int:
+    """The CP rank of a local index: its block ``j // (n/cp)``."""
+    return local_index // (stage_size // cp)
+
+
+def cp_chunks(cp_rank_: int, cp: int) -> tuple[int, int]:
+    """The two of ``2cp`` equal sequence chunks a CP rank holds, in sequence order: ``r`` and
+    ``2cp-1-r`` (causal attention then costs every rank the same; docs/runtime.md)."""
+    if not 0 <= cp_rank_ < cp:
+        raise ValueError(f"cp rank {cp_rank_} out of range for cp={cp}")
+    return cp_rank_, 2 * cp - 1 - cp_rank_
+
+
+def cp_positions(cp_rank_: int, cp: int, seq_length: int) -> list[int]:
+    """The global positions of a CP rank's tokens, in the order it holds them (its two chunks
+    concatenated); every position once over the CP group. ``seq_length`` divisible by ``2cp``."""
+    if seq_length % (2 * cp):
+        raise ValueError(f"sequence length {seq_length} is not divisible by 2 x cp = {2 * cp}")
+    c = seq_length // (2 * cp)
+    return [k * c + t for k in cp_chunks(cp_rank_, cp) for t in range(c)]
+
+
+def cp_group_ranks(stage_ranks: Sequence[int], cp: int) -> list[list[int]]:
+    """Ranks of every CP group of a stage (indexed by the block index ``j % m``), each ordered
+    by CP rank: ``stage_ranks[u + c*m]`` for ``c`` in ``0..cp-1``."""
+    n = len(stage_ranks)
+    _check_cp(cp, 1, n)
+    m = n // cp
+    return [[stage_ranks[u + c * m] for c in range(cp)] for u in range(m)]
 
 
 def tp_dp_rank(local_index: int, stage_size: int, tp: int, consecutive: bool) -> tuple[int, int]:
@@ -81,24 +156,58 @@ def tp_dp_rank(local_index: int, stage_size: int, tp: int, consecutive: bool) ->
     return local_index // dp, local_index % dp
 
 
-def tp_group_ranks(stage_ranks: Sequence[int], tp: int, consecutive: bool) -> list[list[int]]:
-    """Ranks of every TP group of a stage (indexed by ``dp_rank``), each ordered by ``tp_rank``."""
+def _blocks(stage_ranks: Sequence[int], cp: int) -> list[list[int]]:
+    n = len(stage_ranks)
+    m = n // cp
+    return [list(stage_ranks[c * m:(c + 1) * m]) for c in range(cp)]
+
+
+def tp_group_ranks(stage_ranks: Sequence[int], tp: int, consecutive: bool,
+                   cp: int = 1) -> list[list[int]]:
+    """Ranks of every TP group of a stage, each ordered by ``tp_rank``; indexed by ``dp_rank``
+    (``cp == 1``), else by ``cp_rank * m/tp + slice`` (the groups of each CP block in turn)."""
     n = len(stage_ranks)
     _check_tp(tp, n)
+    _check_cp(cp, tp, n)
+    if cp > 1:
+        return [g for block in _blocks(stage_ranks, cp) for g in tp_group_ranks(block, tp, True)]
     dp = n // tp
     if consecutive:
         return [[stage_ranks[d * tp + t] for t in range(tp)] for d in range(dp)]
     return [[stage_ranks[d + t * dp] for t in range(tp)] for d in range(dp)]
 
 
-def dp_group_ranks(stage_ranks: Sequence[int], tp: int, consecutive: bool) -> list[list[int]]:
-    """Ranks of every DP group of a stage (indexed by ``tp_rank``), each ordered by ``dp_rank``."""
+def slice_group_ranks(stage_ranks: Sequence[int], tp: int, consecutive: bool,
+                      cp: int = 1) -> list[list[int]]:
+    """Ranks of every *slice group* (the ranks of one CP block with the same TP rank: one
+    holder of every batch slice of the block's sequence chunks, what a relayout gathers over),
+    indexed by ``cp_rank * tp + tp_rank``, each ordered by slice. The DP groups when ``cp == 1``."""
     n = len(stage_ranks)
     _check_tp(tp, n)
+    _check_cp(cp, tp, n)
+    if cp > 1:
+        return [g for block in _blocks(stage_ranks, cp) for g in slice_group_ranks(block, tp, True)]
     dp = n // tp
     if consecutive:
         return [[stage_ranks[d * tp + t] for d in range(dp)] for t in range(tp)]
     return [[stage_ranks[d + t * dp] for d in range(dp)] for t in range(tp)]
+
+
+def dp_group_ranks(stage_ranks: Sequence[int], tp: int, consecutive: bool,
+                   cp: int = 1) -> list[list[int]]:
+    """Ranks of every DP group of a stage (indexed by ``tp_rank``), each ordered by
+    ``cp_rank * m/tp + slice`` (``dp_rank``): the ranks a parameter shard is replicated on."""
+    groups = slice_group_ranks(stage_ranks, tp, consecutive, cp)
+    return [[r for c in range(cp) for r in groups[c * tp + t]] for t in range(tp)]
+
+
+def layout_ranks(local_index: int, stage_size: int, layout: Layout) -> tuple[int, int, int, int]:
+    """``(tp_rank, slice_rank, dp_rank, cp_rank)`` of a local index under ``layout``: its
+    positions in its TP group, slice group, DP group and CP group."""
+    m = cp_block_size(layout, stage_size)
+    c = local_index // m
+    tp_rank, slice_rank = tp_dp_rank(local_index % m, m, layout.tp, layout.consecutive)
+    return tp_rank, slice_rank, c * (m // layout.tp) + slice_rank, c
 
 
 def tp_group_consecutive(layout: Layout) -> bool:
@@ -113,9 +222,10 @@ def dp_group_consecutive(layout: Layout) -> bool:
 
 
 def batch_slice(local_index: int, stage_size: int, layout: Layout) -> tuple[int, int]:
-    """``(index, count)``: rank ``local_index`` holds slice ``index`` of ``count`` equal slices."""
-    return tp_dp_rank(local_index, stage_size, layout.tp, layout.consecutive)[1], \
-        stage_size // layout.tp
+    """``(index, count)``: rank ``local_index`` holds slice ``index`` of ``count`` equal slices
+    (of its CP block's sequence chunks)."""
+    m = cp_block_size(layout, stage_size)
+    return tp_dp_rank(local_index % m, m, layout.tp, layout.consecutive)[1], m // layout.tp
 
 
 @functools.lru_cache(maxsize=None)
@@ -148,15 +258,15 @@ def relayout_is_local(src: Layout, dst: Layout, stage_size: int) -> bool:
 class RelayoutStep:
     """What one rank does to move its ``src`` slice to its ``dst`` slice (one direction).
 
-    ``gather``: all-gather first over ``gather_on`` (``"src_dp"``: the rank's ``src`` DP group,
-    which yields the whole micro-batch; ``"dst_tp"``: its ``dst`` TP group, whose members' ``src``
+    ``gather``: all-gather first over ``gather_on`` (``"src_dp"``: the rank's ``src`` slice
+    group, its DP group without CP, which yields the whole micro-batch of its sequence chunks; ``"dst_tp"``: its ``dst`` TP group, whose members' ``src``
     slices make up exactly its ``dst`` slice), ``gather_group`` the group's local indices in
     gather order. Then keep part ``keep_index`` of ``keep_count`` equal parts of what the rank
     holds (``(0, 1)``: all of it; with no gather, the input itself, nothing to do).
     """
 
     gather: bool
-    gather_group: tuple[int, ...]
+    gather_group: tuple[int, ...]  # local indices of the stage
     keep_index: int
     keep_count: int
     gather_on: str = ""
@@ -171,11 +281,13 @@ def _dst_tp_gather_delivers(src: Layout, dst: Layout, stage_size: int) -> bool:
     """True when, for every rank, the ``src`` slices of its ``dst`` TP group, in TP order, are
     its ``dst`` slice (from ``tp = 1``, e.g., into consecutive TP: then a gather over that small
     group moves ``b/dp_dst`` samples instead of the whole micro-batch)."""
-    groups = tp_group_ranks(range(stage_size), dst.tp, dst.consecutive)
-    for j in range(stage_size):
-        i_dst, n_dst = batch_slice(j, stage_size, dst)
+    _same_cp(src, dst)
+    m = cp_block_size(dst, stage_size)
+    groups = tp_group_ranks(range(m), dst.tp, dst.consecutive)  # in one block: all alike
+    for j in range(m):
+        i_dst, n_dst = batch_slice(j, m, dst._replace(cp=1))
         members = groups[i_dst]
-        held = [batch_slice(g, stage_size, src) for g in members]
+        held = [batch_slice(g, m, src._replace(cp=1)) for g in members]
         if any(n_src != n_dst * len(members) for _, n_src in held):
             return False
         if [i for i, _ in held] != [i_dst * len(members) + k for k in range(len(members))]:
@@ -190,6 +302,7 @@ def relayout_step(src: Layout, dst: Layout, stage_size: int, local_index: int) -
     group) followed by the slice. The branch depends only on the two layouts, so every rank of
     the stage takes the same one.
     """
+    _same_cp(src, dst)
     i_src, n_src = batch_slice(local_index, stage_size, src)
     i_dst, n_dst = batch_slice(local_index, stage_size, dst)
     if batch_slices(src, stage_size) == batch_slices(dst, stage_size):
@@ -197,18 +310,30 @@ def relayout_step(src: Layout, dst: Layout, stage_size: int, local_index: int) -
     if relayout_is_local(src, dst, stage_size):
         parts = n_dst // n_src
         return RelayoutStep(False, (), i_dst % parts, parts)
+    # the groups of this rank's CP block (all blocks do the same on their own ranks)
+    m = cp_block_size(src, stage_size)
+    offset, inner = local_index - local_index % m, local_index % m
     if _dst_tp_gather_delivers(src, dst, stage_size):
-        group = tp_group_ranks(range(stage_size), dst.tp, dst.consecutive)[i_dst]
+        group = tp_group_ranks(range(offset, offset + m), dst.tp, dst.consecutive)[i_dst]
         return RelayoutStep(True, tuple(group), 0, 1, "dst_tp")
-    tp_rank = tp_dp_rank(local_index, stage_size, src.tp, src.consecutive)[0]
-    group = dp_group_ranks(range(stage_size), src.tp, src.consecutive)[tp_rank]
+    tp_rank = tp_dp_rank(inner, m, src.tp, src.consecutive)[0]
+    group = slice_group_ranks(range(offset, offset + m), src.tp, src.consecutive)[tp_rank]
     return RelayoutStep(True, tuple(group), i_dst, n_dst, "src_dp")
+
+
+def _same_cp(src: Layout, dst: Layout) -> None:
+    if src.cp != dst.cp:
+        raise ValueError(f"relayout between cp={src.cp} and cp={dst.cp}: every layout of a plan "
+                         f"has the plan's one CP degree")
 
 
 def gathered_fraction(src: Layout, step: RelayoutStep, stage_size: int) -> float:
     """The part of the micro-batch a gathering step's output holds (its members' ``src``
-    slices); 0 without a gather."""
-    return len(step.gather_group) / dp_size(src, stage_size) if step.gather else 0.0
+    slices, of the CP block's sequence chunks: ``1/cp`` of every sample at most); 0 without a
+    gather."""
+    if not step.gather:
+        return 0.0
+    return len(step.gather_group) / num_batch_slices(src, stage_size) / src.cp
 
 
 @dataclass(frozen=True)
@@ -217,12 +342,17 @@ class Collective:
     relayouts; the planner adds ``zero_gather``, ``zero_scatter`` and ``all_reduce``), the
     group's size, whether it is a block of adjacent ranks (how the cluster model places it), and
     ``nbytes``: the unsharded size (an all-gather's output on each rank, a reduce-scatter's
-    input, an all-reduce's buffer)."""
+    input, an all-reduce's buffer). ``span``: the adjacent ranks a strided group spreads over
+    (0: the whole stage; a CP block's slice group spreads over the block). Context parallelism
+    adds ``cp_send`` (one step of the ring: every member sends ``nbytes`` to the next CP rank
+    and receives as much from the previous one) and ``all_to_all`` (``nbytes`` per rank in,
+    as much out)."""
 
     kind: str
     group_size: int
     consecutive: bool
     nbytes: float
+    span: int = 0
 
 
 def _one_way(src: Layout, dst: Layout, stage_size: int,
@@ -233,8 +363,9 @@ def _one_way(src: Layout, dst: Layout, stage_size: int,
         return ()
     consecutive = (tp_group_consecutive(dst) if step.gather_on == "dst_tp"
                    else dp_group_consecutive(src))
+    span = cp_block_size(src, stage_size) if src.cp > 1 and not consecutive else 0
     return (Collective("all_gather", len(step.gather_group), consecutive,
-                       microbatch_bytes * gathered_fraction(src, step, stage_size)),)
+                       microbatch_bytes * gathered_fraction(src, step, stage_size), span),)
 
 
 def relayout_collectives(src: Layout, dst: Layout, stage_size: int, microbatch_bytes: float
@@ -245,13 +376,15 @@ def relayout_collectives(src: Layout, dst: Layout, stage_size: int, microbatch_b
             _one_way(dst, src, stage_size, microbatch_bytes))
 
 
-def all_layouts(stage_size: int) -> list[Layout]:
-    """Every distinct layout of a stage with power-of-two TP degrees, sorted."""
+def all_layouts(stage_size: int, cp: int = 1) -> list[Layout]:
+    """Every distinct layout of a stage with power-of-two TP degrees and CP degree ``cp``,
+    sorted (strided TP only without CP)."""
     out, tp = [], 1
-    while tp <= stage_size:
-        if stage_size % tp == 0:
-            out.append(make_layout(tp, True, stage_size))
-            if 1 < tp < stage_size:
+    block = stage_size // cp
+    while tp <= block:
+        if block % tp == 0:
+            out.append(make_layout(tp, True, stage_size, cp))
+            if 1 < tp < block and cp == 1:
                 out.append(make_layout(tp, False, stage_size))
         tp *= 2
     return sorted(out)
@@ -266,28 +399,32 @@ class StageLayout(NamedTuple):
     stage: int
     tp: int
     consecutive: bool
+    cp: int = 1
 
     @property
     def layout(self) -> Layout:
-        return Layout(self.tp, self.consecutive)
+        return Layout(self.tp, self.consecutive, self.cp)
 
 
-def stage_layout(stage: int, tp: int, consecutive: bool, stage_size: int) -> StageLayout:
-    """The normalised :class:`StageLayout` of ``tp`` and TP order on ``stage``."""
-    local = make_layout(tp, consecutive, stage_size)
-    return StageLayout(stage, local.tp, local.consecutive)
+def stage_layout(stage: int, tp: int, consecutive: bool, stage_size: int,
+                 cp: int = 1) -> StageLayout:
+    """The normalised :class:`StageLayout` of ``tp``, TP order and ``cp`` on ``stage``."""
+    local = make_layout(tp, consecutive, stage_size, cp)
+    return StageLayout(stage, local.tp, local.consecutive, local.cp)
 
 
 def layer_stage_layout(plan: Plan, layer: int, stage: int | None = None) -> StageLayout:
     """Layer ``layer``'s layout on its own stage, or on ``stage`` (where its output arrives)."""
     strategy = plan.layers[layer]
     where = plan.stage_of_layer(layer) if stage is None else stage
-    return stage_layout(where, strategy.tp, strategy.tp_consecutive, plan.stage_size)
+    return stage_layout(where, strategy.tp, strategy.tp_consecutive, plan.stage_size,
+                        strategy.cp)
 
 
 def vocab_stage_layout(plan: Plan, stage: int) -> StageLayout:
-    """The embedding's and LM head's layout on ``stage`` (vocab TP, always consecutive)."""
-    return stage_layout(stage, plan.vocab.tp, True, plan.stage_size)
+    """The embedding's and LM head's layout on ``stage`` (vocab TP, always consecutive, the
+    plan's CP degree)."""
+    return stage_layout(stage, plan.vocab.tp, True, plan.stage_size, plan.cp_size)
 
 
 def received_layout(plan: Plan, chunk: int) -> StageLayout | None:
@@ -315,8 +452,9 @@ def plan_group_ranks(plan: Plan) -> list[tuple[int, ...]]:
     """Every process group ``ParallelContext(plan)`` creates, as global rank tuples in its
     creation order (the same on every rank, since ``new_group`` is collective), each once:
     the stages, the embedding pairs (rank ``j`` of the first and of the last stage, pp > 1),
-    then for each layout of :func:`plan_stage_layouts` its TP groups and its DP groups.
-    One-rank groups and the whole world are included (the context caches them too)."""
+    then for each layout of :func:`plan_stage_layouts` its TP groups and its DP groups and,
+    with CP, its slice groups and CP groups. One-rank groups and the whole world are included
+    (the context caches them too)."""
     n, pp = plan.stage_size, plan.pp_size
     out: dict[tuple[int, ...], None] = {}
     for k in range(pp):
@@ -327,8 +465,12 @@ def plan_group_ranks(plan: Plan) -> list[tuple[int, ...]]:
             out[(first[j], last[j])] = None
     for lay in plan_stage_layouts(plan):
         ranks = plan.stage_ranks(lay.stage)
-        for group in (tp_group_ranks(ranks, lay.tp, lay.consecutive)
-                      + dp_group_ranks(ranks, lay.tp, lay.consecutive)):
+        groups = (tp_group_ranks(ranks, lay.tp, lay.consecutive, lay.cp)
+                  + dp_group_ranks(ranks, lay.tp, lay.consecutive, lay.cp))
+        if lay.cp > 1:
+            groups += (slice_group_ranks(ranks, lay.tp, lay.consecutive, lay.cp)
+                       + cp_group_ranks(ranks, lay.cp))
+        for group in groups:
             out[tuple(group)] = None
     return list(out)
 

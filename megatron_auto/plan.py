@@ -27,6 +27,9 @@ PLAN_VERSION = 1
 DP_MODES = ("ddp", "zero1", "zero2", "zero3")
 ALL_DP_MODES = DP_MODES
 SCHEDULES = ("1f1b", "gpipe")
+# Context-parallel attention: ``ring`` passes keys and values around the CP group (Megatron's
+# ``--cp-comm-type p2p``), ``ulysses`` all-to-alls from sequence- to head-sharded (``a2a``).
+CP_MODES = ("ring", "ulysses")
 
 
 class PlanError(ValueError):
@@ -62,12 +65,21 @@ class LayerStrategy:
     # Megatron-SP over this layer's TP group (needs tp > 1): norms, dropout and residuals keep
     # the activation split along the sequence.
     sequence_parallel: bool = False
+    # Context parallelism: the sequence split over ``cp`` ranks (one degree per plan) and the
+    # attention's communication (CP_MODES; may differ per layer).
+    cp: int = 1
+    cp_mode: str = "ring"
 
     def to_dict(self) -> dict[str, Any]:
-        out = {"tp": self.tp, "dp_mode": self.dp_mode, "tp_consecutive": self.tp_consecutive,
-               "recompute": self.recompute}
+        out: dict[str, Any] = {"tp": self.tp, "dp_mode": self.dp_mode,
+                               "tp_consecutive": self.tp_consecutive,
+                               "recompute": self.recompute}
         if self.sequence_parallel:  # absent = false: files without SP stay as they were
             out["sequence_parallel"] = True
+        if self.cp != 1:  # absent = 1 / "ring": files without CP stay as they were
+            out["cp"] = self.cp
+        if self.cp_mode != "ring":
+            out["cp_mode"] = self.cp_mode
         return out
 
     @classmethod
@@ -76,9 +88,10 @@ class LayerStrategy:
             raise PlanError(f"plan field {where[:-1]}={data!r}: must be an object like "
                             '{"tp": 1, "dp_mode": "ddp", "tp_consecutive": true, "recompute": false}')
         unknown = sorted(set(data) - {"tp", "dp_mode", "tp_consecutive", "recompute",
-                                      "sequence_parallel"})
+                                      "sequence_parallel", "cp", "cp_mode"})
         _need(not unknown, where + "<keys>", unknown,
-              "unknown key(s); allowed: tp, dp_mode, tp_consecutive, recompute, sequence_parallel")
+              "unknown key(s); allowed: tp, dp_mode, tp_consecutive, recompute, "
+              "sequence_parallel, cp, cp_mode")
         tp = _int(data, "tp", where) if "tp" in data else 1
         dp_mode = data.get("dp_mode", "ddp")
         consec = data.get("tp_consecutive", True)
@@ -87,8 +100,10 @@ class LayerStrategy:
         _need(isinstance(consec, bool), where + "tp_consecutive", consec, "must be true or false")
         _need(isinstance(recompute, bool), where + "recompute", recompute, "must be true or false")
         _need(isinstance(sp, bool), where + "sequence_parallel", sp, "must be true or false")
+        cp = _int(data, "cp", where) if "cp" in data else 1
+        cp_mode = data.get("cp_mode", "ring")
         return cls(tp=tp, dp_mode=dp_mode, tp_consecutive=consec, recompute=recompute,
-                   sequence_parallel=sp)
+                   sequence_parallel=sp, cp=cp, cp_mode=cp_mode)
 
 
 @dataclass(frozen=True)
@@ -244,11 +259,21 @@ class Plan:
         return self.chunk_of_layer(layer) % self.pp_size
 
     def dp_size(self, layer: int) -> int:
+        """Ranks a parameter shard of ``layer`` is replicated on (its DP group: ``dp x cp``)."""
         return self.stage_size // self.layers[layer].tp
 
     @property
     def vocab_dp_size(self) -> int:
         return self.stage_size // self.vocab.tp
+
+    @property
+    def cp_size(self) -> int:
+        """The plan's context-parallel degree (every layer's ``cp``; 1 without CP)."""
+        return self.layers[0].cp if self.layers else 1
+
+    def batch_slices(self, layer: int) -> int:
+        """Batch slices of a micro-batch under ``layer``'s layout: ``stage_size/(tp*cp)``."""
+        return self.stage_size // (self.layers[layer].tp * self.layers[layer].cp)
 
     def is_uniform(self) -> bool:
         return len(set(self.layers)) <= 1
@@ -286,12 +311,19 @@ class Plan:
         _need(len(self.layers) >= 1, "layers", [], "needs one entry per transformer layer")
         n = self.stage_size
         mb = self.microbatch_size
+        cp = self._validate_cp()
         for i, layer in enumerate(self.layers):
             where = f"layers[{i}]"
             _need(isinstance(layer, LayerStrategy), where, layer, "must be a LayerStrategy")
             _need(isinstance(layer.tp, int) and _is_power_of_two(layer.tp) and n % layer.tp == 0,
                   where + ".tp", layer.tp,
                   f"must be a power of two dividing the {n} ranks of a pipeline stage")
+            _need(cp == 1 or (n // cp) % layer.tp == 0, where + ".tp", layer.tp,
+                  f"tp x cp = {layer.tp} x {cp} must divide the {n} ranks of a pipeline stage; "
+                  f"lower tp or cp")
+            _need(cp == 1 or layer.tp_consecutive or layer.tp in (1, n // cp),
+                  where + ".tp_consecutive", layer.tp_consecutive,
+                  f"strided TP groups do not combine with cp={cp}; set tp_consecutive to true")
             _need(layer.dp_mode in ALL_DP_MODES, where + ".dp_mode", layer.dp_mode,
                   f"choose one of {', '.join(ALL_DP_MODES)}")
             _need(isinstance(layer.sequence_parallel, bool), where + ".sequence_parallel",
@@ -300,20 +332,43 @@ class Plan:
                   layer.sequence_parallel,
                   f"needs tp > 1 (this layer has tp={layer.tp}); set tp to 2 or more, or "
                   f"sequence_parallel to false")
-            dp = n // layer.tp
+            dp = n // (layer.tp * cp)
             _need(mb % dp == 0, where + ".tp", layer.tp,
                   f"gives dp={dp} replicas, which must divide the micro-batch of {mb} samples "
                   f"(global_batch_size {self.global_batch_size} / num_microbatches "
-                  f"{self.num_microbatches}); change tp, num_microbatches or the batch size")
+                  f"{self.num_microbatches}); change tp, "
+                  + ("cp, " if cp > 1 else "") + "num_microbatches or the batch size")
         v = self.vocab
         _need(isinstance(v.tp, int) and _is_power_of_two(v.tp) and n % v.tp == 0, "vocab.tp", v.tp,
               f"must be a power of two dividing the {n} ranks of a pipeline stage")
         _need(v.dp_mode in ALL_DP_MODES, "vocab.dp_mode", v.dp_mode,
               f"choose one of {', '.join(ALL_DP_MODES)}")
-        _need(mb % (n // v.tp) == 0, "vocab.tp", v.tp,
-              f"gives dp={n // v.tp} replicas, which must divide the micro-batch of {mb} samples")
+        _need(cp == 1 or (n // cp) % v.tp == 0, "vocab.tp", v.tp,
+              f"tp x cp = {v.tp} x {cp} must divide the {n} ranks of a pipeline stage")
+        _need(mb % (n // (v.tp * cp)) == 0, "vocab.tp", v.tp,
+              f"gives dp={n // (v.tp * cp)} replicas, which must divide the micro-batch of "
+              f"{mb} samples")
         if model is not None:
             self.check_model(model)
+
+    def _validate_cp(self) -> int:
+        """The per-layer ``cp`` and ``cp_mode`` fields: one CP degree for the whole plan (the
+        embedding and head share it), a power of two dividing the stage; returns it."""
+        if not self.layers:
+            return 1
+        cp = self.layers[0].cp
+        n = self.stage_size
+        for i, layer in enumerate(self.layers):
+            where = f"layers[{i}]"
+            _need(isinstance(layer.cp, int) and not isinstance(layer.cp, bool)
+                  and _is_power_of_two(layer.cp) and n % layer.cp == 0, where + ".cp", layer.cp,
+                  f"must be a power of two dividing the {n} ranks of a pipeline stage")
+            _need(layer.cp == cp, where + ".cp", layer.cp,
+                  f"every layer takes the plan's one context-parallel degree (layers[0].cp={cp}):"
+                  f" set every layer's cp to the same value")
+            _need(layer.cp_mode in CP_MODES, where + ".cp_mode", layer.cp_mode,
+                  f"choose one of {', '.join(CP_MODES)}")
+        return cp
 
     def _validate_interleaving(self, num_chunks: int) -> None:
         """The interleaved 1F1B schedule's own rules (``pipeline.virtual_size > 1``)."""
@@ -352,10 +407,13 @@ class Plan:
                 raise PlanError(f"plan field layers[{i}].sequence_parallel=True: the "
                                 f"{model.model_type} model does not run sequence parallelism "
                                 f"yet; set it to false (or drop --sequence-parallel)")
-            if layer.sequence_parallel and model.seq_length % layer.tp:
+            if layer.sequence_parallel and model.seq_length % (layer.tp * layer.cp):
+                what = f"tp={layer.tp}" + (f" x cp={layer.cp}" if layer.cp > 1 else "")
                 raise PlanError(f"plan field layers[{i}].sequence_parallel=True: --seq-length="
-                                f"{model.seq_length} must be divisible by the layer's tp={layer.tp}; "
+                                f"{model.seq_length} must be divisible by the layer's {what}; "
                                 f"change tp or the sequence length, or turn SP off")
+        if self.cp_size > 1:
+            self._check_model_cp(model)
         try:
             model.check_vocab_parallel(self.vocab.tp, what="plan field vocab.tp")
         except ValueError as err:
@@ -368,6 +426,34 @@ class Plan:
                         f"plan field model.{key}={value!r} does not match the run's "
                         f"{key}={mine[key]!r}; use a plan made for this model or fix the flags")
 
+    def _check_model_cp(self, model: ModelConfig) -> None:
+        """What context parallelism asks of the model (``models/cp_attention.py``)."""
+        cp = self.cp_size
+        if not getattr(model, "runs_context_parallel", False):
+            raise PlanError(f"plan field layers[0].cp={cp}: the {model.model_type} model does not "
+                            f"run context parallelism; set cp to 1 (drop --context-parallel-size)")
+        if model.seq_length % (2 * cp):
+            raise PlanError(f"plan field layers[0].cp={cp}: --seq-length={model.seq_length} must be "
+                            f"divisible by 2 x cp = {2 * cp} (each CP rank holds two of 2cp "
+                            f"chunks); change the sequence length or cp")
+        for i, layer in enumerate(self.layers):
+            if layer.cp_mode == "ulysses":
+                k = cp * layer.tp
+                heads, groups = model.num_attention_heads, model.query_groups
+                if heads % k or groups % k:
+                    what = (f"--num-attention-heads={heads}" if heads % k else
+                            f"--num-query-groups={groups}")
+                    raise PlanError(
+                        f"plan field layers[{i}].cp_mode='ulysses': {what} must be divisible by "
+                        f"cp x tp = {cp} x {layer.tp} = {k} (Ulysses gives each CP rank whole "
+                        f"heads and key/value groups); use cp_mode ring (--cp-comm-type p2p) "
+                        f"or a smaller cp or tp")
+            elif model.attention_dropout > 0:
+                raise PlanError(
+                    f"plan field layers[{i}].cp_mode='ring': ring attention runs without "
+                    f"attention dropout but --attention-dropout={model.attention_dropout}; set "
+                    f"--attention-dropout 0 or use cp_mode ulysses (--cp-comm-type a2a)")
+
     # ---------------------------------------------------------------- builders
     @classmethod
     def uniform(cls, world_size: int, num_layers: int, *, global_batch_size: int,
@@ -377,7 +463,7 @@ class Plan:
                 vocab_dp_mode: str | None = None,
                 layers_per_stage: Sequence[int] | None = None,
                 model: Mapping[str, Any] | None = None, sequence_parallel: bool = False,
-                virtual_size: int = 1) -> "Plan":
+                virtual_size: int = 1, cp: int = 1, cp_mode: str = "ring") -> "Plan":
         """The plan classic Megatron flags describe: one (tp, dp_mode) for every layer.
 
         ``virtual_size`` > 1 splits the layers evenly into ``pp * virtual_size`` chunks
@@ -391,7 +477,8 @@ class Plan:
             raise PlanError(f"pipeline.size={pp}: must be between 1 and --num-layers={num_layers}"
                             + (f" / virtual_size {virtual_size}" if virtual_size > 1 else ""))
         layers = tuple(LayerStrategy(tp=tp, dp_mode=dp_mode, tp_consecutive=tp_consecutive,
-                                     recompute=bool(r), sequence_parallel=sequence_parallel)
+                                     recompute=bool(r), sequence_parallel=sequence_parallel,
+                                     cp=cp, cp_mode=cp_mode)
                        for r in recompute)
         return cls(world_size=world_size, global_batch_size=global_batch_size,
                    num_microbatches=num_microbatches,

@@ -55,6 +55,12 @@ class FakeCluster:
     def p2p_time(self, nbytes, pp_size):
         return 0.0 if pp_size <= 1 else nbytes / self.bandwidth
 
+    def cp_send_time(self, nbytes, group_size, consecutive=True, span=None):
+        return 0.0 if group_size <= 1 else nbytes / self.bandwidth
+
+    def alltoall_time(self, nbytes, group_size, consecutive=True, span=None):
+        return self.allgather_time(nbytes, group_size, consecutive, span)
+
 
 def round_profile(precision: str = "bf16") -> ModelProfile:
     """Layer: 1000 parameters, 0.01 s forward per sample, 100 B kept per sample (10 B when

@@ -77,6 +77,7 @@ class VisionConfig:
     """An image classifier. ``model_type`` is the backbone (``vit`` or ``swin``)."""
 
     runs_sequence_parallel: ClassVar[bool] = False  # the vision stages refuse SP plans
+    runs_context_parallel: ClassVar[bool] = False  # and CP plans
 
     model_type: str = "vit"
     img_h: int = 32

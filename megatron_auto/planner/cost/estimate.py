@@ -31,6 +31,7 @@ from ...layout import (Collective, Layout, dp_group_consecutive, dp_size, layer_
                        vocab_layout)
 from ...plan import Plan
 from ...schedule import in_flight
+from .context_parallel import cp_attention_collectives
 from .memory_model import GRAD_BYTES, MemoryCost, embedding_memory, layer_memory
 from .time_model import (NO_MOVE, NO_TIME, MoveCost, TimeCost, collective_time, dp_collectives,
                          embedding_time, layer_time, pipeline_time, relayout_cost,
@@ -38,6 +39,7 @@ from .time_model import (NO_MOVE, NO_TIME, MoveCost, TimeCost, collective_time, 
 from .gpu_terms import fragmentation_bytes, stage_nccl_bytes
 from .interleaving import InFlightMemo, peak_activations, pipeline_fill
 from ..inputs.model_spec import ModelSpec, TrainingSpec
+from ..inputs.attention_terms import fill_attention_defaults
 from ..inputs.profiles import ModelProfile
 
 GIB = 1024 ** 3
@@ -145,7 +147,7 @@ def chunk_moves(plan: Plan, spec: ModelSpec, profile: ModelProfile, chunk: int) 
     receiving layer between two; its hidden state and, for T5, the carry beside it), into the
     head the last layer's hidden state; the SP boundaries move the hidden state alone."""
     n = plan.stage_size
-    vocab = vocab_layout(plan.vocab.tp, n)
+    vocab = vocab_layout(plan.vocab.tp, n, plan.cp_size)
     ids = list(plan.chunk_layer_range(chunk))
 
     def bps(i: int) -> float:
@@ -242,6 +244,19 @@ def _layer_tp(plan: Plan, spec: ModelSpec, profile: ModelProfile, i: int
                                 recompute=s.recompute)
 
 
+def _layer_cp(plan: Plan, spec: ModelSpec, profile: ModelProfile, precision: str, i: int
+              ) -> tuple[tuple[Collective, ...], tuple[Collective, ...]]:
+    """Layer ``i``'s context-parallel collectives for one micro-batch (none without CP)."""
+    s = plan.layers[i]
+    n = plan.stage_size
+    lp = profile.layer_types[spec.layer_type(i).name]
+    samples = plan.microbatch_size / (n // s.tp)
+    return cp_attention_collectives(layout_of(s, n), n, s.cp_mode,
+                                    lp.hidden_bytes_per_sample * samples / s.tp,
+                                    lp.kv_bytes * samples / s.tp,
+                                    4 if precision == "fp32" else 2, recompute=s.recompute)
+
+
 def stage_collectives(plan: Plan, spec: ModelSpec, profile: ModelProfile, precision: str,
                       stage: int) -> Counter[Collective]:
     """How often one rank of ``stage`` issues each collective in one iteration, as
@@ -251,6 +266,8 @@ def stage_collectives(plan: Plan, spec: ModelSpec, profile: ModelProfile, precis
     ``ddp`` all-reduce and ``zero1``'s reduce-scatter and all-gather once
     (``cost_time.dp_collectives`` of every layer; the vocab modules as the runtime's units,
     ``cost_time.vocab_units``).
+    With context parallelism also every layer's CP collectives
+    (``context_parallel.cp_attention_collectives``: the ring's sends, Ulysses' all-to-alls).
     Not listed: p2p hops, the embedding's and head's TP all-reduces, the tied-embedding and
     scalar all-reduces.
 
@@ -273,7 +290,8 @@ def stage_collectives(plan: Plan, spec: ModelSpec, profile: ModelProfile, precis
         parts.append(dp_collectives(local, n // s.tp, s.dp_mode, dp_group_consecutive(layout),
                                     precision))
         tp_f, tp_b = _layer_tp(plan, spec, profile, i)
-        for c in tp_f + tp_b:
+        cp_f, cp_b = _layer_cp(plan, spec, profile, precision, i)
+        for c in tp_f + tp_b + cp_f + cp_b:
             out[c] += m
     first, last = stage == 0, stage == plan.pp_size - 1
     if first or last:
@@ -313,6 +331,8 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
         raise ValueError(f"plan world_size={plan.world_size} but cluster {cluster.name!r} has "
                          f"only {cluster.world_size} devices; use a plan for this cluster")
     profile.check_matches(spec, training.precision)
+    if plan.cp_size > 1:  # CP prices attention by length: give older profiles the default
+        profile = fill_attention_defaults(profile, spec)
     n, pp, m, v = plan.stage_size, plan.pp_size, plan.num_microbatches, plan.virtual_size
     b_m = plan.microbatch_size
     schedule = plan.pipeline.schedule
@@ -349,11 +369,13 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
                     sp = s.sequence_parallel and s.tp > 1
                     priced[name, s] = (
                         layer_memory(lp, s.tp, dp, s.dp_mode, s.recompute, samples,
-                                     first_backward_peak=gpipe, sequence_parallel=sp),
+                                     first_backward_peak=gpipe, sequence_parallel=sp,
+                                     cp=s.cp, cp_mode=s.cp_mode,
+                                     compute_bytes=training.compute_bytes),
                         layer_time(lp, cluster, layout_of(s, n), s.dp_mode, s.recompute,
                                    samples, n, training.precision, sequence_parallel=sp,
                                    norm_grad_bytes=sp_reduced_tensor_bytes(spec, i) if sp
-                                   else ()))
+                                   else (), cp_mode=s.cp_mode))
                 mem, t = priced[name, s]
                 states["parameters"] += mem.parameters
                 states["gradients"] += mem.gradients_at_peak

@@ -160,12 +160,20 @@ def rank_process_groups(plan: Any, rank: int) -> set[tuple]:
     return {g for g in groups if len(g) > 1}  # a p2p pair has 3 entries: label and peers
 
 
-def _local_group_keys(j: int, n: int, tp: int, consecutive: bool) -> list[tuple[int, int, int]]:
+def _local_group_keys(j: int, n: int, tp: int, consecutive: bool,
+                      cp: int = 1) -> list[tuple[int, int, int]]:
     """The TP and DP groups (two ranks or more) of local index ``j`` in a stage of ``n`` under
     a layout, each as the arithmetic progression ``(start, step, count)`` of its local indices:
-    every group of ``layout.tp_group_ranks``/``dp_group_ranks`` is one, and two progressions of
-    two or more terms are the same set exactly when the triples are equal."""
+    every group of ``layout.tp_group_ranks``/``dp_group_ranks`` is one (with CP also
+    ``slice_group_ranks`` and ``cp_group_ranks``), and two progressions of two or more terms
+    are the same set exactly when the triples are equal."""
     dp = n // tp
+    if cp > 1:  # consecutive TP inside blocks of m: TP block, slice group, DP group, CP group
+        m = n // cp
+        block = j - j % m
+        groups = [(j - j % tp, 1, tp), (block + j % tp, tp, m // tp), (j % tp, tp, dp),
+                  (j % m, m, cp)]
+        return [g for g in groups if g[2] > 1]
     if consecutive:
         groups = [(j - j % tp, 1, tp), (j % tp, tp, dp)]          # TP block, DP every tp-th
     else:
@@ -180,7 +188,7 @@ def _stage_layouts(plan: Any, stage: int) -> set[Layout]:
 
 
 def group_count(n: int, pp: int, world: int, stage: int, j: int,
-                layouts: Iterable[tuple[int, bool]]) -> int:
+                layouts: Iterable[tuple[int, ...]]) -> int:
     """``len(rank_process_groups)`` of local index ``j`` of ``stage`` whose stage uses
     ``layouts``, without building the groups (O(layouts) instead of O(n) per group)."""
     keys: set[tuple] = set()
@@ -194,8 +202,8 @@ def group_count(n: int, pp: int, world: int, stage: int, j: int,
         keys.add(("local", 0, 1, n))
     if pp > 1 and stage in (0, pp - 1) and world > 2:
         keys.add(("pair", j))  # (j, (pp - 1) n + j); with two ranks in all it is the world
-    for tp, consecutive in layouts:
-        for g in _local_group_keys(j, n, tp, consecutive):
+    for tp, consecutive, *cp in layouts:
+        for g in _local_group_keys(j, n, tp, consecutive, *cp):
             keys.add(("local",) + g)
     return len(keys)
 
@@ -235,18 +243,19 @@ def divisors_up_to(values: Iterable[int], limit: int) -> Sequence[int]:
     return [t for t in range(1, limit + 1) if all(v % t == 0 for v in vals)]
 
 
-def search_nccl_bound(cluster: Any, stage_size: int, pp: int) -> float:
+def search_nccl_bound(cluster: Any, stage_size: int, pp: int, cp: int = 1) -> float:
     """An upper bound on any plan's NCCL memory per rank with stages of ``stage_size`` ranks:
     the world, the stage, the embedding pair, and every distinct TP or DP group that any layout
-    of a stage (``layout.all_layouts``) gives the rank, the largest over the stage's ranks.
+    of a stage (``layout.all_layouts`` at CP degree ``cp``) gives the rank, the largest over
+    the stage's ranks.
     O(stage size x layouts): the search keeps it per stage shape (``tasks.Task.nccl_bound``)."""
     per = float(getattr(cluster, "nccl_communicator_bytes", 0.0))
     if per <= 0:
         return 0.0
     most = 0
-    layouts = [(lay.tp, lay.consecutive) for lay in all_layouts(stage_size)]
+    layouts = [(lay.tp, lay.consecutive) for lay in all_layouts(stage_size, cp)]
     for j in range(stage_size):
-        groups = {g for tp, c in layouts for g in _local_group_keys(j, stage_size, tp, c)
+        groups = {g for tp, c in layouts for g in _local_group_keys(j, stage_size, tp, c, cp)
                   if g[2] < stage_size}
         most = max(most, len(groups))
     # world, stage, embedding pair, the p2p pairs with the previous and next stage
@@ -254,19 +263,21 @@ def search_nccl_bound(cluster: Any, stage_size: int, pp: int) -> float:
     return per * (most + fixed)
 
 
-def search_model_budget(cluster: Any, budget_bytes: float, stage_size: int, pp: int) -> float:
+def search_model_budget(cluster: Any, budget_bytes: float, stage_size: int, pp: int,
+                        cp: int = 1) -> float:
     """The bytes a stage's components may use in the search's additive tables so that the plan
     also fits under :func:`evaluate_plan`'s GPU terms: the budget less the reserve and the NCCL
     bound, divided by ``1 + fragmentation_fraction`` (fragmentation is charged on part of the
     stage's bytes, so charging it on all of them is conservative)."""
     frag = float(getattr(cluster, "fragmentation_fraction", 0.0))
     return ((budget_bytes - cluster.memory_reserve_bytes
-             - search_nccl_bound(cluster, stage_size, pp)) / (1.0 + frag))
+             - search_nccl_bound(cluster, stage_size, pp, cp)) / (1.0 + frag))
 
 
-def search_total_bytes(cluster: Any, model_bytes: float, stage_size: int, pp: int) -> float:
+def search_total_bytes(cluster: Any, model_bytes: float, stage_size: int, pp: int,
+                       cp: int = 1) -> float:
     """The inverse of :func:`search_model_budget`: the device bytes a stage using
     ``model_bytes`` in the search's tables needs at most."""
     frag = float(getattr(cluster, "fragmentation_fraction", 0.0))
     return (model_bytes * (1.0 + frag) + cluster.memory_reserve_bytes
-            + search_nccl_bound(cluster, stage_size, pp))
+            + search_nccl_bound(cluster, stage_size, pp, cp))

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ...layout import Layout, dp_size, gathered_fraction, relayout_step
 from ..inputs.profiles import EmbeddingProfile, LayerTypeProfile
+from .context_parallel import cp_kept_reduction, cp_transient_bytes
 
 MASTER_BYTES = 4
 GRAD_BYTES = 4
@@ -131,7 +132,8 @@ def model_states(num_params: float, dp_mode: str, dp: int) -> tuple[float, float
 
 def layer_memory(profile: LayerTypeProfile, tp: int, dp: int, dp_mode: str, recompute: bool,
                  samples: float, first_backward_peak: bool = False,
-                 sequence_parallel: bool = False) -> MemoryCost:
+                 sequence_parallel: bool = False, cp: int = 1, cp_mode: str = "ring",
+                 compute_bytes: int = 2) -> MemoryCost:
     """Memory of one layer at TP ``tp`` with ``samples`` samples per rank per micro-batch.
     ``first_backward_peak``: the stage peaks at its first backward (GPipe), see
     :func:`lazy_gradients`.
@@ -146,18 +148,24 @@ def layer_memory(profile: LayerTypeProfile, tp: int, dp: int, dp_mode: str, reco
     recompute it keeps only its input; backward then rebuilds everything once, so the rebuilt
     activations and copies become transient. The measured backward scratch (incoming gradient,
     input gradient, autograd intermediates) is transient either way.
+
+    Context parallelism (``cp > 1``; ``samples`` in sample equivalents, ``dp`` the ``dp x cp``
+    group the states are sharded over): ring attention keeps no score matrix and its chunk
+    buffers are transient (``context_parallel``); ``compute_bytes`` is the activations' dtype.
     """
     local = profile.local_parameters(tp)
     params, grads, optim, states_transient = model_states(local, dp_mode, dp)
     copies = profile.weight_copy_bytes_per_parameter * local
     sp = sequence_parallel and tp > 1
     per_sample = profile.sequence_parallel_activation_bytes(tp) if sp else profile.activation_bytes(tp)
+    per_sample = max(0.0, per_sample - cp_kept_reduction(profile, tp, cp, cp_mode))
     full = per_sample * samples + copies
     # The measured scratch grows with the samples; its constant part is a weight's gradient,
     # made whole beside the activation gradients before autograd adds it into the kept
     # ``.grad`` (a bucket view). FSDP2's gradients are that new tensor itself, the unsharded
     # gradient already in ``states_transient``.
     scratch = profile.scratch_bytes(tp) * samples
+    scratch += cp_transient_bytes(profile, tp, cp, cp_mode, samples, compute_bytes)
     if not sharded_gradients(dp_mode, dp):
         scratch += profile.scratch_constant_bytes(tp)
     if recompute:

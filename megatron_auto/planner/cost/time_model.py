@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 from ...layout import (Collective, Layout, dp_group_consecutive, dp_size, layer_tp_collectives,
                        relayout_collectives, sequence_parallel_boundary_collectives)
+from .context_parallel import cp_layer_time
 from .memory_model import GRAD_BYTES, MASTER_BYTES, relayout_memory, vocab_parameters
 from ..inputs.profiles import EmbeddingProfile, LayerTypeProfile
 
@@ -224,7 +225,7 @@ def bucketed_allreduce_time(cluster: Any, collective: Collective, stage_size: in
 def layer_time(profile: LayerTypeProfile, cluster: Any, layout: Layout, dp_mode: str,
                recompute: bool, samples: float, stage_size: int,
                precision: str = "fp32", *, sequence_parallel: bool = False,
-               norm_grad_bytes: Sequence[float] = ()) -> TimeCost:
+               norm_grad_bytes: Sequence[float] = (), cp_mode: str = "ring") -> TimeCost:
     """Time of one layer for one micro-batch of ``samples`` samples per rank.
 
     Forward: compute ``F``, ZeRO-3 parameter gather overlapped with it, the TP collectives of
@@ -238,11 +239,18 @@ def layer_time(profile: LayerTypeProfile, cluster: Any, layout: Layout, dp_mode:
     the last backward, and the all-gather of the updated parameters after the step, charged to
     ``optimizer`` (it follows the step on every stage). ZeRO gathers move
     ``gather_bytes(precision)`` per parameter, reduce-scatters 4.
+
+    Context parallelism (``layout.cp > 1``, ``samples`` in sample equivalents): the DP group
+    is ``dp x cp = n/tp`` ranks as above, and ``context_parallel.cp_layer_time`` adds the
+    attention's CP communication (``cp_mode``) left exposed and the ring's chunked attention.
     """
     tp = layout.tp
     dp = stage_size // tp
     g = cluster.overlap_slowdown
     fwd = profile.forward_time(samples, tp)
+    cpt = cp_layer_time(profile, cluster, layout, cp_mode, samples, stage_size,
+                        4 if precision == "fp32" else 2, recompute)
+    fwd += cpt.forward_compute
     bwd = profile.backward_forward_ratio * fwd + (fwd if recompute else 0.0)
     tp_fwd, tp_bwd = layer_tp_collectives(
         layout, stage_size, profile.tp_bytes_per_sample * samples,
@@ -254,12 +262,12 @@ def layer_time(profile: LayerTypeProfile, cluster: Any, layout: Layout, dp_mode:
     gather, scatter, allreduce, regather, after_step = _dp_times(
         cluster, local, dp, dp_mode, dp_group_consecutive(layout), stage_size, precision)
     gz = zero_slowdown(cluster)
-    forward = overlap(gather, fwd, gz) + tp_f
-    backward = overlap(gather + scatter, bwd, gz) + tp_b
+    forward = overlap(gather, fwd, gz) + tp_f + cpt.forward_comm
+    backward = overlap(gather + scatter, bwd, gz) + tp_b + cpt.backward_comm
     exposed = overlap(allreduce, bwd, g) - bwd if allreduce > 0 else 0.0
     exposed += overlap(regather, fwd, gz) - fwd if regather > 0 else 0.0
     return TimeCost(forward, backward, allreduce + regather, exposed, fwd + bwd,
-                    tp_f + tp_b, 2 * gather + scatter,
+                    tp_f + tp_b + cpt.forward_comm + cpt.backward_comm, 2 * gather + scatter,
                     _optimizer_time(cluster, local, dp, dp_mode) + after_step)
 
 
@@ -344,16 +352,18 @@ NO_MOVE = MoveCost(0.0, 0.0, 0.0)
 # The cluster method that prices each kind of collective.
 _PRICES = {"all_gather": "allgather_time", "all_reduce": "allreduce_time",
            "reduce_scatter": "reduce_scatter_time",
-           "zero_gather": "zero_gather_time", "zero_scatter": "zero_scatter_time"}
+           "zero_gather": "zero_gather_time", "zero_scatter": "zero_scatter_time",
+           "cp_send": "cp_send_time", "all_to_all": "alltoall_time"}
 
 
 def collective_time(cluster: Any, collective: Collective, stage_size: int) -> float:
-    """Seconds of one :class:`~megatron_auto.layout.Collective` on a group inside a stage."""
+    """Seconds of one :class:`~megatron_auto.layout.Collective` on a group inside a stage
+    (placed over its ``span`` adjacent ranks when it has one, else over the stage)."""
     method = _PRICES.get(collective.kind)
     if method is None:
         raise ValueError(f"collective kind {collective.kind!r} has no price")
     return getattr(cluster, method)(collective.nbytes, collective.group_size, collective.consecutive,
-                 span=stage_size)
+                 span=collective.span or stage_size)
 
 
 def relayout_cost(cluster: Any, old: Layout, new: Layout, microbatch_size: int,

@@ -296,6 +296,28 @@ class ClusterSpec:
         """Seconds to reduce-scatter an input of ``nbytes_total`` (per rank, unsharded)."""
         return self.allgather_time(nbytes_total, group_size, consecutive, span)
 
+    def cp_send_time(self, nbytes: float, group_size: int, consecutive: bool = True,
+                     span: int | None = None) -> float:
+        """Seconds of one ring step of context parallelism: every member of the CP group sends
+        ``nbytes`` to the next member and receives as much from the previous one at once. A
+        ring step is what a ring collective is made of, so it runs at the group's bus bandwidth
+        (nccl-tests' busbw is the per-link rate of the ring) plus one latency."""
+        if group_size <= 1 or nbytes <= 0:
+            return 0.0
+        bw = self.allreduce_busbw(group_size, consecutive, span)
+        return nbytes / bw + self._latency(self.nodes_spanned(group_size, consecutive, span))
+
+    def alltoall_time(self, nbytes: float, group_size: int, consecutive: bool = True,
+                      span: int | None = None) -> float:
+        """Seconds of an all-to-all of ``nbytes`` per rank (Ulysses attention): each rank keeps
+        ``1/g`` and exchanges the rest, ``(g-1)/g * nbytes`` through its links, priced at the
+        group's bus bandwidth like the ring collectives."""
+        if group_size <= 1 or nbytes <= 0:
+            return 0.0
+        g = group_size
+        bw = self.allreduce_busbw(g, consecutive, span)
+        return (g - 1) / g * nbytes / bw + self._latency(self.nodes_spanned(g, consecutive, span))
+
     def _zero_time(self, raw: float, nbytes_total: float, group_size: int, consecutive: bool,
                    span: int | None, latency: float, busbw: float) -> float:
         if busbw <= 0 or raw <= 0:

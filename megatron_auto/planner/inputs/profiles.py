@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 from ...utils.jsonfile import read_json, write_json
 from ..cost import gpu_terms
+from .attention_terms import attention_times, cross_attention_flops, layer_core_flops
 from .hardware import ATTENTION_BACKENDS
 from .model_spec import ModelSpec, TrainingSpec
 
@@ -79,6 +80,13 @@ class LayerTypeProfile:
     ``(s_e + s_d, h)``; :attr:`moved_bytes_per_sample`), ``tp_message_bytes_per_sample`` the
     mean size of its TP all-reduces (a T5 decoder layer has more of them, some over the encoder
     tokens; :attr:`tp_bytes_per_sample`).
+
+    Context parallelism reads three more (docs/cost_model.md §11): ``attention_time_by_seq_length``
+    (``L`` -> forward seconds per sample of the core attention alone on ``L`` tokens, all heads,
+    tp 1; :meth:`attention_time`; absent in older profiles:
+    ``attention_terms.fill_attention_defaults``), ``kv_bytes_per_sample`` (one sample's keys in
+    the compute dtype; 0: ``hidden_bytes_per_sample``) and ``attention_kept_quadratic_bytes``
+    (kept bytes per sample growing with ``s^2``, which ring attention does not keep).
     """
 
     name: str
@@ -107,6 +115,9 @@ class LayerTypeProfile:
     activation_bytes_by_tp_sp: Mapping[int, float] = field(default_factory=dict)
     # Of ``parameter_count``, those every TP rank holds whole (norms, row-parallel biases).
     tp_replicated_parameter_count: int = 0
+    attention_time_by_seq_length: Mapping[int, float] = field(default_factory=dict)
+    kv_bytes_per_sample: float = 0.0
+    attention_kept_quadratic_bytes: float = 0.0
 
     @property
     def moved_bytes_per_sample(self) -> float:
@@ -121,7 +132,8 @@ class LayerTypeProfile:
     def __post_init__(self) -> None:
         object.__setattr__(self, "forward_time_by_tp",
                            {int(k): (float(v[0]), float(v[1])) for k, v in self.forward_time_by_tp.items()})
-        for table in ("activation_bytes_by_tp", "activation_bytes_by_tp_sp"):
+        for table in ("activation_bytes_by_tp", "activation_bytes_by_tp_sp",
+                      "attention_time_by_seq_length"):
             object.__setattr__(self, table,
                                {int(k): float(v) for k, v in getattr(self, table).items()})
         where = f"layer_types.{self.name}."
@@ -136,7 +148,9 @@ class LayerTypeProfile:
                      "hidden_bytes_per_sample", "forward_time_constant_s",
                      "backward_scratch_replicated_bytes", "backward_scratch_split_bytes",
                      "weight_copy_bytes_per_parameter", "flops_per_sample",
-                     "backward_scratch_constant_bytes", "boundary_bytes_per_sample", "tp_message_bytes_per_sample"):
+                     "backward_scratch_constant_bytes", "boundary_bytes_per_sample",
+                     "tp_message_bytes_per_sample", "kv_bytes_per_sample",
+                     "attention_kept_quadratic_bytes"):
             value = getattr(self, attr)
             _need(isinstance(value, (int, float)) and math.isfinite(value) and value >= 0,
                   where + attr, value, "must be a finite number >= 0")
@@ -155,6 +169,36 @@ class LayerTypeProfile:
             for t, value in getattr(self, table).items():
                 _need(t >= 1 and value >= 0, where + f"{table}.{t}", value,
                       "needs tp >= 1 and bytes >= 0")
+        for length, value in self.attention_time_by_seq_length.items():
+            _need(length >= 1 and math.isfinite(value) and value >= 0,
+                  where + f"attention_time_by_seq_length.{length}", value,
+                  "needs a sequence length >= 1 and seconds >= 0")
+
+    def attention_time(self, seq_length: float, samples: float, tp: int) -> float:
+        """Forward seconds of the core attention of ``samples`` samples of ``seq_length``
+        tokens at TP ``tp`` (heads split evenly): the measured length when there is one, else
+        quadratic in the length from the nearest measured one above (the largest when none is
+        above). 0 when the profile has no attention times."""
+        table = self.attention_time_by_seq_length
+        if not table:
+            return 0.0
+        if seq_length in table:
+            per_sample = table[int(seq_length)]
+        else:
+            above = [length for length in table if length >= seq_length]
+            ref = min(above) if above else max(table)
+            per_sample = table[ref] * (seq_length / ref) ** 2
+        return per_sample * samples / tp
+
+    @property
+    def attention_seq_length(self) -> int:
+        """The layer's own sequence length: the table's largest (0 without a table)."""
+        return max(self.attention_time_by_seq_length, default=0)
+
+    @property
+    def kv_bytes(self) -> float:
+        """One sample's keys (= its values) in the compute dtype."""
+        return self.kv_bytes_per_sample or self.hidden_bytes_per_sample
 
     def forward_time(self, samples: float, tp: int) -> float:
         """Seconds of one forward call on ``samples`` samples per rank at TP degree ``tp``.
@@ -307,6 +351,15 @@ class ModelProfile:
                 del d["activation_bytes_by_tp_sp"]
             if not lt.tp_replicated_parameter_count:
                 del d["tp_replicated_parameter_count"]
+            # absent = not measured / no GQA / none: profiles without them stay as they were
+            if lt.attention_time_by_seq_length:
+                d["attention_time_by_seq_length"] = {
+                    str(n): v for n, v in lt.attention_time_by_seq_length.items()}
+            else:
+                del d["attention_time_by_seq_length"]
+            for name in ("kv_bytes_per_sample", "attention_kept_quadratic_bytes"):
+                if not d[name]:
+                    del d[name]
             layers[key] = d
         return {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, "precision": self.precision,
                 "source": self.source, "metadata": dict(self.metadata), "layer_types": layers,
@@ -371,15 +424,19 @@ def _build(kind: type, data: Any, where: str) -> Any:
             except (TypeError, ValueError, IndexError):
                 raise ProfileError(f"profile field {where}.forward_time_by_tp={table!r}: must map "
                                    f"tp (as a string) to [per_sample_s, constant_s]") from None
-        for name in ("activation_bytes_by_tp", "activation_bytes_by_tp_sp"):
+        for name in ("activation_bytes_by_tp", "activation_bytes_by_tp_sp",
+                     "attention_time_by_seq_length"):
             if name not in kwargs:
                 continue
             table = kwargs[name]
             try:
                 kwargs[name] = {int(t): float(v) for t, v in table.items()}
             except (AttributeError, TypeError, ValueError):
+                what = ("a sequence length (as a string) to seconds per sample"
+                        if name == "attention_time_by_seq_length"
+                        else "tp (as a string) to bytes per sample")
                 raise ProfileError(f"profile field {where}.{name}={table!r}: must "
-                                   f"map tp (as a string) to bytes per sample") from None
+                                   f"map {what}") from None
     try:
         return kind(**kwargs)
     except TypeError as err:
@@ -412,11 +469,7 @@ def analytic_profile(spec: ModelSpec, training: TrainingSpec, cluster: Any) -> M
         mlp_mats = 3 if lt.activation == "swiglu" else 2
         k = lt.attended_tokens  # s, or the w^2 tokens of a window (Swin)
         kv = lt.kv_size  # keys and values: h, or g * head_dim with grouped-query attention
-        # Matmuls: 2 FLOPs per multiply-add; Q + output projection (2hp, p = heads x head_dim:
-        # h unless kv_channels says otherwise), K and V (2h*kv), MLP (2 or 3 h*f), attention
-        # scores and the weighted sum (2 * s * k * p each).
-        flops = 2 * s * (2 * h * p + 2 * h * kv + mlp_mats * h * f) + \
-            gpu_terms.attention_score_flops(s, k, p, lt.causal, backend)
+        flops = layer_core_flops(lt, backend)
         # Kept for backward (Korthikanti et al. 2022, generalised to any dtype and FFN width):
         # not split by TP: two norm inputs, the QKV and FC1 inputs (beta*s*h each) and two
         # dropout masks (1 byte per element on CUDA, beta on CPU: dropout_mask_bytes); split: Q, K, V and the projection input (beta*s*(2p + 2kv)),
@@ -456,7 +509,12 @@ def analytic_profile(spec: ModelSpec, training: TrainingSpec, cluster: Any) -> M
         per_sample, by_tp = flops / rate, {}
         if hbm > 0:
             per_sample, by_tp = _gpu_forward_times(lt, beta, training.mixed, backend, rate, hbm)
+        quadratic = (0.0 if backend in gpu_terms.NO_SCORES_BACKENDS or lt.window_size
+                     else gpu_terms.attention_kept_bytes(beta, a, s, k, backend, mask))
         layers[lt.name] = LayerTypeProfile(
+            attention_time_by_seq_length=attention_times(lt, backend, rate),
+            kv_bytes_per_sample=float(beta * s * kv) if kv != h else 0.0,
+            attention_kept_quadratic_bytes=float(quadratic),
             name=lt.name, parameter_count=lt.num_parameters,
             # the norms (weights, LayerNorm biases) and the two row-parallel biases stay whole
             tp_replicated_parameter_count=(4 if lt.normalization == "layernorm" else 2) * h
@@ -518,18 +576,6 @@ def dropout_mask_bytes(cluster: Any, beta: int) -> int:
     on CPU match the analytic ones exactly with ``beta``-byte masks; with 1-byte ones the
     analytic peak was 11-20% short)."""
     return beta if str(getattr(cluster, "device_name", "")).startswith("cpu") else 1
-
-
-def cross_attention_flops(lt: Any, backend: str = "math") -> float:
-    """Forward FLOPs per sample of a layer's cross-attention (T5 decoder, 0 without): query and
-    output projections on its ``s`` tokens, key/value projections on the ``m`` encoder tokens,
-    scores and weighted sum over ``s x m``."""
-    m = lt.cross_attention_seq_length
-    if not m:
-        return 0.0
-    s, h, p = lt.seq_length, lt.hidden_size, lt.attention_width
-    return 2 * s * 2 * h * p + 2 * m * 2 * h * p + gpu_terms.attention_score_flops(
-        s, m, p, False, backend)
 
 
 def _gpu_forward_times(lt: Any, beta: int, mixed: bool, backend: str, rate: float,
