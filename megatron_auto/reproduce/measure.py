@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -117,6 +118,19 @@ def _plan_identity(path: str) -> str:
     return json.dumps(data, sort_keys=True)
 
 
+_ERROR_LINE = re.compile(r"\b[\w.]*(Error|Exception)\b:|(^|\s)error: ")
+
+
+def failure_line(text: str) -> str:
+    """The line of a failed run's log that says why: the last exception or ``error:`` line a
+    worker printed, else the last non-empty line. torchrun's own report (ChildFailedError, a
+    row of ``=``, "Failures:") ends the log and names no cause, so its lines are passed over."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    errors = [line for line in lines if _ERROR_LINE.search(line)
+              and "torch.distributed.elastic" not in line]
+    return (errors or lines or [""])[-1]
+
+
 def train_plan(model: GridModel, plan_path: str, nproc: int, iters: int, log_dir: Path,
                timeout_s: float = 1800) -> dict[str, Any]:
     """Train ``plan_path`` for ``iters`` iterations; the ``measured`` record."""
@@ -135,9 +149,8 @@ def train_plan(model: GridModel, plan_path: str, nproc: int, iters: int, log_dir
     text = log.read_text(encoding="utf-8", errors="replace")
     if proc.returncode != 0:
         status = "oom" if any(m in text for m in OOM_MARKERS) else "failed"
-        tail = [line for line in text.splitlines() if line.strip()][-1:] or [""]
         return {"status": status, "exit_code": proc.returncode, "log": str(log),
-                "message": tail[0][-300:]}
+                "message": failure_line(text)[-300:]}
     records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     train = [r for r in records if r.get("split", "train") == "train" and "samples_per_s" in r]
     steady = train[WARMUP_ITERATIONS:] or train
