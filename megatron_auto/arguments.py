@@ -332,7 +332,13 @@ def check_args(args: argparse.Namespace) -> None:
     if args.plan and args.auto_parallel:
         _fail("--plan", args.plan, "cannot be combined with --auto-parallel (which searches a "
                                    "plan); drop one of them")
-    for flag in ("train_iters", "log_interval", "eval_interval", "seq_length"):
+    if args.train_iters < 0:
+        _fail("--train-iters", args.train_iters, "must be >= 0 (0 with --save writes the "
+                                                 "initial checkpoint and trains nothing)")
+    if args.train_iters == 0 and not args.save:
+        _fail("--train-iters", 0, "trains nothing; it only writes the initial checkpoint with "
+                                  "--save DIR: add --save, or give a positive count")
+    for flag in ("log_interval", "eval_interval", "seq_length"):
         value = getattr(args, flag)
         if value < 1:
             _fail("--" + flag.replace("_", "-"), value, "must be a positive integer")
@@ -353,7 +359,7 @@ def check_args(args: argparse.Namespace) -> None:
     warmup = _warmup_iters(args)
     if warmup < 0:
         _fail("--lr-warmup-iters", warmup, "must be >= 0")
-    decay_iters = args.lr_decay_iters if args.lr_decay_iters is not None else args.train_iters
+    decay_iters = _decay_iters(args)
     if args.lr_decay_style != "constant" and warmup > decay_iters:
         _fail("--lr-warmup-iters", warmup,
               f"must not exceed --lr-decay-iters={decay_iters} (default --train-iters)")
@@ -423,6 +429,12 @@ def _num_query_groups(args: argparse.Namespace) -> int | None:
     return 1 if args.num_query_groups is None else args.num_query_groups
 
 
+def _decay_iters(args: argparse.Namespace) -> int:
+    """--lr-decay-iters, default --train-iters (1 for --train-iters 0, which writes the initial
+    checkpoint and never evaluates the schedule: the checkpoint holds no schedule)."""
+    return args.lr_decay_iters if args.lr_decay_iters is not None else max(args.train_iters, 1)
+
+
 def _warmup_iters(args: argparse.Namespace) -> int:
     """--lr-warmup-iters, default 10% of --train-iters."""
     return args.lr_warmup_iters if args.lr_warmup_iters is not None else args.train_iters // 10
@@ -466,7 +478,7 @@ def run_config_from_args(args: argparse.Namespace,
     from .run_config import (  # noqa: PLC0415 - run_config's dataclasses
         CheckpointConfig, DataConfig, ExperimentLogConfig, LoggingConfig, LRConfig,
         OptimizerConfig, PrecisionConfig, RunConfig, TrainingConfig)
-    decay_iters = args.lr_decay_iters if args.lr_decay_iters is not None else args.train_iters
+    decay_iters = _decay_iters(args)
     return RunConfig(
         model=(model_config_from_args or model_config_from_args_default)(args),
         data=DataConfig(data_path=tuple(args.data_path or ()), mock_data=args.mock_data,

@@ -47,6 +47,8 @@ class Mutation:
 REF = "tests/test_reference_equivalence.py"
 T = "megatron_auto/models/transformer.py"
 TP = "megatron_auto/parallel/tensor_parallel.py"
+KILL = "tests/test_kill_during_save.py"
+CK = "megatron_auto/training/checkpoint.py"
 MUTATIONS = (
     Mutation("attn-scale", T, 'kwargs = {"enable_gqa": True} if n > 1 else {}',
              'kwargs = {"enable_gqa": True} if n > 1 else {}\n'
@@ -91,6 +93,18 @@ MUTATIONS = (
     Mutation("pooler-tanh", "megatron_auto/models/bert.py",
              "pooled = torch.tanh(self.pooler(hidden[:, 0]))",
              "pooled = self.pooler(hidden[:, 0])", (REF, "-k", "bert")),
+    Mutation("latest-before-write", CK, "        os.makedirs(work)\n",
+             "        os.makedirs(work)\n"
+             "        atomic_write(os.path.join(save_dir, LATEST_FILE), f\"{trainer.iteration}\\n\")\n",
+             (KILL, "-k", "sigkill")),
+    Mutation("debris-kept", CK, "            if name.startswith(INCOMPLETE_PREFIX):",
+             "            if False:", (KILL, "-k", "sigkill")),
+    Mutation("rng-not-restored", CK,
+             "    if same_plan:\n        _set_rng_state(trainer, {k: state[k] for k in rng})",
+             "    if False:\n        _set_rng_state(trainer, {k: state[k] for k in rng})",
+             (KILL,)),
+    Mutation("initial-optimizer-state", CK,
+             'if info.get("optimizer_state", True):', "if True:", (KILL, "-k", "train_iters")),
 )
 
 

@@ -139,7 +139,9 @@ PARSE_ERRORS = [
     (["--bf16", "--fp16"], "--bf16=True: cannot be combined with --fp16"),
     (["--mock-data", "--data-path", "a"], "--data-path=a: cannot be combined with --mock-data"),
     (["--plan", "p.json", "--auto-parallel"], "--plan=p.json: cannot be combined with --auto-parallel"),
-    (["--train-iters", "0"], "--train-iters=0: must be a positive integer"),
+    (["--train-iters", "0"], "--train-iters=0: trains nothing; it only writes the initial "
+                             "checkpoint with --save DIR"),
+    (["--train-iters", "-1"], "--train-iters=-1: must be >= 0"),
     (["--global-batch-size", "0"], "--global-batch-size=0: must be a positive integer"),
     (["--lr", "1e-3", "--min-lr", "1e-2"], "--min-lr=0.01: must be between 0 and --lr=0.001"),
     (["--train-iters", "5", "--lr-warmup-iters", "10"], "--lr-warmup-iters=10: must not exceed"),

@@ -288,6 +288,9 @@ def _info(trainer: TrainingState) -> dict[str, Any]:
             "skipped_iterations": trainer.skipped_iterations,
             "loss_scaler": trainer.scaler.state_dict(),
             "world_size": trainer.ctx.world_size,
+            # False before the first optimizer step (--train-iters 0): AdamW creates its state
+            # lazily, so such a checkpoint holds none and a load must not ask for it
+            "optimizer_state": bool(trainer.optimizer.state),
             "plan": trainer.plan.to_dict(), "model": trainer.model_config.to_dict()}
 
 
@@ -453,7 +456,8 @@ def load_checkpoint(trainer: TrainingState, load_dir: str | os.PathLike, *,
     check_model_matches(info["model"], trainer.model_config, where)
     if info.get("weights_only"):  # a converted model (tools/checkpoint/convert.py)
         return _load_weights_only(trainer, path)
-    _init_optimizer_state(trainer.optimizer)
+    if info.get("optimizer_state", True):  # absent in older records: they all have it
+        _init_optimizer_state(trainer.optimizer)
     state, chunks = _tensor_state(trainer)
     same_plan = _layout(info["plan"]) == _layout(trainer.plan.to_dict())
     rng = _rng_state(trainer) if same_plan else {}

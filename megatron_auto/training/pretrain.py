@@ -180,7 +180,10 @@ def pretrain(config: RunConfig, model_provider: ModelProvider,
     if resume:
         checkpoint.load_checkpoint(trainer, ckpt.load, chosen=chosen)
     start_iteration = trainer.iteration
-    if start_iteration >= train_config.train_iters:
+    if not resume and train_config.train_iters == 0:
+        log.info(f"> --train-iters=0: nothing to train; the initial state (iteration 0) goes "
+                 f"to --save={ckpt.save}")
+    elif start_iteration >= train_config.train_iters:
         log.info(f"> --load={ckpt.load}: the checkpoint is at iteration {start_iteration}, "
                  f"--train-iters={train_config.train_iters}: nothing left to train; raise "
                  f"--train-iters to continue")
@@ -203,8 +206,11 @@ def pretrain(config: RunConfig, model_provider: ModelProvider,
         exit_control.close()
     # At the end (also of a run told to exit early), unless the last interval saved it or
     # nothing was trained (a resumed run that had already reached --train-iters must not
-    # rewrite the checkpoint it loaded).
-    if ckpt.save and trainer.iteration > start_iteration and last_saved != trainer.iteration:
+    # rewrite the checkpoint it loaded); a fresh run with --train-iters 0 saves its initial
+    # state (iteration 0: the weights, optimizer and RNG streams a training run starts from).
+    initial = train_config.train_iters == 0 and not resume
+    if ckpt.save and (initial or trainer.iteration > start_iteration) \
+            and last_saved != trainer.iteration:
         checkpoint.save_checkpoint(trainer, ckpt.save, async_save=ckpt.async_save)
     checkpoint.wait_for_pending_save()  # an asynchronous save finishes before the run ends
     return trainer
