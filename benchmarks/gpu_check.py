@@ -9,8 +9,8 @@ Transformer Engine and apex are used when they import and reported absent otherw
 
 - (a) GPT-1.3B (24 layers, hidden 2048, 16 heads, seq 2048) in bf16 on one GPU: tokens/s and
   MFU of our runtime (``train_step``) against a plain-PyTorch model of the same math
-  (benchmarks/bench_gpt_step.py's ``PlainGPT`` under the same autocast and fused AdamW),
-  interleaved step by step; target MFU >= 50% on H100/H200-class GPUs.
+  (benchmarks/bench_gpt_step.py's ``PlainGPT`` from our initial weights, under the same autocast
+  and fused AdamW), interleaved step by step; target MFU >= 50% on H100/H200-class GPUs.
 - (b) the model profiler (one GPT-1.3B layer: times, activation bytes, the SDPA kernel that ran)
   and the hardware profiler (matmul FLOP/s, HBM copy bandwidth, overlap, optimizer step, NCCL
   communicator bytes on more than one GPU).
@@ -206,7 +206,7 @@ def _err(pred: float, meas: float) -> float | None:
 # ------------------------------------------------------------------------------------- parts
 def part_a(setup: Setup, device: torch.device) -> dict:
     """Tokens/s and MFU of our runtime against plain PyTorch (same math, same autocast)."""
-    from bench_gpt_step import PlainGPT  # noqa: PLC0415 - the shared baseline model
+    from bench_gpt_step import plain_like  # noqa: PLC0415 - the shared baseline model
 
     from megatron_auto.parallel.optimizer import OptimizerConfig, build_optimizer  # noqa: PLC0415
     from megatron_auto.training.metrics import device_peak_tflops, model_flops_per_token  # noqa: PLC0415
@@ -215,7 +215,7 @@ def part_a(setup: Setup, device: torch.device) -> dict:
     cfg = setup.big
     plan = plan_of(1, cfg, setup.batch, 1)
     ours = build(cfg, plan, device, setup.precision)
-    plain = PlainGPT(cfg).to(device)
+    plain = plain_like(ours.stage, cfg).to(device)  # our initial weights: same softmax range
     opt = build_optimizer(plain.parameters(), OptimizerConfig(), lr=1e-4,
                           named_parameters=plain.named_parameters())
     amp = torch.bfloat16 if setup.precision == "bf16" else None

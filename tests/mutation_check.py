@@ -60,7 +60,8 @@ MUTATIONS = (
     Mutation("norm-eps", T, "return nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)",
              "return nn.LayerNorm(config.hidden_size, eps=1.01 * config.layernorm_epsilon)",
              (REF, "-k", "gpt2 or bert")),
-    Mutation("rmsnorm-eps", T, "return nn.RMSNorm(config.hidden_size, eps=config.layernorm_epsilon)",
+    Mutation("rmsnorm-eps", T,
+             "return nn.RMSNorm(config.hidden_size, eps=config.layernorm_epsilon)",
              "return nn.RMSNorm(config.hidden_size, eps=1.01 * config.layernorm_epsilon)",
              (REF, "-k", "llama")),
     Mutation("rope-base", T, "inv_freq = 1.0 / (base ** (", "inv_freq = 1.0 / ((1.01 * base) ** (",
@@ -95,7 +96,8 @@ MUTATIONS = (
              "pooled = self.pooler(hidden[:, 0])", (REF, "-k", "bert")),
     Mutation("latest-before-write", CK, "        os.makedirs(work)\n",
              "        os.makedirs(work)\n"
-             "        atomic_write(os.path.join(save_dir, LATEST_FILE), f\"{trainer.iteration}\\n\")\n",
+             "        atomic_write(os.path.join(save_dir, LATEST_FILE),"
+             " f\"{trainer.iteration}\\n\")\n",
              (KILL, "-k", "sigkill")),
     Mutation("debris-kept", CK, "            if name.startswith(INCOMPLETE_PREFIX):",
              "            if False:", (KILL, "-k", "sigkill")),

@@ -9,12 +9,13 @@ nothing of megatron_auto; this module is the only place that knows both sides. T
 - ``bert``: bidirectional layers under a padding mask, token types, MLM + sentence-order heads.
 
 Initial weights: the reference draws them by its own rule (``reference.models.initial_weights``:
-each tensor from the CRC-32 of its reference name, no global seed), and :func:`to_package`
-writes them into the package's documented global layouts (fused, grouped QKV rows; SwiGLU's
-interleaved gate/up rows), which every rank cuts into its shards with the stage's own shard
-specs before data parallelism wraps it. The weights are an input to both sides, so sharing them
-cannot hide a mistake in what either side computes from them; a wrong layout in
-:func:`to_package` or in the package's use of its layout fails the test rather than passing it.
+each tensor from the CRC-32 of its reference name, no global seed), and
+``reference.package_layout.to_package`` writes them into the package's documented global
+layouts (fused, grouped QKV rows; SwiGLU's interleaved gate/up rows), which every rank cuts into
+its shards with the stage's own shard specs before data parallelism wraps it. The weights are
+an input to both sides, so sharing them cannot hide a mistake in what either side computes from
+them; a wrong layout in ``to_package`` or in the package's use of its layout fails the test
+rather than passing it.
 (What this bypasses is the package's plan-independent initialisation, which
 ``test_equivalence.py`` checks.) The rule makes every parameter matter from the first step:
 norm weights ``1 + N(0, 0.2^2)``, biases ``N(0, 0.1^2)``, matrices ``N(0, 1/fan_in)``, so the
@@ -71,7 +72,8 @@ from dist_utils import run_distributed
 from mutation_check import report
 from megatron_auto.config import ModelConfig
 from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy
-from reference.models import RefConfig, Transformer, initial_weights
+from reference.models import Transformer, initial_weights
+from reference.package_layout import ref_config, to_package
 from reference.train import RefOptim, train
 
 pytestmark = pytest.mark.multirank
@@ -91,68 +93,6 @@ MODELS = {
     "bert": ModelConfig(num_layers=2, model_type="bert", num_tokentypes=2, bert_binary_head=True,
                         **_SHAPE),
 }
-
-
-def ref_config(config: ModelConfig) -> RefConfig:
-    bert = config.model_type == "bert"
-    return RefConfig(
-        vocab_size=config.padded_vocab_size, hidden_size=config.hidden_size,
-        num_heads=config.num_attention_heads, num_kv_heads=config.query_groups,
-        ffn_size=config.ffn_hidden_size, num_layers=config.num_layers,
-        seq_length=config.seq_length, positions=config.position_embedding_type,
-        rope_base=config.rotary_base, norm=config.normalization,
-        norm_eps=config.layernorm_epsilon,
-        activation=("swiglu" if config.activation == "swiglu"
-                    else "gelu_tanh" if config.openai_gelu else "gelu"),
-        bias=config.add_bias_linear, tied_head=not config.untie_embeddings_and_output_weights,
-        causal=not bert, num_token_types=config.num_tokentypes,
-        sentence_order_head=bert and config.bert_binary_head)
-
-
-# ----------------------------------------------------------------------- weights into our layout
-def _qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: int) -> torch.Tensor:
-    """Rows of the fused QKV projection (models/transformer.py): per key/value group its query
-    heads, then its key head, then its value head; works for weights (rows, h) and biases."""
-    per = [t.unflatten(0, (groups, -1)) for t in (q, k, v)]
-    # q: (g, n*d, ...), k and v: (g, d, ...): concatenating per group gives (g, (n+2) d, ...)
-    return torch.cat(per, dim=1).flatten(0, 1)
-
-
-def to_package(ref: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
-    """The reference's weights under the package's FQNs and global layouts."""
-    g, out = config.query_groups, {}
-    out["embedding.word_embeddings.weight"] = ref["tok_embed"]
-    names = {"pos_embed": "embedding.position_embeddings.weight",
-             "type_embed": "embedding.tokentype_embeddings.weight",
-             "head": "output_layer.weight", "mlm_w": "lm_head.dense.weight",
-             "mlm_b": "lm_head.dense.bias", "mlm_out_b": "lm_head.bias",
-             "pool_w": "pooler.weight", "pool_b": "pooler.bias", "sop_w": "binary_head.weight",
-             "sop_b": "binary_head.bias"}
-    norms = {"norm_f": "final_norm", "mlm_norm": "lm_head.norm"}
-    for i in range(config.num_layers):
-        norms[f"blocks.{i}.norm1"] = f"layers.{i}.input_layernorm"
-        norms[f"blocks.{i}.norm2"] = f"layers.{i}.pre_mlp_layernorm"
-        a, m = f"blocks.{i}.attn.", f"blocks.{i}.mlp."
-        attn, mlp = f"layers.{i}.self_attention.", f"layers.{i}.mlp."
-        out[attn + "linear_qkv.weight"] = _qkv(ref[a + "wq"], ref[a + "wk"], ref[a + "wv"], g)
-        names.update({a + "wo": attn + "linear_proj.weight", a + "bo": attn + "linear_proj.bias",
-                      m + "w_in": mlp + "linear_fc1.weight", m + "b_in": mlp + "linear_fc1.bias",
-                      m + "w_out": mlp + "linear_fc2.weight",
-                      m + "b_out": mlp + "linear_fc2.bias"})
-        if a + "bq" in ref:
-            out[attn + "linear_qkv.bias"] = _qkv(ref[a + "bq"], ref[a + "bk"], ref[a + "bv"], g)
-        if m + "w_gate" in ref:  # SwiGLU rows interleave (gate_0, up_0, gate_1, up_1, ...)
-            out[mlp + "linear_fc1.weight"] = torch.stack(
-                [ref[m + "w_gate"], ref[m + "w_up"]], dim=1).flatten(0, 1)
-            if m + "b_gate" in ref:
-                out[mlp + "linear_fc1.bias"] = torch.stack(
-                    [ref[m + "b_gate"], ref[m + "b_up"]], dim=1).flatten(0, 1)
-    for src, dst in norms.items():
-        names[src + ".weight"], names[src + ".bias"] = dst + ".weight", dst + ".bias"
-    for src, dst in names.items():
-        if src in ref:
-            out[dst] = ref[src]
-    return out
 
 
 # ----------------------------------------------------------------------------------- batches

@@ -29,20 +29,30 @@ def adamw(model: nn.Module, optim: RefOptim) -> torch.optim.AdamW:
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     return torch.optim.AdamW([{"params": decay, "weight_decay": optim.weight_decay},
                               {"params": no_decay, "weight_decay": 0.0}],
-                             lr=optim.lr, betas=optim.betas, eps=optim.eps, foreach=False)
+                             lr=optim.lr, betas=optim.betas, eps=optim.eps)  # torch's defaults
 
 
-def train(model: nn.Module, loss_fn: Callable[[nn.Module, Mapping[str, torch.Tensor]], torch.Tensor],
-          batches: Sequence[Mapping[str, torch.Tensor]], optim: RefOptim
-          ) -> list[tuple[float, float]]:
-    """(loss, gradient norm before clipping) of each step, one step per batch."""
+LossFn = Callable[[nn.Module, Mapping[str, torch.Tensor]], torch.Tensor]
+
+
+def step_fn(model: nn.Module, loss_fn: LossFn, optim: RefOptim
+            ) -> Callable[[Mapping[str, torch.Tensor]], tuple[float, float]]:
+    """One training step per call on a batch: (loss, gradient norm before clipping)."""
     optimizer = adamw(model, optim)
-    out = []
-    for batch in batches:
+
+    def step(batch: Mapping[str, torch.Tensor]) -> tuple[float, float]:
         optimizer.zero_grad(set_to_none=True)
         loss = loss_fn(model, batch)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), optim.clip_grad)
         optimizer.step()
-        out.append((loss.item(), norm.item()))
-    return out
+        return loss.item(), norm.item()
+
+    return step
+
+
+def train(model: nn.Module, loss_fn: LossFn, batches: Sequence[Mapping[str, torch.Tensor]],
+          optim: RefOptim) -> list[tuple[float, float]]:
+    """(loss, gradient norm before clipping) of each step, one step per batch."""
+    step = step_fn(model, loss_fn, optim)
+    return [step(batch) for batch in batches]
