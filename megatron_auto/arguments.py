@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from .config import (DEFAULT_GLOBAL_BATCH_SIZE, FP8_FORMATS, TRANSFORMER_IMPLS, ArgumentError,
                      ConfigError, ModelConfig, resolve_precision)
+from .families.gpt.config import MoEConfig, MoEConfigError
+from .families.gpt.flags import add_moe_model_args, moe_config_from_args
 from .run_flag_checks import check_output_flags, given_flags, warn_inapplicable_flags
 from .utils.ignored_flags import (IGNORED_MEGATRON_FLAGS, add_ignored_megatron_args,
                                   warn_ignored_megatron_flags)
@@ -98,7 +100,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="grouped-query attention: --num-query-groups key/value heads")
     g.add_argument("--num-query-groups", type=int, default=None,
                    help="key/value heads with --group-query-attention (default 1, as Megatron)")
-    return parser
+    return add_moe_model_args(parser)
 
 
 def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -463,7 +465,15 @@ def model_config_from_args(args: argparse.Namespace, vocab_size: int | None = No
         add_qkv_bias=getattr(args, "add_qkv_bias", False), openai_gelu=args.openai_gelu,
         num_query_groups=_num_query_groups(args),
         transformer_impl=getattr(args, "transformer_impl", "local"),
-        fp8_format=getattr(args, "fp8_format", None))
+        fp8_format=getattr(args, "fp8_format", None), moe=_moe_config(args))
+
+
+def _moe_config(args: argparse.Namespace) -> MoEConfig | None:
+    """The MoE flags' settings (None: dense), their errors as ``ConfigError``."""
+    try:
+        return moe_config_from_args(args)
+    except MoEConfigError as err:
+        raise ConfigError(str(err)) from None
 
 
 def model_config_from_args_default(args: argparse.Namespace) -> ModelConfig:

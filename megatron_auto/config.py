@@ -11,6 +11,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping
 
+from .families.gpt.config import MoEConfig, MoEConfigError
+
 # The global batch when --global-batch-size is not given (training, --auto-parallel, the CLI);
 # here rather than in run_config.py so that the planning commands' flags need no run_config.
 DEFAULT_GLOBAL_BATCH_SIZE = 8
@@ -108,8 +110,13 @@ class ModelConfig:
     # interface and parameter names (models/te_layers.py); --fp8-format: TE's FP8 recipe.
     transformer_impl: str = "local"
     fp8_format: str | None = None
+    # Mixture of experts (families/gpt/config.py): None is a dense model. Omitted from
+    # to_dict() when None, so dense records stay as they were.
+    moe: MoEConfig | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.moe, Mapping):
+            object.__setattr__(self, "moe", _moe_from_dict(self.moe))
         if self.ffn_hidden_size is None:
             object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
         if self.num_query_groups == self.num_attention_heads:
@@ -148,16 +155,73 @@ class ModelConfig:
     def causal(self) -> bool:
         return self.model_type == "gpt"
 
-    def num_layer_parameters(self) -> int:
-        """Parameters of one transformer layer (weights, biases and norms)."""
+    # ------------------------------------------------------------ mixture of experts
+    @property
+    def moe_layers(self) -> tuple[int, ...]:
+        """Indices of the MoE layers (none in a dense model)."""
+        return () if self.moe is None else self.moe.moe_layers(self.num_layers)
+
+    @property
+    def moe_shape(self) -> tuple[int, int, tuple[int, ...], int | None] | None:
+        """What decides the MoE parameters' names and shapes (experts, expert width, MoE
+        layers, shared width); None for a dense model. Checkpoints must agree on it."""
+        if self.moe is None:
+            return None
+        return (self.moe.num_experts, self.expert_ffn_hidden_size, self.moe_layers,
+                self.moe.shared_expert_intermediate_size)
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return layer in self.moe_layers
+
+    @property
+    def expert_ffn_hidden_size(self) -> int:
+        """The width of one routed expert (``--moe-ffn-hidden-size``, default the FFN's)."""
+        assert self.moe is not None
+        return self.moe.expert_ffn(self.ffn_hidden_size)
+
+    def check_expert_parallel(self, layer: int, ep: int, expert_tp: int, tp: int,
+                              what: str = "plan field layers") -> None:
+        """Raise ``ConfigError`` unless layer ``layer`` can take expert parallelism ``ep`` and
+        expert TP ``expert_tp`` (1 and 1 for a dense layer)."""
+        where = f"{what}[{layer}]"
+        if not self.is_moe_layer(layer):
+            if ep != 1 or expert_tp != 1:
+                field_name, value = ("ep", ep) if ep != 1 else ("expert_tp", expert_tp)
+                raise ConfigError(f"{where}.{field_name}={value}: layer {layer} is dense (MoE "
+                                  f"layers: {list(self.moe_layers) or 'none'}); set it to 1")
+            return
+        assert self.moe is not None
+        if self.moe.num_experts % ep:
+            raise ConfigError(f"{where}.ep={ep}: must divide --num-experts="
+                              f"{self.moe.num_experts} (each EP rank holds whole experts); "
+                              f"choose a divisor of the expert count")
+        if self.expert_ffn_hidden_size % expert_tp:
+            raise ConfigError(f"{where}.expert_tp={expert_tp}: must divide "
+                              f"--moe-ffn-hidden-size={self.expert_ffn_hidden_size}; choose a "
+                              f"divisor of the expert width")
+        shared = self.moe.shared_expert_intermediate_size
+        if shared is not None and shared % tp:
+            raise ConfigError(f"{where}.tp={tp}: must divide "
+                              f"--moe-shared-expert-intermediate-size={shared} (the shared "
+                              f"experts are split like the MLP); choose a TP degree dividing it")
+
+    def num_layer_parameters(self, layer: int | None = None) -> int:
+        """Parameters of one transformer layer (weights, biases and norms); ``layer``: that
+        layer, whose MLP may be an MoE block (None: a dense layer)."""
         h, f, kv = self.hidden_size, self.ffn_hidden_size, self.kv_size
         norm = 2 * h if self.normalization == "layernorm" else h
         fc1 = 2 * f if self.activation == "swiglu" else f
-        weights = h * (h + 2 * kv) + h * h + h * fc1 + f * h  # QKV, output, fc1, fc2
-        biases = (h + 2 * kv) + h + fc1 + h if self.add_bias_linear else 0
-        if self.add_qkv_bias and not self.add_bias_linear:
-            biases = h + 2 * kv
-        return weights + biases + 2 * norm
+        bias = self.add_bias_linear
+        attention = h * (h + 2 * kv) + h * h + ((h + 2 * kv) + h if bias else 0)
+        if self.add_qkv_bias and not bias:
+            attention += h + 2 * kv
+        if layer is not None and self.is_moe_layer(layer):
+            assert self.moe is not None
+            mlp = (self.moe.num_expert_parameters(h, f, self.activation)
+                   + self.moe.num_dense_parameters(h, self.activation))
+        else:
+            mlp = h * fc1 + f * h + (fc1 + h if bias else 0)
+        return attention + mlp + 2 * norm
 
     def num_parameters(self) -> int:
         """All parameters, counting tied embeddings once."""
@@ -168,7 +232,8 @@ class ModelConfig:
         emb += self.num_tokentypes * h
         final_norm = 2 * h if self.normalization == "layernorm" else h
         head = 0 if not self.untie_embeddings_and_output_weights else self.padded_vocab_size * h
-        return emb + self.num_layers * self.num_layer_parameters() + final_norm + head
+        layers = sum(self.num_layer_parameters(i) for i in range(self.num_layers))
+        return emb + layers + final_norm + head
 
     # --------------------------------------------------------------- validation
     def validate(self) -> None:
@@ -216,6 +281,24 @@ class ModelConfig:
              "--fp8-format", self.fp8_format,
              "needs --transformer-impl transformer_engine (FP8 GEMMs are Transformer Engine's); "
              "add it or drop --fp8-format")
+        if self.moe is not None:
+            self._validate_moe(need)
+
+    def _validate_moe(self, need: Any) -> None:
+        """What an MoE model needs of the rest of the config (the MoE flags check themselves)."""
+        assert self.moe is not None
+        try:
+            self.moe.check_num_layers(self.num_layers)
+        except MoEConfigError as err:
+            raise ConfigError(str(err)) from None
+        need(not self.add_bias_linear, "--num-experts", self.moe.num_experts,
+             "the experts have no biases (as Mixtral, DeepSeek and Qwen-MoE); add "
+             "--disable-bias-linear")
+        need(self.transformer_impl == "local", "--num-experts", self.moe.num_experts,
+             f"MoE layers run with --transformer-impl local only (not {self.transformer_impl})")
+        need(self.model_type == "gpt", "--num-experts", self.moe.num_experts,
+             f"mixture of experts is built for GPT models, not {self.model_type}; drop the MoE "
+             f"flags")
 
     def check_tensor_parallel(self, tp: int, what: str = "--tensor-model-parallel-size") -> None:
         """Raise ``ConfigError`` unless a TP degree ``tp`` can split this model's layers."""
@@ -244,7 +327,12 @@ class ModelConfig:
 
     # ----------------------------------------------------------------- JSON
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if self.moe is None:  # dense records stay as they were
+            del out["moe"]
+        else:
+            out["moe"] = self.moe.to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ModelConfig":
@@ -254,3 +342,11 @@ class ModelConfig:
             raise ConfigError(
                 f"model config: unknown field(s) {unknown}; known fields are {sorted(known)}")
         return cls(**dict(data))
+
+
+def _moe_from_dict(data: Mapping[str, Any]) -> MoEConfig:
+    """A record's ``moe`` entry, its errors as ``ConfigError``."""
+    try:
+        return MoEConfig.from_dict(data)
+    except (MoEConfigError, TypeError) as err:
+        raise ConfigError(f"model config moe: {err}") from None

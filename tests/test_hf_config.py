@@ -155,6 +155,18 @@ def test_typed_flags_override_the_file(tmp_path):
         4, 64, 256, 64)
 
 
+def test_mixtral_config_becomes_the_moe_flags(tmp_path):
+    """Mixtral's expert fields on Megatron's MoE flags (every layer MoE, no biases)."""
+    path = _save(tmp_path, "mixtral", transformers.MixtralConfig(
+        **SMALL_LLAMA, num_local_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.02))
+    config = _cli_config("--hf-config", path)
+    assert config.moe is not None and not config.add_bias_linear
+    assert (config.moe.num_experts, config.moe.router_topk, config.moe.aux_loss_coeff) == (4, 2,
+                                                                                            0.02)
+    assert config.moe_layers == tuple(range(config.num_layers))
+    assert config.expert_ffn_hidden_size == SMALL_LLAMA["intermediate_size"]
+
+
 @pytest.mark.parametrize("make, message", [
     (lambda: transformers.LlamaConfig(**SMALL_LLAMA | {"max_position_embeddings": 16384},
                                       rope_scaling={"rope_type": "llama3", "factor": 8.0,
@@ -175,9 +187,6 @@ def test_typed_flags_override_the_file(tmp_path):
     (lambda: transformers.Qwen2Config(**SMALL_LLAMA, use_sliding_window=True, sliding_window=64,
                                       max_window_layers=0),
      "sliding_window=64: sliding-window attention is not modelled"),
-    (lambda: transformers.MixtralConfig(**SMALL_LLAMA),
-     "num_local_experts=8 needs mixture-of-experts layers, which megatron_auto does not have "
-     "yet (no --num-experts flag)"),
     (lambda: transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, add_cross_attention=True),
      "add_cross_attention=True: a decoder with cross-attention is not a GPT"),
     (lambda: _untied(transformers.T5Config(d_model=64, d_kv=16, d_ff=128, num_layers=2,

@@ -122,7 +122,8 @@ class TransformerStage(nn.Module):
                                            causal=self.causal,
                                            recompute=plan.layers[i].recompute,
                                            sequence_parallel=plan.layers[i].sequence_parallel,
-                                           device=ctx.device)
+                                           device=ctx.device,
+                                           moe=i in getattr(config, "moe_layers", ()))
             for i in self.layer_ids})
         self.rotary = (RotaryEmbedding(config.head_dim, config.max_position_embeddings,
                                        config.rotary_base)

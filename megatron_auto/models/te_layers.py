@@ -43,6 +43,7 @@ from torch import nn
 from ..config import ConfigError, ModelConfig
 from ..parallel.context import LayerGroups
 from ..parallel.random import TENSOR_PARALLEL, RNGTracker
+from .moe import MoELayer
 from .transformer import Rotary, TransformerLayer, apply_rotary
 
 
@@ -225,8 +226,17 @@ class TETransformerLayer(TransformerLayer):
 def make_transformer_layer(config: ModelConfig, groups: LayerGroups, *,
                            rng: RNGTracker | None = None, causal: bool = True,
                            recompute: bool = False, sequence_parallel: bool = False,
-                           device: torch.device | None = None) -> nn.Module:
-    """The layer ``config.transformer_impl`` asks for (local, or Transformer Engine's)."""
+                           device: torch.device | None = None, moe: bool = False) -> nn.Module:
+    """The layer ``config.transformer_impl`` asks for (local, or Transformer Engine's); with
+    ``moe`` a local layer whose MLP is the MoE block (models/moe.py)."""
+    if moe:
+        if sequence_parallel:
+            raise ValueError("sequence_parallel=True: an MoE layer runs without sequence "
+                             "parallelism; turn SP off for it")
+        return TransformerLayer(config, groups, rng=rng, causal=causal, recompute=recompute,
+                                fused_norm=device is not None
+                                and torch.device(device).type == "cuda",
+                                mlp=MoELayer(config, groups))
     if config.transformer_impl == "transformer_engine":
         return TETransformerLayer(config, groups, rng=rng, causal=causal, recompute=recompute,
                                   sequence_parallel=sequence_parallel, device=device)

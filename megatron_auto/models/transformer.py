@@ -153,12 +153,14 @@ class SelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    """``fc2(act(fc1(x)))`` with fc1 column-parallel and fc2 row-parallel."""
+    """``fc2(act(fc1(x)))`` with fc1 column-parallel and fc2 row-parallel; ``ffn_hidden_size``
+    overrides the config's width (an MoE layer's shared experts)."""
 
     def __init__(self, config: ModelConfig, groups: LayerGroups, *,
-                 sequence_parallel: bool = False) -> None:
+                 sequence_parallel: bool = False, ffn_hidden_size: int | None = None) -> None:
         super().__init__()
-        h, f, bias = config.hidden_size, config.ffn_hidden_size, config.add_bias_linear
+        h, bias = config.hidden_size, config.add_bias_linear
+        f = ffn_hidden_size or config.ffn_hidden_size
         self.swiglu = config.activation == "swiglu"
         self.gelu_approximate = "tanh" if config.openai_gelu else "none"
         self.linear_fc1 = ColumnParallelLinear(h, 2 * f if self.swiglu else f, groups, bias=bias,
@@ -182,7 +184,8 @@ class TransformerLayer(nn.Module):
 
     def __init__(self, config: ModelConfig, groups: LayerGroups, *, rng: RNGTracker | None = None,
                  causal: bool = True, recompute: bool = False,
-                 sequence_parallel: bool = False, fused_norm: bool = False) -> None:
+                 sequence_parallel: bool = False, fused_norm: bool = False,
+                 mlp: nn.Module | None = None) -> None:
         super().__init__()
         config.check_tensor_parallel(groups.tp_size, what="layer tp")
         if sequence_parallel and (groups.tp_size == 1 or config.seq_length % groups.tp_size):
@@ -194,7 +197,9 @@ class TransformerLayer(nn.Module):
         self.self_attention = SelfAttention(config, groups, rng, causal=causal,
                                             sequence_parallel=sequence_parallel)
         self.pre_mlp_layernorm = make_norm(config, fused=fused_norm)
-        self.mlp = MLP(config, groups, sequence_parallel=sequence_parallel)
+        # ``mlp``: another block in the MLP's place (an MoE layer's, models/moe.py)
+        self.mlp = mlp if mlp is not None else MLP(config, groups,
+                                                   sequence_parallel=sequence_parallel)
         self.hidden_dropout = config.hidden_dropout
         self.recompute = recompute
         self.rng = rng

@@ -25,6 +25,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..models.compile import compile_layers
+from ..models.moe import moe_layers, set_aux_loss_scale
 from ..parallel.context import ParallelContext
 from ..parallel.data_parallel import DataParallel
 from ..parallel.optimizer import build_optimizer
@@ -181,6 +182,10 @@ def train_step(trainer: Trainer, batch: dict[str, torch.Tensor] | None) -> StepR
     trainer.data_parallel.zero_grad()
     microbatches, total_tokens = _microbatches(trainer, batch)
     scale = trainer.scaler.scale
+    # MoE: the auxiliary losses' mean over the global batch's sequences, like the LM loss's
+    set_aux_loss_scale(trainer.stage, scale / trainer.plan.global_batch_size)
+    for moe in moe_layers(trainer.stage):
+        moe.reset_stats()
     parts: list[dict] = []
     timers = trainer.timers
     losses = forward_backward(trainer.stage, trainer.data_parallel, trainer.ctx, microbatches,

@@ -13,9 +13,10 @@ import dataclasses
 from typing import Any, Mapping
 
 from ...arguments import check_model_option_args, model_config_from_args
-from ...config import ModelConfig
+from ...config import ConfigError, ModelConfig
 from ...planner.inputs.model_spec import LayerType, ModelSpec
 from ..family import Family, flags_of
+from .flags import moe_flags
 from .hf_config import DECODER_MODEL_TYPES, ENCODER_MODEL_TYPES, read_decoder, read_encoder
 
 #: ``ModelConfig`` fields a plan's ``model`` record keeps: what decides the costs (and
@@ -42,6 +43,12 @@ CHECKPOINT_FIELDS = {
     "add_bias_linear": "--disable-bias-linear", "add_qkv_bias": "--add-qkv-bias",
     "openai_gelu": "--openai-gelu",
 }
+#: The GPT family's: the MoE parameters' names and shapes too.
+GPT_CHECKPOINT_FIELDS = {
+    **CHECKPOINT_FIELDS,
+    "moe_shape": "--num-experts / --moe-ffn-hidden-size / --moe-layer-freq / "
+                 "--moe-shared-expert-intermediate-size",
+}
 
 
 def plan_record(config: Any, keys: tuple[str, ...]) -> dict[str, Any]:
@@ -52,6 +59,10 @@ def plan_record(config: Any, keys: tuple[str, ...]) -> dict[str, Any]:
 def model_spec(cfg: ModelConfig) -> ModelSpec:
     """One layer type named after the family (causal for GPT); learned positions and BERT's
     token types count as position rows of the embedding."""
+    if cfg.moe is not None:
+        raise ConfigError(f"--num-experts={cfg.moe.num_experts}: the planner does not price "
+                          f"MoE layers yet; give the plan (--plan FILE or the classic layout "
+                          f"flags) instead of searching one")
     lt = LayerType(name=cfg.model_type, hidden_size=cfg.hidden_size,
                    num_attention_heads=cfg.num_attention_heads,
                    ffn_hidden_size=cfg.ffn_hidden_size, seq_length=cfg.seq_length,
@@ -74,6 +85,8 @@ def _plan_record(cfg: ModelConfig) -> dict[str, Any]:
     record = plan_record(cfg, PLAN_RECORD_KEYS)
     if cfg.add_qkv_bias:
         record["add_qkv_bias"] = True
+    if cfg.moe is not None:  # likewise the MoE settings, only for MoE models
+        record["moe"] = cfg.moe.to_dict()
     return record
 
 
@@ -114,7 +127,7 @@ def model_flags(config: ModelConfig) -> list[str]:
         out.append("--openai-gelu")
     if config.num_query_groups is not None:
         out += ["--group-query-attention", "--num-query-groups", str(config.num_query_groups)]
-    return out
+    return out + moe_flags(config.moe)
 
 
 def _language_model(name: str, from_flags: Any, stage: str, help_text: str,
@@ -124,7 +137,8 @@ def _language_model(name: str, from_flags: Any, stage: str, help_text: str,
     return Family(name=name, config_class=ModelConfig, model_spec=model_spec,
                   from_flags=from_flags, stage=stage,
                   profiler="megatron_auto.profiler.model_profiler:GPT_PROFILER", help=help_text,
-                  checkpoint_fields=CHECKPOINT_FIELDS, sequence_parallel=True, interleaved=True,
+                  checkpoint_fields=GPT_CHECKPOINT_FIELDS, sequence_parallel=True,
+                  interleaved=True,
                   hf_architectures=hf_architectures, entry_script=entry_script,
                   script_flags=model_flags, hf_model_types=hf_model_types, hf_config=hf_config)
 

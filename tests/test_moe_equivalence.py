@@ -1,0 +1,131 @@
+"""MoE GPT models under multi-rank plans train like one process (the equivalence invariant).
+
+fp32, dropout off, three AdamW steps through ``train_step`` (the harness of
+tests/test_equivalence.py): losses relative 1e-5, every updated parameter ``rtol 1e-5, atol
+1e-6``. Beyond the parameters, the MoE blocks' statistics of each step must agree with one
+process: the kept assignments per expert and the sums over the global batch's sequences of the
+balance and z-losses (summed over the ranks of TP rank 0 of each layer, which together see
+every sequence once). The auxiliary losses are on (their gradient reaches the router), MoE is
+every other layer, with shared experts; the plans split the dense parts over TP (the router
+and experts replicated on the TP ranks), pipeline, recompute the MoE layers, and shard them
+with ZeRO-1/3.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import pytest
+import torch
+
+from dist_utils import run_distributed
+from megatron_auto.config import ModelConfig
+from megatron_auto.families.gpt.config import MoEConfig
+from megatron_auto.plan import Plan
+from test_equivalence import CONFIG as BASE, RTOL, STEPS, make_batch, layer, plan_of
+
+pytestmark = pytest.mark.multirank
+
+MOE = MoEConfig(num_experts=4, router_topk=2, ffn_hidden_size=32, layer_freq=2,
+                shared_expert_intermediate_size=32, aux_loss_coeff=0.01, z_loss_coeff=0.001)
+CONFIGS = {
+    "top2-shared": dataclasses.replace(BASE, activation="swiglu", add_bias_linear=False, moe=MOE),
+    "top1-capacity-gelu": dataclasses.replace(BASE, add_bias_linear=False, moe=dataclasses.replace(
+        MOE, router_topk=1, router_pre_softmax=True, expert_capacity_factor=1.0,
+        shared_expert_intermediate_size=None, layer_freq=1)),
+}
+PLANS = {
+    "tp2xdp2": plan_of(4, [layer(tp=2)] * 4, vocab_tp=2),
+    "pp2-tp2-zero-recompute": plan_of(4, [layer(tp=2, dp_mode="zero3", recompute=True),
+                                          layer(tp=2), layer(dp_mode="zero1", recompute=True),
+                                          layer(tp=2, consecutive=False)],
+                                      layers_per_stage=(2, 2), vocab_tp=2),
+}
+
+
+def _worker(rank, world_size, plan_dicts, config_dict):
+    from megatron_auto.models.gpt import GPTStage
+    from megatron_auto.models.init import gather_full_state
+    from megatron_auto.models.moe import MoELayer
+    from megatron_auto.parallel.optimizer import OptimizerConfig
+    from megatron_auto.training.lr_scheduler import LRConfig
+    from megatron_auto.training.precision import PrecisionConfig
+    from megatron_auto.training.trainer import build_trainer, train_step
+
+    config = ModelConfig.from_dict(config_dict)
+    out = []
+    for plan_dict in plan_dicts:
+        plan = Plan.from_dict(plan_dict)
+        trainer = build_trainer(
+            config, plan, lambda cfg, ctx, seed: GPTStage(cfg, ctx, seed=seed),
+            optimizer_config=OptimizerConfig(weight_decay=0.1, clip_grad=1.0, adam_eps=1e-6),
+            lr_config=LRConfig(lr=1e-3, decay_style="constant"),
+            precision=PrecisionConfig(), seed=1234)
+        results, stats = [], []
+        for step in range(STEPS):
+            batch = make_batch(step) if trainer.reads_data else None
+            results.append(train_step(trainer, batch).__dict__)
+            step_stats = {}
+            for name, module in trainer.stage.named_modules():
+                if isinstance(module, MoELayer):
+                    index = int(name.split(".")[1])  # layers.<i>.mlp
+                    # the trainer's loss_scale / global batch (fp32: scale 1)
+                    assert module.aux_loss_scale == 1.0 / plan.global_batch_size
+                    if trainer.ctx.layer_groups(index).tp_rank == 0:
+                        step_stats[index] = module.stats
+            stats.append(step_stats)
+        out.append({"results": results, "state": gather_full_state(trainer.stage),
+                    "stats": stats})
+    return out
+
+
+def _run(config: ModelConfig, world_size: int, plans: list[dict]) -> list[tuple]:
+    per_rank = run_distributed(_worker, world_size, plans, config.to_dict())
+    merged = []
+    for p in range(len(plans)):
+        state: dict[str, torch.Tensor] = {}
+        stats: list[dict] = [{} for _ in range(STEPS)]
+        for rank_out in per_rank:
+            state.update(rank_out[p]["state"])
+            for step, step_stats in enumerate(rank_out[p]["stats"]):
+                for index, values in step_stats.items():
+                    mine = stats[step].setdefault(index, {k: torch.zeros_like(v)
+                                                          for k, v in values.items()})
+                    for k, v in values.items():
+                        mine[k] += v
+        merged.append((per_rank[0][p]["results"], state, stats))
+    return merged
+
+
+@functools.lru_cache(maxsize=None)
+def _reference(name: str) -> tuple:
+    return _run(CONFIGS[name], 1, [plan_of(1, [layer()] * 4, num_microbatches=1)])[0]
+
+
+@functools.lru_cache(maxsize=None)
+def _four_rank(name: str) -> list[tuple]:
+    return _run(CONFIGS[name], 4, list(PLANS.values()))
+
+
+@pytest.mark.parametrize("model", list(CONFIGS))
+@pytest.mark.parametrize("plan", list(PLANS))
+def test_moe_plan_matches_one_process(model, plan):
+    results, state, stats = _four_rank(model)[list(PLANS).index(plan)]
+    ref_results, ref_state, ref_stats = _reference(model)
+    label = f"{model}/{plan}"
+    assert [r["lm_loss"] for r in results] == pytest.approx(
+        [r["lm_loss"] for r in ref_results], rel=RTOL), f"{label}: losses differ"
+    assert set(state) == set(ref_state), f"{label}: parameter names differ"
+    for fqn, value in ref_state.items():
+        torch.testing.assert_close(state[fqn], value, rtol=RTOL, atol=1e-6,
+                                   msg=lambda m, n=fqn: f"{label}: {n}: {m}")
+    assert [sorted(s) for s in stats] == [sorted(s) for s in ref_stats]
+    assert list(ref_stats[0]) == list(CONFIGS[model].moe_layers)
+    for step, (got, want) in enumerate(zip(stats, ref_stats)):
+        for index, values in want.items():
+            assert values["sequences"].item() == 8
+            assert got[index]["tokens_per_expert"].tolist() == values["tokens_per_expert"].tolist()
+            for key in ("balance_sum", "z_sum"):
+                torch.testing.assert_close(got[index][key], values[key], rtol=RTOL, atol=1e-9,
+                                           msg=lambda m, k=key: f"{label} step {step}: {k}: {m}")
