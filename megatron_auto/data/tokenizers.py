@@ -147,6 +147,11 @@ class SentencePieceTokenizer(_SpecialTokens):
     def vocab_size(self) -> int:
         return self._num_pieces + len(self._extra)
 
+    @property
+    def appended_specials(self) -> dict[int, str]:
+        """id -> spelling of the special tokens appended after the model's pieces, by id."""
+        return dict(sorted(self._extra.items()))
+
     def piece_id(self, piece: str) -> int | None:
         """The model's id of ``piece``, or None when the model lacks it."""
         pid = self.sp.piece_to_id(piece)

@@ -15,9 +15,16 @@ Examples::
     python tools/checkpoint/convert.py --model-type GPT --loader megatron --saver hf \\
         --load-dir checkpoints/gpt --save-dir hf/gpt
 
+    # ... with the tokenizer the data was tokenized with (tokenizer.json and its files)
+    python tools/checkpoint/convert.py --model-type GPT --loader megatron --saver hf \\
+        --load-dir checkpoints/gpt --save-dir hf/gpt \\
+        --tokenizer-type GPTSentencePieceTokenizer --tokenizer-model tok.model
+
     # a transformers LLaMA / GPT-2 directory -> our checkpoint, checked against our flags
     python tools/checkpoint/convert.py --model-type GPT --loader hf --saver megatron \\
         --load-dir hf/llama --save-dir checkpoints/llama --seq-length 2048
+
+An import also prints the data tools' tokenizer flags of the directory's tokenizer files.
 
 Errors print one line naming what is wrong and the fix, and exit with status 2.
 """
@@ -62,6 +69,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "conversion in --save-dir (a training run's checkpoints never are). "
                         "Without it a non-empty export target, or an import target holding a "
                         "checkpoint, is refused before anything is read")
+    t = p.add_argument_group("tokenizer (export: the tokenizer the data was tokenized with, "
+                             "as for tools/preprocess_data.py; written next to the weights)")
+    t.add_argument("--tokenizer-type", default=None, metavar="TYPE",
+                   help="GPT2BPETokenizer, BertWordPiece(LowerCase|Case), (GPT)SentencePiece"
+                        "Tokenizer or HuggingFaceTokenizer; default: no tokenizer files")
+    t.add_argument("--tokenizer-model", default=None,
+                   help="SentencePiece .model ('embedded': the packaged one), or the "
+                        "HuggingFaceTokenizer directory / tokenizer.json")
+    t.add_argument("--vocab-file", default=None, help="GPT-2 vocab.json or BERT vocab.txt")
+    t.add_argument("--merge-file", default=None, help="GPT-2 merges.txt")
     before = set(vars(p.parse_args(_REQUIRED)))
     add_model_args(p)  # import only: checked against the Hugging Face config
     p.set_defaults(**{dest: _UNSET for dest in set(vars(p.parse_args(_REQUIRED))) - before})
@@ -78,15 +95,21 @@ def _convert(args: argparse.Namespace) -> int:
     from megatron_auto.conversion.hf import (ConversionError, describe,  # noqa: PLC0415
                                              export_checkpoint, import_checkpoint,
                                              training_flags)
+    from megatron_auto.conversion.hf_tokenizer import (TokenizerSpec,  # noqa: PLC0415
+                                                       check_tokenizer_spec, export_tokenizer,
+                                                       tokenizer_flags)
     from megatron_auto.families.registry import family_of  # noqa: PLC0415
     from megatron_auto.training.checkpoint import CheckpointError  # noqa: PLC0415
     from megatron_auto.training.logging import get_logger, setup_logging  # noqa: PLC0415
 
     setup_logging(0)
     log = get_logger()
+    tokenizer_dests = ("tokenizer_type", "tokenizer_model", "vocab_file", "merge_file")
     given = {k: v for k, v in vars(args).items() if v is not _UNSET and k not in (
         "model_type", "loader", "saver", "load_dir", "save_dir", "hf_architecture",
-        "overwrite")}
+        "overwrite") + tokenizer_dests}
+    tokenizer_given = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in tokenizer_dests
+                       if getattr(args, k) is not None]
     try:
         if args.loader == args.saver:
             other = "megatron (our checkpoint format)" if args.loader == "hf" else "hf"
@@ -98,20 +121,44 @@ def _convert(args: argparse.Namespace) -> int:
                 raise ConversionError(f"--{next(iter(given)).replace('_', '-')}: model flags "
                                       f"apply to an import (--loader hf); an export takes the "
                                       f"model from the checkpoint, drop the flag")
+            spec = None
+            if args.tokenizer_type is not None:  # checked before anything is read
+                spec = check_tokenizer_spec(TokenizerSpec(
+                    args.tokenizer_type, args.tokenizer_model, args.vocab_file, args.merge_file))
+            elif tokenizer_given:
+                raise ConversionError(f"{tokenizer_given[0]}: needs --tokenizer-type (the "
+                                      f"tokenizer it belongs to); add it or drop the flag")
             arch, config = export_checkpoint(args.load_dir, args.save_dir, args.hf_architecture,
                                              model_type, overwrite=args.overwrite)
             log.info(f"> exported {describe(config)} to {args.save_dir} as {arch}")
+            if spec is not None:
+                kind = export_tokenizer(spec, args.save_dir, config.vocab_size)
+                log.info(f"> wrote the {spec.tokenizer_type} tokenizer as transformers' {kind} "
+                         f"(AutoTokenizer.from_pretrained({args.save_dir!r}))")
+            else:
+                log.info("> no tokenizer written (add --tokenizer-type and its files to "
+                         "export the tokenizer with the weights)")
         else:
             if args.hf_architecture != "auto":
                 warn_flag(f"--hf-architecture={args.hf_architecture}: applies to an export "
                           f"(--loader megatron); an import takes the architecture from the "
                           f"Hugging Face config.json")
+            if tokenizer_given:
+                warn_flag(f"{tokenizer_given[0]}: applies to an export (--loader megatron); an "
+                          f"import reads the tokenizer files of --load-dir")
+            spec = tokenizer_flags(args.load_dir, model_type)
             arch, config = import_checkpoint(args.load_dir, args.save_dir, given, model_type,
                                              overwrite=args.overwrite)
             script = family_of(config).entry_script
             log.info(f"> imported {arch} {args.load_dir} into {args.save_dir}: {describe(config)}")
             log.info(f"> train it with: {script} --load {args.save_dir} "
                      + " ".join(training_flags(config)))
+            if spec is None:
+                log.info(f"> {args.load_dir} has no tokenizer files: tokenize its data with the "
+                         f"tokenizer the model was trained with")
+            else:
+                log.info(f"> its tokenizer, for tools/preprocess_data.py and with --data-path: "
+                         + " ".join(spec.flags()))
     except (ConversionError, CheckpointError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
