@@ -54,6 +54,7 @@ DEFAULT_MOCK_VOCAB_SIZE = 8192
 _LAYOUT_DEFAULTS = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
                     "use_distributed_optimizer": False, "recompute_granularity": None,
                     "recompute_method": None, "recompute_num_layers": None,
+                    "recompute_modules": None,
                     "decoder_first_pipeline_num_layers": None,
                     "decoder_last_pipeline_num_layers": None, "sequence_parallel": False,
                     "num_layers_per_virtual_pipeline_stage": None,
@@ -164,6 +165,9 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     p.add_argument("--recompute-granularity", default=None, choices=["full", "selective"])
     p.add_argument("--recompute-method", default=None, choices=["uniform", "block"])
     p.add_argument("--recompute-num-layers", type=int, default=None)
+    p.add_argument("--recompute-modules", nargs="+", default=None, metavar="MODULE",
+                   help="with --recompute-granularity selective: the modules every layer "
+                        "recomputes (core_attn, mlp, layernorm; default core_attn)")
     p.add_argument("--use-distributed-optimizer", action="store_true",
                    help="Megatron's distributed optimizer: shard the optimizer state over "
                         "data parallelism (every layer gets dp_mode zero1)")
@@ -592,6 +596,8 @@ def classic_layout_from_args(args: argparse.Namespace) -> ClassicLayout:
         use_distributed_optimizer=args.use_distributed_optimizer,
         recompute_granularity=args.recompute_granularity,
         recompute_method=args.recompute_method, recompute_num_layers=args.recompute_num_layers,
+        recompute_modules=(tuple(args.recompute_modules)
+                           if getattr(args, "recompute_modules", None) else None),
         decoder_first_pipeline_num_layers=args.decoder_first_pipeline_num_layers,
         decoder_last_pipeline_num_layers=args.decoder_last_pipeline_num_layers,
         sequence_parallel=getattr(args, "sequence_parallel", False),

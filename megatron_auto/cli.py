@@ -118,6 +118,9 @@ def _add_plan_source(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--recompute-granularity", default=None, choices=["full", "selective"])
     g.add_argument("--recompute-method", default=None, choices=["uniform", "block"])
     g.add_argument("--recompute-num-layers", type=int, default=None)
+    g.add_argument("--recompute-modules", nargs="+", default=None, metavar="MODULE",
+                   help="with --recompute-granularity selective: the modules every layer "
+                        "recomputes (core_attn, mlp, layernorm; default core_attn)")
     g.add_argument("--decoder-first-pipeline-num-layers", type=int, default=None)
     g.add_argument("--decoder-last-pipeline-num-layers", type=int, default=None)
     add_sp_and_virtual_pipeline_args(g)
@@ -196,7 +199,7 @@ def _plan_and_model(args: argparse.Namespace, world_size: int) -> tuple[Plan, Mo
 def _given_plan(args: argparse.Namespace, world_size: int, config: ModelConfig) -> Plan:
     """The plan from --plan, --galvatron-config or the classic flags (exactly one source)."""
     classic = [f for f in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
-                           "micro_batch_size", "recompute_granularity")
+                           "micro_batch_size", "recompute_granularity", "recompute_modules")
                if getattr(args, f) is not None]
     sources = [s for s in ("plan", "galvatron_config") if getattr(args, s)]
     if len(sources) > 1 or (sources and classic):

@@ -300,6 +300,12 @@ class ModelConfig:
              f"mixture of experts is built for GPT models, not {self.model_type}; drop the MoE "
              f"flags")
 
+    @property
+    def runs_module_recompute(self) -> bool:
+        """Whether the layers recompute single modules (plan ``recompute`` "selective" or a
+        module list); the Transformer Engine layer recomputes whole layers only."""
+        return self.transformer_impl != "transformer_engine"
+
     def check_tensor_parallel(self, tp: int, what: str = "--tensor-model-parallel-size") -> None:
         """Raise ``ConfigError`` unless a TP degree ``tp`` can split this model's layers."""
         if tp < 1:

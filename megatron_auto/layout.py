@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Collection, NamedTuple, Sequence
 
 from .plan import Plan
 
@@ -478,7 +478,8 @@ def plan_group_ranks(plan: Plan) -> list[tuple[int, ...]]:
 # --------------------------------------------------------------------- a layer's TP collectives
 def layer_tp_collectives(layout: Layout, stage_size: int, activation_bytes: float, *,
                          sequence_parallel: bool, norm_tensor_bytes: Sequence[float] = (),
-                         row_bias_bytes: Sequence[float] = (), recompute: bool = False
+                         row_bias_bytes: Sequence[float] = (), recompute: bool = False,
+                         recompute_modules: Collection[str] = ()
                          ) -> tuple[tuple[Collective, ...], tuple[Collective, ...]]:
     """``(forward, backward)`` TP collectives of one rank for one micro-batch of a transformer
     layer (``models/transformer.py``), on the layer's TP group.
@@ -494,7 +495,10 @@ def layer_tp_collectives(layout: Layout, stage_size: int, activation_bytes: floa
     (``row_bias_bytes``), which then saw only this rank's positions. ``recompute``: backward
     first re-runs the forward up to the last tensor it needs (``torch.utils.checkpoint`` stops
     early), i.e. every forward collective but the last (the MLP output's, whose result only
-    feeds the residual add). Nothing with ``tp == 1``.
+    feeds the residual add). ``recompute_modules`` (models/recompute.py): of the single modules
+    only ``mlp`` under SP re-issues a collective, fc1's all-gather (the recompute stops after
+    fc2's matmul, before its reduce-scatter; without SP fc1's input copy issues nothing); core
+    attention and the norms have none. Nothing with ``tp == 1``.
     """
     if layout.tp == 1:
         return (), ()
@@ -511,7 +515,11 @@ def layer_tp_collectives(layout: Layout, stage_size: int, activation_bytes: floa
         backward = ((c("all_gather", activation_bytes),) * 2
                     + (c("all_gather", activation_bytes), c("reduce_scatter", activation_bytes)) * 2
                     + tuple(c("all_reduce", n) for n in (*norm_tensor_bytes, *row_bias_bytes)))
-    return forward, (forward[:-1] if recompute else ()) + backward
+    if recompute:
+        return forward, forward[:-1] + backward
+    if sequence_parallel and "mlp" in recompute_modules:
+        return forward, forward[2:3] + backward
+    return forward, backward
 
 
 def sequence_parallel_boundary_collectives(layout: Layout, activation_bytes: float, *,

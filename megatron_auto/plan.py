@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, Union
 
 from .config import ModelConfig
 from .utils.jsonfile import read_json, write_json
@@ -30,6 +30,12 @@ SCHEDULES = ("1f1b", "gpipe")
 # Context-parallel attention: ``ring`` passes keys and values around the CP group (Megatron's
 # ``--cp-comm-type p2p``), ``ulysses`` all-to-alls from sequence- to head-sharded (``a2a``).
 CP_MODES = ("ring", "ulysses")
+#: The parts of a transformer layer that ``layers[i].recompute`` can name in a list: core
+#: attention (scores, softmax, attention dropout), the MLP, the two norms. ``"selective"`` is
+#: ``["core_attn"]`` (Megatron's selective recompute); ``true`` is the whole layer.
+RECOMPUTE_MODULES = ("core_attn", "mlp", "norm")
+RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
+RecomputeValue = Union[bool, str, tuple[str, ...]]
 
 
 class PlanError(ValueError):
@@ -54,6 +60,51 @@ def _int(data: Mapping[str, Any], key: str, where: str) -> int:
     return value
 
 
+def normalize_recompute(value: Any, where: str = "recompute") -> RecomputeValue:
+    """One layer's recompute choice in its canonical form, or ``PlanError`` naming ``where``.
+
+    ``false``/``"none"``/``[]`` -> ``False``; ``true``/``"full"`` -> ``True``; ``"selective"`` and
+    ``["core_attn"]`` -> ``"selective"``; any other module list -> a tuple in
+    :data:`RECOMPUTE_MODULES` order. Canonical forms make equal choices compare equal, and keep
+    the booleans every plan written before module recompute holds (their files are unchanged).
+    """
+    if value is True or value is False:
+        return value
+    if isinstance(value, str):
+        _need(value in RECOMPUTE_GRANULARITIES, where, value,
+              f"choose true, false, one of {', '.join(RECOMPUTE_GRANULARITIES)}, or a list of "
+              f"modules from {', '.join(RECOMPUTE_MODULES)}")
+        return {"none": False, "full": True}.get(value, value)  # type: ignore[return-value]
+    _need(isinstance(value, (list, tuple)) and all(isinstance(m, str) for m in value), where,
+          value, f"must be true, false, one of {', '.join(RECOMPUTE_GRANULARITIES)}, or a list "
+          f"of module names from {', '.join(RECOMPUTE_MODULES)}")
+    unknown = [m for m in value if m not in RECOMPUTE_MODULES]
+    _need(not unknown, where, list(value), f"unknown module name(s) {unknown}; choose from "
+          f"{', '.join(RECOMPUTE_MODULES)} (or true for the whole layer)")
+    _need(len(set(value)) == len(value), where, list(value), "names a module twice; list each "
+          "once")
+    modules = tuple(m for m in RECOMPUTE_MODULES if m in value)
+    if not modules:
+        return False
+    return "selective" if modules == ("core_attn",) else modules
+
+
+def recompute_parts(value: RecomputeValue) -> tuple[bool, frozenset[str]]:
+    """``(whole layer, modules recomputed on their own)`` of a canonical recompute value."""
+    if value is True:
+        return True, frozenset()
+    if value is False:
+        return False, frozenset()
+    return False, frozenset(("core_attn",) if value == "selective" else value)
+
+
+def recompute_label(value: RecomputeValue) -> str:
+    """``none``, ``full``, ``selective`` or the modules joined by ``+`` (reports, logs)."""
+    if isinstance(value, bool):
+        return "full" if value else "none"
+    return value if isinstance(value, str) else "+".join(value)
+
+
 @dataclass(frozen=True)
 class LayerStrategy:
     """How one transformer layer is parallelised inside its pipeline stage."""
@@ -61,7 +112,9 @@ class LayerStrategy:
     tp: int = 1
     dp_mode: str = "ddp"
     tp_consecutive: bool = True
-    recompute: bool = False
+    # bool (whole layer or nothing), "selective" or a tuple of RECOMPUTE_MODULES: always the
+    # canonical form of normalize_recompute (the constructor converts).
+    recompute: RecomputeValue = False
     # Megatron-SP over this layer's TP group (needs tp > 1): norms, dropout and residuals keep
     # the activation split along the sequence.
     sequence_parallel: bool = False
@@ -70,10 +123,25 @@ class LayerStrategy:
     cp: int = 1
     cp_mode: str = "ring"
 
+    def __post_init__(self) -> None:
+        if self.recompute is not True and self.recompute is not False:
+            object.__setattr__(self, "recompute", normalize_recompute(self.recompute))
+
+    @property
+    def full_recompute(self) -> bool:
+        """The whole layer re-runs in backward (keeps only its input)."""
+        return self.recompute is True
+
+    @property
+    def recompute_modules(self) -> frozenset[str]:
+        """The modules recomputed on their own (empty for none and for full)."""
+        return recompute_parts(self.recompute)[1]
+
     def to_dict(self) -> dict[str, Any]:
+        recompute = self.recompute if not isinstance(self.recompute, tuple) \
+            else list(self.recompute)
         out: dict[str, Any] = {"tp": self.tp, "dp_mode": self.dp_mode,
-                               "tp_consecutive": self.tp_consecutive,
-                               "recompute": self.recompute}
+                               "tp_consecutive": self.tp_consecutive, "recompute": recompute}
         if self.sequence_parallel:  # absent = false: files without SP stay as they were
             out["sequence_parallel"] = True
         if self.cp != 1:  # absent = 1 / "ring": files without CP stay as they were
@@ -95,10 +163,9 @@ class LayerStrategy:
         tp = _int(data, "tp", where) if "tp" in data else 1
         dp_mode = data.get("dp_mode", "ddp")
         consec = data.get("tp_consecutive", True)
-        recompute = data.get("recompute", False)
+        recompute = normalize_recompute(data.get("recompute", False), where + "recompute")
         sp = data.get("sequence_parallel", False)
         _need(isinstance(consec, bool), where + "tp_consecutive", consec, "must be true or false")
-        _need(isinstance(recompute, bool), where + "recompute", recompute, "must be true or false")
         _need(isinstance(sp, bool), where + "sequence_parallel", sp, "must be true or false")
         cp = _int(data, "cp", where) if "cp" in data else 1
         cp_mode = data.get("cp_mode", "ring")
@@ -407,6 +474,11 @@ class Plan:
                 raise PlanError(f"plan field layers[{i}].sequence_parallel=True: the "
                                 f"{model.model_type} model does not run sequence parallelism "
                                 f"yet; set it to false (or drop --sequence-parallel)")
+            if (not isinstance(layer.recompute, bool)
+                    and not getattr(model, "runs_module_recompute", True)):
+                raise PlanError(f"plan field layers[{i}].recompute={layer.recompute!r}: the "
+                                f"{model.model_type} model recomputes whole layers only; use "
+                                f"true or false")
             if layer.sequence_parallel and model.seq_length % (layer.tp * layer.cp):
                 what = f"tp={layer.tp}" + (f" x cp={layer.cp}" if layer.cp > 1 else "")
                 raise PlanError(f"plan field layers[{i}].sequence_parallel=True: --seq-length="
@@ -458,7 +530,8 @@ class Plan:
     @classmethod
     def uniform(cls, world_size: int, num_layers: int, *, global_batch_size: int,
                 num_microbatches: int = 1, tp: int = 1, pp: int = 1, dp_mode: str = "ddp",
-                tp_consecutive: bool = True, recompute: bool | Sequence[bool] = False,
+                tp_consecutive: bool = True,
+                recompute: RecomputeValue | Sequence[RecomputeValue] = False,
                 schedule: str = "1f1b", vocab_tp: int | None = None,
                 vocab_dp_mode: str | None = None,
                 layers_per_stage: Sequence[int] | None = None,
@@ -469,17 +542,18 @@ class Plan:
         ``virtual_size`` > 1 splits the layers evenly into ``pp * virtual_size`` chunks
         (``--num-layers-per-virtual-pipeline-stage``) unless ``layers_per_stage`` is given.
         """
-        if isinstance(recompute, bool):
-            recompute = [recompute] * num_layers
+        if isinstance(recompute, (bool, str)) or (
+                isinstance(recompute, tuple) and all(isinstance(m, str) for m in recompute)):
+            recompute = [recompute] * num_layers  # type: ignore[list-item]
         if len(recompute) != num_layers:
             raise PlanError(f"recompute flags: {len(recompute)} given for {num_layers} layers")
         if pp < 1 or num_layers < pp * virtual_size:
             raise PlanError(f"pipeline.size={pp}: must be between 1 and --num-layers={num_layers}"
                             + (f" / virtual_size {virtual_size}" if virtual_size > 1 else ""))
         layers = tuple(LayerStrategy(tp=tp, dp_mode=dp_mode, tp_consecutive=tp_consecutive,
-                                     recompute=bool(r), sequence_parallel=sequence_parallel,
-                                     cp=cp, cp_mode=cp_mode)
-                       for r in recompute)
+                                     recompute=normalize_recompute(r, f"layers[{i}].recompute"),
+                                     sequence_parallel=sequence_parallel, cp=cp, cp_mode=cp_mode)
+                       for i, r in enumerate(recompute))
         return cls(world_size=world_size, global_batch_size=global_batch_size,
                    num_microbatches=num_microbatches,
                    pipeline=PipelineSpec(size=pp, schedule=schedule,

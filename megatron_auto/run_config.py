@@ -228,6 +228,7 @@ class ClassicLayout:
     recompute_granularity: str | None = None
     recompute_method: str | None = None
     recompute_num_layers: int | None = None
+    recompute_modules: tuple[str, ...] | None = None  # --recompute-modules (selective)
     decoder_first_pipeline_num_layers: int | None = None
     decoder_last_pipeline_num_layers: int | None = None
     sequence_parallel: bool = False  # --sequence-parallel: every layer (ignored at tp 1)

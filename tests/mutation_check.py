@@ -50,8 +50,8 @@ TP = "megatron_auto/parallel/tensor_parallel.py"
 KILL = "tests/test_kill_during_save.py"
 CK = "megatron_auto/training/checkpoint.py"
 MUTATIONS = (
-    Mutation("attn-scale", T, 'kwargs = {"enable_gqa": True} if n > 1 else {}',
-             'kwargs = {"enable_gqa": True} if n > 1 else {}\n'
+    Mutation("attn-scale", T, 'kwargs = {"enable_gqa": True} if self.heads_per_group > 1 else {}',
+             'kwargs = {"enable_gqa": True} if self.heads_per_group > 1 else {}\n'
              '        kwargs["scale"] = 0.99 / self.head_dim ** 0.5', (REF,)),
     Mutation("attn-out", T, "return self.linear_proj(out)  #",
              "return 0.99 * self.linear_proj(out)  #", (REF,)),
@@ -68,8 +68,10 @@ MUTATIONS = (
              (REF, "-k", "llama")),
     Mutation("swiglu-gate", T, "y = F.silu(y[..., 0]) * y[..., 1]",
              "y = F.silu(y[..., 1]) * y[..., 0]", (REF, "-k", "llama")),
-    Mutation("gqa-mapping", T, 'kwargs = {"enable_gqa": True} if n > 1 else {}',
-             "kwargs = {}\n        if n > 1:  # query head j -> key/value head j % g (wrong)\n"
+    Mutation("gqa-mapping", T,
+             'kwargs = {"enable_gqa": True} if self.heads_per_group > 1 else {}',
+             "kwargs, n = {}, self.heads_per_group\n"
+             "        if n > 1:  # query head j -> key/value head j % g (wrong)\n"
              "            k, v = k.repeat(1, n, 1, 1), v.repeat(1, n, 1, 1)",
              (REF, "-k", "llama")),
     Mutation("gelu-tanh", T, 'self.gelu_approximate = "tanh" if config.openai_gelu else "none"',

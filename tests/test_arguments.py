@@ -68,6 +68,10 @@ def test_classic_flags_build_the_uniform_plan():
     (["--recompute-granularity", "full", "--recompute-method", "block",
       "--recompute-num-layers", "1"], [True, False, True, False]),
     ([], [False] * 4),
+    # selective recomputes core attention on every layer (trained without recompute before)
+    (["--recompute-granularity", "selective"], ["selective"] * 4),
+    (["--recompute-granularity", "selective", "--recompute-modules", "mlp", "layernorm"],
+     [("mlp", "norm")] * 4),
 ])
 def test_recompute_flags_become_per_layer_flags(flags, expected):
     plan = resolve(["--num-layers", "4", "--pipeline-model-parallel-size", "2",

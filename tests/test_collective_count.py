@@ -194,6 +194,14 @@ PLANS.update({
                               SP(dp_mode="zero1", tp_consecutive=False), SP(),
                               LayerStrategy(tp=1, dp_mode="zero1", recompute=True),
                               LayerStrategy(tp=1, dp_mode="zero2"))),
+    # Module recompute (issue 27): under SP an mlp recompute all-gathers fc1's input again;
+    # core attention, the norms and a non-SP mlp recompute issue nothing more.
+    "pp2-sp-modules": Plan(world_size=4, global_batch_size=8, num_microbatches=2,
+                           pipeline=PipelineSpec(2, "1f1b", (2, 3)), vocab=VocabStrategy(tp=2),
+                           layers=(SP(recompute=["mlp"]), SP(recompute="selective"),
+                                   SP(recompute=["mlp", "norm"]),
+                                   LayerStrategy(tp=2, recompute=["mlp", "core_attn"]),
+                                   SP(recompute=["norm"]))),
 })
 
 
@@ -224,7 +232,8 @@ def _step_worker(rank: int, world_size: int, plan_name: str,
 
 @pytest.mark.parametrize("plan_name,precision", [("pp2", "fp32"), ("pp2", "bf16"),
                                                  ("pp1", "bf16"), ("pp2-sp", "fp32"),
-                                                 ("pp2-sp", "bf16"), ("pp1-zero1", "fp32")])
+                                                 ("pp2-sp", "bf16"), ("pp1-zero1", "fp32"),
+                                                 ("pp2-sp-modules", "fp32")])
 def test_training_step_gathers_and_scatters_what_the_cost_model_prices(plan_name: str,
                                                                       precision: str) -> None:
     from megatron_auto.planner import TrainingSpec

@@ -91,8 +91,8 @@ def test_flag_semantics_by_hand():
     assert uneven.pipeline.layers_per_stage == (2, 3, 3, 2)
     selective = plan_from_megatron_flags(world_size=1, num_layers=2, global_batch_size=2,
                                          micro_batch_size=1, recompute_granularity="selective")
-    assert not any(layer.recompute for layer in selective.layers)
-    assert "selective" in selective.search["notes"][0]
+    # selective recomputes core attention on every layer (was silently none; issue 27)
+    assert [layer.recompute for layer in selective.layers] == ["selective", "selective"]
 
 
 @pytest.mark.parametrize("kwargs, message", [

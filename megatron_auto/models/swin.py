@@ -28,6 +28,7 @@ from ..parallel.random import REPLICATED, TENSOR_PARALLEL, RNGTracker, checkpoin
 from ..parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 from ..families.vision.config import SwinStageShape, VisionConfig
 from .transformer import MLP
+from .recompute import whole_layer_only
 from .vit import VisionStage, layer_model_config
 
 #: additive attention bias between tokens that only a cyclic shift made neighbours
@@ -156,7 +157,7 @@ class SwinBlock(nn.Module):
         self.grid = (shape.grid_h, shape.grid_w)
         self.window = shape.window
         self.hidden_dropout = config.hidden_dropout
-        self.recompute = recompute
+        self.recompute = whole_layer_only(recompute, "Swin")
         self.rng = rng
 
     def _dropout(self, x: torch.Tensor) -> torch.Tensor:

@@ -61,6 +61,7 @@ from ..families.t5.config import T5Config
 from .gpt import LanguageModelEmbedding
 from .init import collect_shard_specs, init_parameters
 from .transformer import MLP, make_norm
+from .recompute import whole_layer_only
 
 
 def relative_position_buckets(query_length: int, key_length: int, *, bidirectional: bool,
@@ -193,7 +194,7 @@ class T5Layer(nn.Module):
         self.mlp = MLP(config, groups)
         self.final_layernorm = make_norm(config) if final_norm else None
         self.hidden_dropout = config.hidden_dropout
-        self.recompute = recompute
+        self.recompute = whole_layer_only(recompute, "T5")
         self.rng = rng
 
     def _dropout(self, x: torch.Tensor) -> torch.Tensor:

@@ -45,6 +45,7 @@ from ..parallel.context import LayerGroups
 from ..parallel.random import TENSOR_PARALLEL, RNGTracker
 from .moe import MoELayer
 from .transformer import Rotary, TransformerLayer, apply_rotary
+from .recompute import whole_layer_only
 
 
 class TransformerImplError(ConfigError):
@@ -208,7 +209,7 @@ class TETransformerLayer(TransformerLayer):
         self.pre_mlp_layernorm = _NormView(mlp.linear_fc1)
         self.mlp = mlp
         self.hidden_dropout = config.hidden_dropout
-        self.recompute = recompute
+        self.recompute = whole_layer_only(recompute, "Transformer Engine")
         self.rng = rng
         self.groups = groups
         self.fp8 = fp8_recipe(config.fp8_format) if config.fp8_format else None

@@ -20,6 +20,8 @@ key/value head of group ``j // (heads/g)``. The SwiGLU ``linear_fc1.weight`` int
 
 Recompute (``recompute=True``): the layer keeps only its inputs and re-runs its forward in
 backward (``torch.utils.checkpoint``, non-reentrant), replaying the TP-aware dropout streams.
+``recompute="selective"`` or a module list (``core_attn``, ``mlp``, ``norm``) re-runs only those
+modules (models/recompute.py).
 
 Sequence parallelism (``sequence_parallel=True``, Megatron-SP, tp > 1): the layer's input and
 output, its norms, hidden dropouts and residual adds are this TP rank's sequence chunk
@@ -47,6 +49,8 @@ from ..parallel.context import LayerGroups
 from ..parallel.mappings import copy_to_tensor_parallel
 from ..parallel.random import REPLICATED, TENSOR_PARALLEL, RNGTracker, checkpoint
 from ..parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+from ..plan import RecomputeValue
+from .recompute import run_module, split_recompute
 
 Rotary = Optional[tuple[torch.Tensor, torch.Tensor]]
 
@@ -123,6 +127,20 @@ class SelfAttention(nn.Module):
         self.attention_dropout = config.attention_dropout
         self.causal = causal
         self.rng = rng
+        self.recompute_modules: frozenset[str] = frozenset()  # set by the layer
+
+    def core_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       attn_mask: torch.Tensor | None) -> torch.Tensor:
+        """Scores, softmax, attention dropout and the weighted sum: (b, heads, s, d)."""
+        p = self.attention_dropout if self.training else 0.0
+        is_causal = self.causal and attn_mask is None
+        kwargs = {"enable_gqa": True} if self.heads_per_group > 1 else {}
+        if p > 0.0 and self.rng is not None:
+            with self.rng.fork(TENSOR_PARALLEL):  # this rank's heads: an independent stream
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p,
+                                                      is_causal=is_causal, **kwargs)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p,
+                                              is_causal=is_causal, **kwargs)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None,
                 rotary: Rotary = None) -> torch.Tensor:
@@ -138,16 +156,8 @@ class SelfAttention(nn.Module):
             v = qkv[:, :, :, n + 1].transpose(1, 2)
         if rotary is not None:
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-        p = self.attention_dropout if self.training else 0.0
-        is_causal = self.causal and attn_mask is None
-        kwargs = {"enable_gqa": True} if n > 1 else {}
-        if p > 0.0 and self.rng is not None:
-            with self.rng.fork(TENSOR_PARALLEL):  # this rank's heads: an independent stream
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p,
-                                                     is_causal=is_causal, **kwargs)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p,
-                                                 is_causal=is_causal, **kwargs)
+        out = run_module(self.recompute_modules, "core_attn", self.rng, self.core_attention,
+                         q, k, v, attn_mask)
         out = out.transpose(1, 2).reshape(b, s, self.num_local_heads * self.head_dim)
         return self.linear_proj(out)  # (b, s, h) summed over the TP group; SP: (b, s/tp, h)
 
@@ -183,7 +193,7 @@ class TransformerLayer(nn.Module):
     TP, or with ``sequence_parallel`` this TP rank's sequence chunk (b/dp, s/tp, h)."""
 
     def __init__(self, config: ModelConfig, groups: LayerGroups, *, rng: RNGTracker | None = None,
-                 causal: bool = True, recompute: bool = False,
+                 causal: bool = True, recompute: RecomputeValue = False,
                  sequence_parallel: bool = False, fused_norm: bool = False,
                  mlp: nn.Module | None = None) -> None:
         super().__init__()
@@ -201,7 +211,14 @@ class TransformerLayer(nn.Module):
         self.mlp = mlp if mlp is not None else MLP(config, groups,
                                                    sequence_parallel=sequence_parallel)
         self.hidden_dropout = config.hidden_dropout
-        self.recompute = recompute
+        # recompute: the whole layer; recompute_modules: single modules (models/recompute.py)
+        self.recompute, self.recompute_modules = split_recompute(recompute)
+        if mlp is not None and "mlp" in self.recompute_modules:
+            # an MoE block's recompute (its router statistics, the "experts" module) is not
+            # wired and priced yet: refused rather than run unpriced
+            raise ValueError(f"plan field recompute={recompute!r}: 'mlp' on an MoE layer is not "
+                             f"supported yet; use core_attn/norm, or true for the whole layer")
+        self.self_attention.recompute_modules = self.recompute_modules
         self.rng = rng
         self.groups = groups
 
@@ -237,9 +254,11 @@ class TransformerLayer(nn.Module):
 
     def _forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None,
                  rotary: Rotary) -> torch.Tensor:
-        x = x + self._dropout(self.self_attention(self._norm(self.input_layernorm, x), attn_mask,
-                                                  rotary))
-        return x + self._dropout(self.mlp(self._norm(self.pre_mlp_layernorm, x)))
+        modules, rng = self.recompute_modules, self.rng
+        normed = run_module(modules, "norm", rng, self._norm, self.input_layernorm, x)
+        x = x + self._dropout(self.self_attention(normed, attn_mask, rotary))
+        normed = run_module(modules, "norm", rng, self._norm, self.pre_mlp_layernorm, x)
+        return x + self._dropout(run_module(modules, "mlp", rng, self.mlp, normed))
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None,
                 rotary: Rotary = None) -> torch.Tensor:

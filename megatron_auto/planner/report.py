@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from ..plan import Plan
+from ..plan import Plan, recompute_label
 
 BREAKDOWN_ORDER = ("parameters", "gradients", "optimizer_states", "activations", "embedding",
                    "transient", "context_reserve")
@@ -114,10 +114,15 @@ def layer_rows(plan: Plan, per_layer: Sequence[Mapping[str, Any]] = (),
         row = [_span(start, end), stage]
         if layer_type_names:
             row.append(layer_type_names[start])
-        row += [layer.tp, dp, layer.dp_mode, layout, "yes" if layer.recompute else "no",
+        row += [layer.tp, dp, layer.dp_mode, layout, _recompute_cell(layer.recompute),
                 format_bytes(cost.get("memory_bytes")), format_time(fb)]
         rows.append(row)
     return rows
+
+
+def _recompute_cell(value: Any) -> str:
+    """yes / no for whole layers; the granularity for module recompute (selective, mlp+norm)."""
+    return ("yes" if value else "no") if isinstance(value, bool) else recompute_label(value)
 
 
 def render_layers(plan: Plan, per_layer: Sequence[Mapping[str, Any]] = (),

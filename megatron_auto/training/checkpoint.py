@@ -502,12 +502,19 @@ def _load_weights_only(trainer: TrainingState, path: str) -> int:
     return trainer.iteration
 
 
+def _recompute_tag(value: Any) -> str:
+    """``/rc`` for a whole-layer recompute, ``/rc:selective`` or ``/rc:mlp+norm`` for modules."""
+    if isinstance(value, bool) or not value:
+        return "/rc" if value else ""
+    return "/rc:" + (value if isinstance(value, str) else "+".join(value))
+
+
 def _plan_summary(plan: dict[str, Any]) -> str:
     """A plan dict in one phrase for the log (world, stages, per-layer tp/dp mode runs)."""
     runs: list[list[Any]] = []
     for layer in plan.get("layers", []):
         key = f"tp{layer.get('tp', 1)}/{layer.get('dp_mode', 'ddp')}" + \
-            ("/rc" if layer.get("recompute") else "")
+            _recompute_tag(layer.get("recompute"))
         if runs and runs[-1][0] == key:
             runs[-1][1] += 1
         else:

@@ -37,6 +37,7 @@ class T5Config(ModelConfig):
     position_embedding_types: ClassVar[tuple[str, ...]] = T5_POSITION_EMBEDDING_TYPES
     runs_sequence_parallel: ClassVar[bool] = False  # the T5 stages refuse SP plans
     runs_context_parallel: ClassVar[bool] = False  # and CP plans
+    runs_module_recompute: ClassVar[bool] = False  # whole-layer recompute only
     seq_length_flag: ClassVar[str] = "--encoder-seq-length"
 
     model_type: str = "t5"

@@ -78,6 +78,7 @@ class VisionConfig:
 
     runs_sequence_parallel: ClassVar[bool] = False  # the vision stages refuse SP plans
     runs_context_parallel: ClassVar[bool] = False  # and CP plans
+    runs_module_recompute: ClassVar[bool] = False  # whole-layer recompute only
 
     model_type: str = "vit"
     img_h: int = 32

@@ -241,7 +241,8 @@ def _layer_tp(plan: Plan, spec: ModelSpec, profile: ModelProfile, i: int
     return layer_tp_collectives(layout_of(s, n), n, lp.tp_bytes_per_sample * samples,
                                 sequence_parallel=sp,
                                 norm_tensor_bytes=sp_reduced_tensor_bytes(spec, i) if sp else (),
-                                recompute=s.recompute)
+                                recompute=s.full_recompute,
+                                recompute_modules=s.recompute_modules)
 
 
 def _layer_cp(plan: Plan, spec: ModelSpec, profile: ModelProfile, precision: str, i: int
@@ -367,12 +368,15 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
                     lp = profile.layer_types[name]
                     samples = b_m / dp
                     sp = s.sequence_parallel and s.tp > 1
+                    # Module recompute (layers[i].recompute "selective" or a list) is bounded
+                    # here: its memory as keeping everything, its time as re-running the layer.
+                    rerun = s.recompute is not False
                     priced[name, s] = (
-                        layer_memory(lp, s.tp, dp, s.dp_mode, s.recompute, samples,
+                        layer_memory(lp, s.tp, dp, s.dp_mode, s.full_recompute, samples,
                                      first_backward_peak=gpipe, sequence_parallel=sp,
                                      cp=s.cp, cp_mode=s.cp_mode,
                                      compute_bytes=training.compute_bytes),
-                        layer_time(lp, cluster, layout_of(s, n), s.dp_mode, s.recompute,
+                        layer_time(lp, cluster, layout_of(s, n), s.dp_mode, rerun,
                                    samples, n, training.precision, sequence_parallel=sp,
                                    norm_grad_bytes=sp_reduced_tensor_bytes(spec, i) if sp
                                    else (), cp_mode=s.cp_mode))

@@ -555,6 +555,10 @@ def plan_to_galvatron_config(plan: Plan) -> tuple[dict[str, Any] | None, list[st
     if plan.virtual_size > 1:
         reasons.append(f"pipeline.virtual_size={plan.virtual_size}: Galvatron has no "
                        f"interleaved schedule")
+    partial = [i for i, layer in enumerate(plan.layers) if not isinstance(layer.recompute, bool)]
+    if partial:
+        reasons.append(f"layers {partial} recompute single modules; Galvatron's checkpoint flag "
+                       f"is the whole layer or nothing")
     if reasons:
         return None, reasons
     default = defaults[0] if defaults else "zero2"

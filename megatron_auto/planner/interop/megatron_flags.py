@@ -14,14 +14,17 @@ our ``zero1``/``zero2``/``zero3`` on every layer), and recompute flags.
 :func:`plan_from_megatron_flags` turns such a flag set into a uniform :class:`Plan`;
 :func:`to_megatron_flags` goes back, or says why a plan has no classic-flag equivalent.
 
-Recompute mapping (layer-level, since our recompute unit is a whole layer):
+Recompute mapping (a plan's per-layer ``recompute``: ``true`` the whole layer, ``"selective"`` or
+a module list):
 
 - ``--recompute-granularity full --recompute-method uniform``: every layer recomputes (Megatron
   checkpoints groups of ``--recompute-num-layers`` layers; all activations inside are recomputed).
 - ``--recompute-granularity full --recompute-method block --recompute-num-layers k``: the first
   ``k`` layers of every pipeline stage recompute, the others keep their activations.
-- ``--recompute-granularity selective``: only core attention is recomputed, which a layer-level
-  plan cannot express; it is mapped to "no recompute" and noted in ``plan.search["notes"]``.
+- ``--recompute-granularity selective [--recompute-modules M ...]``: every layer recomputes the
+  modules (Megatron-Core's default ``core_attn`` = our ``"selective"``; ``layernorm`` is our
+  ``norm``); Megatron takes no ``--recompute-method`` / ``--recompute-num-layers`` with it.
+  Megatron's MoE and MLA modules have no counterpart yet and are refused.
 """
 
 from __future__ import annotations
@@ -29,11 +32,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
-from ...plan import Plan, PlanError
+from ...plan import Plan, PlanError, normalize_recompute, recompute_parts
 from .megatron_layout import LAYOUT_FLAG, LayoutError, chunks_from_layout, layout_string
 
 RECOMPUTE_GRANULARITIES = ("full", "selective")
 RECOMPUTE_METHODS = ("uniform", "block")
+#: ``--recompute-modules`` names (Megatron-Core's) -> the plan's module names.
+RECOMPUTE_MODULE_FLAGS = {"core_attn": "core_attn", "mlp": "mlp", "layernorm": "norm"}
 #: Megatron-FSDP's ``--data-parallel-sharding-strategy`` -> our dp_mode (``no_shard``: plain
 #: data parallelism, or the distributed optimizer with ``--use-distributed-optimizer``).
 SHARDING_STRATEGIES = {"no_shard": None, "optim": "zero1", "optim_grads": "zero2",
@@ -89,7 +94,7 @@ def plan_from_megatron_flags(
         tensor_model_parallel_size: int = 1, pipeline_model_parallel_size: int = 1,
         use_distributed_optimizer: bool = False,
         recompute_granularity: str | None = None, recompute_method: str | None = None,
-        recompute_num_layers: int | None = None,
+        recompute_num_layers: int | None = None, recompute_modules: Sequence[str] | None = None,
         decoder_first_pipeline_num_layers: int | None = None,
         decoder_last_pipeline_num_layers: int | None = None,
         sequence_parallel: bool = False,
@@ -145,14 +150,18 @@ def plan_from_megatron_flags(
                                      decoder_last_pipeline_num_layers)
         sizes = (per_chunk,) * (pp * virtual_size)
     notes: list[str] = []
-    recompute = [False] * num_layers
+    recompute: list[Any] = [False] * num_layers
+    if recompute_modules is not None and recompute_granularity != "selective":
+        raise MegatronFlagError(f"--recompute-modules={' '.join(recompute_modules)}: needs "
+                                f"--recompute-granularity selective; add it (full recomputes "
+                                f"whole layers)")
     if recompute_granularity is not None:
         if recompute_granularity not in RECOMPUTE_GRANULARITIES:
             raise MegatronFlagError(f"--recompute-granularity={recompute_granularity!r}: choose one "
                                     f"of {', '.join(RECOMPUTE_GRANULARITIES)}")
         if recompute_granularity == "selective":
-            notes.append("--recompute-granularity selective recomputes only core attention; a "
-                         "layer-level plan keeps those activations (modelled as no recompute)")
+            recompute = [_selective_modules(recompute_modules, recompute_method,
+                                            recompute_num_layers)] * num_layers
         else:
             method = recompute_method or "uniform"
             if method not in RECOMPUTE_METHODS:
@@ -200,6 +209,24 @@ def plan_from_megatron_flags(
     except PlanError as err:
         raise MegatronFlagError(f"classic flags give an invalid plan: {err}") from None
     return replace(plan, search={"source": "megatron-flags", "notes": notes})
+
+
+def _selective_modules(modules: Sequence[str] | None, method: str | None,
+                       num_layers: int | None) -> Any:
+    """The plan's per-layer ``recompute`` of ``--recompute-granularity selective``."""
+    for flag, value in (("--recompute-method", method), ("--recompute-num-layers", num_layers)):
+        if value is not None:
+            raise MegatronFlagError(f"{flag}={value}: Megatron takes it with "
+                                    f"--recompute-granularity full only; drop it (selective "
+                                    f"recomputes its modules on every layer)")
+    names = ["core_attn"] if modules is None else list(modules)
+    unknown = [m for m in names if m not in RECOMPUTE_MODULE_FLAGS]
+    if unknown or not names:
+        raise MegatronFlagError(f"--recompute-modules={' '.join(names) or '(none)'}: "
+                                f"{'unknown ' + ', '.join(unknown) if unknown else 'empty'}; "
+                                f"choose from {', '.join(RECOMPUTE_MODULE_FLAGS)}")
+    return normalize_recompute([RECOMPUTE_MODULE_FLAGS[m] for m in dict.fromkeys(names)],
+                               "--recompute-modules")
 
 
 def _virtual_size(num_layers: int, pp: int, per_chunk: int, first: int | None,
@@ -302,7 +329,17 @@ def _stage_flags(sizes: list[int], virtual_size: int) -> list[str]:
 
 
 def _recompute_flags(plan: Plan, reasons: list[str]) -> list[str]:
-    flags = [layer.recompute for layer in plan.layers]
+    values = [layer.recompute for layer in plan.layers]
+    partial = [i for i, v in enumerate(values) if not isinstance(v, bool)]
+    if partial:
+        if len(set(values)) == 1:  # the same modules on every layer: selective
+            modules = recompute_parts(values[0])[1]
+            names = [flag for flag, ours in RECOMPUTE_MODULE_FLAGS.items() if ours in modules]
+            return ["--recompute-granularity", "selective", "--recompute-modules", *names]
+        reasons.append(f"module recompute on layers {_ranges(partial)} is not the same modules "
+                       f"on every layer (Megatron's --recompute-granularity selective)")
+        return []
+    flags = [v is True for v in values]
     if not any(flags):
         return []
     if all(flags):

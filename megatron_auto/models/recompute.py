@@ -1,0 +1,52 @@
+"""Recompute of single modules inside a transformer layer (plan ``layers[i].recompute``).
+
+A layer's plan value is ``False`` (keep every activation), ``True`` (the whole layer re-runs in
+backward: :func:`~megatron_auto.parallel.random.checkpoint` around the layer), or a set of its
+modules that re-run on their own:
+
+- ``core_attn``: scores, softmax and attention dropout (``F.scaled_dot_product_attention``); the
+  checkpoint keeps q, k, v and drops what the attention kernel saves for backward (the
+  ``(b, heads, s, s)`` probabilities and dropout mask on the math kernel). This is Megatron's
+  ``--recompute-granularity selective`` (plan value ``"selective"``).
+- ``mlp``: fc1, activation and fc2; keeps the MLP input, drops the ``(b, s, f)`` intermediates.
+- ``norm``: the two norms; keeps their inputs, drops their outputs (what the next projection
+  saves is then the recomputed output).
+
+Each recomputed module goes through the same ``checkpoint`` as full recompute, so the TP-aware
+dropout streams replay and recomputed dropout masks equal the forward's (the default generator
+is preserved by ``torch.utils.checkpoint`` itself). Forward-only passes (no grad) never
+checkpoint.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from ..parallel.random import RNGTracker, checkpoint
+from ..plan import RecomputeValue, normalize_recompute, recompute_parts
+
+
+def split_recompute(value: RecomputeValue | Any, what: str = "recompute"
+                    ) -> tuple[bool, frozenset[str]]:
+    """``(whole layer, modules)`` of any accepted plan value (``ValueError`` naming ``what``)."""
+    return recompute_parts(normalize_recompute(value, what))
+
+
+def whole_layer_only(value: RecomputeValue | Any, model: str) -> bool:
+    """The whole-layer flag for layers that cannot recompute single modules (T5, Swin, TE):
+    a module choice is refused with one line rather than silently run as full or none."""
+    full, modules = split_recompute(value)
+    if modules:
+        raise ValueError(f"plan field recompute={sorted(modules)}: the {model} layer recomputes "
+                         f"whole layers only; use true or false")
+    return full
+
+
+def run_module(modules: frozenset[str], name: str, rng: RNGTracker | None,
+               fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, checkpointed (recomputed in backward) when ``name`` is in ``modules``."""
+    if name in modules and torch.is_grad_enabled():
+        return checkpoint(fn, rng, *args)
+    return fn(*args)
