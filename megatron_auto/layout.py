@@ -453,8 +453,9 @@ def plan_group_ranks(plan: Plan) -> list[tuple[int, ...]]:
     creation order (the same on every rank, since ``new_group`` is collective), each once:
     the stages, the embedding pairs (rank ``j`` of the first and of the last stage, pp > 1),
     then for each layout of :func:`plan_stage_layouts` its TP groups and its DP groups and,
-    with CP, its slice groups and CP groups. One-rank groups and the whole world are included
-    (the context caches them too)."""
+    with CP, its slice groups and CP groups (then the context creates
+    ``expert_layout.plan_expert_group_ranks``). One-rank groups and the whole world are
+    included (the context caches them too)."""
     n, pp = plan.stage_size, plan.pp_size
     out: dict[tuple[int, ...], None] = {}
     for k in range(pp):

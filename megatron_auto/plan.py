@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence, Union
 
 from .config import ModelConfig
+from .plan_experts import expert_field_error, model_expert_error
 from .utils.jsonfile import read_json, write_json
 
 PLAN_FORMAT = "megatron_auto.plan"
@@ -36,6 +37,9 @@ CP_MODES = ("ring", "ulysses")
 RECOMPUTE_MODULES = ("core_attn", "mlp", "norm")
 RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
 RecomputeValue = Union[bool, str, tuple[str, ...]]
+# The keys of a ``layers[i]`` entry.
+LAYER_KEYS = ("tp", "dp_mode", "tp_consecutive", "recompute", "sequence_parallel", "cp",
+              "cp_mode", "ep", "expert_tp", "expert_dp_mode")
 
 
 class PlanError(ValueError):
@@ -122,6 +126,17 @@ class LayerStrategy:
     # attention's communication (CP_MODES; may differ per layer).
     cp: int = 1
     cp_mode: str = "ring"
+    # MoE layers only (docs/design.md §4): the experts split over ``ep`` ranks of the layer's
+    # DP group, each expert TP-split over ``expert_tp`` ranks of its TP group, the expert
+    # parameters' DP flavour over the expert-DP group (dp / ep ranks); None: ``dp_mode``.
+    ep: int = 1
+    expert_tp: int = 1
+    expert_dp_mode: str | None = None
+
+    @property
+    def experts_dp_mode(self) -> str:
+        """The expert parameters' DP flavour (``expert_dp_mode``, default the layer's)."""
+        return self.dp_mode if self.expert_dp_mode is None else self.expert_dp_mode
 
     def __post_init__(self) -> None:
         if self.recompute is not True and self.recompute is not False:
@@ -148,6 +163,12 @@ class LayerStrategy:
             out["cp"] = self.cp
         if self.cp_mode != "ring":
             out["cp_mode"] = self.cp_mode
+        if self.ep != 1:  # the expert fields likewise: absent at their defaults
+            out["ep"] = self.ep
+        if self.expert_tp != 1:
+            out["expert_tp"] = self.expert_tp
+        if self.expert_dp_mode is not None:
+            out["expert_dp_mode"] = self.expert_dp_mode
         return out
 
     @classmethod
@@ -155,11 +176,9 @@ class LayerStrategy:
         if not isinstance(data, Mapping):
             raise PlanError(f"plan field {where[:-1]}={data!r}: must be an object like "
                             '{"tp": 1, "dp_mode": "ddp", "tp_consecutive": true, "recompute": false}')
-        unknown = sorted(set(data) - {"tp", "dp_mode", "tp_consecutive", "recompute",
-                                      "sequence_parallel", "cp", "cp_mode"})
+        unknown = sorted(set(data) - set(LAYER_KEYS))
         _need(not unknown, where + "<keys>", unknown,
-              "unknown key(s); allowed: tp, dp_mode, tp_consecutive, recompute, "
-              "sequence_parallel, cp, cp_mode")
+              f"unknown key(s); allowed: {', '.join(LAYER_KEYS)}")
         tp = _int(data, "tp", where) if "tp" in data else 1
         dp_mode = data.get("dp_mode", "ddp")
         consec = data.get("tp_consecutive", True)
@@ -169,8 +188,11 @@ class LayerStrategy:
         _need(isinstance(sp, bool), where + "sequence_parallel", sp, "must be true or false")
         cp = _int(data, "cp", where) if "cp" in data else 1
         cp_mode = data.get("cp_mode", "ring")
+        ep = _int(data, "ep", where) if "ep" in data else 1
+        expert_tp = _int(data, "expert_tp", where) if "expert_tp" in data else 1
         return cls(tp=tp, dp_mode=dp_mode, tp_consecutive=consec, recompute=recompute,
-                   sequence_parallel=sp, cp=cp, cp_mode=cp_mode)
+                   sequence_parallel=sp, cp=cp, cp_mode=cp_mode, ep=ep, expert_tp=expert_tp,
+                   expert_dp_mode=data.get("expert_dp_mode"))
 
 
 @dataclass(frozen=True)
@@ -405,6 +427,9 @@ class Plan:
                   f"(global_batch_size {self.global_batch_size} / num_microbatches "
                   f"{self.num_microbatches}); change tp, "
                   + ("cp, " if cp > 1 else "") + "num_microbatches or the batch size")
+            message = expert_field_error(layer, where, dp)
+            if message is not None:
+                raise PlanError(message)
         v = self.vocab
         _need(isinstance(v.tp, int) and _is_power_of_two(v.tp) and n % v.tp == 0, "vocab.tp", v.tp,
               f"must be a power of two dividing the {n} ranks of a pipeline stage")
@@ -479,6 +504,9 @@ class Plan:
                 raise PlanError(f"plan field layers[{i}].recompute={layer.recompute!r}: the "
                                 f"{model.model_type} model recomputes whole layers only; use "
                                 f"true or false")
+            message = model_expert_error(model, i, layer)
+            if message is not None:
+                raise PlanError(message)
             if layer.sequence_parallel and model.seq_length % (layer.tp * layer.cp):
                 what = f"tp={layer.tp}" + (f" x cp={layer.cp}" if layer.cp > 1 else "")
                 raise PlanError(f"plan field layers[{i}].sequence_parallel=True: --seq-length="

@@ -198,3 +198,37 @@ def test_bad_moe_settings_fail_in_one_line(kwargs, flag, value):
 def test_moe_needs_bias_free_gpt():
     with pytest.raises(ConfigError, match="^--num-experts=4: .*add --disable-bias-linear$"):
         dataclasses.replace(make_config(), add_bias_linear=True).validate()
+
+
+def _plan_with(ep: int = 1, *, layer: int = 0, tp: int = 1, world: int = 4, **fields):
+    from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy
+    layers = [LayerStrategy(tp=tp) for _ in range(2)]
+    layers[layer] = LayerStrategy(tp=tp, ep=ep, **fields)
+    return Plan(world_size=world, global_batch_size=8, num_microbatches=1,
+                pipeline=PipelineSpec(size=1, schedule="1f1b", layers_per_stage=(2,)),
+                vocab=VocabStrategy(), layers=tuple(layers))
+
+
+@pytest.mark.parametrize("make, field", [
+    (lambda: _plan_with(ep=3), "layers[0].ep=3"),  # not a power of two dividing dp=4
+    (lambda: _plan_with(ep=4, tp=2), "layers[0].ep=4"),  # dp is 2 at tp 2
+    (lambda: _plan_with(ep=2, layer=1), "layers[1].ep=2"),  # layer 1 is dense
+    (lambda: _plan_with(expert_tp=2, tp=2), "layers[0].expert_tp=2"),
+    (lambda: _plan_with(ep=2, expert_dp_mode="zero4"), "layers[0].expert_dp_mode=zero4"),
+])
+def test_bad_expert_fields_fail_in_one_line(make, field):
+    from megatron_auto.plan import PlanError
+    config = make_config(layer_freq=2)  # layer 0 MoE, layer 1 dense
+    with pytest.raises(PlanError) as err:
+        make().validate(config)
+    message = str(err.value)
+    assert message.startswith(f"plan field {field}:") and "\n" not in message, message
+
+
+def test_ep_must_divide_the_experts():
+    from megatron_auto.plan import PlanError
+    config = make_config(num_experts=6, layer_freq=2)
+    with pytest.raises(PlanError, match=r"^plan field layers\[0\]\.ep=4: must divide "
+                                        r"--num-experts=6"):
+        _plan_with(ep=4).validate(config)
+    _plan_with(ep=2).validate(config)  # 6 experts over 2 ranks: fine

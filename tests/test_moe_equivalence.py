@@ -6,13 +6,17 @@ tests/test_equivalence.py): losses relative 1e-5, every updated parameter ``rtol
 process: the kept assignments per expert and the sums over the global batch's sequences of the
 balance and z-losses (summed over the ranks of TP rank 0 of each layer, which together see
 every sequence once). The auxiliary losses are on (their gradient reaches the router), MoE is
-every other layer, with shared experts; the plans split the dense parts over TP (the router
-and experts replicated on the TP ranks), pipeline, recompute the MoE layers, and shard them
-with ZeRO-1/3.
+every other layer, with shared experts (and a top-1, capacity-dropping model with MoE in
+every layer); the plans split the dense parts over TP (the router and experts replicated on
+the TP ranks), pipeline, recompute the MoE layers, and shard them with ZeRO-1/3; the
+expert-parallel plans split the experts over 2 and 4 ranks (all-to-all dispatch) with dense TP,
+a pipeline, recompute, and expert-DP modes different from their layers' (zero1 experts in a
+zero3 layer, zero3 experts in a ddp layer, ddp experts in a zero2 layer).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 
@@ -35,12 +39,34 @@ CONFIGS = {
         MOE, router_topk=1, router_pre_softmax=True, expert_capacity_factor=1.0,
         shared_expert_intermediate_size=None, layer_freq=1)),
 }
+
+
+def moe_layers(plan: dict, model: str, **fields) -> dict:
+    """``plan`` with ``fields`` (ep, expert_dp_mode) on the MoE layers of ``model``."""
+    out = copy.deepcopy(plan)
+    for i in CONFIGS[model].moe_layers:
+        out["layers"][i].update(fields)
+    return out
+
+
 PLANS = {
     "tp2xdp2": plan_of(4, [layer(tp=2)] * 4, vocab_tp=2),
     "pp2-tp2-zero-recompute": plan_of(4, [layer(tp=2, dp_mode="zero3", recompute=True),
                                           layer(tp=2), layer(dp_mode="zero1", recompute=True),
                                           layer(tp=2, consecutive=False)],
                                       layers_per_stage=(2, 2), vocab_tp=2),
+}
+# Expert parallelism on the MoE layers (the dense layers as they are): (base plan, fields).
+EP_PLANS = {
+    "ep4": (plan_of(4, [layer()] * 4), dict(ep=4)),
+    "ep2-layer-zero3-experts-zero1": (plan_of(4, [layer(dp_mode="zero3")] * 4),
+                                      dict(ep=2, expert_dp_mode="zero1")),
+    "tp2-ep2-recompute": (plan_of(4, [layer(tp=2, recompute=True)] * 4, vocab_tp=2),
+                          dict(ep=2)),
+    "pp2-ep2-experts-zero3": (plan_of(4, [layer()] * 4, layers_per_stage=(2, 2)),
+                              dict(ep=2, expert_dp_mode="zero3")),
+    "ep2-experts-ddp-zero2": (plan_of(4, [layer(dp_mode="zero2")] * 4),
+                              dict(ep=2, expert_dp_mode="ddp")),
 }
 
 
@@ -104,14 +130,16 @@ def _reference(name: str) -> tuple:
 
 
 @functools.lru_cache(maxsize=None)
-def _four_rank(name: str) -> list[tuple]:
-    return _run(CONFIGS[name], 4, list(PLANS.values()))
+def _four_rank(name: str) -> dict[str, tuple]:
+    plans = dict(PLANS)
+    plans.update({k: moe_layers(base, name, **fields) for k, (base, fields) in EP_PLANS.items()})
+    return dict(zip(plans, _run(CONFIGS[name], 4, list(plans.values()))))
 
 
 @pytest.mark.parametrize("model", list(CONFIGS))
-@pytest.mark.parametrize("plan", list(PLANS))
+@pytest.mark.parametrize("plan", list(PLANS) + list(EP_PLANS))
 def test_moe_plan_matches_one_process(model, plan):
-    results, state, stats = _four_rank(model)[list(PLANS).index(plan)]
+    results, state, stats = _four_rank(model)[plan]
     ref_results, ref_state, ref_stats = _reference(model)
     label = f"{model}/{plan}"
     assert [r["lm_loss"] for r in results] == pytest.approx(

@@ -117,13 +117,19 @@ class TransformerStage(nn.Module):
         self.vocab_groups = (ctx.vocab_groups()
                              if self.is_first_stage or self.is_last_stage else None)
         self._layer_groups = {i: ctx.layer_groups(i) for i in self.layer_ids}
+        # MoE layers, and those with expert fields in the plan (their experts' own groups)
+        self._moe_layers = set(getattr(config, "moe_layers", ()))
+        self._expert_groups = {i: ctx.expert_groups(i) for i in self.layer_ids
+                               if i in self._moe_layers
+                               and (plan.layers[i].ep > 1 or plan.layers[i].expert_dp_mode)}
         self.layers = nn.ModuleDict({
             str(i): make_transformer_layer(config, self._layer_groups[i], rng=self.rng,
                                            causal=self.causal,
                                            recompute=plan.layers[i].recompute,
                                            sequence_parallel=plan.layers[i].sequence_parallel,
                                            device=ctx.device,
-                                           moe=i in getattr(config, "moe_layers", ()))
+                                           moe=i in self._moe_layers,
+                                           expert_groups=self._expert_groups.get(i))
             for i in self.layer_ids})
         self.rotary = (RotaryEmbedding(config.head_dim, config.max_position_embeddings,
                                        config.rotary_base)
@@ -252,13 +258,17 @@ class TransformerStage(nn.Module):
         the first stage, then after the layers the heads (:attr:`head_modules`) and, on a last
         stage that is not the first, the tied embedding copy used as LM head. Every parameter
         of the stage is in exactly one entry; the names are the modules' FQNs, the same under
-        every plan.
+        every plan. An MoE layer with expert fields in the plan lists its experts first
+        (``layers.<i>.mlp.experts``, carrying ``expert_groups``: their own DP group and mode).
         """
         has_embedding = hasattr(self, "embedding")
         units: list[tuple[str, nn.Module, int | None]] = []
         if has_embedding and self.is_first_stage:
             units.append(("embedding", self.embedding, None))
-        units += [(f"layers.{i}", self.layers[str(i)], i) for i in self.layer_ids]
+        for i in self.layer_ids:
+            if i in self._expert_groups:  # its experts first: their own data-parallel group
+                units.append((f"layers.{i}.mlp.experts", self.layers[str(i)].mlp.experts, i))
+            units.append((f"layers.{i}", self.layers[str(i)], i))
         units += [(name, getattr(self, name), None) for name in self.head_modules
                   if getattr(self, name, None) is not None]
         if has_embedding and not self.is_first_stage:

@@ -40,7 +40,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
-from ..parallel.context import LayerGroups
+from ..parallel.context import ExpertGroups, LayerGroups
+from ..parallel.expert_parallel import ExpertParallelDispatch
 from .transformer import MLP
 
 # Dispatch of the sorted tokens to the experts and back: ``(x_sorted, counts) -> y_sorted``
@@ -215,8 +216,7 @@ class MoELayer(nn.Module):
     (b/dp, s, h), replicated over the layer's TP group."""
 
     def __init__(self, config: ModelConfig, groups: LayerGroups, *,
-                 num_local_experts: int | None = None, dispatch: Dispatch = local_dispatch
-                 ) -> None:
+                 expert_groups: ExpertGroups | None = None) -> None:
         super().__init__()
         moe = config.moe
         if moe is None:
@@ -225,8 +225,20 @@ class MoELayer(nn.Module):
         self.num_experts = moe.num_experts
         self.router = nn.Module()
         self.router.weight = nn.Parameter(torch.empty(moe.num_experts, config.hidden_size))
-        self.experts = GroupedExperts(config, num_local_experts or moe.num_experts,
+        ep = 1 if expert_groups is None else expert_groups.ep_size
+        self.experts = GroupedExperts(config, moe.num_experts // ep,
                                       config.expert_ffn_hidden_size)
+        dispatch: Dispatch = local_dispatch
+        if expert_groups is not None:
+            # the experts' own data-parallel groups (DataParallel reads them) and, with ep > 1,
+            # their EP shards: chunk ep_rank of dim 0 (init and gathering read tp_shard_dims)
+            self.experts.expert_groups = expert_groups
+            if ep > 1:
+                dispatch = ExpertParallelDispatch(expert_groups, moe.num_experts)
+                for weight in (self.experts.linear_fc1, self.experts.linear_fc2):
+                    weight.tp_shard_dims = {"weight": 0}
+                    weight.tp_size, weight.tp_rank = ep, expert_groups.ep_rank
+                    weight.tp_group = expert_groups.ep_group
         self.shared_experts = (MLP(config, groups,
                                    ffn_hidden_size=moe.shared_expert_intermediate_size)
                                if moe.shared_expert_intermediate_size else None)

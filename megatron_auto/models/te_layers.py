@@ -227,9 +227,11 @@ class TETransformerLayer(TransformerLayer):
 def make_transformer_layer(config: ModelConfig, groups: LayerGroups, *,
                            rng: RNGTracker | None = None, causal: bool = True,
                            recompute: bool = False, sequence_parallel: bool = False,
-                           device: torch.device | None = None, moe: bool = False) -> nn.Module:
+                           device: torch.device | None = None, moe: bool = False,
+                           expert_groups: Any = None) -> nn.Module:
     """The layer ``config.transformer_impl`` asks for (local, or Transformer Engine's); with
-    ``moe`` a local layer whose MLP is the MoE block (models/moe.py)."""
+    ``moe`` a local layer whose MLP is the MoE block (models/moe.py) on ``expert_groups``
+    (``ParallelContext.expert_groups``; None: no expert fields in the plan)."""
     if moe:
         if sequence_parallel:
             raise ValueError("sequence_parallel=True: an MoE layer runs without sequence "
@@ -237,7 +239,7 @@ def make_transformer_layer(config: ModelConfig, groups: LayerGroups, *,
         return TransformerLayer(config, groups, rng=rng, causal=causal, recompute=recompute,
                                 fused_norm=device is not None
                                 and torch.device(device).type == "cuda",
-                                mlp=MoELayer(config, groups))
+                                mlp=MoELayer(config, groups, expert_groups=expert_groups))
     if config.transformer_impl == "transformer_engine":
         return TETransformerLayer(config, groups, rng=rng, causal=causal, recompute=recompute,
                                   sequence_parallel=sequence_parallel, device=device)

@@ -26,6 +26,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from ..layout import (StageLayout, dp_group_ranks, layer_stage_layout, plan_group_ranks,
                       plan_stage_layouts, stage_layout, tp_dp_rank, tp_group_ranks,
                       vocab_stage_layout)
+from ..expert_layout import ExpertLayout, expert_layout, expert_ranks, plan_expert_group_ranks
 from ..plan import Plan
 from .device import resolve_device
 
@@ -122,7 +123,7 @@ class ParallelContext:
         # Every group in one fixed order (stages, embedding pairs, per-layout TP and DP groups:
         # layout.plan_group_ranks) so every rank issues the same collective new_group calls;
         # what follows only looks them up.
-        for ranks in plan_group_ranks(plan):
+        for ranks in plan_group_ranks(plan) + plan_expert_group_ranks(plan):
             self._group(ranks)
         self._stage_groups = [self._group(plan.stage_ranks(k)) for k in range(plan.pp_size)]
         self.stage_group = self._stage_groups[self.stage]
@@ -184,6 +185,15 @@ class ParallelContext:
                              f"not on this rank's stage {self.stage}")
         return self.layout_groups(self.layer_layout(layer))
 
+    def expert_groups(self, layer: int) -> "ExpertGroups":
+        """The expert groups (:class:`ExpertGroups`) of MoE layer
+        ``layer`` on this rank's stage; built on first request from groups the constructor
+        already created, then cached."""
+        cache = self.__dict__.setdefault("_expert_groups", {})
+        if layer not in cache:
+            cache[layer] = build_expert_groups(self, layer)
+        return cache[layer]
+
     def vocab_layout(self, stage: int | None = None) -> StageLayout:
         return vocab_stage_layout(self.plan, self.stage if stage is None else stage)
 
@@ -197,3 +207,34 @@ class ParallelContext:
         return (f"ParallelContext(rank={self.rank}, world_size={self.world_size}, "
                 f"stage={self.stage}/{self.num_stages}, local_index={self.local_index}, "
                 f"groups={self.num_groups})")
+
+
+@dataclass
+class ExpertGroups:
+    """One rank's expert groups for one MoE layer."""
+
+    layout: ExpertLayout
+    ep_group: Any
+    ep_rank: int
+    ep_size: int
+    ep_ranks: tuple[int, ...]
+    dp: LayerGroups  # the experts' data-parallel groups: expert-DP, with the layer's TP fields
+
+
+def build_expert_groups(ctx: Any, layer: int) -> ExpertGroups:
+    """The expert groups of ``layer`` on this rank (``ctx``: the ``ParallelContext``, whose
+    constructor created them all, ``expert_layout.plan_expert_group_ranks``); the rank
+    arithmetic is ``expert_layout.expert_ranks``'s (parallel/expert_parallel.py runs them)."""
+    plan = ctx.plan
+    strategy = plan.layers[layer]
+    groups = ctx.layer_groups(layer)
+    lay = expert_layout(ctx.stage, strategy.tp, strategy.tp_consecutive, strategy.ep,
+                        strategy.expert_tp, ctx.stage_size)
+    mine = expert_ranks(ctx.stage_ranks, lay, ctx.local_index)
+    dp = LayerGroups(layout=groups.layout, tp_group=groups.tp_group, tp_rank=groups.tp_rank,
+                     tp_size=groups.tp_size, tp_ranks=groups.tp_ranks,
+                     dp_group=ctx.group(mine.expert_dp_ranks), dp_rank=mine.expert_dp_rank,
+                     dp_size=len(mine.expert_dp_ranks), dp_ranks=list(mine.expert_dp_ranks),
+                     device_type=groups.device_type)
+    return ExpertGroups(layout=lay, ep_group=ctx.group(mine.ep_ranks), ep_rank=mine.ep_rank,
+                        ep_size=len(mine.ep_ranks), ep_ranks=mine.ep_ranks, dp=dp)

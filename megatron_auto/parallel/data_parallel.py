@@ -198,6 +198,10 @@ class DataParallel:
                                  f"{name!r}, which is not that module's FQN in the stage")
             if layer is None:
                 groups, dp_mode = ctx.vocab_groups(), plan.vocab.dp_mode
+            elif getattr(module, "expert_groups", None) is not None:
+                # an MoE layer's experts: summed over the expert-DP group in their own mode
+                groups = module.expert_groups.dp
+                dp_mode = plan.layers[layer].experts_dp_mode
             else:
                 groups, dp_mode = ctx.layer_groups(layer), plan.layers[layer].dp_mode
             params = []
@@ -235,6 +239,8 @@ class DataParallel:
         groups = unit.groups
         if self._tied and fqn == TIED_EMBEDDING_FQN and not self.ctx.is_first_stage:
             return False  # the last stage's copy: the first stage counts it
+        if getattr(unit.module, "expert_groups", None) is not None:
+            tp_sharded = False  # EP shards, but replicated over the layer's TP ranks
         if groups.tp_size > 1 and not tp_sharded and groups.tp_rank != 0:
             return False  # TP-replicated (norm weights, row-parallel bias): once per TP group
         if unit.dp_mode == "ddp" and groups.dp_size > 1 and groups.dp_rank != 0:
@@ -250,8 +256,15 @@ class DataParallel:
         # cast); the ddp path keeps fp32 gradients throughout (cost_time.GATHER_BYTES).
         policy = (MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
                   if dtype is not None else MixedPrecisionPolicy())
+        # parameters of the module that other, unsharded units own (an MoE layer's ddp or zero1
+        # experts inside a zero2/3 layer) stay out of this unit's FSDP2 shards
+        own = {id(p) for _, p in unit.params}
+        sharded = {id(p) for u in self._units if u.dp_mode in ("zero2", "zero3")
+                   for _, p in u.params}
+        ignored = {p for p in unit.module.parameters() if id(p) not in own | sharded}
         fully_shard(unit.module, mesh=unit.groups.dp_mesh,
-                    reshard_after_forward=unit.dp_mode == "zero3", mp_policy=policy)
+                    reshard_after_forward=unit.dp_mode == "zero3", mp_policy=policy,
+                    ignored_params=ignored or None)
         module: Any = unit.module
         assert isinstance(module, FSDPModule)
         module.set_gradient_divide_factor(1.0)
