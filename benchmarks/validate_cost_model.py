@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -49,7 +50,7 @@ MODEL = ModelConfig(num_layers=4, hidden_size=128, num_attention_heads=4, seq_le
 GLOBAL_BATCH = 16
 
 
-def _layer(tp: int = 1, dp: str = "ddp", consec: bool = True, rc: bool = False,
+def _layer(tp: int = 1, dp: str = "ddp", consec: bool = True, rc: Any = False,
            sp: bool = False) -> LayerStrategy:
     return LayerStrategy(tp=tp, dp_mode=dp, tp_consecutive=consec, recompute=rc,
                          sequence_parallel=sp)
@@ -77,6 +78,10 @@ def plans(world: int) -> dict[str, Plan]:
         "dp-zero1": make([_layer(dp="zero1")] * n, vocab=VocabStrategy(dp_mode="zero1")),
         "zero2-recompute": make([_layer(dp="zero2", rc=True)] * n),
         "ddp-recompute-half": make([_layer(rc=True), _layer(), _layer(rc=True), _layer()]),
+        # module recompute (issue 27): core attention on every layer; per-module lists mixed
+        "ddp-selective": make([_layer(rc="selective")] * n),
+        "ddp-modules-mixed": make([_layer(rc=["mlp"]), _layer(rc=["core_attn", "mlp"]),
+                                   _layer(rc="selective"), _layer()]),
         "tp2": make([_layer(tp=2)] * n, vocab=VocabStrategy(tp=2)),
         f"tp{world}": make([_layer(tp=world)] * n, vocab=VocabStrategy(tp=world)),
         "tp2-sp": make([_layer(tp=2, sp=True)] * n, vocab=VocabStrategy(tp=2)),

@@ -147,3 +147,35 @@ def test_reports_and_logs_name_the_granularity():
     plan = _plan([True, "selective", ["mlp", "norm"]])
     table = render_layers(plan)
     assert "yes" in table and "selective" in table and "mlp+norm" in table
+
+
+def test_cost_model_orders_each_granularity_between_none_and_full():
+    """Memory: full < selective/mlp < none; time: none < selective/mlp < full (an analytic
+    profile of a GPT whose score matrices are large; the CPU measurement of the memory terms is
+    tests/test_recompute_memory.py)."""
+    from planner_fakes import FakeCluster
+
+    from megatron_auto.config import ModelConfig
+    from megatron_auto.families.registry import model_spec
+    from megatron_auto.planner.cost.estimate import evaluate_plan
+    from megatron_auto.planner.inputs.model_spec import TrainingSpec
+    from megatron_auto.planner.inputs.profiles import analytic_profile
+
+    config = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=8,
+                         ffn_hidden_size=256, seq_length=256, max_position_embeddings=256,
+                         vocab_size=256)
+    spec, training = model_spec(config), TrainingSpec(global_batch_size=8, precision="fp32")
+    cluster = FakeCluster(devices_per_node=2, memory_reserve_bytes=0)
+    profile = analytic_profile(spec, training, cluster)
+    out = {}
+    for value in (False, "selective", ("mlp",), ("core_attn", "mlp"), True):
+        plan = Plan.uniform(2, 2, global_batch_size=8, num_microbatches=2, tp=2,
+                            recompute=value)
+        est = evaluate_plan(plan, spec, training, cluster, profile)
+        out[value] = (est.stages[0].peak_memory_bytes, est.iteration_time_s)
+    mem = {k: v[0] for k, v in out.items()}
+    time = {k: v[1] for k, v in out.items()}
+    for partial in ("selective", ("mlp",), ("core_attn", "mlp")):
+        assert mem[True] < mem[partial] < mem[False], (partial, mem)
+        assert time[False] < time[partial] < time[True], (partial, time)
+    assert mem[("core_attn", "mlp")] < min(mem["selective"], mem[("mlp",)])

@@ -40,7 +40,8 @@ from .gpu_terms import fragmentation_bytes, stage_nccl_bytes
 from .interleaving import InFlightMemo, peak_activations, pipeline_fill
 from ..inputs.model_spec import ModelSpec, TrainingSpec
 from ..inputs.attention_terms import fill_attention_defaults
-from ..inputs.profiles import ModelProfile
+from ..inputs.profiles import ModelProfile, dropout_mask_bytes
+from .recompute import module_terms
 
 GIB = 1024 ** 3
 # A stage whose peak is within this fraction of the budget is reported as memory-bound.
@@ -368,18 +369,25 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
                     lp = profile.layer_types[name]
                     samples = b_m / dp
                     sp = s.sequence_parallel and s.tp > 1
-                    # Module recompute (layers[i].recompute "selective" or a list) is bounded
-                    # here: its memory as keeping everything, its time as re-running the layer.
-                    rerun = s.recompute is not False
+                    # Module recompute (layers[i].recompute "selective" or a list): what it
+                    # releases and re-runs (cost/recompute.py); ring CP keeps no scores anyway.
+                    modules = s.recompute_modules - ({"core_attn"} if s.cp > 1 else set())
+                    mod = module_terms(lp, spec.layer_type(i), modules, s.tp, samples,
+                                       training.compute_bytes,
+                                       dropout_mask_bytes(cluster, training.compute_bytes))
                     priced[name, s] = (
                         layer_memory(lp, s.tp, dp, s.dp_mode, s.full_recompute, samples,
                                      first_backward_peak=gpipe, sequence_parallel=sp,
                                      cp=s.cp, cp_mode=s.cp_mode,
-                                     compute_bytes=training.compute_bytes),
-                        layer_time(lp, cluster, layout_of(s, n), s.dp_mode, rerun,
+                                     compute_bytes=training.compute_bytes,
+                                     released_bytes=mod.released_bytes,
+                                     rebuilt_bytes=mod.largest_module_bytes),
+                        layer_time(lp, cluster, layout_of(s, n), s.dp_mode, s.full_recompute,
                                    samples, n, training.precision, sequence_parallel=sp,
                                    norm_grad_bytes=sp_reduced_tensor_bytes(spec, i) if sp
-                                   else (), cp_mode=s.cp_mode))
+                                   else (), cp_mode=s.cp_mode,
+                                   recompute_forward_s=mod.forward_time_s,
+                                   recompute_modules=s.recompute_modules))
                 mem, t = priced[name, s]
                 states["parameters"] += mem.parameters
                 states["gradients"] += mem.gradients_at_peak

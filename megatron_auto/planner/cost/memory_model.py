@@ -133,7 +133,8 @@ def model_states(num_params: float, dp_mode: str, dp: int) -> tuple[float, float
 def layer_memory(profile: LayerTypeProfile, tp: int, dp: int, dp_mode: str, recompute: bool,
                  samples: float, first_backward_peak: bool = False,
                  sequence_parallel: bool = False, cp: int = 1, cp_mode: str = "ring",
-                 compute_bytes: int = 2) -> MemoryCost:
+                 compute_bytes: int = 2, released_bytes: float = 0.0,
+                 rebuilt_bytes: float = 0.0) -> MemoryCost:
     """Memory of one layer at TP ``tp`` with ``samples`` samples per rank per micro-batch.
     ``first_backward_peak``: the stage peaks at its first backward (GPipe), see
     :func:`lazy_gradients`.
@@ -152,6 +153,9 @@ def layer_memory(profile: LayerTypeProfile, tp: int, dp: int, dp_mode: str, reco
     Context parallelism (``cp > 1``; ``samples`` in sample equivalents, ``dp`` the ``dp x cp``
     group the states are sharded over): ring attention keeps no score matrix and its chunk
     buffers are transient (``context_parallel``); ``compute_bytes`` is the activations' dtype.
+
+    Module recompute (``cost/recompute.py``, not with ``recompute``): a micro-batch keeps
+    ``released_bytes`` less; ``rebuilt_bytes`` (the largest module's) is transient in backward.
     """
     local = profile.local_parameters(tp)
     params, grads, optim, states_transient = model_states(local, dp_mode, dp)
@@ -160,6 +164,8 @@ def layer_memory(profile: LayerTypeProfile, tp: int, dp: int, dp_mode: str, reco
     per_sample = profile.sequence_parallel_activation_bytes(tp) if sp else profile.activation_bytes(tp)
     per_sample = max(0.0, per_sample - cp_kept_reduction(profile, tp, cp, cp_mode))
     full = per_sample * samples + copies
+    if not recompute and released_bytes:
+        full = max(0.0, full - released_bytes)
     # The measured scratch grows with the samples; its constant part is a weight's gradient,
     # made whole beside the activation gradients before autograd adds it into the kept
     # ``.grad`` (a bucket view). FSDP2's gradients are that new tensor itself, the unsharded
@@ -179,7 +185,7 @@ def layer_memory(profile: LayerTypeProfile, tp: int, dp: int, dp_mode: str, reco
             grads += 2 * GRAD_BYTES * local * (1 - 1 / dp)
     else:
         kept = full
-        transient = scratch + states_transient
+        transient = scratch + states_transient + rebuilt_bytes
     step = STEP_TEMP_BYTES * optim / ADAM_BYTES  # one fp32 value per local master parameter
     if first_backward_peak and lazy_gradients(dp_mode, dp):
         return MemoryCost(params, grads, optim, kept, transient + min(kept, grads),

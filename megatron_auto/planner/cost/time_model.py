@@ -12,7 +12,7 @@ docs/cost_model.md §4-5.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 from ...layout import (Collective, Layout, dp_group_consecutive, dp_size, layer_tp_collectives,
                        relayout_collectives, sequence_parallel_boundary_collectives)
@@ -225,7 +225,9 @@ def bucketed_allreduce_time(cluster: Any, collective: Collective, stage_size: in
 def layer_time(profile: LayerTypeProfile, cluster: Any, layout: Layout, dp_mode: str,
                recompute: bool, samples: float, stage_size: int,
                precision: str = "fp32", *, sequence_parallel: bool = False,
-               norm_grad_bytes: Sequence[float] = (), cp_mode: str = "ring") -> TimeCost:
+               norm_grad_bytes: Sequence[float] = (),
+               recompute_forward_s: float = 0.0, recompute_modules: Collection[str] = (),
+               cp_mode: str = "ring") -> TimeCost:
     """Time of one layer for one micro-batch of ``samples`` samples per rank.
 
     Forward: compute ``F``, ZeRO-3 parameter gather overlapped with it, the TP collectives of
@@ -251,11 +253,12 @@ def layer_time(profile: LayerTypeProfile, cluster: Any, layout: Layout, dp_mode:
     cpt = cp_layer_time(profile, cluster, layout, cp_mode, samples, stage_size,
                         4 if precision == "fp32" else 2, recompute)
     fwd += cpt.forward_compute
-    bwd = profile.backward_forward_ratio * fwd + (fwd if recompute else 0.0)
+    # whole layer: its forward again; single modules (cost/recompute.py): their forward time
+    bwd = profile.backward_forward_ratio * fwd + (fwd if recompute else recompute_forward_s)
     tp_fwd, tp_bwd = layer_tp_collectives(
         layout, stage_size, profile.tp_bytes_per_sample * samples,
         sequence_parallel=sequence_parallel and tp > 1, norm_tensor_bytes=norm_grad_bytes,
-        recompute=recompute)
+        recompute=recompute, recompute_modules=recompute_modules)
     tp_f = sum(collective_time(cluster, c, stage_size) for c in tp_fwd)
     tp_b = sum(collective_time(cluster, c, stage_size) for c in tp_bwd)
     local = profile.local_parameters(tp)

@@ -1,0 +1,72 @@
+"""The cost of recomputing single modules of a layer (plan ``recompute`` "selective" or a list).
+
+What models/recompute.py does, priced per module ``m`` of a layer at TP ``t``:
+
+- ``core_attn``: the checkpoint keeps q, k, v (which attention keeps anyway) and releases what
+  the attention kernel keeps beyond them: the profile's ``attention_kept_quadratic_bytes`` when
+  it has them, else ``gpu_terms.attention_kept_bytes`` (math kernel: softmax output, its
+  dropout mask and the dropped-out probabilities, ``(2 beta + mask) a s k`` per sample,
+  Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
+  Table 2; fused kernels keep only a log-sum-exp, so nothing worth recomputing), split over TP
+  with the heads. Backward re-runs the core attention once: ``profile.attention_time``.
+- ``mlp``: the checkpoint keeps the MLP input (fc1 keeps it anyway) and releases fc1's output
+  and the activation's output, ``2 beta s f`` (GeLU) or ``3 beta s f`` (SwiGLU: gate, up and
+  their product) per sample, split over TP. Backward re-runs the MLP: the forward time times
+  the MLP's share of the layer's FLOPs.
+- ``norm``: the checkpoint keeps the norm's input and the next projection still keeps the norm's
+  output, so only the norm's statistics (a few bytes per token) are released: priced as
+  nothing released and no time. The search never prefers it; plans may still ask for it.
+
+While backward rebuilds a module its released bytes exist again for that module's backward
+only: the largest module's bytes of one micro-batch are transient (a peak term).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Collection
+
+from ..inputs.attention_terms import layer_core_flops
+from ..inputs.profiles import LayerTypeProfile
+from .gpu_terms import NO_SCORES_BACKENDS, attention_kept_bytes
+
+
+@dataclass(frozen=True)
+class ModuleRecompute:
+    """Per sample at one TP degree: bytes a micro-batch no longer keeps, the largest single
+    module's share of them (transient while it is rebuilt), and forward seconds re-run."""
+
+    released_bytes: float = 0.0
+    largest_module_bytes: float = 0.0
+    forward_time_s: float = 0.0
+
+
+NONE = ModuleRecompute()
+
+
+def module_terms(profile: LayerTypeProfile, layer_type: Any, modules: Collection[str],
+                 tp: int, samples: float, compute_bytes: int, mask_bytes: int
+                 ) -> ModuleRecompute:
+    """What recomputing ``modules`` of one layer of ``layer_type`` (a ``LayerType``) saves and
+    costs for ``samples`` samples per rank (module docstring). Empty ``modules``: nothing."""
+    if not modules:
+        return NONE
+    per_module: dict[str, float] = {}
+    time = 0.0
+    beta = compute_bytes
+    if "core_attn" in modules and profile.attention_backend not in NO_SCORES_BACKENDS:
+        kept = profile.attention_kept_quadratic_bytes or attention_kept_bytes(
+            beta, layer_type.num_attention_heads, layer_type.seq_length,
+            layer_type.attended_tokens, profile.attention_backend, mask_bytes)
+        per_module["core_attn"] = kept / tp
+        time += profile.attention_time(layer_type.seq_length, samples, tp)
+    if "mlp" in modules:
+        s, f, h = layer_type.seq_length, layer_type.ffn_hidden_size, layer_type.hidden_size
+        mats = 3 if layer_type.activation == "swiglu" else 2
+        per_module["mlp"] = mats * beta * s * f / tp
+        share = 2 * s * h * f * mats / layer_core_flops(layer_type, profile.attention_backend)
+        time += share * profile.forward_time(samples, tp)
+    released = sum(per_module.values())
+    return ModuleRecompute(released_bytes=released * samples,
+                           largest_module_bytes=max(per_module.values(), default=0.0) * samples,
+                           forward_time_s=time)
