@@ -172,3 +172,37 @@ def test_bad_experiment_log_flag_exits_2(capsys):
     assert pretrain_gpt.main(["--tensorboard-log-interval", "0"]) == 2
     assert "error: --tensorboard-log-interval=0: must be a positive integer" in \
         capsys.readouterr().err
+
+
+def _count_core_attention_worker(rank, world_size, argv):
+    import pretrain_gpt
+    from megatron_auto.models import transformer
+
+    calls = [0]
+    original = transformer.SelfAttention.core_attention
+
+    def counting(self, *args):
+        calls[0] += 1
+        return original(self, *args)
+
+    transformer.SelfAttention.core_attention = counting
+    return pretrain_gpt.main(argv), calls[0]
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("flags, per_forward", [([], 1),
+                                                (["--recompute-granularity", "selective"], 2)])
+def test_selective_recompute_flag_recomputes_core_attention(tmp_path, flags, per_forward):
+    """``--recompute-granularity selective`` trained without recompute before (issue 27): now
+    the plan says "selective" on every layer and core attention runs again in backward."""
+    from megatron_auto.plan import Plan
+
+    argv = ["--mock-data", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads",
+            "4", "--seq-length", "16", "--vocab-size", "128", "--train-iters", "1",
+            "--micro-batch-size", "2", "--global-batch-size", "4",
+            "--plan-out", str(tmp_path / "used.json"), *flags]
+    ((code, calls),) = run_distributed(_count_core_attention_worker, 1, argv)
+    assert code == 0
+    layers = Plan.load(tmp_path / "used.json").layers
+    assert [layer.recompute for layer in layers] == (["selective"] * 2 if flags else [False] * 2)
+    assert calls == 2 * 2 * per_forward  # layers x micro-batches x (forward, recompute)
