@@ -49,6 +49,7 @@ T = "megatron_auto/models/transformer.py"
 TP = "megatron_auto/parallel/tensor_parallel.py"
 KILL = "tests/test_kill_during_save.py"
 CK = "megatron_auto/training/checkpoint.py"
+CENSUS = "tests/test_collective_count.py"
 MUTATIONS = (
     Mutation("attn-scale", T, 'kwargs = {"enable_gqa": True} if self.heads_per_group > 1 else {}',
              'kwargs = {"enable_gqa": True} if self.heads_per_group > 1 else {}\n'
@@ -109,6 +110,22 @@ MUTATIONS = (
              (KILL,)),
     Mutation("initial-optimizer-state", CK,
              'if info.get("optimizer_state", True):', "if True:", (KILL, "-k", "train_iters")),
+    # Collectives that change no number (so no equivalence test sees them), only the census.
+    Mutation("ddp-bucket-twice", "megatron_auto/parallel/ddp_buckets.py",
+             "            bucket.work = dist.all_reduce(bucket.buffer, op=dist.ReduceOp.SUM,",
+             "            dist.all_reduce(torch.zeros_like(bucket.buffer), group=bucket.group)\n"
+             "            bucket.work = dist.all_reduce(bucket.buffer, op=dist.ReduceOp.SUM,",
+             (CENSUS, "-k", "every_collective and ddp-1f1b")),
+    Mutation("grad-norm-twice", "megatron_auto/parallel/grad_norm.py",
+             "        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)",
+             "        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)\n"
+             "        dist.all_reduce(torch.zeros_like(total), group=group)",
+             (CENSUS, "-k", "every_collective and interleaved")),
+    Mutation("tied-sync-twice", "megatron_auto/parallel/data_parallel.py",
+             "            dist.all_reduce(local_tensor(param.grad), group=self.ctx.embedding_group)",
+             "            dist.all_reduce(local_tensor(param.grad), group=self.ctx.embedding_group)\n"
+             "            dist.all_reduce(torch.zeros(1), group=self.ctx.embedding_group)",
+             (CENSUS, "-k", "every_collective and ddp-1f1b")),
 )
 
 

@@ -151,12 +151,5 @@ def test_vocab_zero_units_gather_and_scatter_what_the_cost_model_prices(pp, mode
                 priced[(as_called[c.kind], c.group_size, c.consecutive, c.nbytes)] += count
         issued = Counter((kind, len(ranks), _is_block(ranks), float(nbytes))
                          for kind, ranks, nbytes, _ in calls if kind != "all_reduce")
-        if pp > 1 and not untie and plan.stage_of_rank(rank) == pp - 1:
-            # Known approximation (cost_memory.vocab_parameters): the last stage's tied copy is
-            # the word embedding alone, priced with the position rows too (max_position x h
-            # fp32). Counts stay exact; move those bytes onto the runtime's side.
-            rows = 4 * cfg.max_position_embeddings * cfg.hidden_size
-            copy = 4.0 * cfg.padded_vocab_size * cfg.hidden_size
-            issued = Counter({(k, g, c, n + rows if n == copy else n): v
-                              for (k, g, c, n), v in issued.items()})
+        # the last stage's tied copy is the word embedding alone (no position rows)
         assert issued == priced, f"rank {rank}: runtime {dict(issued)} != priced {dict(priced)}"

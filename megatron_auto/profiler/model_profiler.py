@@ -170,7 +170,9 @@ def _profile_model(cfg: ModelConfig, precision: str, dev: torch.device,
         emb_series, head_series, sizes, embedding_parameters=parameter_count(emb),
         head_parameters=parameter_count(norm) + (0 if tied else parameter_count(head_parts[1])),
         tied=tied, vocab_size=vocab, hidden_bytes_per_sample=float(beta_bytes * s * h),
-        final_norm_parameters=parameter_count(norm))
+        final_norm_parameters=parameter_count(norm),
+        # position (and token-type) rows: replicated over vocab TP, not tied to the head
+        replicated_parameters=parameter_count(emb) - parameter_count(emb.word_embeddings))
     profile = measured_profile(
         {cfg.model_type: layer_profile}, embedding, precision, dev, model=cfg.model_type,
         sizes=sizes, started=started,

@@ -142,7 +142,8 @@ def _profile(cfg: T5Config, precision: str, dev: torch.device,
         emb_series, head_series, sizes,
         head_transient_floor=analytic.embedding.head_transient_split_bytes,
         embedding_parameters=spec.embedding_parameters, head_parameters=spec.head_parameters,
-        tied=True, vocab_size=vocab, hidden_bytes_per_sample=float(beta * se * h))
+        tied=True, vocab_size=vocab, hidden_bytes_per_sample=float(beta * se * h),
+        replicated_parameters=spec.num_position_embeddings * spec.embedding_hidden_size)
     profile = measured_profile(
         layers, embedding, precision, dev, model="t5", sizes=sizes, started=started,
         tp_derivation="measured at tp=1; tp>1 = replicated + split/tp (analytic)",

@@ -33,7 +33,8 @@ from ...plan import Plan
 from ...schedule import in_flight
 from .context_parallel import cp_attention_collectives
 from .memory_model import GRAD_BYTES, MemoryCost, embedding_memory, layer_memory
-from .time_model import (NO_MOVE, NO_TIME, MoveCost, TimeCost, collective_time, dp_collectives,
+from .time_model import (NO_MOVE, NO_TIME, DataParallelCollectives, MoveCost, TimeCost,
+                         collective_time, dp_collectives,
                          embedding_time, layer_time, pipeline_time, relayout_cost,
                          stage_boundary_cost, vocab_dp_collectives)
 from .gpu_terms import fragmentation_bytes, stage_nccl_bytes
@@ -106,10 +107,22 @@ class Estimate:
         return out
 
 
+def step_collectives(world_size: int) -> Counter[Collective]:
+    """The scalar all-reduces over the world of every training step (``training/trainer.py``):
+    the global gradient norm (one fp64), the skip flag (one fp32), the loss and its token count
+    (two fp64). None on one rank."""
+    if world_size <= 1:
+        return Counter()
+    return Counter(Collective("all_reduce", world_size, True, float(nbytes))
+                   for nbytes in (8, 4, 16))
+
+
 def step_overhead(cluster: Any, world_size: int) -> float:
     """Fixed seconds per iteration outside the layers: the optimizer step's own overhead plus
-    the two scalar all-reduces over the world of every training step (overflow flag, loss)."""
-    return cluster.step_overhead_s + 2 * cluster.allreduce_time(8, world_size, True)
+    the :func:`step_collectives`."""
+    return cluster.step_overhead_s + sum(
+        count * cluster.allreduce_time(c.nbytes, c.group_size, c.consecutive)
+        for c, count in step_collectives(world_size).items())
 
 
 def _binding(peak: float, budget: float | None, shares: Mapping[str, float]) -> str:
@@ -259,6 +272,26 @@ def _layer_cp(plan: Plan, spec: ModelSpec, profile: ModelProfile, precision: str
                                     4 if precision == "fp32" else 2, recompute=s.recompute)
 
 
+def dp_parts(plan: Plan, spec: ModelSpec, profile: ModelProfile, precision: str, stage: int
+             ) -> list[tuple[int | str, DataParallelCollectives]]:
+    """``(layer index or "vocab", its cost_time.dp_collectives)`` of every component of one
+    rank of ``stage``: its layers, then the vocab modules (first and last stage)."""
+    n = plan.stage_size
+    parts: list[tuple[int | str, DataParallelCollectives]] = []
+    for i in plan.stage_layers(stage):
+        s = plan.layers[i]
+        local = profile.layer_types[spec.layer_type(i).name].local_parameters(s.tp)
+        parts.append((i, dp_collectives(local, n // s.tp, s.dp_mode,
+                                        dp_group_consecutive(layout_of(s, n)), precision)))
+    first, last = stage == 0, stage == plan.pp_size - 1
+    if first or last:
+        vtp = plan.vocab.tp
+        parts.append(("vocab", vocab_dp_collectives(profile.embedding, vtp, n // vtp,
+                                                    plan.vocab.dp_mode, first, last,
+                                                    plan.pp_size, precision)))
+    return parts
+
+
 def stage_collectives(plan: Plan, spec: ModelSpec, profile: ModelProfile, precision: str,
                       stage: int) -> Counter[Collective]:
     """How often one rank of ``stage`` issues each collective in one iteration, as
@@ -270,12 +303,9 @@ def stage_collectives(plan: Plan, spec: ModelSpec, profile: ModelProfile, precis
     ``cost_time.vocab_units``).
     With context parallelism also every layer's CP collectives
     (``context_parallel.cp_attention_collectives``: the ring's sends, Ulysses' all-to-alls).
-    Not listed: p2p hops, the embedding's and head's TP all-reduces, the tied-embedding and
-    scalar all-reduces.
-
-    Known gap: ``ddp`` and ``zero1`` layers of one DP group share the runtime's buckets (fewer,
-    padded collectives of the same total size; the ``ddp`` price charges each layer its share
-    of a bucket's latency, ``cost_time.bucketed_allreduce_time``)."""
+    Not listed here: p2p hops, the embedding's and head's TP all-reduces, the tied-embedding
+    and scalar all-reduces; ``ddp`` and ``zero1`` are each layer's share of the runtime's
+    buckets. ``cost.census.rank_collectives`` adds those and merges the shares into buckets."""
     n, m = plan.stage_size, plan.num_microbatches
     out: Counter[Collective] = Counter()
     for move in stage_moves(plan, spec, profile, stage):
@@ -284,23 +314,12 @@ def stage_collectives(plan: Plan, spec: ModelSpec, profile: ModelProfile, precis
         sp_f, sp_b = _sp_boundary(move, plan)
         for c in forward + backward + sp_f + sp_b:
             out[c] += m
-    parts = []
     for i in plan.stage_layers(stage):
-        s = plan.layers[i]
-        layout = layout_of(s, n)
-        local = profile.layer_types[spec.layer_type(i).name].local_parameters(s.tp)
-        parts.append(dp_collectives(local, n // s.tp, s.dp_mode, dp_group_consecutive(layout),
-                                    precision))
         tp_f, tp_b = _layer_tp(plan, spec, profile, i)
         cp_f, cp_b = _layer_cp(plan, spec, profile, precision, i)
         for c in tp_f + tp_b + cp_f + cp_b:
             out[c] += m
-    first, last = stage == 0, stage == plan.pp_size - 1
-    if first or last:
-        vtp = plan.vocab.tp
-        parts.append(vocab_dp_collectives(profile.embedding, vtp, n // vtp, plan.vocab.dp_mode,
-                                          first, last, plan.pp_size, precision))
-    for part in parts:
+    for _, part in dp_parts(plan, spec, profile, precision, stage):
         for c in part.forward + part.backward:
             out[c] += m
         for c in part.per_iteration + part.after_step:

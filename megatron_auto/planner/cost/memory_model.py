@@ -196,15 +196,16 @@ def layer_memory(profile: LayerTypeProfile, tp: int, dp: int, dp_mode: str, reco
 def vocab_parameters(profile: EmbeddingProfile, vocab_tp: int, first: bool, last: bool,
                      pp: int) -> float:
     """Local parameters of the embedding (``first``) and/or final norm and head (``last``):
-    vocabulary-split rows divided by ``vocab_tp``, the tied word embedding's own copy on the last
-    stage when ``pp > 1``."""
+    vocabulary-split rows divided by ``vocab_tp`` (position embeddings replicated, when the
+    profile records them), the tied word embedding's own copy on the last stage when
+    ``pp > 1``."""
     num_params = 0.0
     if first:
-        num_params += profile.embedding_parameters / vocab_tp
+        num_params += profile.local_embedding_parameters(vocab_tp)
     if last:
         num_params += profile.head_parameters
-        if profile.tied and (pp > 1 or not first):
-            num_params += profile.embedding_parameters / vocab_tp
+        if profile.tied and (pp > 1 or not first):  # the word embedding's copy alone
+            num_params += profile.split_embedding_parameters / vocab_tp
     return num_params
 
 
@@ -218,7 +219,8 @@ def embedding_memory(profile: EmbeddingProfile, vocab_tp: int, dp: int, dp_mode:
 
     With tied weights and ``pp > 1`` the last stage keeps its own copy of the word embedding (the
     runtime all-reduces their gradients), so it is counted on both stages. Position embeddings
-    are counted with the vocabulary-split rows (a small approximation: they are replicated).
+    are replicated over the vocab TP group (``EmbeddingProfile.replicated_parameters``; profiles
+    that do not record them count them with the vocabulary-split rows).
 
     The loss's kept softmax is released early (see :class:`MemoryCost`): the in-place loss
     backward turns it into the logits gradient, which is gone before the layers' backward. Beside
@@ -240,9 +242,9 @@ def embedding_memory(profile: EmbeddingProfile, vocab_tp: int, dp: int, dp_mode:
     gathered = MASTER_BYTES * num_params * (1 - 1 / dp) if dp_mode == "zero3" and dp > 1 else 0.0
     forward = loss_transient + gathered if last else 0.0
     # The head's backward makes its weight gradient whole beside the logits gradient before
-    # autograd adds it into ``.grad`` (counted over every vocabulary row, position rows or the
-    # final norm included: conservative by those).
-    head_grad = GRAD_BYTES * (profile.embedding_parameters if profile.tied
+    # autograd adds it into ``.grad`` (every vocabulary row of this rank; an untied head's
+    # count includes the final norm: conservative by that).
+    head_grad = GRAD_BYTES * (profile.split_embedding_parameters if profile.tied
                               else profile.head_parameters) / vocab_tp if last else 0.0
     # (FSDP2: that gradient is the unsharded one, already in ``states_transient``)
     transient = loss_kept + max(forward, states_transient

@@ -15,7 +15,8 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Collection, Sequence
 
 from ...layout import (Collective, Layout, dp_group_consecutive, dp_size, layer_tp_collectives,
-                       relayout_collectives, sequence_parallel_boundary_collectives)
+                       make_layout, relayout_collectives,
+                       sequence_parallel_boundary_collectives)
 from .context_parallel import cp_layer_time
 from .memory_model import GRAD_BYTES, MASTER_BYTES, relayout_memory, vocab_parameters
 from ..inputs.profiles import EmbeddingProfile, LayerTypeProfile
@@ -137,15 +138,15 @@ def vocab_units(profile: EmbeddingProfile, vocab_tp: int, first: bool, last: boo
     weights the embedding is the LM head too: one unit, used twice per forward (``embed`` and
     ``logits``), which FSDP2 gathers for each use under ZeRO-3. The parameters add up to
     ``cost_memory.vocab_parameters``."""
-    emb = profile.embedding_parameters / vocab_tp
+    emb = profile.local_embedding_parameters(vocab_tp)
     units: list[tuple[float, int]] = [(emb, 1)] if first else []
     if last:
         if profile.tied:
             units.append((float(profile.head_parameters), 1))  # the final norm alone
             if first:
                 units[0] = (emb, 2)
-            else:
-                units.append((emb, 1))
+            else:  # the word embedding's copy (no position rows)
+                units.append((profile.split_embedding_parameters / vocab_tp, 1))
         elif 0 < profile.final_norm_parameters < profile.head_parameters:
             units += [(float(profile.final_norm_parameters), 1),
                       (float(profile.head_parameters - profile.final_norm_parameters), 1)]
@@ -163,14 +164,16 @@ def vocab_dp_collectives(profile: EmbeddingProfile, vocab_tp: int, dp: int, dp_m
     it after the head's use; one reduce-scatter per unit and micro-batch either way). ``ddp``
     and ``zero1`` go through our gradient buckets, not units: one piece of all the parameters."""
     units = vocab_units(profile, vocab_tp, first, last, pp)
+    # the vocab layout's DP group: strided when 1 < vocab_tp < stage size
+    consecutive = dp_group_consecutive(make_layout(vocab_tp, True, vocab_tp * dp))
     if dp_mode not in ("zero2", "zero3"):  # ddp / zero1: our buckets, not units (one piece)
-        return dp_collectives(sum(p for p, _ in units), dp, dp_mode, True, precision)
+        return dp_collectives(sum(p for p, _ in units), dp, dp_mode, consecutive, precision)
     forward: list[Collective] = []
     backward: list[Collective] = []
     per_iteration: list[Collective] = []
     after_step: list[Collective] = []
     for num_params, uses in units:
-        cs = dp_collectives(num_params, dp, dp_mode, True, precision)
+        cs = dp_collectives(num_params, dp, dp_mode, consecutive, precision)
         for out, part in ((forward, cs.forward), (backward, cs.backward),
                           (per_iteration, cs.per_iteration), (after_step, cs.after_step)):
             for c in part:
@@ -298,16 +301,11 @@ def embedding_time(profile: EmbeddingProfile, cluster: Any, vocab_tp: int, dp_mo
     num_params = vocab_parameters(profile, vocab_tp, first, last, pp)
     tp_ar = 0.0
     if vocab_tp > 1:
-        tp_ar = cluster.allreduce_time(profile.hidden_bytes_per_sample * samples, vocab_tp,
-                                       True, span=stage_size)
+        tp_ar = collective_time(cluster, _vocab_activation(profile, vocab_tp, samples,
+                                                           precision), stage_size)
     tp_comm = 0.0
-    loss_comm = 0.0
-    if last and vocab_tp > 1:
-        # Vocab-parallel cross entropy: a MAX all-reduce of the row maxima and a SUM all-reduce of
-        # (target logit, sum of exponentials), fp32 per token; latency-bound.
-        tokens = samples * max(1, seq_length)
-        loss_comm = (cluster.allreduce_time(4 * tokens, vocab_tp, True, span=stage_size)
-                     + cluster.allreduce_time(8 * tokens, vocab_tp, True, span=stage_size))
+    loss_comm = sum(collective_time(cluster, c, stage_size)
+                    for c in _vocab_loss(vocab_tp, samples, seq_length)) if last else 0.0
     if first:
         fwd += profile.embedding_forward_time_per_sample_s * samples / vocab_tp
         fwd += profile.forward_time_constant_s
@@ -320,10 +318,11 @@ def embedding_time(profile: EmbeddingProfile, cluster: Any, vocab_tp: int, dp_mo
     gather, scatter, allreduce, regather, after_step = _dp_times(
         cluster, num_params, dp, dp_mode, True, stage_size, precision,
         vocab_dp_collectives(profile, vocab_tp, dp, dp_mode, first, last, pp, precision))
+    tied_sync = tied_embedding_collective(profile, vocab_tp, pp, dp, dp_mode)
     tied = 0.0
-    if profile.tied and pp > 1:
-        tied = cluster.allreduce_time(GRAD_BYTES * profile.embedding_parameters / vocab_tp, 2,
-                                      False)
+    if tied_sync is not None:  # between the stages: no span inside one stage
+        tied = cluster.allreduce_time(tied_sync.nbytes, tied_sync.group_size,
+                                      tied_sync.consecutive)
     gz = zero_slowdown(cluster)
     forward = overlap(gather, fwd, gz) + (tp_ar if first else 0.0) + loss_comm
     backward = overlap(gather + scatter, bwd, gz) + (tp_ar if last else 0.0)
@@ -332,6 +331,58 @@ def embedding_time(profile: EmbeddingProfile, cluster: Any, vocab_tp: int, dp_mo
     return TimeCost(forward, backward, allreduce + tied + regather, exposed, fwd + bwd, tp_comm,
                     2 * gather + scatter,
                     _optimizer_time(cluster, num_params, dp, dp_mode) + after_step)
+
+
+def _vocab_activation(profile: EmbeddingProfile, vocab_tp: int, samples: float,
+                      precision: str) -> Collective:
+    """The vocab-parallel embedding's output all-reduce (forward), and the head's input
+    gradient all-reduce (backward): one ``(b, s, h)`` activation in fp32 whatever the
+    precision (autocast runs neither the embedding lookup nor the final norm in bf16/fp16)."""
+    fp32 = profile.hidden_bytes_per_sample * 4 / gather_bytes(precision)
+    return Collective("all_reduce", vocab_tp, True, fp32 * samples)
+
+
+def _vocab_loss(vocab_tp: int, samples: float, seq_length: int) -> tuple[Collective, ...]:
+    """Vocab-parallel cross entropy (forward): a MAX all-reduce of the row maxima and a SUM
+    all-reduce of (target logit, sum of exponentials), fp32 per token; latency-bound."""
+    if vocab_tp <= 1:
+        return ()
+    tokens = samples * max(1, seq_length)
+    return (Collective("all_reduce", vocab_tp, True, 4 * tokens),
+            Collective("all_reduce", vocab_tp, True, 8 * tokens))
+
+
+def vocab_tp_collectives(profile: EmbeddingProfile, vocab_tp: int, samples: float,
+                         first: bool, last: bool, seq_length: int, precision: str = "fp32"
+                         ) -> tuple[tuple[Collective, ...], tuple[Collective, ...]]:
+    """``(forward, backward)`` vocab-TP all-reduces of one rank per micro-batch of ``samples``
+    (what :func:`embedding_time` charges): the embedding's output (first stage, forward), the
+    loss's two (last stage, forward), the head's input gradient (last stage, backward)."""
+    if vocab_tp <= 1:
+        return (), ()
+    act = _vocab_activation(profile, vocab_tp, samples, precision)
+    forward = ((act,) if first else ()) + (_vocab_loss(vocab_tp, samples, seq_length)
+                                           if last else ())
+    return forward, ((act,) if last else ())
+
+
+def tied_embedding_collective(profile: EmbeddingProfile, vocab_tp: int, pp: int, dp: int = 1,
+                              dp_mode: str = "ddp") -> Collective | None:
+    """The once-per-iteration all-reduce of the tied word embedding's fp32 gradient between
+    its copies on the first and the last stage (rank ``j`` of each; ``pp > 1``): this rank's
+    shard of it under ZeRO-1/2/3 over ``dp`` replicas (the same slice on both stages)."""
+    if not profile.tied or pp <= 1:
+        return None
+    shards = dp if dp_mode in ("zero1", "zero2", "zero3") else 1
+    return Collective("all_reduce", 2, False,
+                      GRAD_BYTES * profile.split_embedding_parameters / vocab_tp / shards)
+
+
+def hop_bytes(sender: Layout, microbatch_size: int, bytes_per_sample: float,
+              stage_size: int) -> float:
+    """Bytes of one p2p transfer across a stage boundary: the sender's slice of the micro-batch
+    (``microbatch_size / dp_sender`` samples; the gradient back is as large)."""
+    return bytes_per_sample * microbatch_size / dp_size(sender, stage_size)
 
 
 @dataclass(frozen=True)
@@ -422,8 +473,7 @@ def stage_boundary_cost(cluster: Any, sender: Layout, receiver: Layout, microbat
     ``j`` of the receiver, which holds it in the sender's layout and re-lays it out into its
     first layer's (:func:`relayout_cost`); backward sends the slice's gradient back.
     """
-    hop = bytes_per_sample * microbatch_size / dp_size(sender, stage_size)
-    p2p = cluster.p2p_time(hop, pp)
+    p2p = cluster.p2p_time(hop_bytes(sender, microbatch_size, bytes_per_sample, stage_size), pp)
     move = relayout_cost(cluster, sender, receiver, microbatch_size, bytes_per_sample,
                          stage_size)
     return MoveCost(p2p + move.forward, p2p + move.backward, move.transient_bytes)

@@ -298,6 +298,19 @@ class EmbeddingProfile:
     # its own, apart from an untied output layer (one more gather and reduce-scatter each).
     # 0 = not recorded (profiles written before it): the head is priced as one unit.
     final_norm_parameters: int = 0
+    # The replicated share of embedding_parameters (learned position embeddings): every vocab
+    # TP rank holds all of it, and it is not tied to the head. 0 = not recorded (profiles
+    # written before it): all of embedding_parameters is priced as vocabulary-split rows.
+    replicated_parameters: int = 0
+
+    @property
+    def split_embedding_parameters(self) -> float:
+        """The vocabulary-split rows (the tied word embedding): divided by the vocab TP."""
+        return float(self.embedding_parameters - self.replicated_parameters)
+
+    def local_embedding_parameters(self, vocab_tp: int) -> float:
+        """The embedding's parameters on one vocab-TP rank."""
+        return self.split_embedding_parameters / vocab_tp + self.replicated_parameters
 
     def __post_init__(self) -> None:
         for attr, value in asdict(self).items():
@@ -559,7 +572,8 @@ def analytic_profile(spec: ModelSpec, training: TrainingSpec, cluster: Any) -> M
         head_transient_split_bytes=(beta + (4 if beta != 4 else 0)) * t * v,
         forward_time_constant_s=ANALYTIC_LAYER_CALL_OVERHEAD_S,
         final_norm_parameters=max(0, spec.head_parameters - (
-            0 if spec.tied_embeddings else v * (spec.head_hidden_size or h))))
+            0 if spec.tied_embeddings else v * (spec.head_hidden_size or h))),
+        replicated_parameters=spec.num_position_embeddings * spec.embedding_hidden_size)
     return ModelProfile(layer_types=layers, embedding=emb, precision=training.precision,
                         source="analytic",
                         metadata={"model": spec.name, "cluster": getattr(cluster, "name", ""),
