@@ -126,6 +126,8 @@ MUTATIONS = (
              "            dist.all_reduce(local_tensor(param.grad), group=self.ctx.embedding_group)\n"
              "            dist.all_reduce(torch.zeros(1), group=self.ctx.embedding_group)",
              (CENSUS, "-k", "every_collective and ddp-1f1b")),
+    Mutation("nccl-missing-pair", "megatron_auto/planner/cost/gpu_terms.py",
+             '        keys.add(("pair", j))', "        pass", ("tests/test_parallel_context_groups.py",)),
 )
 
 
