@@ -33,6 +33,8 @@ pytestmark = [pytest.mark.pure, pytest.mark.exhaustive]
 # would be 12 per layer) within the time, the last one pins pp = 2 so that its interleaved
 # stages have two ranks (TP, SP and ZeRO inside the chunks) within the plan limit.
 NO_RECOMPUTE = dict(pp=2, dp_modes=("ddp", "zero1", "zero3"), recompute=(False,))
+# Module recompute as a per-layer dimension (issue 27): selective beside none and full.
+SELECTIVE = dict(recompute=(False, True, "selective"))
 INSTANCES = [
     (2, 4, "fp32", 1, 4, None),           # 304
     (2, 3, "fp32", 4, 4, None),           # 17,392
@@ -41,6 +43,7 @@ INSTANCES = [
     (8, 2, "fp32", 2, 4, None),           # 11,616
     (2, 4, "bf16", 2, 1, None),           # 20,592, 16 of them interleaved
     (4, 4, "fp32", 4, 4, NO_RECOMPUTE),   # 17,564, 2,516 of them interleaved
+    (4, 3, "fp32", 1, 4, SELECTIVE),      # 546
 ]
 BUDGET_FRACTIONS = (1.0, 1.01, 1.05, 1.2, 1.6, 3.0)
 _CACHE: dict = {}
@@ -49,7 +52,8 @@ _CACHE: dict = {}
 def _id(case):
     world, layers, precision, batch, heads, restrict = case
     return f"{world}dev-{layers}L-{precision}-B{batch}" + (f"-h{heads}" if heads != 4 else "") \
-        + ("-pp2-norecompute" if restrict else "")
+        + ("" if not restrict else "-selective" if restrict is SELECTIVE
+           else "-pp2-norecompute")
 
 
 def _options(case, **kw):
@@ -61,6 +65,8 @@ def _options(case, **kw):
         pins["dp_modes"] = restrict["dp_modes"]
     if "recompute" in restrict:
         pins["allow_recompute"] = True in restrict["recompute"]
+        pins["module_recompute"] = tuple(v for v in restrict["recompute"]
+                                         if not isinstance(v, bool))
     return SearchOptions(show_progress=False, **pins, **kw)
 
 
@@ -152,3 +158,35 @@ def test_infeasible_minimum_is_the_enumerated_least_peak(case):
     assert least <= reported <= 1.01 * least
     found = search(spec, training, cluster, profile, int(math.ceil(reported)), options)
     assert evaluate(found.plan, spec, training, cluster, profile, math.ceil(reported)).feasible
+
+
+def test_selective_recompute_wins_where_it_beats_none_and_full():
+    """A math-kernel cluster (the score matrices are kept, so core attention is worth
+    recomputing) and a model of many narrow heads: over every plan of the space with selective
+    beside none and full (enumerated), the search finds the optimum at every budget, and at
+    some budgets that optimum has selective layers and beats the best plan of none/full only."""
+    spec = ModelSpec.uniform(2, 64, 16, 32, 128, name="gpt")
+    training = TrainingSpec(2, "fp32")
+    cluster = dataclasses.replace(make_cluster("a100-40g", 1, 2), memory_reserve_bytes=10 ** 5,
+                                  device_memory_bytes=10 ** 8, nccl_communicator_bytes=5e3,
+                                  attention_backend="math")
+    profile = analytic_profile(spec, training, cluster)
+    priced = []
+    for plan in all_plans(spec, 2, 2, cluster.devices_per_node, **SELECTIVE):
+        est = evaluate(plan, spec, training, cluster, profile)
+        selective = any(layer.recompute == "selective" for layer in plan.layers)
+        priced.append((est.iteration_time_s, est.peak_memory_bytes, selective))
+    least = min(peak for _, peak, _ in priced)
+    wins = 0
+    for fraction in (1.0, 1.02, 1.05, 1.1, 1.2, 1.3, 1.5, 2.0, 3.0):
+        budget = int(math.ceil(least * fraction))
+        best = min(t for t, peak, _ in priced if peak <= budget)
+        best_plain = min((t for t, peak, sel in priced if peak <= budget and not sel),
+                         default=math.inf)
+        result = search(spec, training, cluster, profile, budget,
+                        SearchOptions(show_progress=False, module_recompute=("selective",)))
+        assert result.estimate.iteration_time_s == pytest.approx(best, rel=1e-9), fraction
+        if best < best_plain:
+            assert any(layer.recompute == "selective" for layer in result.plan.layers)
+            wins += 1
+    assert wins >= 1

@@ -79,6 +79,7 @@ class SearchOptions:
     schedule: str | None = None
     dp_modes: tuple[str, ...] = DP_MODES
     allow_recompute: bool = True
+    module_recompute: tuple = ()  # e.g. ("selective",): per-layer choices beside none/full
     vocab_tp: int | None = None
     search_batch_size: bool = False
     space: str = "full"
@@ -143,7 +144,7 @@ def spaces_of(name: str, options: SearchOptions, world: int) -> list[Space]:
     base = SpaceRules(dp_modes=tuple(options.dp_modes), allow_recompute=options.allow_recompute,
                       max_tp=options.max_tp,
                       tps=(options.tp,) if options.tp is not None else None,
-                      sequence_parallel=sp)
+                      sequence_parallel=sp, module_recompute=tuple(options.module_recompute))
     single = dict(vocab_modes=("ddp",), even_split=True)
     if name == "full":
         return [Space("full", base)]

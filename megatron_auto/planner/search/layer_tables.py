@@ -141,7 +141,8 @@ class LayerTables:
             norms = sp_reduced_tensor_bytes(self.spec, order.index(t)) if t in order else ()
             full = strategy_costs(lp, self.cluster, self.strategies[t], self.n, self.b_m, k_in,
                                   self.schedule, self.profile.precision, norm_grad_bytes=norms,
-                                  memo=self.cache.priced_strategies(name))
+                                  memo=self.cache.priced_strategies(name),
+                                  layer_type=self.spec.layer_types[t])
             self._costs[key] = full.take(prune_dominated(full))
         return self._costs[key]
 

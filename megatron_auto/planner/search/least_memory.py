@@ -194,7 +194,7 @@ def _rebuild(task: Task, k: int, start: int, length: int, tau: float, plain: boo
     if len(set(window[:length])) == 1:
         # One layer type: any order has the same memory; grouping equal layouts avoids
         # relayouts inside the stage (whose transients are not modelled above).
-        chosen.sort(key=lambda s: (s.tp, not s.tp_consecutive, s.dp_mode, s.recompute))
+        chosen.sort(key=lambda s: (s.tp, not s.tp_consecutive, s.dp_mode, str(s.recompute)))
     return chosen
 
 

@@ -59,6 +59,9 @@ class SpaceRules:
     # Megatron-SP choices of a tp > 1 layer: (False, True) searches it, (True,) pins it on
     # (``--sequence-parallel``), (False,) leaves it out.
     sequence_parallel: tuple[bool, ...] = (False,)
+    # Module recompute values offered beside none and full (e.g. ("selective",)); empty by
+    # default, so the default space is unchanged (cost/recompute.py prices them).
+    module_recompute: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,8 @@ def layer_strategies(layer_type: LayerType, stage_size: int, microbatch_size: in
                                                 rules.dp_modes else ("ddp",))
         layouts = [True, False] if (1 < tp < stage_size and rules.allow_strided) else [True]
         recomputes = (True,) if rules.force_recompute else \
-            ((False, True) if rules.allow_recompute else (False,))
+            ((False, True) + tuple(rules.module_recompute) if rules.allow_recompute
+             else (False,))
         sps: tuple[bool, ...] = (False,)
         if tp > 1 and layer_type.seq_length % tp == 0:
             sps = rules.sequence_parallel

@@ -11,6 +11,7 @@ these up the way ``cost_model.evaluate_plan`` does; it never re-derives a formul
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 import numpy as np
 
@@ -18,7 +19,8 @@ from ...plan import LayerStrategy, VocabStrategy
 from ..inputs.cluster_model import ClusterModel
 from ..cost.memory_model import MemoryCost, embedding_memory, layer_memory
 from ..cost.time_model import TimeCost, embedding_time, layer_time
-from ..inputs.profiles import EmbeddingProfile, LayerTypeProfile
+from ..cost.recompute import NONE as NONE_RECOMPUTED, module_terms
+from ..inputs.profiles import EmbeddingProfile, LayerTypeProfile, dropout_mask_bytes
 from ...layout import Layout, layout_of
 
 
@@ -112,11 +114,13 @@ def strategy_costs(profile: LayerTypeProfile, cluster: ClusterModel,
                    strategies: list[LayerStrategy], stage_size: int, microbatch_size: int,
                    in_flight: int, schedule: str, precision: str,
                    norm_grad_bytes: tuple[float, ...] = (),
-                   memo: PricedStrategies | None = None) -> StrategyCosts:
+                   memo: PricedStrategies | None = None,
+                   layer_type: Any = None) -> StrategyCosts:
     """Price every strategy of one layer type (``evaluate_plan``'s per-layer terms).
     ``norm_grad_bytes``: ``cost_model.sp_reduced_tensor_bytes`` of the type, all-reduced by its
     sequence-parallel strategies. ``memo``: this type's earlier prices on this cluster (the
-    search's cache), read and extended; None prices everything afresh."""
+    search's cache), read and extended; None prices everything afresh. ``layer_type``: the
+    ``LayerType`` the module-recompute strategies need (``cost/recompute.py``)."""
     n = stage_size
     memo = PricedStrategies() if memo is None else memo
     rows = []
@@ -126,7 +130,7 @@ def strategy_costs(profile: LayerTypeProfile, cluster: ClusterModel,
         row = memo.rows.get(key)
         if row is None:
             row = memo.rows[key] = _price(profile, cluster, s, n, microbatch_size, in_flight,
-                                          schedule, precision, norms, memo)
+                                          schedule, precision, norms, memo, layer_type)
         rows.append(row)
     return StrategyCosts(strategies=tuple(strategies), layouts=tuple(r[0] for r in rows),
                          **{k: np.array([r[1][j] for r in rows], dtype=float)
@@ -135,7 +139,8 @@ def strategy_costs(profile: LayerTypeProfile, cluster: ClusterModel,
 
 def _price(profile: LayerTypeProfile, cluster: ClusterModel, s: LayerStrategy, n: int,
            microbatch_size: int, in_flight: int, schedule: str, precision: str,
-           norm_grad_bytes: tuple[float, ...], memo: PricedStrategies) -> Row:
+           norm_grad_bytes: tuple[float, ...], memo: PricedStrategies,
+           layer_type: Any = None) -> Row:
     """One strategy's class and its ``_COLUMNS`` values."""
     frag = fragmentation_of(cluster)
     fused = bool(getattr(cluster, "fused_optimizer", False))
@@ -147,11 +152,23 @@ def _price(profile: LayerTypeProfile, cluster: ClusterModel, s: LayerStrategy, n
     key = (s, n, microbatch_size, schedule, precision, norm_grad_bytes)
     if key not in memo.layers:
         samples = microbatch_size / dp
+        beta = 4 if precision == "fp32" else 2
+        mod = NONE_RECOMPUTED
+        if s.recompute_modules:
+            if layer_type is None:
+                raise ValueError("module recompute strategies need the layer_type to price")
+            mod = module_terms(profile, layer_type, s.recompute_modules, s.tp, samples, beta,
+                               dropout_mask_bytes(cluster, beta))
         memo.layers[key] = (
-            layer_memory(profile, s.tp, dp, s.dp_mode, s.recompute, samples,
-                         first_backward_peak=schedule == "gpipe", sequence_parallel=sp),
-            layer_time(profile, cluster, layout, s.dp_mode, s.recompute, samples, n, precision,
-                       sequence_parallel=sp, norm_grad_bytes=norm_grad_bytes if sp else ()))
+            layer_memory(profile, s.tp, dp, s.dp_mode, s.full_recompute, samples,
+                         first_backward_peak=schedule == "gpipe", sequence_parallel=sp,
+                         released_bytes=mod.released_bytes,
+                         rebuilt_bytes=mod.largest_module_bytes),
+            layer_time(profile, cluster, layout, s.dp_mode, s.full_recompute, samples, n,
+                       precision, sequence_parallel=sp,
+                       norm_grad_bytes=norm_grad_bytes if sp else (),
+                       recompute_forward_s=mod.forward_time_s,
+                       recompute_modules=s.recompute_modules))
     mem, t = memo.layers[key]
     # evaluate_plan sums parameters + gradients_at_peak + optimizer states and
     # in_flight x activations per layer; persistent() is that sum (no early release here).
