@@ -43,6 +43,9 @@ def _partitions(plan) -> str:
         for k, v in parts.items())
 
 
+MODULE_RECOMPUTE: tuple = ()  # --module-recompute: the per-layer choices beside none/full
+
+
 def run(label: str, spec: ModelSpec, training: TrainingSpec, cluster, budgets_gb,
         time_limit_s: float | None = None) -> None:
     profile = analytic_profile(spec, training, cluster)
@@ -52,7 +55,8 @@ def run(label: str, spec: ModelSpec, training: TrainingSpec, cluster, budgets_gb
         try:
             result = search(spec, training, cluster, profile, int(budget * GB),
                             SearchOptions(show_progress=False, include_baselines=False,
-                                          time_limit_s=time_limit_s))
+                                          time_limit_s=time_limit_s,
+                                          module_recompute=MODULE_RECOMPUTE))
         except InfeasibleError as err:
             print(f"{label} {budget:>5.0f} GB: infeasible: {err}")
             continue
@@ -105,6 +109,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=["a", "b", "c"], help="run one problem")
+    parser.add_argument("--module-recompute", nargs="+", default=[], metavar="VALUE",
+                        help='also search these per-layer recompute values (e.g. selective)')
     parser.add_argument("--markdown", action="store_true",
                         help="also print the rows as the table of docs/planner.md section 7")
     parser.add_argument("--table-out", default=None, metavar="FILE",
@@ -112,6 +118,8 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                         help="the search's CPU-time limit (default search.DEFAULT_TIME_LIMIT_S)")
     args = parser.parse_args()
+    global MODULE_RECOMPUTE
+    MODULE_RECOMPUTE = tuple(args.module_recompute)
     load0 = os.getloadavg()[0]
     if args.only in (None, "a"):
         spec = ModelSpec.uniform(24, 1024, 16, 512, 30592, name="bert", causal=False)
