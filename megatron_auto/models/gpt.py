@@ -30,11 +30,12 @@ from ..config import ModelConfig
 from ..layout import StageLayout, received_layout
 from ..parallel.context import LayerGroups, ParallelContext
 from ..parallel.mappings import copy_to_tensor_parallel, gather_from_sequence, scatter_to_sequence
-from ..parallel.random import REPLICATED, RNGTracker
+from ..parallel.random import RNGTracker, replicated_dropout
 from ..parallel.redistribute import batch_chunk, relayout
 from ..parallel.tensor_parallel import (ColumnParallelLinear, VocabParallelEmbedding,
                                         vocab_parallel_cross_entropy)
 from .init import collect_shard_specs, init_parameters
+from .stage import PipelineStage
 from .te_layers import make_transformer_layer
 from .transformer import RotaryEmbedding, make_norm
 
@@ -72,12 +73,7 @@ class LanguageModelEmbedding(nn.Module):
             x = x + self.position_embeddings(position_ids)
         if self.tokentype_embeddings is not None and tokentype_ids is not None:
             x = x + self.tokentype_embeddings(tokentype_ids)
-        if self.training and self.dropout > 0.0:
-            if self.rng is None:
-                return F.dropout(x, self.dropout, training=True)
-            with self.rng.fork(REPLICATED):
-                x = F.dropout(x, self.dropout, training=True)
-        return x
+        return replicated_dropout(x, self.dropout, self.rng, self.training)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden (b, s, h) -> logits (b, s, V/tp) with the tied word-embedding matrix."""
@@ -99,23 +95,16 @@ def padding_attention_mask(keep: torch.Tensor, causal: bool) -> torch.Tensor:
     return mask
 
 
-class TransformerStage(nn.Module):
+class TransformerStage(PipelineStage):
     """What GPT and BERT stages share: layers, layouts, relayouts, rotary tables, init."""
 
     causal = True
 
     def __init__(self, config: ModelConfig, ctx: ParallelContext, *, seed: int = 1234) -> None:
-        super().__init__()
-        ctx.plan.validate(config)
-        self.config, self.ctx, self.seed = config, ctx, seed
-        self.rng = RNGTracker(seed, stage=ctx.stage, local_index=ctx.local_index,
-                              device=ctx.device)
+        super().__init__(config, ctx, seed)
         plan = ctx.plan
         self.layer_ids = plan.stage_layers(ctx.stage)  # every chunk's layers, in model order
         self.chunk_ids = plan.stage_chunks(ctx.stage)
-        self.is_first_stage, self.is_last_stage = ctx.is_first_stage, ctx.is_last_stage
-        self.vocab_groups = (ctx.vocab_groups()
-                             if self.is_first_stage or self.is_last_stage else None)
         self._layer_groups = {i: ctx.layer_groups(i) for i in self.layer_ids}
         # MoE layers, and those with expert fields in the plan (their experts' own groups)
         self._moe_layers = set(getattr(config, "moe_layers", ()))

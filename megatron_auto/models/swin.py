@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..parallel.context import LayerGroups, ParallelContext
-from ..parallel.random import REPLICATED, TENSOR_PARALLEL, RNGTracker, checkpoint
+from ..parallel.random import TENSOR_PARALLEL, RNGTracker, checkpoint, fork, replicated_dropout
 from ..parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 from ..families.vision.config import SwinStageShape, VisionConfig
 from .transformer import MLP
@@ -108,10 +108,7 @@ class WindowAttention(nn.Module):
             mask = mask + self.shift_mask[:, None]  # (nW, heads, N, N)
         mask = mask.to(q.dtype)
         p = self.attention_dropout if self.training else 0.0
-        if p > 0.0 and self.rng is not None:
-            with self.rng.fork(TENSOR_PARALLEL):
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
-        else:
+        with fork(self.rng, TENSOR_PARALLEL, draws=p > 0.0):  # this rank's heads: own stream
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         out = out.transpose(2, 3).reshape(b, nw, n, self.num_local_heads * self.head_dim)
         return self.linear_proj(out)
@@ -161,12 +158,7 @@ class SwinBlock(nn.Module):
         self.rng = rng
 
     def _dropout(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training or self.hidden_dropout == 0.0:
-            return x
-        if self.rng is None:
-            return F.dropout(x, self.hidden_dropout, training=True)
-        with self.rng.fork(REPLICATED):
-            return F.dropout(x, self.hidden_dropout, training=True)
+        return replicated_dropout(x, self.hidden_dropout, self.rng, self.training)
 
     def _attention(self, x: torch.Tensor) -> torch.Tensor:
         b, _, c = x.shape

@@ -43,7 +43,6 @@ Batch: ``tokens`` (b, s_e) encoder ids, ``decoder_tokens`` (b, s_d), ``encoder_m
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
@@ -52,13 +51,14 @@ from torch import nn
 
 from ..layout import StageLayout, received_layout, relayout_step
 from ..parallel.context import LayerGroups, ParallelContext
-from ..parallel.random import REPLICATED, TENSOR_PARALLEL, RNGTracker, checkpoint
+from ..parallel.random import TENSOR_PARALLEL, RNGTracker, checkpoint, fork, replicated_dropout
 from ..parallel.redistribute import batch_chunk, relayout
 from ..parallel.tensor_parallel import (ColumnParallelLinear, RowParallelLinear,
                                         vocab_parallel_cross_entropy)
-from ..plan import Plan, PlanError
+from ..plan import Plan
 from ..families.t5.config import T5Config
 from .gpt import LanguageModelEmbedding
+from .stage import PipelineStage, refuse_interleaving_and_sequence_parallel
 from .init import collect_shard_specs, init_parameters
 from .transformer import MLP, make_norm
 from .recompute import whole_layer_only
@@ -165,9 +165,7 @@ class T5Attention(nn.Module):
                 local = bias[:, self.head_offset:self.head_offset + self.num_local_heads]
                 mask = local.to(q.dtype).masked_fill(~allowed, torch.finfo(q.dtype).min)
         p = self.attention_dropout if self.training else 0.0
-        stream = (self.rng.fork(TENSOR_PARALLEL) if p > 0.0 and self.rng is not None
-                  else contextlib.nullcontext())
-        with stream:  # this rank's heads: an independent dropout stream
+        with fork(self.rng, TENSOR_PARALLEL, draws=p > 0.0):  # this rank's heads: own stream
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
                                                  is_causal=causal and mask is None)
         b = out.shape[0]
@@ -198,11 +196,7 @@ class T5Layer(nn.Module):
         self.rng = rng
 
     def _dropout(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training or self.hidden_dropout == 0.0:
-            return x
-        stream = self.rng.fork(REPLICATED) if self.rng is not None else contextlib.nullcontext()
-        with stream:  # replicated activation: the same mask on all TP ranks
-            return F.dropout(x, self.hidden_dropout, training=True)
+        return replicated_dropout(x, self.hidden_dropout, self.rng, self.training)
 
     def _forward(self, x: torch.Tensor, memory: torch.Tensor | None, bias: torch.Tensor | None,
                  key_keep: torch.Tensor | None) -> torch.Tensor:
@@ -242,33 +236,20 @@ class T5LMHead(nn.Module):
 
 
 def _refuse_unsupported(plan: Plan) -> None:
-    if plan.virtual_size != 1:
-        raise PlanError(f"plan field pipeline.virtual_size={plan.virtual_size}: T5 runs only "
-                        f"non-interleaved schedules; use virtual_size 1")
-    for i, layer in enumerate(plan.layers):
-        if layer.sequence_parallel:
-            raise PlanError(f"plan field layers[{i}].sequence_parallel=True: T5 does not run "
-                            f"sequence parallelism yet; set it to false")
+    refuse_interleaving_and_sequence_parallel(plan, "T5 runs only", "T5 does not run")
 
 
-class T5Stage(nn.Module):
+class T5Stage(PipelineStage):
     """One pipeline stage of a T5 (see the module docstring)."""
 
     head_modules = ("final_norm", "lm_head")
 
     def __init__(self, config: T5Config, ctx: ParallelContext, *, seed: int = 1234) -> None:
-        super().__init__()
+        super().__init__(config, ctx, seed)
         plan = ctx.plan
-        plan.validate(config)
         _refuse_unsupported(plan)
-        self.config, self.ctx, self.seed = config, ctx, seed
-        self.rng = RNGTracker(seed, stage=ctx.stage, local_index=ctx.local_index,
-                              device=ctx.device)
         enc = config.encoder_num_layers
         self.layer_ids = list(plan.stage_layer_range(ctx.stage))
-        self.is_first_stage, self.is_last_stage = ctx.is_first_stage, ctx.is_last_stage
-        self.vocab_groups = (ctx.vocab_groups()
-                             if self.is_first_stage or self.is_last_stage else None)
         self._layer_groups = {i: ctx.layer_groups(i) for i in self.layer_ids}
         self.layers = nn.ModuleDict({
             str(i): T5Layer(config, self._layer_groups[i], rng=self.rng, decoder=i >= enc,

@@ -37,7 +37,6 @@ numbers with dropout on too, and the stream stays in step with the rest of the s
 
 from __future__ import annotations
 
-import contextlib
 from typing import Optional
 
 import torch
@@ -47,7 +46,8 @@ from torch import nn
 from ..config import ModelConfig
 from ..parallel.context import LayerGroups
 from ..parallel.mappings import copy_to_tensor_parallel
-from ..parallel.random import REPLICATED, TENSOR_PARALLEL, RNGTracker, checkpoint
+from ..parallel.random import (REPLICATED, TENSOR_PARALLEL, RNGTracker, checkpoint, fork,
+                               replicated_dropout)
 from ..parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 from ..plan import RecomputeValue
 from .recompute import run_module, split_recompute
@@ -135,12 +135,9 @@ class SelfAttention(nn.Module):
         p = self.attention_dropout if self.training else 0.0
         is_causal = self.causal and attn_mask is None
         kwargs = {"enable_gqa": True} if self.heads_per_group > 1 else {}
-        if p > 0.0 and self.rng is not None:
-            with self.rng.fork(TENSOR_PARALLEL):  # this rank's heads: an independent stream
-                return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p,
-                                                      is_causal=is_causal, **kwargs)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p,
-                                              is_causal=is_causal, **kwargs)
+        with fork(self.rng, TENSOR_PARALLEL, draws=p > 0.0):  # this rank's heads: own stream
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p,
+                                                  is_causal=is_causal, **kwargs)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None,
                 rotary: Rotary = None) -> torch.Tensor:
@@ -223,17 +220,14 @@ class TransformerLayer(nn.Module):
         self.groups = groups
 
     def _dropout(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.sequence_parallel:
+            return replicated_dropout(x, self.hidden_dropout, self.rng, self.training)
         if not self.training or self.hidden_dropout == 0.0:
             return x
-        stream = (self.rng.fork(REPLICATED) if self.rng is not None
-                  else contextlib.nullcontext())
-        if not self.sequence_parallel:
-            with stream:  # replicated activation: the same mask on all TP ranks
-                return F.dropout(x, self.hidden_dropout, training=True)
         # SP: the whole activation's mask (same draws as without SP), this rank's positions
         tp, local = self.groups.tp_size, x.shape[1]
         full = (x.shape[0], local * tp) + tuple(x.shape[2:])
-        with stream:
+        with fork(self.rng, REPLICATED):
             drawn = F.dropout(torch.ones(full, dtype=x.dtype, device=x.device),
                               self.hidden_dropout, training=True)
         keep = drawn.narrow(1, self.groups.tp_rank * local, local) != 0  # bool: 1 B saved

@@ -34,11 +34,12 @@ from torch import nn
 from ..config import ModelConfig
 from ..layout import StageLayout, received_layout
 from ..parallel.context import LayerGroups, ParallelContext
-from ..plan import Plan, PlanError
-from ..parallel.random import REPLICATED, RNGTracker
+from ..plan import Plan
+from ..parallel.random import RNGTracker, replicated_dropout
 from ..parallel.redistribute import batch_chunk, relayout
 from ..families.vision.config import VisionConfig
 from .init import collect_shard_specs, init_parameters
+from .stage import PipelineStage, refuse_interleaving_and_sequence_parallel
 from .transformer import TransformerLayer
 
 
@@ -67,13 +68,8 @@ def patchify(images: torch.Tensor, patch: int) -> torch.Tensor:
 
 def _refuse_unsupported(plan: Plan) -> None:
     """Vision stages run neither sequence parallelism nor the interleaved schedule yet."""
-    if plan.virtual_size != 1:
-        raise PlanError(f"plan field pipeline.virtual_size={plan.virtual_size}: the vision "
-                        f"models run only non-interleaved schedules; use virtual_size 1")
-    for i, layer in enumerate(plan.layers):
-        if layer.sequence_parallel:
-            raise PlanError(f"plan field layers[{i}].sequence_parallel=True: the vision models "
-                            f"do not run sequence parallelism yet; set it to false")
+    refuse_interleaving_and_sequence_parallel(plan, "the vision models run only",
+                                              "the vision models do not run")
 
 
 class PatchEmbedding(nn.Module):
@@ -102,12 +98,7 @@ class PatchEmbedding(nn.Module):
             x = x + self.position_embeddings
         if self.norm is not None:
             x = self.norm(x)
-        if self.training and self.dropout > 0.0:
-            if self.rng is None:
-                return F.dropout(x, self.dropout, training=True)
-            with self.rng.fork(REPLICATED):
-                x = F.dropout(x, self.dropout, training=True)
-        return x
+        return replicated_dropout(x, self.dropout, self.rng, self.training)
 
 
 class ClassificationHead(nn.Module):
@@ -127,21 +118,14 @@ class ClassificationHead(nn.Module):
         return self.output_layer(x)
 
 
-class VisionStage(nn.Module, abc.ABC):
+class VisionStage(PipelineStage, abc.ABC):
     """One pipeline stage of an image classifier; subclasses build the layers."""
 
     def __init__(self, config: VisionConfig, ctx: ParallelContext, *, seed: int = 1234) -> None:
-        super().__init__()
-        ctx.plan.validate(config)
-        self.config, self.ctx, self.seed = config, ctx, seed
-        self.rng = RNGTracker(seed, stage=ctx.stage, local_index=ctx.local_index,
-                              device=ctx.device)
+        super().__init__(config, ctx, seed)
         plan = ctx.plan
         _refuse_unsupported(plan)
         self.layer_ids = list(plan.stage_layer_range(ctx.stage))
-        self.is_first_stage, self.is_last_stage = ctx.is_first_stage, ctx.is_last_stage
-        self.vocab_groups = (ctx.vocab_groups()
-                             if self.is_first_stage or self.is_last_stage else None)
         self._layer_groups = {i: ctx.layer_groups(i) for i in self.layer_ids}
         if self.is_first_stage:
             self.embedding = PatchEmbedding(config, self.rng)

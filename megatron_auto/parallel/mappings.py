@@ -29,7 +29,7 @@ its partial outputs out of it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -80,15 +80,41 @@ def reduce_scatter_sequence(x: torch.Tensor, group: Any) -> torch.Tensor:
     return out
 
 
-class _ScatterToSequence(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
-        ctx.group = group
-        return _split_sequence(x, group)
+def _conjugate_pair(name: str, forward: Callable[[torch.Tensor, Any], torch.Tensor],
+                    backward: Callable[[torch.Tensor, Any], torch.Tensor]) -> Any:
+    """A named autograd function over a group: ``forward(x, group)`` forward,
+    ``backward(grad, group)`` for the gradient (one row of the module docstring's table)."""
 
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return all_gather_sequence(grad, ctx.group), None
+    def run_forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        return forward(x, group)
+
+    def run_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return backward(grad, ctx.group), None
+
+    return type(name, (torch.autograd.Function,), {
+        "forward": staticmethod(run_forward), "backward": staticmethod(run_backward)})
+
+
+def _identity(x: torch.Tensor, group: Any) -> torch.Tensor:
+    return x
+
+
+def _sum(x: torch.Tensor, group: Any) -> torch.Tensor:
+    return _all_reduce(x.clone(), group)  # a copy: the input (or saved gradient) stays intact
+
+
+def _gather_last(x: torch.Tensor, group: Any) -> torch.Tensor:
+    return all_gather_dim(x, group, dim=-1)
+
+
+_CopyToTensorParallel = _conjugate_pair("_CopyToTensorParallel", _identity, _sum)
+_ReduceFromTensorParallel = _conjugate_pair("_ReduceFromTensorParallel", _sum, _identity)
+_ScatterToLastDim = _conjugate_pair("_ScatterToLastDim", _split_last, _gather_last)
+_GatherFromLastDim = _conjugate_pair("_GatherFromLastDim", _gather_last, _split_last)
+_ScatterToSequence = _conjugate_pair("_ScatterToSequence", _split_sequence, all_gather_sequence)
+_ReduceScatterToSequence = _conjugate_pair("_ReduceScatterToSequence", reduce_scatter_sequence,
+                                           all_gather_sequence)
 
 
 class _GatherFromSequence(torch.autograd.Function):
@@ -102,60 +128,6 @@ class _GatherFromSequence(torch.autograd.Function):
         if ctx.reduce_grad:
             return reduce_scatter_sequence(grad, ctx.group), None, None
         return _split_sequence(grad, ctx.group), None, None
-
-
-class _ReduceScatterToSequence(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
-        ctx.group = group
-        return reduce_scatter_sequence(x, group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return all_gather_sequence(grad, ctx.group), None
-
-
-class _CopyToTensorParallel(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
-        ctx.group = group
-        return x
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return _all_reduce(grad.clone(), ctx.group), None
-
-
-class _ReduceFromTensorParallel(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
-        return _all_reduce(x.clone(), group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return grad, None
-
-
-class _ScatterToLastDim(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
-        ctx.group = group
-        return _split_last(x, group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return all_gather_dim(grad, ctx.group, dim=-1), None
-
-
-class _GatherFromLastDim(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
-        ctx.group = group
-        return all_gather_dim(x, group, dim=-1)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return _split_last(grad, ctx.group), None
 
 
 def copy_to_tensor_parallel(x: torch.Tensor, group: Any) -> torch.Tensor:

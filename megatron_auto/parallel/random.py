@@ -25,6 +25,7 @@ import hashlib
 from typing import Any, Callable, Iterator
 
 import torch
+import torch.nn.functional as F
 import torch.utils.checkpoint
 
 REPLICATED = "replicated"
@@ -93,6 +94,25 @@ class RNGTracker:
 
     def set_states(self, states: dict[str, torch.Tensor]) -> None:
         self.states = dict(states)
+
+
+def fork(tracker: RNGTracker | None, name: str, *,
+         draws: bool = True) -> contextlib.AbstractContextManager:
+    """``tracker.fork(name)`` around code that ``draws`` random numbers; nothing without a
+    tracker (one process outside a stage: torch's default generator) or without draws."""
+    if tracker is None or not draws:
+        return contextlib.nullcontext()
+    return tracker.fork(name)
+
+
+def replicated_dropout(x: torch.Tensor, p: float, tracker: RNGTracker | None,
+                       training: bool) -> torch.Tensor:
+    """Dropout of an activation replicated over the TP group: the ``REPLICATED`` stream, so
+    every TP rank drops the same elements; ``x`` itself in eval or with ``p == 0``."""
+    if not training or p == 0.0:
+        return x
+    with fork(tracker, REPLICATED):
+        return F.dropout(x, p, training=True)
 
 
 def checkpoint(fn: Callable[..., Any], tracker: RNGTracker | None, *args: Any) -> Any:

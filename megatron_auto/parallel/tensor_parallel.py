@@ -77,7 +77,28 @@ class _SequenceParallelColumnLinear(torch.autograd.Function):
                 None if grad_b is None else grad_b.to(b_dtype), None)
 
 
-class ColumnParallelLinear(nn.Module):
+class _ParallelLinear(nn.Module):
+    """What both TP linears hold: ``weight`` (out, in) split over the TP group along
+    ``split_dim`` (0: output features, 1: input features), and a bias of the output features,
+    split with them (``split_dim`` 0) or replicated."""
+
+    def __init__(self, in_features: int, out_features: int, groups: LayerGroups, split_dim: int,
+                 bias: bool, sequence_parallel: bool, device: torch.device | None,
+                 dtype: torch.dtype | None) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.tp_group, self.tp_size, self.tp_rank = groups.tp_group, groups.tp_size, groups.tp_rank
+        self.sequence_parallel = sequence_parallel and self.tp_size > 1
+        shape = [out_features, in_features]
+        shape[split_dim] = _divide(shape[split_dim], self.tp_size,
+                                   ("output features", "input features")[split_dim])
+        self.weight = nn.Parameter(torch.empty(*shape, device=device, dtype=dtype))
+        self.bias = (nn.Parameter(torch.empty(shape[0], device=device, dtype=dtype))
+                     if bias else None)
+        self.tp_shard_dims = {"weight": 0, "bias": 0} if split_dim == 0 else {"weight": 1}
+
+
+class ColumnParallelLinear(_ParallelLinear):
     """``y = x A^T + b`` with ``A`` (out, in) split along its rows (output features).
 
     Input ``(..., in)`` replicated on the TP group; output ``(..., out/tp)`` (this rank's output
@@ -88,16 +109,9 @@ class ColumnParallelLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, groups: LayerGroups, *,
                  bias: bool = True, gather_output: bool = False, sequence_parallel: bool = False,
                  device: torch.device | None = None, dtype: torch.dtype | None = None) -> None:
-        super().__init__()
-        self.in_features, self.out_features = in_features, out_features
-        self.tp_group, self.tp_size, self.tp_rank = groups.tp_group, groups.tp_size, groups.tp_rank
+        super().__init__(in_features, out_features, groups, 0, bias, sequence_parallel, device,
+                         dtype)
         self.gather_output = gather_output
-        self.sequence_parallel = sequence_parallel and self.tp_size > 1
-        local = _divide(out_features, self.tp_size, "output features")
-        self.weight = nn.Parameter(torch.empty(local, in_features, device=device, dtype=dtype))
-        self.bias = (nn.Parameter(torch.empty(local, device=device, dtype=dtype))
-                     if bias else None)
-        self.tp_shard_dims = {"weight": 0, "bias": 0}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
@@ -113,7 +127,7 @@ class ColumnParallelLinear(nn.Module):
                 f"bias={self.bias is not None}, gather_output={self.gather_output}")
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(_ParallelLinear):
     """``y = x A^T + b`` with ``A`` (out, in) split along its columns (input features).
 
     Input ``(..., in/tp)`` when ``input_is_parallel`` (the usual case after a column-parallel
@@ -126,16 +140,9 @@ class RowParallelLinear(nn.Module):
                  bias: bool = True, input_is_parallel: bool = True,
                  sequence_parallel: bool = False,
                  device: torch.device | None = None, dtype: torch.dtype | None = None) -> None:
-        super().__init__()
-        self.in_features, self.out_features = in_features, out_features
-        self.tp_group, self.tp_size, self.tp_rank = groups.tp_group, groups.tp_size, groups.tp_rank
+        super().__init__(in_features, out_features, groups, 1, bias, sequence_parallel, device,
+                         dtype)
         self.input_is_parallel = input_is_parallel
-        self.sequence_parallel = sequence_parallel and self.tp_size > 1
-        local = _divide(in_features, self.tp_size, "input features")
-        self.weight = nn.Parameter(torch.empty(out_features, local, device=device, dtype=dtype))
-        self.bias = (nn.Parameter(torch.empty(out_features, device=device, dtype=dtype))
-                     if bias else None)
-        self.tp_shard_dims = {"weight": 1}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
