@@ -65,6 +65,8 @@ from megatron_auto.training.precision import PrecisionConfig  # noqa: E402
 from reference.models import Transformer  # noqa: E402
 from reference.package_layout import from_package, ref_config  # noqa: E402
 from reference.train import RefOptim, step_fn  # noqa: E402
+from bench_setup import (add_gpt_shape_flags, add_step_flags, gpt_batch,  # noqa: E402
+                         gpt_config, one_process_world)
 
 LR = 1e-4
 
@@ -125,14 +127,6 @@ def plain_weights(ref: dict[str, torch.Tensor], num_layers: int) -> dict[str, to
     return out
 
 
-def make_batch(cfg: ModelConfig, batch: int, step: int) -> dict[str, torch.Tensor]:
-    gen = torch.Generator().manual_seed(step)
-    tokens = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_length + 1), generator=gen)
-    return {"tokens": tokens[:, :-1].contiguous(), "labels": tokens[:, 1:].contiguous(),
-            "loss_mask": torch.ones(batch, cfg.seq_length),
-            "position_ids": torch.arange(cfg.seq_length).expand(batch, -1).contiguous()}
-
-
 def plain_like(stage: nn.Module, cfg: ModelConfig) -> PlainGPT:
     """A :class:`PlainGPT` holding ``stage``'s weights (a one-process GPTStage of ``cfg``)."""
     from megatron_auto.models.init import gather_full_state
@@ -153,31 +147,16 @@ def _load(model: nn.Module, weights: dict[str, torch.Tensor]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--num-layers", type=int, default=4)
-    parser.add_argument("--hidden-size", type=int, default=256)
-    parser.add_argument("--num-attention-heads", type=int, default=4)
-    parser.add_argument("--seq-length", type=int, default=128)
-    parser.add_argument("--vocab-size", type=int, default=8192)
-    parser.add_argument("--global-batch-size", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None,
-                        help="CPU threads (default: torch's choice); 1 is steadier on busy machines")
+    add_gpt_shape_flags(parser)
+    add_step_flags(parser, steps=20, warmup=3)
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
 
     from megatron_auto.models.gpt import GPTStage
     from megatron_auto.models.init import gather_full_state
     from megatron_auto.training.trainer import build_trainer, train_step
 
-    os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": os.environ.get("MASTER_PORT", "29533")})
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    cfg = ModelConfig(num_layers=args.num_layers, hidden_size=args.hidden_size,
-                      num_attention_heads=args.num_attention_heads, seq_length=args.seq_length,
-                      vocab_size=args.vocab_size, hidden_dropout=0.0, attention_dropout=0.0)
+    device = one_process_world(args, "29533")
+    cfg = gpt_config(args)
     opt_cfg = OptimizerConfig()
     plan = Plan.uniform(1, cfg.num_layers, global_batch_size=args.global_batch_size)
     ours = build_trainer(cfg, plan, lambda c, ctx, seed: GPTStage(c, ctx, seed=seed),
@@ -225,7 +204,7 @@ def main() -> None:
     losses: dict[str, list[float]] = {name: [] for name in steps}
     load = os.getloadavg()[0]
     for step in range(args.warmup + args.steps):
-        batch = make_batch(cfg, args.global_batch_size, step)
+        batch = gpt_batch(cfg, args.global_batch_size, step)
         names = list(steps)
         # rotate who goes first: a step after another model's pays for re-filling the caches
         for name in names[step % len(names):] + names[:step % len(names)]:

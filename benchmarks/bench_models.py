@@ -16,7 +16,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -26,6 +25,7 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from plain_t5 import PlainT5  # noqa: E402 - the baselines next to this script
 from plain_vision import plain_model  # noqa: E402
+from bench_setup import add_step_flags, one_process_world, timed  # noqa: E402
 
 from megatron_auto.parallel.optimizer import OptimizerConfig, build_optimizer  # noqa: E402
 from megatron_auto.plan import Plan  # noqa: E402
@@ -90,22 +90,13 @@ def bench(cfg: VisionConfig | T5Config, batch: int, steps: int, warmup: int,
         nn.utils.clip_grad_norm_(plain.parameters(), opt_cfg.clip_grad, foreach=True)
         plain_opt.step()
 
-    def timed(fn, b) -> float:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn(b)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter() - start
-
     times: dict[str, list[float]] = {"ours": [], "plain": []}
     for step in range(warmup + steps):
         b = make_batch(cfg, batch, step)
         # alternate which goes first, so neither always runs on a warmer cache
         order = [("ours", lambda x: train_step(ours, x)), ("plain", plain_step)]
         for name, fn in (order if step % 2 == 0 else order[::-1]):
-            t = timed(fn, b)
+            t = timed(fn, b, device=device)
             if step >= warmup:
                 times[name].append(t)
     return statistics.median(times["ours"]), statistics.median(times["plain"])
@@ -115,17 +106,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--global-batch-size", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=None,
-                        help="CPU threads (default: torch's choice); 1 is steadier on busy machines")
+    add_step_flags(parser, steps=10, warmup=2)
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": os.environ.get("MASTER_PORT", "29534")})
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    device = one_process_world(args, "29534")
     print(f"device {device}, {torch.get_num_threads()} thread(s), global batch "
           f"{args.global_batch_size}, median of {args.steps} steps")
     print(f"{'model':6} {'parameters':>11} {'ours ms':>9} {'plain ms':>9} {'plain/ours':>10}")

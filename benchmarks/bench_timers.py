@@ -18,26 +18,19 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import statistics
 import time
 
 import torch
 import torch.distributed as dist
 
-from megatron_auto.config import ModelConfig
 from megatron_auto.parallel.timers import Timers
 from megatron_auto.parallel.optimizer import OptimizerConfig
 from megatron_auto.plan import Plan
 from megatron_auto.training.lr_scheduler import LRConfig
 
-
-def make_batch(cfg: ModelConfig, batch: int, step: int) -> dict[str, torch.Tensor]:
-    gen = torch.Generator().manual_seed(step)
-    tokens = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_length + 1), generator=gen)
-    return {"tokens": tokens[:, :-1].contiguous(), "labels": tokens[:, 1:].contiguous(),
-            "loss_mask": torch.ones(batch, cfg.seq_length),
-            "position_ids": torch.arange(cfg.seq_length).expand(batch, -1).contiguous()}
+from bench_setup import (add_gpt_shape_flags, add_step_flags, gpt_batch, gpt_config,
+                         one_process_world, timed)
 
 
 class _Counting(Timers):
@@ -85,35 +78,18 @@ def _close_cost(timers: Timers, names: set[str], repeats: int = 2000) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--level", type=int, default=1, choices=[1, 2])
-    parser.add_argument("--num-layers", type=int, default=4)
-    parser.add_argument("--hidden-size", type=int, default=256)
-    parser.add_argument("--num-attention-heads", type=int, default=4)
-    parser.add_argument("--seq-length", type=int, default=128)
-    parser.add_argument("--vocab-size", type=int, default=8192)
-    parser.add_argument("--global-batch-size", type=int, default=8)
+    add_gpt_shape_flags(parser)
     parser.add_argument("--num-microbatches", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--log-interval", type=int, default=10)
-    parser.add_argument("--threads", type=int, default=None,
-                        help="CPU threads (default: torch's choice); 1 is steadier on busy machines")
+    add_step_flags(parser, steps=30, warmup=3)
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
 
     from megatron_auto.models.gpt import GPTStage
     from megatron_auto.parallel.timers import gather_over_ranks
     from megatron_auto.training.trainer import build_trainer, train_step
 
-    os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": os.environ.get("MASTER_PORT", "29534")})
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(0)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    cfg = ModelConfig(num_layers=args.num_layers, hidden_size=args.hidden_size,
-                      num_attention_heads=args.num_attention_heads, seq_length=args.seq_length,
-                      vocab_size=args.vocab_size, hidden_dropout=0.0, attention_dropout=0.0)
+    device = one_process_world(args, "29534")
+    cfg = gpt_config(args)
     plan = Plan.uniform(1, cfg.num_layers, global_batch_size=args.global_batch_size,
                         num_microbatches=args.num_microbatches)
 
@@ -122,16 +98,13 @@ def main() -> None:
                       lr_config=LRConfig(lr=1e-4, decay_style="constant"), device=device)
     timers = {"untimed": Timers(0, device), "timed": Timers(args.level, device)}
 
+    def one_step(batch: dict[str, torch.Tensor]) -> None:
+        train_step(t, batch)
+        t.timers.end_iteration()  # inside the measured time: the loop pays it every iteration
+
     def step_time(name: str, batch: dict[str, torch.Tensor]) -> float:
         t.timers = timers[name]
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        train_step(t, batch)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t.timers.end_iteration()  # inside the measured time: the loop pays it every iteration
-        return time.perf_counter() - start
+        return timed(one_step, batch, device=device)
 
     # Rounds of three steps, each round another order of (level 0, level 0 again, timed): the
     # second level-0 series is a control, so its ratio shows the noise of this machine.
@@ -140,7 +113,7 @@ def main() -> None:
     times: dict[str, list[float]] = {name: [] for name in timers}
     for step in range(args.warmup * 3 + 3 * args.steps):
         name = orders[(step // 3) % len(orders)][step % 3]
-        seconds = step_time(name, make_batch(cfg, args.global_batch_size, step))
+        seconds = step_time(name, gpt_batch(cfg, args.global_batch_size, step))
         if name == "timed" and len(times["timed"]) % args.log_interval == args.log_interval - 1:
             start = time.perf_counter()
             gather_over_ranks(timers["timed"].take(), device)
@@ -153,7 +126,7 @@ def main() -> None:
     # (enter + exit at this level, less level 0's no-op), plus the per-iteration close.
     counting = _Counting(args.level, device)
     t.timers = counting
-    train_step(t, make_batch(cfg, args.global_batch_size, 0))
+    train_step(t, gpt_batch(cfg, args.global_batch_size, 0))
     per_entry = _entry_cost(Timers(args.level, device)) - _entry_cost(Timers(0, device))
     close = _close_cost(Timers(args.level, device), counting.names)
     direct = counting.entries * per_entry + close

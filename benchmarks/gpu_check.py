@@ -61,6 +61,7 @@ from megatron_auto.families.registry import model_spec  # noqa: E402
 from megatron_auto.planner.inputs.presets import make_cluster  # noqa: E402
 from megatron_auto.planner.inputs.profiles import ModelProfile, analytic_profile  # noqa: E402
 from megatron_auto.planner.search.driver import evaluate  # noqa: E402
+from bench_setup import gpt_batch  # noqa: E402 - next to this script
 
 GPT_1_3B = ModelConfig(num_layers=24, hidden_size=2048, num_attention_heads=16, seq_length=2048,
                        vocab_size=50257, hidden_dropout=0.0, attention_dropout=0.0)
@@ -122,14 +123,6 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def batch_of(cfg: ModelConfig, batch: int, step: int) -> dict[str, torch.Tensor]:
-    gen = torch.Generator().manual_seed(step)
-    tokens = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_length + 1), generator=gen)
-    return {"tokens": tokens[:, :-1].contiguous(), "labels": tokens[:, 1:].contiguous(),
-            "loss_mask": torch.ones(batch, cfg.seq_length),
-            "position_ids": torch.arange(cfg.seq_length).expand(batch, -1).contiguous()}
-
-
 def plan_of(world: int, cfg: ModelConfig, batch: int, m: int, *, tp: int = 1, pp: int = 1,
             recompute: Callable[[int], bool] = lambda i: False,
             dp_mode: Callable[[int], str] = lambda i: "ddp") -> Plan:
@@ -158,7 +151,7 @@ def measure(trainer: Any, cfg: ModelConfig, setup: Setup, device: torch.device) 
     reads = trainer.reads_data
     times = []
     for step in range(setup.warmup + setup.steps):
-        batch = batch_of(cfg, trainer.plan.global_batch_size, step) if reads else None
+        batch = gpt_batch(cfg, trainer.plan.global_batch_size, step) if reads else None
         _sync(device)
         start = time.perf_counter()
         train_step(trainer, batch)
@@ -167,7 +160,7 @@ def measure(trainer: Any, cfg: ModelConfig, setup: Setup, device: torch.device) 
             times.append(time.perf_counter() - start)
     meter = PeakMemoryMeter(device, trainer.stage, trainer.optimizer)
     meter.start()
-    train_step(trainer, batch_of(cfg, trainer.plan.global_batch_size, 99) if reads else None)
+    train_step(trainer, gpt_batch(cfg, trainer.plan.global_batch_size, 99) if reads else None)
     meter.stop()
     peak = meter.device_peak_bytes
     if dist.is_initialized() and dist.get_world_size() > 1:
@@ -231,7 +224,7 @@ def part_a(setup: Setup, device: torch.device) -> dict:
 
     times: dict[str, list[float]] = {"ours": [], "plain": []}
     for step in range(setup.warmup + setup.steps):
-        batch = batch_of(cfg, setup.batch, step)
+        batch = gpt_batch(cfg, setup.batch, step)
         for name, fn in (("ours", lambda b: train_step(ours, b)), ("plain", plain_step)):
             _sync(device)
             start = time.perf_counter()

@@ -15,15 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-class Mlp(nn.Module):
-    def __init__(self, h: int, ffn: int) -> None:
-        super().__init__()
-        self.linear_fc1 = nn.Linear(h, ffn)
-        self.linear_fc2 = nn.Linear(ffn, h)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear_fc2(F.gelu(self.linear_fc1(x)))
+from plain_t5 import Mlp  # the same two-layer GELU MLP (and parameter names)
 
 
 class Attention(nn.Module):
