@@ -7,12 +7,9 @@ plan toward memory-saving choices while the measured peak memory stays under tha
 
 from __future__ import annotations
 
-import json
-import os
-
 import pytest
 
-from dist_utils import run_distributed
+from harness import metrics_records, run_main
 
 pytestmark = pytest.mark.multirank
 
@@ -20,17 +17,6 @@ MODEL = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4
          "--seq-length", "32", "--max-position-embeddings", "32", "--vocab-size", "512",
          "--hidden-dropout", "0", "--attention-dropout", "0", "--global-batch-size", "16",
          "--lr", "1e-3", "--log-interval", "1", "--mock-data"]
-
-
-def _main(rank, world_size, argv, cache_dir):
-    os.environ["MEGATRON_AUTO_CACHE"] = cache_dir
-    import pretrain_gpt
-
-    return pretrain_gpt.main(argv)
-
-
-def _losses(path):
-    return [json.loads(line) for line in open(path, encoding="utf-8")]
 
 
 @pytest.fixture(scope="module")
@@ -42,10 +28,11 @@ def _auto_run(tmp_path, cache_dir, name, extra=(), iters=3):
     metrics, plan_out = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.plan.json"
     argv = [*MODEL, "--auto-parallel", "--train-iters", str(iters), "--metrics-file",
             str(metrics), "--plan-out", str(plan_out), *extra]
-    assert run_distributed(_main, 4, argv, cache_dir, timeout_s=600) == [0] * 4
+    assert run_main("pretrain_gpt", 4, argv, env={"MEGATRON_AUTO_CACHE": cache_dir},
+                    timeout_s=600) == [0] * 4
     from megatron_auto.plan import Plan
 
-    return Plan.load(plan_out), _losses(metrics)
+    return Plan.load(plan_out), metrics_records(metrics)
 
 
 def test_auto_parallel_trains_like_one_process(tmp_path, cache_dir):
@@ -53,8 +40,8 @@ def test_auto_parallel_trains_like_one_process(tmp_path, cache_dir):
     assert plan.world_size == 4 and plan.estimate is not None
     ref_metrics = tmp_path / "ref.jsonl"
     argv = [*MODEL, "--train-iters", "3", "--metrics-file", str(ref_metrics)]
-    assert run_distributed(_main, 1, argv, cache_dir) == [0]
-    ref = _losses(ref_metrics)
+    assert run_main("pretrain_gpt", 1, argv, env={"MEGATRON_AUTO_CACHE": cache_dir}) == [0]
+    ref = metrics_records(ref_metrics)
     assert [r["iteration"] for r in records] == [1, 2, 3]
     # fp32, dropout off: the equivalence invariant (docs/design.md §4), relative 1e-5.
     for got, want in zip(records, ref):

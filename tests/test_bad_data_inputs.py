@@ -6,15 +6,13 @@ errors used to escape as ``TypeError`` / ``IndexError`` / ``RuntimeError`` trace
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 
 import numpy as np
 import pytest
 
-from dist_utils import run_distributed
+from harness import run_main
 from megatron_auto.data import IndexedDatasetBuilder
 from megatron_auto.data.preprocess import TokenizerArgs, preprocess_jsonl
 
@@ -29,15 +27,6 @@ def _write_dataset(prefix, documents, dtype=np.int32):
         builder.add_document(np.asarray(doc, dtype=np.int64), [len(doc)])
     builder.finalize()
     return str(prefix)
-
-
-def _train_worker(rank, world_size, argv):
-    import pretrain_gpt
-
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        code = pretrain_gpt.main(argv)
-    return code, err.getvalue()
 
 
 def _cases(tmp_path):
@@ -74,7 +63,7 @@ CASE_NAMES = ["empty dataset", "empty training split", "token ids past the vocab
 @pytest.mark.parametrize("case", CASE_NAMES)
 def test_bad_data_input_is_one_error_line(tmp_path, case):
     argv, expected = _cases(tmp_path)[case]
-    [(code, err)] = run_distributed(_train_worker, 1, TINY + argv)
+    [(code, err)] = run_main("pretrain_gpt", 1, TINY + argv, capture="stderr")
     assert code == 2, err
     assert "Traceback" not in err
     lines = [line for line in err.splitlines() if line.strip()]

@@ -277,17 +277,13 @@ def test_bad_flag_or_plan_file_is_one_error_line(tmp_path, case):
     _assert_one_error_line(code, err, _fill(expected, d), case)
 
 
-def _train_worker(rank, world_size, argv):
-    return _train(argv)
-
-
 @pytest.mark.multirank
 def test_bad_checkpoint_directory_is_one_error_line(tmp_path):
-    from dist_utils import run_distributed
+    from harness import run_main
 
     d = _files(tmp_path)
     for case, (argv, expected) in CHECKPOINT_CASES.items():  # one loop: start-up costs little
-        [(code, err)] = run_distributed(_train_worker, 1, TINY + _fill(argv, d))
+        [(code, err)] = run_main("pretrain_gpt", 1, TINY + _fill(argv, d), capture="stderr")
         _assert_one_error_line(code, err, _fill(expected, d), case)
 
 

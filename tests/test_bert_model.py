@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from dist_utils import run_distributed
@@ -16,7 +15,7 @@ from megatron_auto.config import ModelConfig
 from megatron_auto.models.bert import BertStage
 from megatron_auto.models.init import gather_full_state
 from megatron_auto.parallel.context import ParallelContext
-from test_gpt_model import BATCH, check_against_reference, finish_grad_sync, plan_of
+from test_gpt_model import BATCH, check_against_reference, finish_grad_sync, plan_of, run_stage
 
 pytestmark = pytest.mark.multirank
 
@@ -48,27 +47,7 @@ def _worker(rank: int, world_size: int, plan, config: ModelConfig) -> dict:
     batch = make_bert_batch(config)
     total = batch["loss_mask"].sum().item()
     kwargs = {k: batch[k] for k in ("types", "padding_mask", "is_random")}
-    if ctx.is_first_stage:
-        x = batch["text"]
-    else:
-        x = torch.empty(stage.input_shape(BATCH)).requires_grad_()
-        dist.recv(x.data, src=ctx.prev_rank)
-    loss = None
-    if ctx.is_last_stage:
-        loss_sum, _ = stage(x, labels=batch["labels"], loss_mask=batch["loss_mask"], **kwargs)
-        (loss_sum / total).backward()
-        loss = loss_sum.detach().clone()
-        if stage.vocab_groups.dp_size > 1:
-            dist.all_reduce(loss, group=stage.vocab_groups.dp_group)
-        loss = loss.item()
-    else:
-        out = stage(x, **kwargs)
-        dist.send(out.detach().contiguous(), dst=ctx.next_rank)
-        grad = torch.empty_like(out)
-        dist.recv(grad, src=ctx.next_rank)
-        out.backward(grad)
-    if not ctx.is_first_stage:
-        dist.send(x.grad.contiguous(), dst=ctx.prev_rank)
+    loss = run_stage(stage, ctx, batch, total, first_input="text", kwargs=kwargs)
     finish_grad_sync(stage, ctx)
     return {"stage": ctx.stage, "loss": loss, "params": params,
             "grads": gather_full_state(stage, ctx, grads=True)}

@@ -7,22 +7,24 @@ compared with an uninterrupted one-process run of the same number of steps.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
 import pytest
-import torch
 
-from dist_utils import run_distributed
-from test_equivalence import CONFIG, layer, make_batch, plan_of
+from harness import (RTOL, Trained, assert_same_training, build, layer, metrics_losses,
+                     plan_of, run_main, run_phase)
 from megatron_auto.config import ModelConfig
 from megatron_auto.plan import Plan
 from megatron_auto.training.lr_scheduler import LRConfig
-from megatron_auto.parallel.optimizer import OptimizerConfig
+from test_equivalence import CONFIG, GPT_RECIPE
 
-RTOL = 1e-5
 STEPS = 4
 SPLIT = 2  # steps before the checkpoint
+# The equivalence tests' tiny GPT with a cosine schedule (a resumed run restores its position).
+CKPT = dataclasses.replace(GPT_RECIPE, lr=LRConfig(lr=1e-3, min_lr=1e-4, decay_style="cosine",
+                                                  warmup_iters=1, decay_iters=STEPS))
 
 ONE = plan_of(1, [layer()] * 4, num_microbatches=1)
 # 4 ranks, one stage: TP 2 x DP 2, ZeRO-3 / ZeRO-2 layers, strided TP, vocab TP 2 with ZeRO-2.
@@ -38,84 +40,49 @@ PP2_ZERO3 = plan_of(4, [layer(), layer(dp_mode="zero3"), layer(dp_mode="zero2"),
 TP2 = plan_of(2, [layer(tp=2)] * 4, vocab_tp=2)
 
 
-def _trainer(plan_dict, config_dict=None):
-    from megatron_auto.models.gpt import GPTStage
-    from megatron_auto.training.trainer import build_trainer
-
-    return build_trainer(
-        ModelConfig.from_dict(config_dict or CONFIG.to_dict()), Plan.from_dict(plan_dict),
-        lambda cfg, ctx, seed: GPTStage(cfg, ctx, seed=seed),
-        optimizer_config=OptimizerConfig(weight_decay=0.1, clip_grad=1.0, adam_eps=1e-6),
-        lr_config=LRConfig(lr=1e-3, min_lr=1e-4, decay_style="cosine", warmup_iters=1,
-                           decay_iters=STEPS), seed=1234)
+def _trainer(plan_dict):
+    """The recipe's trainer for ``plan_dict`` on this rank (collective)."""
+    return build(CKPT, Plan.from_dict(plan_dict))
 
 
-def _phase_worker(rank, world_size, plan_dict, first_step, last_step, load_dir, save_dir):
-    """Build a fresh trainer, optionally load, train steps [first_step, last_step), optionally save."""
-    from megatron_auto.models.init import gather_full_state
-    from megatron_auto.training.checkpoint import load_checkpoint, save_checkpoint
-    from megatron_auto.training.trainer import train_step
-
-    trainer = _trainer(plan_dict)
-    if load_dir:
-        assert load_checkpoint(trainer, load_dir) == first_step
-    losses = []
-    for step in range(first_step, last_step):
-        batch = make_batch(step) if trainer.reads_data else None
-        losses.append(train_step(trainer, batch).lm_loss)
-    if save_dir:
-        save_checkpoint(trainer, save_dir)
-    return {"losses": losses, "state": gather_full_state(trainer.stage),
-            "iteration": trainer.iteration, "consumed": trainer.consumed_samples}
-
-
-def _phase(world_size, plan_dict, first_step, last_step, load_dir=None, save_dir=None):
-    """Rank 0's losses and the full parameters merged over ranks (replicas must agree)."""
-    outs = run_distributed(_phase_worker, world_size, plan_dict, first_step, last_step,
-                           str(load_dir) if load_dir else None,
-                           str(save_dir) if save_dir else None)
-    state: dict[str, torch.Tensor] = {}
-    for out in outs:
-        for name, value in out["state"].items():
-            if name in state:
-                torch.testing.assert_close(value, state[name], rtol=RTOL, atol=1e-7)
-            state[name] = value
-    assert {o["iteration"] for o in outs} == {last_step}
-    assert {o["consumed"] for o in outs} == {last_step * ONE_GBS}
-    return outs[0]["losses"], state
+def _phase(world_size, plan_dict, first_step, last_step, load_dir=None, save_dir=None) -> Trained:
+    """Steps [first_step, last_step) after an optional load, then an optional save; every rank
+    ends at ``last_step`` having consumed as many global batches."""
+    trained = run_phase(CKPT, world_size, plan_dict, first_step, last_step, load_dir=load_dir,
+                        save_dir=save_dir)
+    assert set(trained.iterations) == {last_step}
+    assert set(trained.consumed_samples) == {last_step * ONE_GBS}
+    return trained
 
 
 ONE_GBS = Plan.from_dict(ONE).global_batch_size
-_REFERENCE: dict[str, tuple] = {}
+_REFERENCE: dict[str, Trained] = {}
 
 
-def reference():
+def reference() -> Trained:
     """The uninterrupted one-process run of STEPS steps (computed once per session)."""
     if "ref" not in _REFERENCE:
         _REFERENCE["ref"] = _phase(1, ONE, 0, STEPS)
     return _REFERENCE["ref"]
 
 
-def assert_matches_reference(losses, state, label):
-    ref_losses, ref_state = reference()
-    assert losses == pytest.approx(ref_losses[SPLIT:], rel=RTOL), f"{label}: losses differ"
-    assert set(state) == set(ref_state), f"{label}: parameter names differ"
-    for name, value in ref_state.items():
-        torch.testing.assert_close(state[name], value, rtol=RTOL, atol=1e-6,
-                                   msg=lambda m, n=name: f"{label}: {n}: {m}")
+def assert_matches_reference(trained: Trained, label: str) -> None:
+    """A resumed run's steps equal the uninterrupted run's same steps (tests/harness.py)."""
+    assert trained.first_step == SPLIT
+    assert_same_training(reference(), trained, label)
 
 
 # ------------------------------------------------------------------------------ resume
 @pytest.mark.multirank
 def test_resume_one_process_equals_uninterrupted_run(tmp_path):
-    first, _ = _phase(1, ONE, 0, SPLIT, save_dir=tmp_path)
-    assert first == pytest.approx(reference()[0][:SPLIT], rel=RTOL)
+    first = _phase(1, ONE, 0, SPLIT, save_dir=tmp_path)
+    assert first.losses == pytest.approx(reference().losses[:SPLIT], rel=RTOL)
     assert (tmp_path / "latest_checkpointed_iteration.txt").read_text().strip() == str(SPLIT)
     info = json.loads((tmp_path / "iter_0000002" / "checkpoint_info.json").read_text())
     assert info["iteration"] == SPLIT and info["consumed_samples"] == SPLIT * ONE_GBS
     assert info["model"]["num_layers"] == CONFIG.num_layers and info["plan"]["world_size"] == 1
-    losses, state = _phase(1, ONE, SPLIT, STEPS, load_dir=tmp_path)
-    assert_matches_reference(losses, state, "resume, one process")
+    assert_matches_reference(_phase(1, ONE, SPLIT, STEPS, load_dir=tmp_path),
+                             "resume, one process")
 
 
 # ---------------------------------------------------------------------------- reshard
@@ -134,8 +101,8 @@ RESHARD_CASES = {
 def test_checkpoint_loads_under_another_plan_and_continues_exactly(tmp_path, name):
     save_world, save_plan, load_world, load_plan = RESHARD_CASES[name]
     _phase(save_world, save_plan, 0, SPLIT, save_dir=tmp_path)
-    losses, state = _phase(load_world, load_plan, SPLIT, STEPS, load_dir=tmp_path)
-    assert_matches_reference(losses, state, name)
+    assert_matches_reference(_phase(load_world, load_plan, SPLIT, STEPS, load_dir=tmp_path),
+                             name)
 
 
 @pytest.mark.multirank
@@ -186,31 +153,21 @@ SMALL = ["--mock-data", "--num-layers", "2", "--hidden-size", "32", "--num-atten
          "--lr-decay-iters", "6", "--lr-warmup-iters", "1"]
 
 
-def _main_worker(rank, world_size, argv):
-    import pretrain_gpt
-
-    return pretrain_gpt.main(argv)
-
-
-def _losses(path):
-    return {r["iteration"]: r["lm_loss"] for r in map(json.loads, open(path).read().splitlines())}
-
-
 @pytest.mark.multirank
 def test_pretrain_gpt_saves_every_interval_and_resumes(tmp_path):
     ckpt, m1, m2, full = tmp_path / "ckpt", tmp_path / "m1", tmp_path / "m2", tmp_path / "full"
     # Two ranks with TP 2 (dropout on: the same plan restores the RNG streams too).
     argv = SMALL + ["--tensor-model-parallel-size", "2"]
-    assert run_distributed(_main_worker, 2, argv + [
+    assert run_main("pretrain_gpt", 2, argv + [
         "--train-iters", "4", "--save", str(ckpt), "--save-interval", "2",
         "--metrics-file", str(m1)]) == [0, 0]
     assert sorted(os.listdir(ckpt)) == ["iter_0000002", "iter_0000004",
                                         "latest_checkpointed_iteration.txt"]
-    assert run_distributed(_main_worker, 2, argv + [
+    assert run_main("pretrain_gpt", 2, argv + [
         "--train-iters", "6", "--load", str(ckpt), "--metrics-file", str(m2)]) == [0, 0]
-    assert run_distributed(_main_worker, 2, argv + [
+    assert run_main("pretrain_gpt", 2, argv + [
         "--train-iters", "6", "--metrics-file", str(full)]) == [0, 0]
-    resumed, straight = _losses(m2), _losses(full)
+    resumed, straight = metrics_losses(m2), metrics_losses(full)
     assert sorted(resumed) == [5, 6]
     for it in (5, 6):
         assert resumed[it] == pytest.approx(straight[it], rel=RTOL), it
@@ -224,24 +181,24 @@ def test_one_command_serves_the_first_launch_and_the_restart(tmp_path, capfd):
     # now it starts from scratch, as Megatron does, so `--save D --load D` is restartable.
     ckpt, m1, m2, full = tmp_path / "ckpt", tmp_path / "m1", tmp_path / "m2", tmp_path / "full"
     same = SMALL + ["--save", str(ckpt), "--load", str(ckpt), "--save-interval", "2"]
-    assert run_distributed(_main_worker, 1, same + ["--train-iters", "2",
-                                                     "--metrics-file", str(m1)]) == [0]
+    assert run_main("pretrain_gpt", 1, same + ["--train-iters", "2",
+                                                  "--metrics-file", str(m1)]) == [0]
     assert f"--load={ckpt}: no finished checkpoint there yet; starting from scratch" in \
         capfd.readouterr().out
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
-    assert run_distributed(_main_worker, 1, same + ["--train-iters", "4",
-                                                     "--metrics-file", str(m2)]) == [0]
-    assert run_distributed(_main_worker, 1, SMALL + ["--train-iters", "4",
-                                                      "--metrics-file", str(full)]) == [0]
-    resumed, straight = _losses(m2), _losses(full)
-    assert sorted(resumed) == [3, 4] and sorted(_losses(m1)) == [1, 2]
+    assert run_main("pretrain_gpt", 1, same + ["--train-iters", "4",
+                                                  "--metrics-file", str(m2)]) == [0]
+    assert run_main("pretrain_gpt", 1, SMALL + ["--train-iters", "4",
+                                                   "--metrics-file", str(full)]) == [0]
+    resumed, straight = metrics_losses(m2), metrics_losses(full)
+    assert sorted(resumed) == [3, 4] and sorted(metrics_losses(m1)) == [1, 2]
     for it in (1, 2):
-        assert _losses(m1)[it] == pytest.approx(straight[it], rel=RTOL), it
+        assert metrics_losses(m1)[it] == pytest.approx(straight[it], rel=RTOL), it
     for it in (3, 4):
         assert resumed[it] == pytest.approx(straight[it], rel=RTOL), it
     # A third launch of the same command has nothing left to do, and says so in one line.
     capfd.readouterr()
-    assert run_distributed(_main_worker, 1, same + ["--train-iters", "4"]) == [0]
+    assert run_main("pretrain_gpt", 1, same + ["--train-iters", "4"]) == [0]
     out = capfd.readouterr().out
     assert out.count("nothing left to train") == 1
     assert (f"--load={ckpt}: the checkpoint is at iteration 4, --train-iters=4: nothing left to "
@@ -250,21 +207,21 @@ def test_one_command_serves_the_first_launch_and_the_restart(tmp_path, capfd):
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert run_distributed(_main_worker, 1, SMALL + ["--train-iters", "1", "--load",
-                                                      str(empty)]) == [0]
+    assert run_main("pretrain_gpt", 1, SMALL + ["--train-iters", "1", "--load",
+                                                   str(empty)]) == [0]
 
 
 @pytest.mark.multirank
 def test_pretrain_gpt_load_errors_exit_2(tmp_path, capfd):
     ckpt = tmp_path / "ckpt"
-    assert run_distributed(_main_worker, 1, SMALL + ["--train-iters", "2", "--save",
-                                                      str(ckpt)]) == [0]
+    assert run_main("pretrain_gpt", 1, SMALL + ["--train-iters", "2", "--save",
+                                                   str(ckpt)]) == [0]
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
     bigger = list(SMALL)
     bigger[bigger.index("--num-layers") + 1] = "3"
     capfd.readouterr()
-    assert run_distributed(_main_worker, 1, bigger + ["--train-iters", "4", "--load",
-                                                       str(ckpt)]) == [2]
+    assert run_main("pretrain_gpt", 1, bigger + ["--train-iters", "4", "--load",
+                                                    str(ckpt)]) == [2]
     assert "has num_layers=2 but this run has num_layers=3; set --num-layers" in \
         capfd.readouterr().err
 

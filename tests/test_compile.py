@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from dist_utils import run_distributed
+from harness import metrics_records, run_main
 from megatron_auto.models.compile import (CompileError, compile_layers,
                                           inductor_unavailable_reason, resolve_backend)
 from test_gpt_model import CONFIG, make_batch, plan_of
@@ -84,16 +85,8 @@ def test_inductor_without_a_compiler_warns_once_and_stays_eager(monkeypatch, cap
     assert len(warnings) == 1 and "needs a C++ compiler" in warnings[0]
 
 
-def _train(rank, world_size, argv):
-    import pretrain_gpt
-
-    return pretrain_gpt.main(argv)
-
-
 @pytest.mark.multirank
 def test_compile_flag_trains_the_eager_losses_with_zero3_tp_and_recompute(tmp_path):
-    import json
-
     from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy
 
     plan = Plan(world_size=2, global_batch_size=4, num_microbatches=2,
@@ -109,8 +102,8 @@ def test_compile_flag_trains_the_eager_losses_with_zero3_tp_and_recompute(tmp_pa
                 "--train-iters", "3", "--log-interval", "1", "--hidden-dropout", "0",
                 "--attention-dropout", "0", "--eval-iters", "0", "--plan",
                 str(tmp_path / "plan.json"), "--metrics-file", str(metrics), *extra]
-        assert run_distributed(_train, 2, argv) == [0, 0]
-        losses[name] = [json.loads(line)["lm_loss"] for line in metrics.read_text().splitlines()]
+        assert run_main("pretrain_gpt", 2, argv) == [0, 0]
+        losses[name] = [r["lm_loss"] for r in metrics_records(metrics)]
     assert len(losses["eager"]) == 3
     torch.testing.assert_close(torch.tensor(losses["compiled"]), torch.tensor(losses["eager"]),
                                rtol=1e-5, atol=0)

@@ -10,12 +10,11 @@ profile is measured once and cached for the module.
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import pytest
 
-from dist_utils import run_distributed
+from harness import metrics_losses, run_main
 
 pytestmark = pytest.mark.multirank
 
@@ -26,17 +25,9 @@ MODEL = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4
          "1", "--mock-data", "--eval-iters", "0"]
 
 
-def _main(rank, world_size, argv, cache_dir):
-    import os
-
-    os.environ["MEGATRON_AUTO_CACHE"] = cache_dir
-    import pretrain_gpt
-
-    return pretrain_gpt.main(argv)
-
-
-def _losses(path):
-    return {r["iteration"]: r["lm_loss"] for r in map(json.loads, open(path).read().splitlines())}
+def _main(world_size, argv, cache_dir, **kw):
+    return run_main("pretrain_gpt", world_size, argv, env={"MEGATRON_AUTO_CACHE": cache_dir},
+                    **kw)
 
 
 def test_auto_parallel_resume_on_fewer_ranks_continues_exactly(tmp_path, capfd):
@@ -44,22 +35,22 @@ def test_auto_parallel_resume_on_fewer_ranks_continues_exactly(tmp_path, capfd):
 
     cache = str(tmp_path / "cache")
     ckpt, first = tmp_path / "ckpt", tmp_path / "first.jsonl"
-    assert run_distributed(_main, 4, MODEL + [
+    assert _main(4, MODEL + [
         "--auto-parallel", "--cluster", "a100-40g-1x4", "--train-iters", "2", "--save",
         str(ckpt), "--metrics-file", str(first), "--plan-out", str(tmp_path / "p4.json")],
         cache, timeout_s=600) == [0] * 4
     saved_plan = Plan.load(tmp_path / "p4.json")
     assert saved_plan.world_size == 4
     reference = tmp_path / "ref.jsonl"
-    assert run_distributed(_main, 1, MODEL + ["--train-iters", "4", "--metrics-file",
-                                              str(reference)], cache) == [0]
-    want = _losses(reference)
-    assert _losses(first) == pytest.approx({i: want[i] for i in (1, 2)}, rel=1e-5)
+    assert _main(1, MODEL + ["--train-iters", "4", "--metrics-file", str(reference)],
+                 cache) == [0]
+    want = metrics_losses(reference)
+    assert metrics_losses(first) == pytest.approx({i: want[i] for i in (1, 2)}, rel=1e-5)
     for world in (2, 1):
         load, metrics = tmp_path / f"ckpt{world}", tmp_path / f"resumed{world}.jsonl"
         shutil.copytree(ckpt, load)
         capfd.readouterr()
-        assert run_distributed(_main, world, MODEL + [
+        assert _main(world, MODEL + [
             "--auto-parallel", "--cluster", f"a100-40g-1x{world}", "--train-iters", "4",
             "--load", str(load), "--metrics-file", str(metrics), "--plan-out",
             str(tmp_path / f"p{world}.json")], cache, timeout_s=600) == [0] * world
@@ -67,6 +58,6 @@ def test_auto_parallel_resume_on_fewer_ranks_continues_exactly(tmp_path, capfd):
         assert Plan.load(tmp_path / f"p{world}.json").world_size == world
         assert f"resharded: saved under a 4-rank plan (pp={saved_plan.pp_size}" in out, out[-3000:]
         assert f"now a {world}-rank plan" in out
-        got = _losses(metrics)
+        got = metrics_losses(metrics)
         assert sorted(got) == [3, 4], world
         assert got == pytest.approx({i: want[i] for i in (3, 4)}, rel=1e-5), world

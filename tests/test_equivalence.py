@@ -8,18 +8,18 @@ The one-process reference runs through exactly the same code (a one-rank plan).
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import math
 import random
 
 import pytest
 import torch
 
-from dist_utils import run_distributed
+from harness import GLOBAL_BATCH, STEPS, Equivalence, Recipe, layer, plan_of, run_plans
 from megatron_auto.config import ModelConfig
-from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy
-from megatron_auto.training.lr_scheduler import LRConfig
+from megatron_auto.families.registry import family_of
 from megatron_auto.parallel.optimizer import OptimizerConfig
+from megatron_auto.training.lr_scheduler import LRConfig
 from megatron_auto.training.precision import PrecisionConfig
 
 pytestmark = pytest.mark.multirank
@@ -27,9 +27,6 @@ pytestmark = pytest.mark.multirank
 CONFIG = ModelConfig(num_layers=4, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64,
                      seq_length=16, vocab_size=60, make_vocab_size_divisible_by=16,
                      hidden_dropout=0.0, attention_dropout=0.0)
-GLOBAL_BATCH = 8
-STEPS = 3
-RTOL = 1e-5
 
 
 def make_batch(step: int, vocab: int = CONFIG.vocab_size) -> dict[str, torch.Tensor]:
@@ -41,94 +38,27 @@ def make_batch(step: int, vocab: int = CONFIG.vocab_size) -> dict[str, torch.Ten
             "position_ids": torch.arange(CONFIG.seq_length).expand(GLOBAL_BATCH, -1).contiguous()}
 
 
-def layer(tp=1, dp_mode="ddp", consecutive=True, recompute=False, sp=False) -> LayerStrategy:
-    return LayerStrategy(tp=tp, dp_mode=dp_mode, tp_consecutive=consecutive, recompute=recompute,
-                         sequence_parallel=sp)
+GPT_RECIPE = Recipe(CONFIG, family_of(CONFIG).build_stage, make_batch,
+                    # eps 1e-6: the key bias has a mathematically zero gradient (softmax
+                    # ignores it), so its gradient is rounding noise that Adam would blow up to
+                    # +-lr per step with a tiny eps, differently under each plan; a larger eps
+                    # keeps such noise negligible.
+                    optimizer=OptimizerConfig(weight_decay=0.1, clip_grad=1.0, adam_eps=1e-6))
+GPT = Equivalence(GPT_RECIPE, "gpt")
 
 
-def plan_of(world_size, layers, *, layers_per_stage=None, num_microbatches=2, schedule="1f1b",
-            vocab_tp=1, vocab_dp_mode="ddp", virtual_size=1) -> dict:
-    """``layers_per_stage`` lists the model chunks (``pp * virtual_size`` of them)."""
-    lps = tuple(layers_per_stage or (len(layers),))
-    return Plan(world_size=world_size, global_batch_size=GLOBAL_BATCH,
-                num_microbatches=num_microbatches,
-                pipeline=PipelineSpec(size=len(lps) // virtual_size, schedule=schedule,
-                                      layers_per_stage=lps, virtual_size=virtual_size),
-                vocab=VocabStrategy(tp=vocab_tp, dp_mode=vocab_dp_mode),
-                layers=tuple(layers)).to_dict()
-
-
-def _train_worker(rank, world_size, plan_dicts, steps, precision, lr, config_dict, same_batch):
-    from megatron_auto.models.gpt import GPTStage
-    from megatron_auto.models.init import gather_full_state
-    from megatron_auto.training.trainer import build_trainer, train_step
-
-    config = ModelConfig.from_dict(config_dict)
-    out = []
-    for index, plan_dict in enumerate(plan_dicts):
-        plan = Plan.from_dict(plan_dict)
-        trainer = build_trainer(
-            config, plan, lambda cfg, ctx, seed: GPTStage(cfg, ctx, seed=seed),
-            # eps 1e-6: the key bias has a mathematically zero gradient (softmax ignores it),
-            # so its gradient is rounding noise that Adam would blow up to +-lr per step with a
-            # tiny eps, differently under each plan; a larger eps keeps such noise negligible.
-            optimizer_config=OptimizerConfig(weight_decay=0.1, clip_grad=1.0, adam_eps=1e-6),
-            lr_config=LRConfig(lr=lr, decay_style="constant"),
-            precision=PrecisionConfig(**precision), seed=1234)
-        results = []
-        for step in range(steps[index] if isinstance(steps, (list, tuple)) else steps):
-            batch = make_batch(0 if same_batch else step) if trainer.reads_data else None
-            results.append(train_step(trainer, batch).__dict__)
-        state = gather_full_state(trainer.stage)
-        out.append({"results": results, "state": state, "scaler": trainer.scaler.scale})
-    return out
-
-
-def run_plans(world_size, plan_dicts, *, steps=STEPS, precision=None, lr=1e-3, same_batch=False):
-    """Per plan: (per-step results of rank 0, merged full parameter state over all ranks).
-
-    ``steps`` is one count for all plans or a list with one count per plan.
-    """
-    per_rank = run_distributed(_train_worker, world_size, plan_dicts, steps, precision or {},
-                               lr, CONFIG.to_dict(), same_batch)
-    merged = []
-    for p in range(len(plan_dicts)):
-        state: dict[str, torch.Tensor] = {}
-        for rank_out in per_rank:
-            for name, value in rank_out[p]["state"].items():
-                if name in state:  # replicas and tied copies must agree exactly enough
-                    torch.testing.assert_close(value, state[name], rtol=RTOL, atol=1e-7)
-                state[name] = value
-        merged.append((per_rank[0][p]["results"], state))
-    return merged
-
-
-@functools.lru_cache(maxsize=None)
-def _reference_steps(steps):
-    return run_plans(1, [plan_of(1, [layer()] * 4, num_microbatches=1)], steps=steps)
-
-
-def reference():
-    return _reference_steps(STEPS)[0]
-
-
-
-def assert_matches_reference(results, state, label, steps=STEPS):
-    (ref_results, ref_state), = _reference_steps(steps)
-    ref_losses = [r["lm_loss"] for r in ref_results]
-    losses = [r["lm_loss"] for r in results]
-    assert losses == pytest.approx(ref_losses, rel=RTOL), f"{label}: losses differ"
-    norms = [r["grad_norm"] for r in results]
-    assert norms == pytest.approx([r["grad_norm"] for r in ref_results], rel=1e-4), label
-    assert set(state) == set(ref_state), f"{label}: parameter names differ"
-    for name, value in ref_state.items():
-        torch.testing.assert_close(state[name], value, rtol=RTOL, atol=1e-6,
-                                   msg=lambda m, n=name: f"{label}: {n}: {m}")
+def gpt_recipe(config: ModelConfig = CONFIG, *, precision=None, lr=1e-3,
+               same_batch=False) -> Recipe:
+    """The tiny GPT's recipe with another config, precision, learning rate, or the batch of
+    step 0 at every step (``same_batch``)."""
+    return dataclasses.replace(
+        GPT_RECIPE, config=config, precision=PrecisionConfig(**(precision or {})),
+        lr=LRConfig(lr=lr, decay_style="constant"),
+        batch=(lambda step: make_batch(0)) if same_batch else make_batch)
 
 
 def test_tensor_parallel_two_ranks_matches_one_process_for_five_steps():
-    (results, state), = run_plans(2, [plan_of(2, [layer(tp=2)] * 4, vocab_tp=2)], steps=5)
-    assert_matches_reference(results, state, "tp2", steps=5)
+    GPT.check_tensor_parallel(2, steps=5)
 
 
 FOUR_RANK_PLANS = {
@@ -155,22 +85,20 @@ FIVE_STEP_PLANS = ("tp4", "tp2xdp2")  # pure tensor parallelism: checked over fi
 def four_rank_results():
     names = list(FOUR_RANK_PLANS)
     steps = [5 if n in FIVE_STEP_PLANS else STEPS for n in names]
-    return dict(zip(names, run_plans(4, [FOUR_RANK_PLANS[n] for n in names], steps=steps)))
+    return dict(zip(names, GPT.run(4, [FOUR_RANK_PLANS[n] for n in names], steps=steps)))
 
 
 @pytest.mark.parametrize("name", list(FOUR_RANK_PLANS))
 def test_four_rank_plan_matches_one_process(four_rank_results, name):
-    results, state = four_rank_results[name]
-    steps = len(results)
-    assert_matches_reference(results, state, name, steps)
+    GPT.check(four_rank_results[name], name)
 
 
 def test_eight_ranks_pipeline_with_per_layer_layouts():
     plan = plan_of(8, [layer(tp=4), layer(tp=1, dp_mode="zero2"), layer(tp=2, consecutive=False),
                        layer(tp=2, dp_mode="zero3", recompute=True)],
                    layers_per_stage=(2, 2), num_microbatches=2, vocab_tp=2, vocab_dp_mode="zero2")
-    (results, state), = run_plans(8, [plan])
-    assert_matches_reference(results, state, "8 ranks pp2 mixed")
+    (trained,) = GPT.run(8, [plan])
+    GPT.check(trained, "8 ranks pp2 mixed")
 
 
 def random_plans(count: int, seed: int, world_size: int = 4) -> list[dict]:
@@ -199,22 +127,22 @@ def random_plans(count: int, seed: int, world_size: int = 4) -> list[dict]:
 
 def test_random_plans_match_one_process():
     plans = random_plans(6, seed=20261129)
-    for plan, (results, state) in zip(plans, run_plans(4, plans, steps=2)):
-        assert_matches_reference(results, state, f"random plan {plan}", steps=2)
+    for plan, trained in zip(plans, GPT.run(4, plans, steps=2)):
+        GPT.check(trained, f"random plan {plan}")
 
 
 def test_bf16_run_trains():
     # Two stages of one rank: bf16 activations cross the p2p hop; ZeRO layers on both sides.
     plan = plan_of(2, [layer(), layer(dp_mode="zero2"), layer(), layer(dp_mode="zero3")],
                    layers_per_stage=(2, 2))
-    (results, state), = run_plans(2, [plan], steps=6, precision={"bf16": True}, lr=1e-2,
-                                  same_batch=True)
-    losses = [r["lm_loss"] for r in results]
+    (trained,) = run_plans(gpt_recipe(precision={"bf16": True}, lr=1e-2, same_batch=True), 2,
+                           [plan], steps=6)
+    losses, state = trained.losses, trained.state
     assert all(math.isfinite(l) for l in losses)
     # Same batch every step: the model memorises it, so the loss must fall clearly.
     assert losses[-1] < losses[0] - 0.1, losses
     # The first (untrained) loss is the fp32 one up to bf16 rounding.
-    assert losses[0] == pytest.approx(reference()[0][0]["lm_loss"], rel=2e-2)
+    assert losses[0] == pytest.approx(GPT.reference().losses[0], rel=2e-2)
     assert all(v.dtype == torch.float32 for v in state.values())  # fp32 master parameters
 
 
@@ -222,8 +150,9 @@ def test_fp16_skips_overflowing_steps_and_recovers():
     plan = plan_of(2, [layer(tp=2)] * 4, vocab_tp=2)
     start_scale = 2.0 ** 24  # large enough that the first backward overflows fp16
     precision = {"fp16": True, "initial_loss_scale": start_scale, "hysteresis": 1}
-    (results, state), = run_plans(2, [plan], steps=10, precision=precision, lr=1e-2,
-                                  same_batch=True)
+    (trained,) = run_plans(gpt_recipe(precision=precision, lr=1e-2, same_batch=True), 2,
+                           [plan], steps=10)
+    results, state = trained.results, trained.state
     skipped = [r["skipped"] for r in results]
     assert skipped[0], "the first step should overflow at loss scale 2^24"
     # Recovery: once the scale fits, most steps update the weights (an occasional later

@@ -63,19 +63,24 @@ def finish_grad_sync(stage: GPTStage, ctx: ParallelContext) -> None:
             dist.all_reduce(param.grad, group=ctx.embedding_group)
 
 
-def run_stage(stage: GPTStage, ctx: ParallelContext, batch: dict[str, torch.Tensor],
-              total_tokens: float) -> float | None:
-    """Forward + backward of one micro-batch through every stage, p2p by plain send/recv.
+def run_stage(stage: torch.nn.Module, ctx: ParallelContext, batch: dict[str, torch.Tensor],
+              total_tokens: float, *, first_input: str = "tokens",
+              kwargs: dict[str, torch.Tensor] | None = None) -> float | None:
+    """Forward + backward of one micro-batch through every stage, p2p by plain send/recv: the
+    first stage reads ``batch[first_input]``, every stage gets ``kwargs``, the last one the
+    labels and loss mask too.
 
     Returns the global loss sum on last-stage ranks (summed over vocab-DP chunks), else None.
     """
+    kwargs = kwargs or {}
     if ctx.is_first_stage:
-        x = batch["tokens"]
+        x = batch[first_input]
     else:
         x = torch.empty(stage.input_shape(BATCH))
         dist.recv(x, src=ctx.prev_rank)
         x.requires_grad_()
-    out = stage(x, labels=batch["labels"], loss_mask=batch["loss_mask"])
+    last = {"labels": batch["labels"], "loss_mask": batch["loss_mask"]} if ctx.is_last_stage else {}
+    out = stage(x, **last, **kwargs)
     loss = None
     if ctx.is_last_stage:
         loss_sum, _ = out

@@ -7,17 +7,15 @@ process, relative 1e-5 (the docs/design.md §4 invariant).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import replace
 
 import pytest
-import torch
 
-from dist_utils import run_distributed
+from harness import Equivalence, layer, plan_of
 from megatron_auto.parallel.interleaved import gradient_send_releases
 from megatron_auto.schedule import interleaved_order, num_warmup
 from megatron_auto.plan import Plan, PlanError
-from test_equivalence import (CONFIG, GLOBAL_BATCH, RTOL, STEPS, _train_worker, layer, plan_of)
+from test_equivalence import CONFIG, gpt_recipe
 
 CONFIG10 = replace(CONFIG, num_layers=10)
 
@@ -111,42 +109,12 @@ def test_warmup_counts_by_hand():
 
 
 # ------------------------------------------------------------------------ equivalence
-def _run(world_size, plan_dicts, steps=STEPS):
-    per_rank = run_distributed(_train_worker, world_size, plan_dicts, steps, {}, 1e-3,
-                               CONFIG10.to_dict(), False)
-    merged = []
-    for p in range(len(plan_dicts)):
-        state: dict[str, torch.Tensor] = {}
-        for out in per_rank:
-            for name, value in out[p]["state"].items():
-                if name in state:
-                    torch.testing.assert_close(value, state[name], rtol=RTOL, atol=1e-7)
-                state[name] = value
-        merged.append((per_rank[0][p]["results"], state))
-    return merged
+GPT10 = Equivalence(gpt_recipe(CONFIG10), "gpt 10 layers")
 
 
 def plan10(world_size, layers, chunks, *, virtual_size=2, num_microbatches=4, **kw):
     return plan_of(world_size, layers, layers_per_stage=chunks, virtual_size=virtual_size,
                    num_microbatches=num_microbatches, **kw)
-
-
-@functools.lru_cache(maxsize=None)
-def _reference():
-    (ref,) = _run(1, [plan_of(1, [layer()] * 10, num_microbatches=1)])
-    return ref
-
-
-def _assert_matches(results, state, label):
-    ref_results, ref_state = _reference()
-    assert [r["lm_loss"] for r in results] == pytest.approx(
-        [r["lm_loss"] for r in ref_results], rel=RTOL), f"{label}: losses differ"
-    assert [r["grad_norm"] for r in results] == pytest.approx(
-        [r["grad_norm"] for r in ref_results], rel=1e-4), label
-    assert set(state) == set(ref_state)
-    for name, value in ref_state.items():
-        torch.testing.assert_close(state[name], value, rtol=RTOL, atol=1e-6,
-                                   msg=lambda m, n=name: f"{label}: {n}: {m}")
 
 
 INTERLEAVED_PLANS = {
@@ -167,17 +135,11 @@ INTERLEAVED_PLANS = {
 }
 
 
-@pytest.fixture(scope="module")
-def interleaved_results():
-    names = list(INTERLEAVED_PLANS)
-    return dict(zip(names, _run(4, [INTERLEAVED_PLANS[n][1] for n in names])))
-
-
 @pytest.mark.multirank
 @pytest.mark.parametrize("name", list(INTERLEAVED_PLANS))
-def test_interleaved_plan_matches_one_process(interleaved_results, name):
-    results, state = interleaved_results[name]
-    _assert_matches(results, state, name)
+def test_interleaved_plan_matches_one_process(name):
+    assert {world for world, _ in INTERLEAVED_PLANS.values()} == {4}
+    GPT10.check_named(4, {n: plan for n, (_, plan) in INTERLEAVED_PLANS.items()}, name)
 
 
 # ------------------------------------------------------------------------- bad input

@@ -7,21 +7,20 @@ invariant (docs/design.md §4): fp32, dropout off, three AdamW steps through ``t
 relative 1e-5 and every updated parameter ``rtol 1e-5, atol 1e-6`` against one process. The
 plans split the key/value groups over TP (2 groups over tp 2: one whole group per rank) and
 SwiGLU's interleaved gate/up rows, shard them with ZeRO-2/3 and ZeRO-1, recompute, pipeline and
-sequence-parallelise them. The harness is the equivalence matrix's (tests/test_equivalence.py).
+sequence-parallelise them (tests/harness.py; gradient norms relative 1e-4 too).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import pytest
 import torch
 
-from dist_utils import run_distributed
-from megatron_auto.config import ConfigError, ModelConfig
+from harness import RTOL, Equivalence, Trained, layer, plan_of
+from megatron_auto.config import ConfigError
 from megatron_auto.families.registry import model_spec
-from test_equivalence import CONFIG as BASE, RTOL, STEPS, _train_worker, layer, plan_of
+from test_equivalence import CONFIG as BASE, GPT, gpt_recipe
 
 pytestmark = pytest.mark.multirank
 
@@ -49,72 +48,51 @@ FOUR_RANK = {
 }
 
 
-def _run(config: ModelConfig, world_size: int, plans: list[dict]) -> list[tuple[list, dict]]:
-    per_rank = run_distributed(_train_worker, world_size, plans, STEPS, {}, 1e-3,
-                               config.to_dict(), False)
-    merged = []
-    for p in range(len(plans)):
-        state: dict[str, torch.Tensor] = {}
-        for rank_out in per_rank:
-            state.update(rank_out[p]["state"])
-        merged.append((per_rank[0][p]["results"], state))
-    return merged
+MODELS = {"llama": Equivalence(gpt_recipe(LLAMA), "llama"),
+          "qwen2": Equivalence(gpt_recipe(QWEN2), "qwen2"),
+          "gpt2": Equivalence(gpt_recipe(GPT2), "gpt2")}
 
 
-@functools.lru_cache(maxsize=None)
-def _reference(name: str) -> tuple[list, dict]:
-    config = {"llama": LLAMA, "qwen2": QWEN2, "gpt2": GPT2}[name]
-    return _run(config, 1, [plan_of(1, [layer()] * 4, num_microbatches=1)])[0]
-
-
-def _assert_matches(name: str, results: list, state: dict, label: str) -> None:
-    ref_results, ref_state = _reference(name)
-    assert [r["lm_loss"] for r in results] == pytest.approx(
-        [r["lm_loss"] for r in ref_results], rel=RTOL), f"{label}: losses differ"
-    assert set(state) == set(ref_state), f"{label}: parameter names differ"
-    for fqn, value in ref_state.items():
-        torch.testing.assert_close(state[fqn], value, rtol=RTOL, atol=1e-6,
-                                   msg=lambda m, n=fqn: f"{label}: {n}: {m}")
+def _reference(name: str) -> Trained:
+    return MODELS[name].reference()
 
 
 @pytest.fixture(scope="module")
 def two_rank_results():
-    return {model: dict(zip(PLANS, _run(config, 2, list(PLANS.values()))))
-            for model, config in (("llama", LLAMA), ("qwen2", QWEN2), ("gpt2", GPT2))}
+    return {name: model.run_named(2, PLANS) for name, model in MODELS.items()}
 
 
 @pytest.mark.parametrize("model", ["llama", "qwen2", "gpt2"])
 @pytest.mark.parametrize("plan", list(PLANS))
 def test_two_rank_plans_match_one_process(two_rank_results, model, plan):
-    results, state = two_rank_results[model][plan]
-    _assert_matches(model, results, state, f"{model} {plan}")
+    MODELS[model].check(two_rank_results[model][plan], plan)
 
 
 def test_llama_four_rank_mix_matches_one_process():
-    (results, state), = _run(LLAMA, 4, list(FOUR_RANK.values()))
-    _assert_matches("llama", results, state, "llama tp2xdp2 mix")
+    (trained,) = MODELS["llama"].run(4, list(FOUR_RANK.values()))
+    MODELS["llama"].check(trained, "tp2xdp2 mix")
 
 
 def test_the_options_change_the_model():
     """The reference runs really use the options: no bias parameters, a narrower QKV, and a
     different training from the plain GPT (so the equivalence above is not the base model's)."""
-    _, llama = _reference("llama")
+    llama = _reference("llama").state
     assert not any(n.endswith(("linear_qkv.bias", "linear_fc2.bias")) for n in llama)
     d = BASE.hidden_size // BASE.num_attention_heads
     assert llama["layers.0.self_attention.linear_qkv.weight"].shape == (
         BASE.hidden_size + 2 * 2 * d, BASE.hidden_size)
-    _, qwen2 = _reference("qwen2")
+    qwen2 = _reference("qwen2").state
     assert qwen2["layers.0.self_attention.linear_qkv.bias"].shape == (BASE.hidden_size + 2 * 2 * d,)
     assert not any(n.endswith(("linear_proj.bias", "linear_fc1.bias", "linear_fc2.bias"))
                    for n in qwen2)
-    for config, state in ((LLAMA, llama), (QWEN2, qwen2), (GPT2, _reference("gpt2")[1])):
+    for config, state in ((LLAMA, llama), (QWEN2, qwen2), (GPT2, _reference("gpt2").state)):
         # the config's and the planner's counts are the real layer's
         real = sum(v.numel() for n, v in state.items() if n.startswith("layers.0."))
         assert real == config.num_layer_parameters()
         assert real == model_spec(config).layer_types[0].num_parameters
-    _, gpt2 = _reference("gpt2")
+    gpt2 = _reference("gpt2").state
     assert gpt2["layers.0.self_attention.linear_qkv.bias"].shape == (3 * BASE.hidden_size,)
-    (_, base), = _run(BASE, 1, [plan_of(1, [layer()] * 4, num_microbatches=1)])
+    base = GPT.reference().state  # the plain GPT's one-process run
     # tanh vs erf GeLU: the trained weights differ by more than the tolerance used above
     fc1 = "layers.0.mlp.linear_fc1.weight"
     with pytest.raises(AssertionError):

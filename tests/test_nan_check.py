@@ -3,12 +3,10 @@ naming the iteration, the rank and which it was; an fp16 overflow stays a skippe
 
 from __future__ import annotations
 
-import contextlib
-import io
-
 import pytest
 
 from dist_utils import run_distributed
+from harness import run_main
 from test_equivalence import CONFIG, layer, make_batch, plan_of
 
 pytestmark = pytest.mark.multirank
@@ -19,21 +17,12 @@ TINY_RUN = ["--mock-data", "--num-layers", "2", "--hidden-size", "32", "--num-at
             "--global-batch-size", "4", "--clip-grad", "0"]
 
 
-def _entry_worker(rank, world_size, argv):
-    import pretrain_gpt
-
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        code = pretrain_gpt.main(argv)
-    return code, err.getvalue()
-
-
 def test_exploding_run_stops_naming_iteration_rank_and_loss():
     # Adam's first step moves every weight by about --lr: at 1e30 the second forward overflows.
     # Two pipeline stages: only rank 1 (the last stage) computes a loss, so the rank is told.
     argv = TINY_RUN + ["--lr", "1e30", "--pipeline-model-parallel-size", "2",
                        "--check-for-nan-in-loss-and-grad"]
-    (code0, err0), (code1, err1) = run_distributed(_entry_worker, 2, argv)
+    (code0, err0), (code1, err1) = run_main("pretrain_gpt", 2, argv, capture="stderr")
     assert (code0, code1) == (2, 2)
     lines = err0.strip().splitlines()
     assert lines == ["error: --check-for-nan-in-loss-and-grad: iteration 2: loss is not finite "
@@ -42,8 +31,8 @@ def test_exploding_run_stops_naming_iteration_rank_and_loss():
 
 
 def test_without_the_flag_the_exploding_run_goes_on():
-    (code, err), = run_distributed(_entry_worker, 1, TINY_RUN + ["--lr", "1e30",
-                                                                 "--train-iters", "3"])
+    (code, err), = run_main("pretrain_gpt", 1, TINY_RUN + ["--lr", "1e30", "--train-iters", "3"],
+                            capture="stderr")
     assert code == 0 and "error" not in err
 
 

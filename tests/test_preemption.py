@@ -15,7 +15,6 @@ and schedule never depend on where a run stopped.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -26,7 +25,7 @@ import time
 import pytest
 import torch
 
-from dist_utils import run_distributed
+from harness import metrics_losses, metrics_records, run_main
 
 pytestmark = pytest.mark.multirank
 
@@ -53,17 +52,6 @@ def _torchrun(args, tmp_path, *extra):
                             stderr=subprocess.STDOUT, text=True)
 
 
-def _records(path):
-    if not os.path.exists(path):
-        return []
-    return [json.loads(line) for line in open(path).read().splitlines() if line.strip()]
-
-
-def _losses(path):
-    """Iteration -> loss; a restarted run repeats iterations, the last record of each counts."""
-    return {r["iteration"]: r["lm_loss"] for r in _records(path)}
-
-
 def _wait_for(predicate, proc, what):
     deadline = time.monotonic() + DEADLINE_S
     while not predicate():
@@ -75,18 +63,12 @@ def _wait_for(predicate, proc, what):
         time.sleep(0.05)
 
 
-def _main_worker(rank, world_size, argv):
-    import pretrain_gpt
-
-    return pretrain_gpt.main(argv)
-
-
 def _straight(tmp_path, last):
     """The uninterrupted run's losses of iterations 1..last (forked ranks, same flags)."""
     metrics = tmp_path / "straight.jsonl"
-    assert run_distributed(_main_worker, 2, SMALL + ["--exit-interval", str(last),
-                                                     "--metrics-file", str(metrics)]) == [0, 0]
-    losses = _losses(metrics)
+    assert run_main("pretrain_gpt", 2, SMALL + ["--exit-interval", str(last),
+                                                "--metrics-file", str(metrics)]) == [0, 0]
+    losses = metrics_losses(metrics)
     assert sorted(losses) == list(range(1, last + 1))
     return losses
 
@@ -117,10 +99,10 @@ def test_sigterm_saves_at_the_iteration_boundary_and_resumes_exactly(tmp_path):
     ckpt, m1, m2 = tmp_path / "ckpt", tmp_path / "m1.jsonl", tmp_path / "m2.jsonl"
     proc = _torchrun(SMALL + ["--save", str(ckpt), "--load", str(ckpt),
                               "--metrics-file", str(m1)], tmp_path)
-    _wait_for(lambda: len(_records(m1)) >= 3, proc, "iteration 3")
+    _wait_for(lambda: len(metrics_records(m1, missing_ok=True)) >= 3, proc, "iteration 3")
     proc.send_signal(signal.SIGTERM)  # preemption: torchrun forwards it to both workers
     out, _ = proc.communicate(timeout=DEADLINE_S)
-    stopped = max(_losses(m1))
+    stopped = max(metrics_losses(m1))
     assert f"> exiting at iteration {stopped}: SIGTERM received (--exit-signal-handler); " \
            f"saving a checkpoint" in out, out[-4000:]
     assert stopped < 1000
@@ -128,12 +110,12 @@ def test_sigterm_saves_at_the_iteration_boundary_and_resumes_exactly(tmp_path):
     assert sorted(os.listdir(ckpt)) == [f"iter_{stopped:07d}", "latest_checkpointed_iteration.txt"]
     last = stopped + 2
     # The same command again (forked here) resumes where it stopped.
-    assert run_distributed(_main_worker, 2, SMALL + [
+    assert run_main("pretrain_gpt", 2, SMALL + [
         "--save", str(ckpt), "--load", str(ckpt), "--exit-interval", str(last),
         "--metrics-file", str(m2)]) == [0, 0]
-    resumed = _losses(m2)
+    resumed = metrics_losses(m2)
     assert sorted(resumed) == [stopped + 1, stopped + 2]
-    _assert_same_losses({**_losses(m1), **resumed}, _straight(tmp_path, last),
+    _assert_same_losses({**metrics_losses(m1), **resumed}, _straight(tmp_path, last),
                         "SIGTERM + resume")
 
 
@@ -144,10 +126,11 @@ def test_sigkill_of_a_rank_under_max_restarts_finishes_with_the_same_losses(tmp_
                               "--exit-interval", str(last), "--metrics-file", str(metrics)],
                      tmp_path, "--max-restarts", "1")
     _wait_for(lambda: (ckpt / "latest_checkpointed_iteration.txt").exists()
-              and len(_records(metrics)) >= 5, proc, "the first checkpoint")
+              and len(metrics_records(metrics, missing_ok=True)) >= 5, proc,
+              "the first checkpoint")
     workers = _children(proc.pid)
     assert len(workers) == 2, workers
-    killed_at = max(_losses(metrics))
+    killed_at = max(metrics_losses(metrics))
     os.kill(workers[1], signal.SIGKILL)
     out, _ = proc.communicate(timeout=DEADLINE_S)
     assert proc.returncode == 0, out[-4000:]
@@ -159,7 +142,7 @@ def test_sigkill_of_a_rank_under_max_restarts_finishes_with_the_same_losses(tmp_
     # (a kill during the save of iteration 4k, logged before it is saved, loses 4k-3..4k).
     assert resumed_from % 4 == 0 and killed_at - 4 <= resumed_from <= killed_at + 1
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == str(last)
-    _assert_same_losses(_losses(metrics), _straight(tmp_path, last), "SIGKILL + restart")
+    _assert_same_losses(metrics_losses(metrics), _straight(tmp_path, last), "SIGKILL + restart")
 
 
 def test_exit_interval_and_exit_duration_save_and_end_the_run(tmp_path, capfd):
@@ -172,7 +155,7 @@ def test_exit_interval_and_exit_duration_save_and_end_the_run(tmp_path, capfd):
             (["--exit-duration-in-mins", "0.001"], "--exit-duration-in-mins=0.001 reached", 1))):
         ckpt = tmp_path / f"ckpt{case}"
         capfd.readouterr()
-        assert run_distributed(_main_worker, 2, SMALL + flags + ["--save", str(ckpt)]) == [0, 0]
+        assert run_main("pretrain_gpt", 2, SMALL + flags + ["--save", str(ckpt)]) == [0, 0]
         out = capfd.readouterr().out
         assert f"> exiting at iteration {stopped}: {reason}" in out, out[-3000:]
         assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == str(stopped)

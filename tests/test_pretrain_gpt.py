@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from dist_utils import free_port, run_distributed
+from harness import metrics_records, run_main, train_from_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL_RUN = ["--mock-data", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads",
@@ -33,7 +34,7 @@ def test_torchrun_command_writes_ten_metrics_lines(tmp_path):
     proc = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    records = metrics_records(metrics)
     assert [r["iteration"] for r in records] == list(range(1, 11))
     for r in records:
         assert r["lm_loss"] > 0 and r["iteration_time_s"] > 0 and r["tokens_per_s"] > 0
@@ -43,13 +44,6 @@ def test_torchrun_command_writes_ten_metrics_lines(tmp_path):
     assert len(lines) == 10 and "lm loss:" in lines[0] and "| consumed samples:" in lines[0]
 
 
-def _main_worker(rank, world_size, argv):
-    import pretrain_gpt
-
-    code = pretrain_gpt.main(argv)
-    return code
-
-
 @pytest.mark.multirank
 def test_forked_ranks_pipeline_run_with_plan_file_and_eval(tmp_path):
     from megatron_auto.plan import Plan
@@ -57,13 +51,11 @@ def test_forked_ranks_pipeline_run_with_plan_file_and_eval(tmp_path):
     plan = Plan.uniform(2, 2, global_batch_size=4, num_microbatches=2, pp=2, schedule="gpipe")
     plan_path = tmp_path / "plan.json"
     plan.save(plan_path)
-    metrics = tmp_path / "m.jsonl"
     argv = ["--mock-data", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
             "--seq-length", "16", "--vocab-size", "128", "--train-iters", "4", "--log-interval", "2",
             "--eval-interval", "2", "--eval-iters", "1", "--plan", str(plan_path),
-            "--metrics-file", str(metrics), "--plan-out", str(tmp_path / "used.json")]
-    assert run_distributed(_main_worker, 2, argv) == [0, 0]
-    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+            "--plan-out", str(tmp_path / "used.json")]
+    records = train_from_flags("pretrain_gpt", 2, argv, tmp_path)
     train = [r for r in records if "split" not in r]
     valid = [r for r in records if r.get("split") == "valid"]
     assert [r["iteration"] for r in train] == [2, 4] and [r["iteration"] for r in valid] == [2, 4]
@@ -97,22 +89,14 @@ def test_bad_flags_exit_2_with_message(capsys):
     assert "error: --bf16=True: cannot be combined with --fp16" in capsys.readouterr().err
 
 
-def _bert_worker(rank, world_size, argv):
-    import pretrain_bert
-
-    return pretrain_bert.main(argv)
-
-
 @pytest.mark.multirank
 def test_bert_entry_logs_mlm_and_sop_losses(tmp_path):
     # The BERT script shares the loop; pp=2 also checks that middle/last stages get the batch.
-    metrics = tmp_path / "bert.jsonl"
     argv = ["--mock-data", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
             "--seq-length", "16", "--vocab-size", "128", "--micro-batch-size", "4",
             "--global-batch-size", "4", "--train-iters", "2", "--log-interval", "1",
-            "--pipeline-model-parallel-size", "2", "--metrics-file", str(metrics)]
-    assert run_distributed(_bert_worker, 2, argv) == [0, 0]
-    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+            "--pipeline-model-parallel-size", "2"]
+    records = train_from_flags("pretrain_bert", 2, argv, tmp_path)
     assert [r["iteration"] for r in records] == [1, 2]
     for r in records:
         # Megatron's BERT objective: the optimised loss is the MLM mean plus the SOP mean.
@@ -127,15 +111,13 @@ def test_bert_on_the_embedded_corpus_learns(tmp_path, monkeypatch):
     # No data flags: the shipped corpus, split into sentences for sentence pairs, and its
     # SentencePiece vocabulary. A small BERT must lower its masked-LM loss within 30 steps.
     monkeypatch.setenv("MEGATRON_AUTO_CACHE", str(tmp_path / "cache"))
-    metrics = tmp_path / "bert.jsonl"
     argv = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
             "--seq-length", "64", "--max-position-embeddings", "64", "--global-batch-size", "16",
             "--micro-batch-size", "16", "--train-iters", "30", "--lr", "2e-3",
             "--lr-warmup-iters", "3", "--log-interval", "1", "--hidden-dropout", "0",
-            "--attention-dropout", "0", "--metrics-file", str(metrics)]
-    assert run_distributed(_bert_worker, 1, argv) == [0]
-    records = [json.loads(line) for line in metrics.read_text().splitlines()
-               if "split" not in json.loads(line)]
+            "--attention-dropout", "0"]
+    records = [r for r in train_from_flags("pretrain_bert", 1, argv, tmp_path)
+               if "split" not in r]
     first = sum(r["mlm_loss"] for r in records[:3]) / 3
     last = sum(r["mlm_loss"] for r in records[-3:]) / 3
     assert last < first - 1.0, (first, last)
@@ -153,8 +135,8 @@ def test_tensorboard_flags_reach_the_event_files(tmp_path):
             "--eval-interval", "2", "--eval-iters", "1", "--metrics-file", str(metrics),
             "--tensorboard-dir", str(tb), "--tensorboard-log-interval", "2",
             "--log-validation-ppl-to-tensorboard"]
-    assert run_distributed(_main_worker, 2, argv) == [0, 0]
-    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert run_main("pretrain_gpt", 2, argv) == [0, 0]
+    records = metrics_records(metrics)
     acc = accumulator.EventAccumulator(str(tb))
     acc.Reload()
     loss = [(e.step, e.value) for e in acc.Scalars("train/lm_loss")]

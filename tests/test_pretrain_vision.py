@@ -3,33 +3,18 @@ flags, and shape mistakes stop with one error line (exit code 2)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from dist_utils import run_distributed
+from harness import assert_one_error_line, assert_resume_continues, run_main, train_from_flags
 from megatron_auto.config import ConfigError
-
-
-def _main_worker(rank, world_size, argv):
-    import pretrain_vision_classify
-
-    return pretrain_vision_classify.main(argv)
-
-
-def _records(path):
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 @pytest.mark.multirank
 def test_embedded_default_trains_loss_falls_and_accuracy_rises(tmp_path):
     # The embedded default (no data flag, default ViT) on 2 ranks; fewer iterations than the
     # default run and no evaluation, to keep the test short.
-    metrics = tmp_path / "m.jsonl"
-    argv = ["--train-iters", "40", "--log-interval", "1", "--eval-iters", "0",
-            "--metrics-file", str(metrics)]
-    assert run_distributed(_main_worker, 2, argv) == [0, 0]
-    records = _records(metrics)
+    argv = ["--train-iters", "40", "--log-interval", "1", "--eval-iters", "0"]
+    records = train_from_flags("pretrain_vision_classify", 2, argv, tmp_path)
     assert [r["iteration"] for r in records] == list(range(1, 41))
     first = sum(r["lm_loss"] for r in records[:10]) / 10
     last = sum(r["lm_loss"] for r in records[-10:]) / 10
@@ -40,15 +25,13 @@ def test_embedded_default_trains_loss_falls_and_accuracy_rises(tmp_path):
 
 @pytest.mark.multirank
 def test_swin_from_flags_pipelined_over_two_stages(tmp_path):
-    metrics = tmp_path / "m.jsonl"
     argv = ["--vision-backbone-type", "swin", "--mock-data", "--img-h", "16", "--img-w", "16",
             "--patch-dim", "2", "--swin-embed-dim", "16", "--swin-depths", "2,2",
             "--swin-num-heads", "2,4", "--swin-window-size", "4", "--num-classes", "4",
             "--pipeline-model-parallel-size", "2", "--global-batch-size", "4",
             "--micro-batch-size", "2", "--train-iters", "3", "--log-interval", "1",
-            "--eval-interval", "3", "--eval-iters", "1", "--metrics-file", str(metrics)]
-    assert run_distributed(_main_worker, 2, argv) == [0, 0]
-    records = _records(metrics)
+            "--eval-interval", "3", "--eval-iters", "1"]
+    records = train_from_flags("pretrain_vision_classify", 2, argv, tmp_path)
     train = [r for r in records if r.get("split") != "valid"]
     assert len(train) == 3 and all(0 < r["lm_loss"] < 5 for r in train)
     assert all(0.0 <= r["accuracy"] <= 1.0 for r in train)
@@ -87,11 +70,7 @@ def test_presets_and_shape_flags():
      "error: --swin-window-size=3: must divide stage 1's 8x8 feature map"),
 ])
 def test_shape_mistakes_exit_2_with_one_error_line(capfd, flags, message):
-    assert run_distributed(_main_worker, 1, flags) == [2]
-    err = capfd.readouterr().err
-    errors = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and errors[0].startswith(message), err[-2000:]
-    assert "Traceback" not in err
+    assert_one_error_line("pretrain_vision_classify", flags, message, capfd)
 
 
 @pytest.mark.multirank
@@ -103,18 +82,8 @@ def test_swin_checkpoint_resumes_under_another_plan(tmp_path):
              "--swin-num-heads", "2,4", "--swin-window-size", "4", "--num-classes", "4",
              "--global-batch-size", "4", "--log-interval", "1", "--eval-iters", "0",
              "--lr-decay-style", "constant"]
-    ckpt = tmp_path / "ckpt"
-    full, first, resumed = (tmp_path / n for n in ("full.jsonl", "first.jsonl", "resumed.jsonl"))
-    assert run_distributed(_main_worker, 1, shape + ["--train-iters", "3", "--metrics-file",
-                                                     str(full)]) == [0]
-    assert run_distributed(_main_worker, 1, shape + ["--train-iters", "1", "--save", str(ckpt),
-                                                     "--metrics-file", str(first)]) == [0]
-    assert run_distributed(_main_worker, 2, shape + [
-        "--train-iters", "3", "--load", str(ckpt), "--tensor-model-parallel-size", "2",
-        "--metrics-file", str(resumed)]) == [0, 0]
-    want = [r["lm_loss"] for r in _records(full)][1:]
-    got = [r["lm_loss"] for r in _records(resumed)]
-    assert got == pytest.approx(want, rel=1e-5)
+    assert_resume_continues("pretrain_vision_classify", shape, tmp_path, 2,
+                            ["--tensor-model-parallel-size", "2"])
 
 
 @pytest.mark.multirank
@@ -123,10 +92,9 @@ def test_checkpoint_of_another_backbone_is_refused(tmp_path, capfd):
     vit = ["--mock-data", "--img-h", "8", "--img-w", "8", "--patch-dim", "2", "--num-layers",
            "2", "--hidden-size", "16", "--num-attention-heads", "2", "--global-batch-size", "2",
            "--train-iters", "1", "--eval-iters", "0"]
-    assert run_distributed(_main_worker, 1, vit + ["--save", str(ckpt)]) == [0]
+    assert run_main("pretrain_vision_classify", 1, vit + ["--save", str(ckpt)]) == [0]
     capfd.readouterr()
-    assert run_distributed(_main_worker, 1, vit[:-4] + ["--img-h", "16", "--train-iters", "2",
-                                                        "--eval-iters", "0", "--load",
-                                                        str(ckpt)]) == [2]
+    assert run_main("pretrain_vision_classify", 1, vit[:-4] + [
+        "--img-h", "16", "--train-iters", "2", "--eval-iters", "0", "--load", str(ckpt)]) == [2]
     err = capfd.readouterr().err
     assert "the checkpoint's model has img_h=8 but this run has img_h=16; set --img-h" in err

@@ -69,9 +69,10 @@ import pytest
 import torch
 
 from dist_utils import run_distributed
+from harness import plan_of
 from mutation_check import report
 from megatron_auto.config import ModelConfig
-from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy
+from megatron_auto.plan import LayerStrategy, Plan
 from reference.models import Transformer, initial_weights
 from reference.package_layout import ref_config, to_package
 from reference.train import RefOptim, train
@@ -187,43 +188,37 @@ def max_deviation(got: list[tuple[float, float]], want: list[tuple[float, float]
 
 
 # ------------------------------------------------------------------------------------ the plans
-def _plan(world_size: int, model: str, layers: list[LayerStrategy], *, stages=None,
-          num_microbatches: int = 2, schedule: str = "1f1b", vocab_tp: int = 1,
-          vocab_dp_mode: str = "ddp", virtual_size: int = 1) -> dict:
-    chunks = tuple(stages or (len(layers),))
-    return Plan(world_size=world_size, global_batch_size=GLOBAL_BATCH,
-                num_microbatches=num_microbatches,
-                pipeline=PipelineSpec(size=len(chunks) // virtual_size, schedule=schedule,
-                                      layers_per_stage=chunks, virtual_size=virtual_size),
-                vocab=VocabStrategy(tp=vocab_tp, dp_mode=vocab_dp_mode),
-                layers=tuple(layers)).to_dict()
+def _plan(world_size: int, layers: list[LayerStrategy], *, stages=None, **kwargs: Any) -> dict:
+    """The harness's plan dict for this module's global batch (``stages``: the chunks)."""
+    return plan_of(world_size, layers, layers_per_stage=stages, global_batch_size=GLOBAL_BATCH,
+                   **kwargs)
 
 
 L = LayerStrategy
 PLANS: dict[int, dict[str, tuple[str, dict]]] = {
     4: {
-        "gpt2 tp2-sp zero1 x dp2": ("gpt2", _plan(4, "gpt2", [
+        "gpt2 tp2-sp zero1 x dp2": ("gpt2", _plan(4, [
             L(tp=2, dp_mode="zero1", sequence_parallel=True)] * 4, vocab_tp=2)),
-        "gpt2 pp2 interleaved v2, zero3/ddp, tied across stages": ("gpt2", _plan(4, "gpt2", [
+        "gpt2 pp2 interleaved v2, zero3/ddp, tied across stages": ("gpt2", _plan(4, [
             L(dp_mode="zero3"), L(tp=2, tp_consecutive=False), L(dp_mode="zero2"),
             L(tp=2, recompute=True)], stages=(1, 1, 1, 1), virtual_size=2, num_microbatches=4)),
-        "llama tp2 x dp2, vocab tp4": ("llama", _plan(4, "llama", [
+        "llama tp2 x dp2, vocab tp4": ("llama", _plan(4, [
             L(tp=2, sequence_parallel=True), L(tp=2, dp_mode="zero2"), L(tp=1, dp_mode="zero3"),
             L(tp=2, tp_consecutive=False)], vocab_tp=4)),
-        "llama pp4 gpipe": ("llama", _plan(4, "llama", [L()] * 4, stages=(1, 1, 1, 1),
+        "llama pp4 gpipe": ("llama", _plan(4, [L()] * 4, stages=(1, 1, 1, 1),
                                             schedule="gpipe", num_microbatches=4)),
-        "bert tp2 pp2": ("bert", _plan(4, "bert", [L(tp=2), L(tp=2, dp_mode="zero3")],
+        "bert tp2 pp2": ("bert", _plan(4, [L(tp=2), L(tp=2, dp_mode="zero3")],
                                        stages=(1, 1), vocab_tp=2)),
     },
     8: {
-        "gpt2 pp2 x (tp2 x dp2) mixed": ("gpt2", _plan(8, "gpt2", [
+        "gpt2 pp2 x (tp2 x dp2) mixed": ("gpt2", _plan(8, [
             L(tp=4), L(tp=1, dp_mode="zero2"), L(tp=2, tp_consecutive=False, recompute=True),
             L(tp=2, dp_mode="zero3", sequence_parallel=True)], stages=(2, 2), vocab_tp=2,
             vocab_dp_mode="zero1")),
-        "llama pp2 tp2 x dp2": ("llama", _plan(8, "llama", [
+        "llama pp2 tp2 x dp2": ("llama", _plan(8, [
             L(tp=2, dp_mode="zero1"), L(tp=2, sequence_parallel=True), L(tp=1), L(tp=2)],
             stages=(2, 2), num_microbatches=2, vocab_tp=2)),
-        "bert tp2 x dp4": ("bert", _plan(8, "bert", [L(tp=2, dp_mode="zero1"), L(tp=4)],
+        "bert tp2 x dp4": ("bert", _plan(8, [L(tp=2, dp_mode="zero1"), L(tp=4)],
                                          vocab_tp=2, vocab_dp_mode="zero3")),
     },
 }

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from dist_utils import run_distributed
+from harness import layer, plan_of, run_plans
 from megatron_auto.config import ModelConfig
 from megatron_auto.plan import Plan, PlanError
-from test_equivalence import (CONFIG, _train_worker, assert_matches_reference, layer, plan_of,
-                              run_plans)
+from test_equivalence import CONFIG, GPT, gpt_recipe
 
 SP_PLANS = {
     # every layer SP, tp 2 x dp 2 (vocab tp 2)
@@ -41,17 +41,10 @@ SP_PLANS = {
 }
 
 
-@pytest.fixture(scope="module")
-def sp_results():
-    names = list(SP_PLANS)
-    return dict(zip(names, run_plans(4, [SP_PLANS[n] for n in names])))
-
-
 @pytest.mark.multirank
 @pytest.mark.parametrize("name", list(SP_PLANS))
-def test_sequence_parallel_plan_matches_one_process(sp_results, name):
-    results, state = sp_results[name]
-    assert_matches_reference(results, state, name)
+def test_sequence_parallel_plan_matches_one_process(name):
+    GPT.check_named(4, SP_PLANS, name)
 
 
 @pytest.mark.multirank
@@ -60,17 +53,13 @@ def test_dropout_masks_are_the_same_with_and_without_sp():
     config = replace(CONFIG, hidden_dropout=0.1, attention_dropout=0.1)
     plain = plan_of(2, [layer(tp=2)] * 4, vocab_tp=2)
     sp = plan_of(2, [layer(tp=2, sp=True)] * 4, vocab_tp=2)
-    per_rank = run_distributed(_train_worker, 2, [plain, sp], 2, {}, 1e-3, config.to_dict(),
-                               False)
-    (plain_out, sp_out) = per_rank[0]
-    plain_losses = [r["lm_loss"] for r in plain_out["results"]]
-    sp_losses = [r["lm_loss"] for r in sp_out["results"]]
-    assert sp_losses == pytest.approx(plain_losses, rel=1e-5)
+    plain_out, sp_out = run_plans(gpt_recipe(config), 2, [plain, sp], steps=2)
+    assert sp_out.losses == pytest.approx(plain_out.losses, rel=1e-5)
     # and dropout really was on: the first loss differs from the dropout-off reference
-    from test_equivalence import reference
-    assert abs(plain_losses[0] - reference()[0][0]["lm_loss"]) > 1e-4
-    for name, value in plain_out["state"].items():
-        torch.testing.assert_close(sp_out["state"][name], value, rtol=1e-5, atol=1e-6)
+    assert abs(plain_out.losses[0] - GPT.reference().losses[0]) > 1e-4
+    assert set(sp_out.state) == set(plain_out.state)
+    for name, value in plain_out.state.items():
+        torch.testing.assert_close(sp_out.state[name], value, rtol=1e-5, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------- memory
@@ -161,8 +150,8 @@ def test_checkpoint_moves_between_sp_interleaved_and_plain_plans(tmp_path):
     from test_checkpoint import assert_matches_reference as assert_resumed_matches
 
     _phase(4, SP_PLANS["sp-interleaved"], 0, SPLIT, save_dir=tmp_path)
-    losses, state = _phase(4, SP_PLANS["sp-pp2-boundary"], SPLIT, STEPS, load_dir=tmp_path)
-    assert_resumed_matches(losses, state, "sp interleaved -> sp pp2 with zero1")
+    resumed = _phase(4, SP_PLANS["sp-pp2-boundary"], SPLIT, STEPS, load_dir=tmp_path)
+    assert_resumed_matches(resumed, "sp interleaved -> sp pp2 with zero1")
 
 
 @pytest.mark.multirank
@@ -188,16 +177,14 @@ def test_bf16_with_sp_zero1_and_interleaving_trains():
     bf16 rounding, fp32 master parameters."""
     import math
 
-    from test_equivalence import reference
-
     plan = plan_of(4, [layer(tp=2, sp=True, dp_mode="zero1"), layer(tp=2),
                        layer(tp=2, sp=True, recompute=True), layer(tp=2, sp=True)],
                    layers_per_stage=(1, 1, 1, 1), virtual_size=2, num_microbatches=2,
                    vocab_tp=2, vocab_dp_mode="zero1")
-    (results, state), = run_plans(4, [plan], steps=6, precision={"bf16": True}, lr=1e-2,
-                                  same_batch=True)
-    losses = [r["lm_loss"] for r in results]
+    (trained,) = run_plans(gpt_recipe(precision={"bf16": True}, lr=1e-2, same_batch=True), 4,
+                           [plan], steps=6)
+    losses = trained.losses
     assert all(math.isfinite(x) for x in losses)
     assert losses[-1] < losses[0] - 0.1, losses
-    assert losses[0] == pytest.approx(reference()[0][0]["lm_loss"], rel=2e-2)
-    assert all(v.dtype == torch.float32 for v in state.values())
+    assert losses[0] == pytest.approx(GPT.reference().losses[0], rel=2e-2)
+    assert all(v.dtype == torch.float32 for v in trained.state.values())

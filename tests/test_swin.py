@@ -9,13 +9,11 @@ relative tolerance 1e-5 on losses and parameters.
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 
-from vision_utils import (AUTO_ARGV, assert_matches_plain_pytorch, assert_same, layer,
-                          plan_of, run_plans)
+from harness import Equivalence, FamilyEquivalenceTests, layer, plan_of
+from vision_utils import SEARCHED, assert_matches_plain_pytorch, vision_recipe
 from megatron_auto.config import ConfigError
 from megatron_auto.models.swin import (SHIFT_MASK_VALUE, relative_position_index,
                                        shifted_window_mask, window_partition, window_reverse)
@@ -26,9 +24,7 @@ CONFIG = VisionConfig(model_type="swin", img_h=16, img_w=16, patch_dim=2, num_ch
                       swin_num_heads=(2, 4, 8), swin_window_size=2)
 
 
-@functools.lru_cache(maxsize=None)
-def reference():
-    return run_plans(CONFIG, 1, [plan_of(1, [layer()] * 6, num_microbatches=1)])[0]
+SWIN = Equivalence(vision_recipe(CONFIG), "swin")
 
 
 FOUR_RANK_PLANS = {
@@ -50,36 +46,16 @@ FOUR_RANK_PLANS = {
 }
 
 
-@pytest.fixture(scope="module")
-def four_rank_results():
-    names = list(FOUR_RANK_PLANS)
-    return dict(zip(names, run_plans(CONFIG, 4, [FOUR_RANK_PLANS[n] for n in names])))
-
-
-@pytest.mark.multirank
-def test_tensor_parallel_two_ranks_matches_one_process():
-    (result,) = run_plans(CONFIG, 2, [plan_of(2, [layer(tp=2)] * 6, vocab_tp=2)])
-    assert_same(reference(), result, "swin tp2")
-
-
-@pytest.mark.multirank
-def test_auto_parallel_plan_on_four_ranks_matches_one_process():
-    ((result, plan),) = run_plans(CONFIG, 4, ("auto", AUTO_ARGV))
-    assert plan["world_size"] == 4 and plan["global_batch_size"] == 8
-    assert plan["model"]["model_type"] == "swin"
-    assert_same(reference(), result, f"swin --auto-parallel plan {plan['layers']}")
-
-
-@pytest.mark.multirank
-@pytest.mark.parametrize("name", list(FOUR_RANK_PLANS))
-def test_four_rank_plan_matches_one_process(four_rank_results, name):
-    assert_same(reference(), four_rank_results[name], f"swin {name}")
+class TestSwinEquivalence(FamilyEquivalenceTests):
+    equivalence = SWIN
+    searched = SEARCHED
+    searched_model = {"model_type": "swin"}
+    four_rank_plans = FOUR_RANK_PLANS
 
 
 @pytest.mark.multirank
 def test_reference_state_has_the_swin_shapes():
-    results, state = reference()
-    assert results[-1]["loss"] != results[0]["loss"]
+    state = SWIN.reference_trains().state
     assert "layers.0.downsample.reduction.weight" not in state
     assert state["layers.2.downsample.reduction.weight"].shape == (32, 64)  # 4C -> 2C
     assert state["layers.4.downsample.norm.weight"].shape == (128,)
@@ -87,7 +63,6 @@ def test_reference_state_has_the_swin_shapes():
     assert state["layers.1.self_attention.relative_position_bias_table"].shape == (9, 2)
     assert state["layers.5.self_attention.relative_position_bias_table"].shape == (9, 8)
     assert state["head.output_layer.weight"].shape == (5, 64)
-    assert sum(v.numel() for v in state.values()) == CONFIG.num_parameters()
 
 
 @pytest.mark.single

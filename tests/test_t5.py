@@ -2,17 +2,16 @@
 
 Tiny T5: 2 encoder + 2 decoder layers of width 32 with 4 heads, 12 encoder and 8 decoder
 tokens, relative position bias (8 buckets); fp32, dropout off, 3 AdamW steps; losses relative
-1e-5, parameters rtol 1e-5 / atol 1e-6 (tests/t5_utils.py).
+1e-5, gradient norms 1e-4, parameters rtol 1e-5 / atol 1e-6 (tests/harness.py).
 """
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 
-from t5_utils import AUTO_ARGV, assert_same, layer, plan_of, run_plans
+from harness import Equivalence, FamilyEquivalenceTests, layer, one_process_plan, plan_of
 from megatron_auto.families.t5.config import T5Config
+from t5_utils import SEARCHED, t5_recipe
 
 CONFIG = T5Config(encoder_num_layers=2, decoder_num_layers=2, hidden_size=32,
                   num_attention_heads=4, ffn_hidden_size=64, seq_length=12, decoder_seq_length=8,
@@ -22,13 +21,8 @@ CONFIG = T5Config(encoder_num_layers=2, decoder_num_layers=2, hidden_size=32,
 LEARNED = T5Config(**{**CONFIG.to_dict(), "position_embedding_type": "learned"})
 
 
-def _one_process(config):
-    return run_plans(config, 1, [plan_of(1, [layer()] * 4, num_microbatches=1)])[0]
-
-
-@functools.lru_cache(maxsize=None)
-def reference(learned: bool = False):
-    return _one_process(LEARNED if learned else CONFIG)
+T5 = Equivalence(t5_recipe(CONFIG), "t5")
+T5_LEARNED = Equivalence(t5_recipe(LEARNED), "t5 learned positions")
 
 
 FOUR_RANK_PLANS = {
@@ -56,52 +50,30 @@ FOUR_RANK_PLANS = {
 }
 
 
-@pytest.fixture(scope="module")
-def four_rank_results():
-    names = list(FOUR_RANK_PLANS)
-    return dict(zip(names, run_plans(CONFIG, 4, [FOUR_RANK_PLANS[n] for n in names])))
-
-
-@pytest.mark.multirank
-def test_tensor_parallel_two_ranks_matches_one_process():
-    (result,) = run_plans(CONFIG, 2, [plan_of(2, [layer(tp=2)] * 4, vocab_tp=2)])
-    assert_same(reference(), result, "t5 tp2")
-
-
-@pytest.mark.multirank
-@pytest.mark.parametrize("name", list(FOUR_RANK_PLANS))
-def test_four_rank_plan_matches_one_process(four_rank_results, name):
-    assert_same(reference(), four_rank_results[name], f"t5 {name}")
-
-
-@pytest.mark.multirank
-def test_auto_parallel_plan_on_four_ranks_matches_one_process():
-    ((result, plan),) = run_plans(CONFIG, 4, ("auto", AUTO_ARGV))
-    assert plan["world_size"] == 4 and plan["global_batch_size"] == 8
-    assert plan["model"]["model_type"] == "t5" and plan["model"]["encoder_num_layers"] == 2
-    assert_same(reference(), result, f"t5 --auto-parallel plan {plan['pipeline']} "
-                                     f"{plan['layers']}")
+class TestT5Equivalence(FamilyEquivalenceTests):
+    equivalence = T5
+    searched = SEARCHED
+    searched_model = {"model_type": "t5", "encoder_num_layers": 2}
+    four_rank_plans = FOUR_RANK_PLANS
 
 
 @pytest.mark.multirank
 def test_learned_positions_pipeline_at_enc_dec_boundary_matches_one_process():
-    (result,) = run_plans(LEARNED, 2, [plan_of(2, [layer()] * 4, layers_per_stage=(2, 2))])
-    ref = reference(learned=True)
-    assert "embedding.position_embeddings.weight" in ref[1]
-    assert not any("relative_bias" in name for name in ref[1])
-    assert_same(ref, result, "t5 learned positions pp2")
+    (result,) = T5_LEARNED.run(2, [plan_of(2, [layer()] * 4, layers_per_stage=(2, 2))])
+    ref = T5_LEARNED.reference()
+    assert "embedding.position_embeddings.weight" in ref.state
+    assert not any("relative_bias" in name for name in ref.state)
+    T5_LEARNED.check(result, "pp2")
 
 
 @pytest.mark.multirank
 def test_reference_trains_and_names_parameters_plan_independently():
-    results, state = reference()
-    assert len(results) == 3 and results[-1]["loss"] != results[0]["loss"]
+    state = T5.reference_trains().state
     assert state["encoder_relative_bias.weight"].shape == (8, 4)
     assert state["decoder_relative_bias.weight"].shape == (8, 4)
     assert state["layers.1.final_layernorm.weight"].shape == (32,)  # the encoder's final norm
     assert state["layers.2.cross_attention.linear_kv.weight"].shape == (64, 32)
     assert "layers.0.cross_attention.linear_q.weight" not in state
-    assert sum(v.numel() for v in state.values()) == CONFIG.num_parameters()
 
 
 def _plain_check(config):
@@ -118,8 +90,7 @@ def _plain_check(config):
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
     from plain_t5 import PlainT5
 
-    ours = T5Stage(config, ParallelContext(Plan.from_dict(plan_of(1, [layer()] * 4,
-                                                                  num_microbatches=1))))
+    ours = T5Stage(config, ParallelContext(Plan.from_dict(one_process_plan(4))))
     plain = PlainT5(config)
     plain.load_state_dict(ours.state_dict(), strict=True)
     batch = make_batch(config, 0)

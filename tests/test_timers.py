@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 
 import pytest
 import torch
 
 from dist_utils import run_distributed
+from harness import metrics_records, run_main
 from megatron_auto.config import ModelConfig
 from megatron_auto.parallel.timers import P2P_TIMERS, Timers
 from megatron_auto.plan import Plan
@@ -141,15 +139,6 @@ def test_timers_do_not_change_numerics_and_cover_the_pipeline():
         assert inner <= t["forward-backward"]
 
 
-def _main_worker(rank, world_size, argv):
-    import pretrain_gpt
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = pretrain_gpt.main(argv)
-    return code, out.getvalue()
-
-
 @pytest.mark.multirank
 def test_pretrain_reports_timers_everywhere(tmp_path):
     accumulator = pytest.importorskip(
@@ -166,9 +155,9 @@ def test_pretrain_reports_timers_everywhere(tmp_path):
             "--log-interval", "2", "--eval-interval", "100", "--plan", str(tmp_path / "plan.json"),
             "--metrics-file", str(metrics), "--timing-log-level", "1",
             "--tensorboard-dir", str(tb), "--log-timers-to-tensorboard"]
-    (code0, out0), (code1, out1) = run_distributed(_main_worker, 2, argv)
+    (code0, out0), (code1, out1) = run_main("pretrain_gpt", 2, argv, capture="stdout")
     assert code0 == code1 == 0 and out1 == ""  # rank 0 reports
-    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    records = metrics_records(metrics)
     assert [r["iteration"] for r in records] == [2, 4]
     for r in records:
         assert r["timers_forward_compute_max_s"] >= r["timers_forward_compute_min_s"] > 0

@@ -21,7 +21,6 @@ from typing import Any, ClassVar, Mapping
 
 import pytest
 
-from dist_utils import run_distributed
 from megatron_auto.cli import main
 from megatron_auto.config import ConfigError, ModelConfig
 from megatron_auto.families.family import Family
@@ -31,7 +30,7 @@ from megatron_auto.plan import Plan
 from megatron_auto.planner.inputs.model_spec import LayerType, ModelSpec
 
 RTOL = 1e-5
-GLOBAL_BATCH = 8
+GLOBAL_BATCH = 8  # the multi-rank harness's (tests/harness.py; imported where torch may load)
 STEPS, SPLIT = 4, 2  # training steps, and the step after which the checkpoint is written
 
 
@@ -193,52 +192,20 @@ def make_batch(step: int) -> dict:
             "position_ids": torch.arange(s).expand(GLOBAL_BATCH, -1).contiguous()}
 
 
-def _phase_worker(rank: int, world_size: int, plan_dict: dict, first: int, last: int,
-                  load_dir: str | None, save_dir: str | None) -> dict:
-    """A trainer of the toy model built through its family; optionally load, train steps
-    [first, last), optionally save."""
+def toy_recipe() -> Any:
+    """The harness's recipe for the toy model, its stage built through its family (looked up
+    in the registry on each rank), with a cosine schedule that a resumed run must restore."""
+    from harness import Recipe
     from megatron_auto.families.registry import family_of
-    from megatron_auto.models.init import gather_full_state
-    from megatron_auto.parallel.optimizer import OptimizerConfig
-    from megatron_auto.training.checkpoint import load_checkpoint, save_checkpoint
     from megatron_auto.training.lr_scheduler import LRConfig
-    from megatron_auto.training.trainer import build_trainer, train_step
 
-    trainer = build_trainer(CONFIG, Plan.from_dict(plan_dict), family_of(CONFIG).build_stage,
-                            optimizer_config=OptimizerConfig(weight_decay=0.1, clip_grad=1.0,
-                                                             adam_eps=1e-6),
-                            lr_config=LRConfig(lr=1e-3, min_lr=1e-4, decay_style="cosine",
-                                               warmup_iters=1, decay_iters=STEPS), seed=1234)
-    if load_dir:
-        assert load_checkpoint(trainer, load_dir) == first
-    losses = [train_step(trainer, make_batch(step) if trainer.reads_data else None).lm_loss
-              for step in range(first, last)]
-    if save_dir:
-        save_checkpoint(trainer, save_dir)
-    return {"losses": losses, "state": gather_full_state(trainer.stage)}
-
-
-def _phase(world_size: int, plan_dict: dict, first: int, last: int, load_dir: Any = None,
-           save_dir: Any = None) -> tuple[list[float], dict]:
-    """Rank 0's losses and the full parameters merged over ranks (replicas must agree)."""
-    import torch
-
-    outs = run_distributed(_phase_worker, world_size, plan_dict, first, last,
-                           str(load_dir) if load_dir else None,
-                           str(save_dir) if save_dir else None)
-    state: dict = {}
-    for out in outs:
-        for name, value in out["state"].items():
-            if name in state:
-                torch.testing.assert_close(value, state[name], rtol=RTOL, atol=1e-7)
-            state[name] = value
-    return outs[0]["losses"], state
+    return Recipe(CONFIG, lambda cfg, ctx, seed: family_of(cfg).build_stage(cfg, ctx, seed),
+                  make_batch, lr=LRConfig(lr=1e-3, min_lr=1e-4, decay_style="cosine",
+                                          warmup_iters=1, decay_iters=STEPS))
 
 
 @pytest.mark.multirank
 def test_two_ranks_train_the_toy_model_like_one_process_across_a_checkpoint(tmp_path):
-    import torch
-
     # The plan megatron-auto searched for two devices; then a checkpoint, loaded under a
     # two-stage plan: the losses and the parameters are those of one uninterrupted process.
     searched = tmp_path / "plan.json"
@@ -249,16 +216,17 @@ def test_two_ranks_train_the_toy_model_like_one_process_across_a_checkpoint(tmp_
                               num_microbatches=2, pp=2).to_dict()
     one = Plan.uniform(1, CONFIG.num_layers, global_batch_size=GLOBAL_BATCH).to_dict()
 
-    ref_losses, ref_state = _phase(1, one, 0, STEPS)
-    first, _ = _phase(2, searched_plan, 0, SPLIT, save_dir=tmp_path / "ckpt")
-    second, state = _phase(2, two_stages, SPLIT, STEPS, load_dir=tmp_path / "ckpt")
-    assert first + second == pytest.approx(ref_losses, rel=RTOL)
-    assert set(state) == set(ref_state)
-    for name, value in ref_state.items():
-        torch.testing.assert_close(state[name], value, rtol=RTOL, atol=1e-6,
-                                   msg=lambda m, n=name: f"{n}: {m}")
+    from harness import assert_same_training, run_phase
+
+    recipe = toy_recipe()
+    ref = run_phase(recipe, 1, one, 0, STEPS)
+    first = run_phase(recipe, 2, searched_plan, 0, SPLIT, save_dir=tmp_path / "ckpt")
+    second = run_phase(recipe, 2, two_stages, SPLIT, STEPS, load_dir=tmp_path / "ckpt")
+    assert first.losses + second.losses == pytest.approx(ref.losses, rel=RTOL)
+    # the resumed steps' losses and gradient norms, every parameter (rtol 1e-5, atol 1e-6)
+    assert_same_training(ref, second, "toy: searched plan -> checkpoint -> two stages")
     # the training moved the model: the comparison is not one of untouched initialisations
-    assert ref_losses[-1] < ref_losses[0]
+    assert ref.losses[-1] < ref.losses[0]
 
 
 @pytest.mark.single

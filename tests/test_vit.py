@@ -1,17 +1,16 @@
 """ViT under every kind of plan: the equivalence invariant against one process (docs/design.md §4).
 
 Tiny ViT: 8x8 images, 2x2 patches (16 patches + class token), 4 layers of width 32 with 4 heads,
-5 classes; fp32, dropout off, 3 AdamW steps; relative tolerance 1e-5 on losses and parameters.
+5 classes; fp32, dropout off, 3 AdamW steps; relative tolerance 1e-5 on losses and parameters
+(tests/harness.py).
 """
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 
-from vision_utils import (AUTO_ARGV, assert_matches_plain_pytorch, assert_same, layer,
-                          plan_of, run_plans)
+from harness import Equivalence, FamilyEquivalenceTests, layer, plan_of
+from vision_utils import SEARCHED, assert_matches_plain_pytorch, vision_recipe
 from megatron_auto.config import ConfigError
 from megatron_auto.families.vision.config import VisionConfig
 
@@ -20,9 +19,7 @@ CONFIG = VisionConfig(model_type="vit", img_h=8, img_w=8, patch_dim=2, num_chann
                       ffn_hidden_size=64)
 
 
-@functools.lru_cache(maxsize=None)
-def reference():
-    return run_plans(CONFIG, 1, [plan_of(1, [layer()] * 4, num_microbatches=1)])[0]
+VIT = Equivalence(vision_recipe(CONFIG), "vit")
 
 
 FOUR_RANK_PLANS = {
@@ -38,40 +35,19 @@ FOUR_RANK_PLANS = {
 }
 
 
-@pytest.fixture(scope="module")
-def four_rank_results():
-    names = list(FOUR_RANK_PLANS)
-    return dict(zip(names, run_plans(CONFIG, 4, [FOUR_RANK_PLANS[n] for n in names])))
-
-
-@pytest.mark.multirank
-def test_tensor_parallel_two_ranks_matches_one_process():
-    (result,) = run_plans(CONFIG, 2, [plan_of(2, [layer(tp=2)] * 4, vocab_tp=2)])
-    assert_same(reference(), result, "vit tp2")
-
-
-@pytest.mark.multirank
-def test_auto_parallel_plan_on_four_ranks_matches_one_process():
-    ((result, plan),) = run_plans(CONFIG, 4, ("auto", AUTO_ARGV))
-    assert plan["world_size"] == 4 and plan["global_batch_size"] == 8
-    assert plan["model"]["model_type"] == "vit"
-    assert_same(reference(), result, f"vit --auto-parallel plan {plan['layers']}")
-
-
-@pytest.mark.multirank
-@pytest.mark.parametrize("name", list(FOUR_RANK_PLANS))
-def test_four_rank_plan_matches_one_process(four_rank_results, name):
-    assert_same(reference(), four_rank_results[name], f"vit {name}")
+class TestViTEquivalence(FamilyEquivalenceTests):
+    equivalence = VIT
+    searched = SEARCHED
+    searched_model = {"model_type": "vit"}
+    four_rank_plans = FOUR_RANK_PLANS
 
 
 @pytest.mark.multirank
 def test_reference_trains_and_names_parameters_plan_independently():
-    results, state = reference()
-    assert len(results) == 3 and results[-1]["loss"] != results[0]["loss"]
+    state = VIT.reference_trains().state
     assert "embedding.cls_token" in state and "embedding.position_embeddings" in state
     assert state["embedding.position_embeddings"].shape == (17, 32)
     assert state["layers.3.self_attention.linear_qkv.weight"].shape == (96, 32)
-    assert sum(v.numel() for v in state.values()) == CONFIG.num_parameters()
 
 
 @pytest.mark.single

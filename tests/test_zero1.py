@@ -7,11 +7,11 @@ AdamW with clipping, 3 steps, relative 1e-5 against one process).
 from __future__ import annotations
 
 import pytest
-import torch
 
 from dist_utils import run_distributed
+from harness import layer, plan_of
 from megatron_auto.plan import Plan, PlanError
-from test_equivalence import CONFIG, assert_matches_reference, layer, plan_of, run_plans
+from test_equivalence import CONFIG, GPT
 
 ZERO1_PLANS = {
     # every layer and the vocab on zero1 over dp=4 (tied embedding in one stage)
@@ -28,17 +28,10 @@ ZERO1_PLANS = {
 }
 
 
-@pytest.fixture(scope="module")
-def zero1_results():
-    names = list(ZERO1_PLANS)
-    return dict(zip(names, run_plans(4, [ZERO1_PLANS[n] for n in names])))
-
-
 @pytest.mark.multirank
 @pytest.mark.parametrize("name", list(ZERO1_PLANS))
-def test_zero1_plan_matches_one_process(zero1_results, name):
-    results, state = zero1_results[name]
-    assert_matches_reference(results, state, name)
+def test_zero1_plan_matches_one_process(name):
+    GPT.check_named(4, ZERO1_PLANS, name)
 
 
 def _optimizer_state_worker(rank, world_size, plan_dict):
@@ -91,5 +84,5 @@ def test_zero1_checkpoint_reshards_and_continues_exactly(tmp_path):
     from test_checkpoint import assert_matches_reference as assert_resumed_matches
 
     _phase(4, ZERO1_PLANS["zero1-pp2-tied"], 0, SPLIT, save_dir=tmp_path)
-    losses, state = _phase(4, ZERO1_PLANS["zero1-mixed"], SPLIT, STEPS, load_dir=tmp_path)
-    assert_resumed_matches(losses, state, "zero1 pp2 -> zero1 mixed")
+    resumed = _phase(4, ZERO1_PLANS["zero1-mixed"], SPLIT, STEPS, load_dir=tmp_path)
+    assert_resumed_matches(resumed, "zero1 pp2 -> zero1 mixed")
