@@ -5,9 +5,10 @@ each run with a one-process run (docs/design.md §4). What differs between famil
 :class:`Recipe`: the model config, the stage provider, the global batch of each step and the
 optimizer settings; the rest is here, family-agnostic:
 
-- :func:`run_plans` / :func:`run_phase` fork ``world_size`` gloo ranks (``dist_utils``), build a
-  trainer per plan through ``build_trainer`` and ``train_step`` (the code the command line runs),
-  optionally load or save a checkpoint, and return per plan a :class:`Trained`: rank 0's
+- :func:`run_plans` / :func:`run_phase` (and :func:`run_jobs`, for jobs of several recipes in
+  one start-up) fork ``world_size`` gloo ranks (``dist_utils``), build a trainer per plan
+  through ``build_trainer`` and ``train_step`` (the code the command line runs), optionally
+  load or save a checkpoint, and return per plan a :class:`Trained`: rank 0's
   per-step results, the full parameters merged over ranks (replicas and tied copies checked
   against each other), the plan trained (a searched one included).
 - :func:`assert_same_training` compares two runs: losses (relative 1e-5), gradient norms
@@ -132,10 +133,16 @@ class Trained:
 
 
 @dataclass(frozen=True)
-class _Job:
-    plan: Any  # a plan dict or a Searched
-    first_step: int
-    last_step: int
+class Job:
+    """One training run of a fork (:func:`run_jobs`): ``recipe`` trains ``plan`` (a plan dict or
+    a :class:`Searched`) over steps ``first_step .. last_step - 1``, after loading ``load_dir``
+    (which must return ``first_step``) when given, saving to ``save_dir`` at the end when
+    given."""
+
+    recipe: Recipe
+    plan: Any
+    first_step: int = 0
+    last_step: int = STEPS
     load_dir: str | None = None
     save_dir: str | None = None
 
@@ -157,12 +164,13 @@ def train_steps(trainer: Any, recipe: Recipe, steps: range) -> list[dict]:
             for step in steps]
 
 
-def _train_worker(rank: int, world_size: int, recipe: Recipe, jobs: list[_Job]) -> list[dict]:
+def _train_worker(rank: int, world_size: int, jobs: list[Job]) -> list[dict]:
     from megatron_auto.models.init import gather_full_state
     from megatron_auto.training.checkpoint import load_checkpoint, save_checkpoint
 
     out = []
     for job in jobs:
+        recipe = job.recipe
         plan = (job.plan(world_size, recipe.config) if isinstance(job.plan, Searched)
                 else Plan.from_dict(job.plan))
         trainer = build(recipe, plan)
@@ -189,8 +197,11 @@ def merge_states(states: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torc
     return merged
 
 
-def _run_jobs(recipe: Recipe, world_size: int, jobs: list[_Job]) -> list[Trained]:
-    per_rank = run_distributed(_train_worker, world_size, recipe, jobs)
+def run_jobs(world_size: int, jobs: Sequence[Job]) -> list[Trained]:
+    """Run ``jobs`` one after the other on ``world_size`` forked ranks (one start-up for all,
+    whatever their recipes) and return each one's :class:`Trained`."""
+    jobs = list(jobs)
+    per_rank = run_distributed(_train_worker, world_size, jobs)
     return [Trained(results=per_rank[0][p]["results"],
                     state=merge_states([out[p]["state"] for out in per_rank]),
                     plan=per_rank[0][p]["plan"], first_step=job.first_step,
@@ -205,7 +216,7 @@ def run_plans(recipe: Recipe, world_size: int, plans: Sequence[Any] | Searched,
     start on ``world_size`` forked ranks; ``steps`` is one count or one per plan."""
     plans = [plans] if isinstance(plans, Searched) else list(plans)
     counts = [steps] * len(plans) if isinstance(steps, int) else list(steps)
-    return _run_jobs(recipe, world_size, [_Job(p, 0, n) for p, n in zip(plans, counts)])
+    return run_jobs(world_size, [Job(recipe, p, 0, n) for p, n in zip(plans, counts)])
 
 
 def run_named(recipe: Recipe, world_size: int, plans: Mapping[str, Any],
@@ -218,9 +229,9 @@ def run_phase(recipe: Recipe, world_size: int, plan: dict, first_step: int, last
               load_dir: Any = None, save_dir: Any = None) -> Trained:
     """Steps ``first_step .. last_step - 1`` of ``plan``: after loading ``load_dir`` (which
     must return ``first_step``) when given, saving to ``save_dir`` at the end when given."""
-    job = _Job(plan, first_step, last_step, str(load_dir) if load_dir else None,
-               str(save_dir) if save_dir else None)
-    return _run_jobs(recipe, world_size, [job])[0]
+    job = Job(recipe, plan, first_step, last_step, str(load_dir) if load_dir else None,
+              str(save_dir) if save_dir else None)
+    return run_jobs(world_size, [job])[0]
 
 
 def assert_same_training(reference: Trained, candidate: Trained, label: str, *,

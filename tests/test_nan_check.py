@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from dist_utils import run_distributed
-from harness import run_main
-from test_equivalence import CONFIG, layer, make_batch, plan_of
+from harness import layer, plan_of, run_main
+from test_equivalence import CONFIG, make_batch
 
 pytestmark = pytest.mark.multirank
 

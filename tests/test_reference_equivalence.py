@@ -68,11 +68,10 @@ from typing import Any
 import pytest
 import torch
 
-from dist_utils import run_distributed
-from harness import plan_of
+from harness import Job, Recipe, plan_of, run_jobs
 from mutation_check import report
 from megatron_auto.config import ModelConfig
-from megatron_auto.plan import LayerStrategy, Plan
+from megatron_auto.plan import LayerStrategy
 from reference.models import Transformer, initial_weights
 from reference.package_layout import ref_config, to_package
 from reference.train import RefOptim, train
@@ -123,9 +122,12 @@ def bert_batch(step: int, config: ModelConfig) -> dict[str, torch.Tensor]:
             "sop_weight": loss_mask.sum() / b}
 
 
+def batch(model: str, step: int) -> dict[str, torch.Tensor]:
+    return (bert_batch if model == "bert" else gpt_batch)(step, MODELS[model])
+
+
 def batches(model: str) -> list[dict[str, torch.Tensor]]:
-    make = bert_batch if model == "bert" else gpt_batch
-    return [make(step, MODELS[model]) for step in range(STEPS)]
+    return [batch(model, step) for step in range(STEPS)]
 
 
 # ---------------------------------------------------------------------------------- the sides
@@ -145,38 +147,37 @@ def reference_run(model: str) -> tuple[dict[str, torch.Tensor], list[tuple[float
     return weights, train(net, loss_fn, batches(model), OPTIM)
 
 
-def _worker(rank: int, world_size: int, jobs: list[tuple[str, dict, dict]]) -> list[dict]:
+def _load_weights(model: str, weights: dict[str, torch.Tensor], cfg: ModelConfig, ctx: Any,
+                  seed: int) -> torch.nn.Module:
+    """The package's stage of ``model`` holding the reference's initial ``weights`` (this
+    rank's shards); a parameter the reference lacks is a ``KeyError``."""
     from megatron_auto.models.bert import BertStage
     from megatron_auto.models.gpt import GPTStage
     from megatron_auto.models.init import shard_tensor
+
+    stage = (BertStage if model == "bert" else GPTStage)(cfg, ctx, seed=seed)
+    with torch.no_grad():
+        for fqn, param in stage.named_parameters():
+            param.copy_(shard_tensor(weights[fqn], stage.shard_specs.get(fqn)))
+    return stage
+
+
+def recipe(model: str) -> Recipe:
+    """The harness's recipe for the package's side: the reference's initial weights, batches
+    and optimizer settings (AdamW, constant LR), the model's task."""
     from megatron_auto.run_config import LRConfig, OptimizerConfig
-    from megatron_auto.training.trainer import GPT_TASK, build_trainer, train_step
+    from megatron_auto.training.trainer import GPT_TASK
     from pretrain_bert import BERT_TASK
 
-    out = []
-    for model, plan_dict, weights in jobs:
-        config = MODELS[model]
-        loaded: list[str] = []
-
-        def provider(cfg: ModelConfig, ctx: Any, seed: int) -> torch.nn.Module:
-            stage = (BertStage if model == "bert" else GPTStage)(cfg, ctx, seed=seed)
-            with torch.no_grad():
-                for fqn, param in stage.named_parameters():
-                    param.copy_(shard_tensor(weights[fqn], stage.shard_specs.get(fqn)))
-                    loaded.append(fqn)
-            return stage
-
-        trainer = build_trainer(
-            config, Plan.from_dict(plan_dict), provider,
-            optimizer_config=OptimizerConfig(weight_decay=OPTIM.weight_decay,
-                                             adam_beta1=OPTIM.betas[0], adam_beta2=OPTIM.betas[1],
-                                             adam_eps=OPTIM.eps, clip_grad=OPTIM.clip_grad),
-            lr_config=LRConfig(lr=OPTIM.lr, decay_style="constant"), seed=1,
-            task=BERT_TASK if model == "bert" else GPT_TASK)
-        steps = [train_step(trainer, batch if trainer.reads_data else None)
-                 for batch in batches(model)]
-        out.append({"steps": [(r.lm_loss, r.grad_norm) for r in steps], "loaded": loaded})
-    return out
+    weights = reference_run(model)[0]
+    return Recipe(
+        MODELS[model], functools.partial(_load_weights, model, weights),
+        functools.partial(batch, model),
+        optimizer=OptimizerConfig(weight_decay=OPTIM.weight_decay, adam_beta1=OPTIM.betas[0],
+                                  adam_beta2=OPTIM.betas[1], adam_eps=OPTIM.eps,
+                                  clip_grad=OPTIM.clip_grad),
+        lr=LRConfig(lr=OPTIM.lr, decay_style="constant"), seed=1,
+        task=BERT_TASK if model == "bert" else GPT_TASK)
 
 
 def max_deviation(got: list[tuple[float, float]], want: list[tuple[float, float]]
@@ -226,15 +227,16 @@ PLANS: dict[int, dict[str, tuple[str, dict]]] = {
 
 @functools.lru_cache(maxsize=None)
 def parallel_runs(world_size: int) -> dict[str, dict]:
+    """Every plan of ``world_size`` ranks (all models, one forked run): per step (loss, grad
+    norm), the parameter names the ranks hold, the names of the reference's weights."""
     names = list(PLANS[world_size])
-    jobs = [(PLANS[world_size][n][0], PLANS[world_size][n][1],
-             reference_run(PLANS[world_size][n][0])[0]) for n in names]
-    per_rank = run_distributed(_worker, world_size, jobs)
+    jobs = [Job(recipe(PLANS[world_size][n][0]), PLANS[world_size][n][1], 0, STEPS)
+            for n in names]
     results = {}
-    for j, name in enumerate(names):
-        loaded = set().union(*(set(r[j]["loaded"]) for r in per_rank))
-        results[name] = {"steps": per_rank[0][j]["steps"], "loaded": loaded,
-                         "weights": set(jobs[j][2])}
+    for name, job, trained in zip(names, jobs, run_jobs(world_size, jobs)):
+        model = PLANS[world_size][name][0]
+        results[name] = {"steps": [(r["lm_loss"], r["grad_norm"]) for r in trained.results],
+                         "loaded": set(trained.state), "weights": set(reference_run(model)[0])}
     return results
 
 
@@ -245,7 +247,8 @@ CASES = [(w, n) for w in PLANS for n in PLANS[w]]
 def test_plan_matches_independent_reference(world_size: int, name: str) -> None:
     model = PLANS[world_size][name][0]
     run = parallel_runs(world_size)[name]
-    # every parameter of the model was loaded on some rank, and nothing else exists
+    # every parameter a rank holds was loaded from the reference (another is a KeyError), and
+    # together the ranks hold every weight of the reference
     assert run["loaded"] == run["weights"], (run["loaded"] ^ run["weights"])
     want = reference_run(model)[1]
     got = run["steps"]

@@ -13,7 +13,8 @@ from dist_utils import run_distributed
 from megatron_auto.layout import (layer_tp_collectives, make_layout,
                                   sequence_parallel_boundary_collectives)
 from test_collective_count import recording
-from test_equivalence import CONFIG, layer, plan_of
+from harness import layer, plan_of
+from test_equivalence import CONFIG
 
 pytestmark = pytest.mark.multirank
 

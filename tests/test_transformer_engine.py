@@ -23,9 +23,12 @@ import pytest
 import torch
 
 import te_standins
-from dist_utils import run_distributed
-from test_equivalence import CONFIG, layer, make_batch, plan_of
+from harness import Job, Recipe, layer, plan_of, run_jobs
+from test_equivalence import CONFIG, make_batch
 from megatron_auto.config import ConfigError, ModelConfig
+from megatron_auto.families.registry import family_of
+from megatron_auto.parallel.optimizer import OptimizerConfig
+from megatron_auto.training.lr_scheduler import LRConfig
 from megatron_auto.parallel.random import RNGTracker
 from megatron_auto.profiler.measure import tp1_groups
 
@@ -225,32 +228,10 @@ def test_te_that_does_not_import_is_one_config_error(monkeypatch):
     assert isinstance(info.value, ConfigError) and "\n" not in str(info.value)
 
 
-def _interchange_worker(rank, world_size, plan_dict, save_dir):
-    from megatron_auto.models.gpt import GPTStage
-    from megatron_auto.models.init import gather_full_state
-    from megatron_auto.plan import Plan
-    from megatron_auto.training.checkpoint import load_checkpoint, save_checkpoint
-    from megatron_auto.training.trainer import build_trainer, train_step
-
-    def trainer(cfg):
-        return build_trainer(cfg, Plan.from_dict(plan_dict),
-                             lambda c, ctx, seed: GPTStage(c, ctx, seed=seed), seed=1234)
-
-    def run(t, first, last):
-        return [train_step(t, make_batch(s)).lm_loss for s in range(first, last)]
-
-    local = trainer(CONFIG)
-    local_losses = run(local, 0, 4)
-    te = trainer(TE)
-    te_losses = run(te, 0, 2)
-    a = trainer(CONFIG)
-    run(a, 0, 2)
-    save_checkpoint(a, save_dir)
-    b = trainer(TE)  # the local checkpoint resumed by the TE layers
-    assert load_checkpoint(b, save_dir) == 2
-    resumed = run(b, 2, 4)
-    return {"local": local_losses, "te": te_losses, "resumed": resumed,
-            "state": gather_full_state(local.stage), "resumed_state": gather_full_state(b.stage)}
+def _recipe(config: ModelConfig) -> Recipe:
+    """The tiny GPT with the trainer's default optimizer and LR (the local or the TE layers)."""
+    return Recipe(config, family_of(config).build_stage, make_batch,
+                  optimizer=OptimizerConfig(), lr=LRConfig())
 
 
 @pytest.mark.multirank
@@ -258,13 +239,16 @@ def test_te_trains_the_local_numbers_on_two_tp_ranks_and_resumes_a_local_checkpo
         standins, tmp_path):
     plan = plan_of(2, [layer(tp=2), layer(tp=2), layer(tp=1), layer(tp=2, dp_mode="zero3")],
                    vocab_tp=2)
-    outs = run_distributed(_interchange_worker, 2, plan, str(tmp_path / "ckpt"))
-    for out in outs:
-        assert out["te"] == pytest.approx(out["local"][:2], rel=1e-6)
-        assert out["resumed"] == pytest.approx(out["local"][2:], rel=1e-5)
-        for name, value in out["state"].items():
-            torch.testing.assert_close(out["resumed_state"][name], value, rtol=1e-5, atol=1e-6,
-                                       msg=name)
+    ckpt = str(tmp_path / "ckpt")
+    local, te, _, resumed = run_jobs(2, [  # one fork: the stand-ins are installed in it
+        Job(_recipe(CONFIG), plan, 0, 4), Job(_recipe(TE), plan, 0, 2),
+        Job(_recipe(CONFIG), plan, 0, 2, save_dir=ckpt),
+        Job(_recipe(TE), plan, 2, 4, load_dir=ckpt)])  # the local checkpoint, TE layers
+    assert te.losses == pytest.approx(local.losses[:2], rel=1e-6)
+    assert resumed.losses == pytest.approx(local.losses[2:], rel=1e-5)
+    assert set(resumed.state) == set(local.state)
+    for name, value in local.state.items():
+        torch.testing.assert_close(resumed.state[name], value, rtol=1e-5, atol=1e-6, msg=name)
 
 
 @pytest.mark.single
