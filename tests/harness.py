@@ -102,7 +102,8 @@ class Searched:
 class Recipe:
     """What one family's equivalence tests train: ``config`` (any family's model config),
     ``stage(config, ctx, seed)`` (the stage provider), ``batch(step)`` (the global batch of a
-    step, the same on every rank), and the optimizer, LR schedule, precision and task."""
+    step, the same on every rank), the optimizer, LR schedule, precision and task, and what to
+    ``observe`` after each step."""
 
     config: Any
     stage: Callable[[Any, Any, int], torch.nn.Module]
@@ -112,13 +113,17 @@ class Recipe:
     precision: PrecisionConfig = PrecisionConfig()
     task: TaskSpec = GPT_TASK
     seed: int = 1234
+    #: called with the trainer after every step on every rank; what it returns is kept per rank
+    #: and step (``Trained.observed``): a feature's own statistics (MoE's, ...)
+    observe: Callable[[Any], Any] | None = None
 
 
 @dataclass(frozen=True)
 class Trained:
     """One plan's run: rank 0's ``results`` (``StepResult`` fields per step, steps
     ``first_step ..``), the full parameters ``state`` merged over ranks, the ``plan`` dict
-    trained, and each rank's final ``iterations`` and ``consumed_samples``."""
+    trained, each rank's final ``iterations`` and ``consumed_samples``, and per rank what the
+    recipe's ``observe`` returned after each step (empty lists without one)."""
 
     results: list[dict]
     state: dict[str, torch.Tensor]
@@ -126,6 +131,7 @@ class Trained:
     first_step: int = 0
     iterations: tuple[int, ...] = ()
     consumed_samples: tuple[int, ...] = ()
+    observed: tuple[list[Any], ...] = ()
 
     @property
     def losses(self) -> list[float]:
@@ -156,12 +162,18 @@ def build(recipe: Recipe, plan: Plan) -> Any:
                          task=recipe.task)
 
 
-def train_steps(trainer: Any, recipe: Recipe, steps: range) -> list[dict]:
-    """``train_step`` for each step of ``steps`` (ranks that read no data get no batch)."""
+def train_steps(trainer: Any, recipe: Recipe, steps: range) -> tuple[list[dict], list[Any]]:
+    """``train_step`` for each step of ``steps`` (ranks that read no data get no batch): the
+    per-step results, and what ``recipe.observe`` returned after each step (if it is set)."""
     from megatron_auto.training.trainer import train_step
 
-    return [train_step(trainer, recipe.batch(step) if trainer.reads_data else None).__dict__
-            for step in steps]
+    results, observed = [], []
+    for step in steps:
+        results.append(train_step(trainer, recipe.batch(step) if trainer.reads_data
+                                  else None).__dict__)
+        if recipe.observe is not None:
+            observed.append(recipe.observe(trainer))
+    return results, observed
 
 
 def _train_worker(rank: int, world_size: int, jobs: list[Job]) -> list[dict]:
@@ -176,12 +188,12 @@ def _train_worker(rank: int, world_size: int, jobs: list[Job]) -> list[dict]:
         trainer = build(recipe, plan)
         if job.load_dir:
             assert load_checkpoint(trainer, job.load_dir) == job.first_step
-        results = train_steps(trainer, recipe, range(job.first_step, job.last_step))
+        results, observed = train_steps(trainer, recipe, range(job.first_step, job.last_step))
         if job.save_dir:
             save_checkpoint(trainer, job.save_dir)
         out.append({"results": results, "state": gather_full_state(trainer.stage),
                     "plan": plan.to_dict(), "iteration": trainer.iteration,
-                    "consumed": trainer.consumed_samples})
+                    "consumed": trainer.consumed_samples, "observed": observed})
     return out
 
 
@@ -206,7 +218,8 @@ def run_jobs(world_size: int, jobs: Sequence[Job]) -> list[Trained]:
                     state=merge_states([out[p]["state"] for out in per_rank]),
                     plan=per_rank[0][p]["plan"], first_step=job.first_step,
                     iterations=tuple(out[p]["iteration"] for out in per_rank),
-                    consumed_samples=tuple(out[p]["consumed"] for out in per_rank))
+                    consumed_samples=tuple(out[p]["consumed"] for out in per_rank),
+                    observed=tuple(out[p]["observed"] for out in per_rank))
             for p, job in enumerate(jobs)]
 
 

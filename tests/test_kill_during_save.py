@@ -37,9 +37,9 @@ import signal
 
 import pytest
 
-from dist_utils import run_distributed
+from harness import metrics_losses, run_main
 from test_preemption import (DEADLINE_S, ROOT, SMALL, _assert_same_losses, _children, _env,
-                             _losses, _main_worker, _wait_for)
+                             _wait_for)
 
 pytestmark = pytest.mark.multirank
 
@@ -75,9 +75,9 @@ if "RANK" in os.environ and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") ==
 def straight(tmp_path_factory):
     """The uninterrupted run's losses of iterations 1..LAST (forked ranks, same flags)."""
     metrics = tmp_path_factory.mktemp("straight") / "m.jsonl"
-    assert run_distributed(_main_worker, 2, SMALL + ["--exit-interval", str(LAST),
-                                                     "--metrics-file", str(metrics)]) == [0, 0]
-    losses = _losses(metrics)
+    assert run_main("pretrain_gpt", 2, SMALL + ["--exit-interval", str(LAST),
+                                                 "--metrics-file", str(metrics)]) == [0, 0]
+    losses = metrics_losses(metrics)
     assert sorted(losses) == list(range(1, LAST + 1))
     return losses
 
@@ -126,19 +126,20 @@ def test_sigkill_during_a_save_restarts_from_the_previous_checkpoint_exactly(
     assert "damaged checkpoint" not in out and "instead of iteration" not in out, out[-4000:]
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == str(LAST)
     assert not [n for n in os.listdir(ckpt) if n.startswith(".incomplete")], os.listdir(ckpt)
-    _assert_same_losses(_losses(metrics), straight, f"SIGKILL during a {mode} save + restart")
+    _assert_same_losses(metrics_losses(metrics), straight,
+                        f"SIGKILL during a {mode} save + restart")
 
 
 def test_train_iters_0_writes_the_initial_checkpoint_and_a_resume_is_exact(tmp_path, straight):
     ckpt, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
-    assert run_distributed(_main_worker, 2, SMALL + ["--train-iters", "0", "--save",
-                                                     str(ckpt)]) == [0, 0]
+    assert run_main("pretrain_gpt", 2, SMALL + ["--train-iters", "0", "--save",
+                                                 str(ckpt)]) == [0, 0]
     assert sorted(os.listdir(ckpt)) == ["iter_0000000", "latest_checkpointed_iteration.txt"]
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "0"
     info = json.loads((ckpt / "iter_0000000" / "checkpoint_info.json").read_text())
     assert (info["iteration"], info["consumed_samples"]) == (0, 0)
-    assert run_distributed(_main_worker, 2, SMALL + ["--load", str(ckpt), "--exit-interval", "3",
-                                                     "--metrics-file", str(metrics)]) == [0, 0]
-    resumed = _losses(metrics)
+    assert run_main("pretrain_gpt", 2, SMALL + ["--load", str(ckpt), "--exit-interval", "3",
+                                                 "--metrics-file", str(metrics)]) == [0, 0]
+    resumed = metrics_losses(metrics)
     _assert_same_losses(resumed, {i: straight[i] for i in (1, 2, 3)},
                         "resumed from the --train-iters 0 checkpoint")

@@ -1,8 +1,7 @@
 """MoE GPT models under multi-rank plans train like one process (the equivalence invariant).
 
-fp32, dropout off, three AdamW steps through ``train_step`` (the harness of
-tests/test_equivalence.py): losses relative 1e-5, every updated parameter ``rtol 1e-5, atol
-1e-6``. Beyond the parameters, the MoE blocks' statistics of each step must agree with one
+fp32, dropout off, three AdamW steps through ``train_step`` (tests/harness.py): losses
+relative 1e-5, gradient norms 1e-4, every updated parameter ``rtol 1e-5, atol 1e-6``. Beyond the parameters, the MoE blocks' statistics of each step must agree with one
 process: the kept assignments per expert and the sums over the global batch's sequences of the
 balance and z-losses (summed over the ranks of TP rank 0 of each layer, which together see
 every sequence once). The auxiliary losses are on (their gradient reaches the router), MoE is
@@ -23,11 +22,9 @@ import functools
 import pytest
 import torch
 
-from dist_utils import run_distributed
-from megatron_auto.config import ModelConfig
+from harness import RTOL, STEPS, Equivalence, Trained, layer, plan_of
 from megatron_auto.families.gpt.config import MoEConfig
-from megatron_auto.plan import Plan
-from test_equivalence import CONFIG as BASE, RTOL, STEPS, make_batch, layer, plan_of
+from test_equivalence import CONFIG as BASE, gpt_recipe
 
 pytestmark = pytest.mark.multirank
 
@@ -70,84 +67,54 @@ EP_PLANS = {
 }
 
 
-def _worker(rank, world_size, plan_dicts, config_dict):
-    from megatron_auto.models.gpt import GPTStage
-    from megatron_auto.models.init import gather_full_state
+def moe_stats(trainer) -> dict[int, dict[str, torch.Tensor]]:
+    """Layer index -> the MoE block's statistics of the step, on TP rank 0 of each MoE layer
+    (the ranks that together see every sequence once); checks the auxiliary losses' scale."""
     from megatron_auto.models.moe import MoELayer
-    from megatron_auto.parallel.optimizer import OptimizerConfig
-    from megatron_auto.training.lr_scheduler import LRConfig
-    from megatron_auto.training.precision import PrecisionConfig
-    from megatron_auto.training.trainer import build_trainer, train_step
 
-    config = ModelConfig.from_dict(config_dict)
-    out = []
-    for plan_dict in plan_dicts:
-        plan = Plan.from_dict(plan_dict)
-        trainer = build_trainer(
-            config, plan, lambda cfg, ctx, seed: GPTStage(cfg, ctx, seed=seed),
-            optimizer_config=OptimizerConfig(weight_decay=0.1, clip_grad=1.0, adam_eps=1e-6),
-            lr_config=LRConfig(lr=1e-3, decay_style="constant"),
-            precision=PrecisionConfig(), seed=1234)
-        results, stats = [], []
-        for step in range(STEPS):
-            batch = make_batch(step) if trainer.reads_data else None
-            results.append(train_step(trainer, batch).__dict__)
-            step_stats = {}
-            for name, module in trainer.stage.named_modules():
-                if isinstance(module, MoELayer):
-                    index = int(name.split(".")[1])  # layers.<i>.mlp
-                    # the trainer's loss_scale / global batch (fp32: scale 1)
-                    assert module.aux_loss_scale == 1.0 / plan.global_batch_size
-                    if trainer.ctx.layer_groups(index).tp_rank == 0:
-                        step_stats[index] = module.stats
-            stats.append(step_stats)
-        out.append({"results": results, "state": gather_full_state(trainer.stage),
-                    "stats": stats})
-    return out
+    step_stats = {}
+    for name, module in trainer.stage.named_modules():
+        if isinstance(module, MoELayer):
+            index = int(name.split(".")[1])  # layers.<i>.mlp
+            # the trainer's loss_scale / global batch (fp32: scale 1)
+            assert module.aux_loss_scale == 1.0 / trainer.plan.global_batch_size
+            if trainer.ctx.layer_groups(index).tp_rank == 0:
+                step_stats[index] = module.stats
+    return step_stats
 
 
-def _run(config: ModelConfig, world_size: int, plans: list[dict]) -> list[tuple]:
-    per_rank = run_distributed(_worker, world_size, plans, config.to_dict())
-    merged = []
-    for p in range(len(plans)):
-        state: dict[str, torch.Tensor] = {}
-        stats: list[dict] = [{} for _ in range(STEPS)]
-        for rank_out in per_rank:
-            state.update(rank_out[p]["state"])
-            for step, step_stats in enumerate(rank_out[p]["stats"]):
-                for index, values in step_stats.items():
-                    mine = stats[step].setdefault(index, {k: torch.zeros_like(v)
-                                                          for k, v in values.items()})
-                    for k, v in values.items():
-                        mine[k] += v
-        merged.append((per_rank[0][p]["results"], state, stats))
-    return merged
+def summed_stats(trained: Trained) -> list[dict[int, dict[str, torch.Tensor]]]:
+    """Per step, each MoE layer's statistics summed over the ranks that reported them."""
+    stats: list[dict] = [{} for _ in range(STEPS)]
+    for rank_stats in trained.observed:
+        for step, step_stats in enumerate(rank_stats):
+            for index, values in step_stats.items():
+                mine = stats[step].setdefault(index, {k: torch.zeros_like(v)
+                                                      for k, v in values.items()})
+                for k, v in values.items():
+                    mine[k] += v
+    return stats
+
+
+MODELS = {name: Equivalence(dataclasses.replace(gpt_recipe(config), observe=moe_stats), name)
+          for name, config in CONFIGS.items()}
 
 
 @functools.lru_cache(maxsize=None)
-def _reference(name: str) -> tuple:
-    return _run(CONFIGS[name], 1, [plan_of(1, [layer()] * 4, num_microbatches=1)])[0]
-
-
-@functools.lru_cache(maxsize=None)
-def _four_rank(name: str) -> dict[str, tuple]:
+def _four_rank(name: str) -> dict[str, Trained]:
     plans = dict(PLANS)
     plans.update({k: moe_layers(base, name, **fields) for k, (base, fields) in EP_PLANS.items()})
-    return dict(zip(plans, _run(CONFIGS[name], 4, list(plans.values()))))
+    return MODELS[name].run_named(4, plans)
 
 
 @pytest.mark.parametrize("model", list(CONFIGS))
 @pytest.mark.parametrize("plan", list(PLANS) + list(EP_PLANS))
 def test_moe_plan_matches_one_process(model, plan):
-    results, state, stats = _four_rank(model)[plan]
-    ref_results, ref_state, ref_stats = _reference(model)
+    trained = _four_rank(model)[plan]
+    # losses (relative 1e-5), gradient norms (1e-4), every parameter (rtol 1e-5, atol 1e-6)
+    MODELS[model].check(trained, plan)
     label = f"{model}/{plan}"
-    assert [r["lm_loss"] for r in results] == pytest.approx(
-        [r["lm_loss"] for r in ref_results], rel=RTOL), f"{label}: losses differ"
-    assert set(state) == set(ref_state), f"{label}: parameter names differ"
-    for fqn, value in ref_state.items():
-        torch.testing.assert_close(state[fqn], value, rtol=RTOL, atol=1e-6,
-                                   msg=lambda m, n=fqn: f"{label}: {n}: {m}")
+    stats, ref_stats = summed_stats(trained), summed_stats(MODELS[model].reference())
     assert [sorted(s) for s in stats] == [sorted(s) for s in ref_stats]
     assert list(ref_stats[0]) == list(CONFIGS[model].moe_layers)
     for step, (got, want) in enumerate(zip(stats, ref_stats)):
