@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from dist_utils import run_distributed
+from harness import layer, plan_of, run_plans
 from megatron_auto.plan import Plan
-from test_equivalence import (CONFIG, _train_worker, assert_matches_reference, layer, plan_of,
-                              run_plans)
+from test_equivalence import CONFIG, GPT, gpt_recipe
 
 pytestmark = pytest.mark.multirank
 
@@ -88,16 +88,13 @@ def test_dropout_masks_replay_for_every_module_choice():
     config = replace(CONFIG, hidden_dropout=0.1, attention_dropout=0.1)
     plans = [plan_of(2, [layer(tp=2, recompute=v)] * 4, vocab_tp=2)
              for v in (False, "selective", ["mlp", "norm"], ["core_attn", "norm"], True)]
-    per_rank = run_distributed(_train_worker, 2, plans, 3, {}, 1e-3, config.to_dict(), False)
-    base = per_rank[0][0]
-    base_losses = [r["lm_loss"] for r in base["results"]]
-    from test_equivalence import reference
-    assert abs(base_losses[0] - reference()[0][0]["lm_loss"]) > 1e-4  # dropout really on
-    for index, other in enumerate(per_rank[0][1:], 1):
-        losses = [r["lm_loss"] for r in other["results"]]
-        assert losses == pytest.approx(base_losses, rel=1e-6), f"plan {index}"
-        for name, value in base["state"].items():
-            torch.testing.assert_close(other["state"][name], value, rtol=1e-6, atol=1e-7,
+    base, *others = run_plans(gpt_recipe(config), 2, plans, steps=3)
+    assert abs(base.losses[0] - GPT.reference().losses[0]) > 1e-4  # dropout really on
+    for index, other in enumerate(others, 1):
+        assert other.losses == pytest.approx(base.losses, rel=1e-6), f"plan {index}"
+        assert set(other.state) == set(base.state), f"plan {index}"
+        for name, value in base.state.items():
+            torch.testing.assert_close(other.state[name], value, rtol=1e-6, atol=1e-7,
                                        msg=lambda m, n=name, i=index: f"plan {i}: {n}: {m}")
 
 
@@ -123,13 +120,6 @@ MODULE_PLANS = {
 }
 
 
-@pytest.fixture(scope="module")
-def module_results():
-    names = list(MODULE_PLANS)
-    return dict(zip(names, run_plans(4, [MODULE_PLANS[n] for n in names])))
-
-
 @pytest.mark.parametrize("name", list(MODULE_PLANS))
-def test_module_recompute_plans_match_one_process(module_results, name):
-    results, state = module_results[name]
-    assert_matches_reference(results, state, name)
+def test_module_recompute_plans_match_one_process(name):
+    GPT.check_named(4, MODULE_PLANS, name)
