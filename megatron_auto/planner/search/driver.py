@@ -41,7 +41,7 @@ from .spaces import (BASELINE_SPACES, SPACES, Space, SpaceRules, baselines_insid
                      plan_in_space, powers_of_two_upto, vocab_tps)
 from .layer_tables import LayerTables
 from .search_cache import SearchCache, SearchClock
-from .tasks import Task
+from .tasks import TablesKey, Task
 
 
 GB = 1e9
@@ -213,7 +213,7 @@ def _tasks(space: Space, spec: ModelSpec, training: TrainingSpec, cluster: Clust
     if options.pp is not None and space.pps is None:
         pps = tuple(p for p in pps if p == options.pp)
     out = []
-    shared: dict[tuple[Any, ...], LayerTables] = {}  # a space's tasks share layer tables
+    shared: dict[TablesKey, LayerTables] = {}  # a space's tasks share layer tables
     for batch in _batches(training, options):
         for pp in pps:
             if pp > spec.num_layers or world % pp:
@@ -231,17 +231,16 @@ def _tasks(space: Space, spec: ModelSpec, training: TrainingSpec, cluster: Clust
                               if v == 1 or _interleaves(options, spec, pp, m, sched, v)]
                     for vocab in _vocabs(spec, space, options, world // pp, batch // m,
                                          space.rules, cluster.devices_per_node):
-                        base = None
+                        base = None  # the v = 1 task: its least peak is shared
                         for v in vs:
                             task = Task(spec, profile, cluster, world, batch, pp, m, sched,
                                         space.rules, vocab, budget, step, shared,
-                                        virtual_size=v, cache=cache)
+                                        virtual_size=v, cache=cache,
+                                        sibling=base if v > 1 else None)
                             if not task.ok:
                                 break
                             if v == 1:
                                 base = task
-                            elif base is not None:
-                                task.__dict__["_sibling"] = base  # share its least peak
                             out.append(task)
     return out
 

@@ -39,26 +39,36 @@ Interleaved tasks (``task.v > 1``): the walk is over the ``pp v`` model chunks i
 - Seeds: the incumbent and, while there is none, the plain sibling task's seeds, each cut into
   ``v`` chunks per stage (``interleaving.interleaved_variant``); leaves are priced by
   ``evaluate_plan`` as for ``v = 1``.
+
+The walk's state is named: :class:`Placed` (the stages placed so far, as the bounds and the
+stage dominance read them), :class:`StageState` (the running sums of the stage being built),
+:class:`StageMemory` (what an interleaved stage's earlier chunks placed) and, per layer,
+:class:`Candidates` (the stage's sums extended by each strategy of the layer).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from ...plan import LayerStrategy, PipelineSpec, Plan
 from ..cost.estimate import Estimate, evaluate_plan
-from .dominance import StageDominance
 from ..cost.gpu_terms import group_count
 from ..cost.interleaving import interleaved_variant
 from ..inputs.model_spec import TrainingSpec
+from .bottleneck import Bottleneck
+from .dominance import StageDominance
 from .seeds import seed_plans
+from .stage_costs import StrategyCosts
 from .tasks import Task, Weights
 
 TIE = 1e-9
 MEMORY_SLACK = 1e-9  # relative: our sums and evaluate_plan's may differ in the last bits
+
+NcclLayouts = frozenset[tuple[int, bool]]  # (tp, consecutive) of the layouts a stage groups
 
 
 @dataclass
@@ -80,21 +90,64 @@ class _Stopped(Exception):
     pass
 
 
-@dataclass
-class _StageState:
-    """Exact running sums of the stage being built (evaluate_plan's terms)."""
+class Placed(NamedTuple):
+    """The stages placed so far (their times per micro-batch ``C``, backward parts ``B``, sync
+    tails and optimizer steps), as the bounds and the stage dominance read them."""
 
-    microbatch: float
-    optimizer: float
-    exposed: float
+    sum_time: float = 0.0  # sum C (stage dominance)
+    sum_time_tail: float = 0.0  # sum C + tail_0 (the bottleneck bound's sum)
+    max_time: float = 0.0  # max C
+    sum_backward: float = 0.0  # sum B
+    exposed: float = -math.inf  # E = max_k (tail_k - sum_{j<k} B_j)
+    max_step: float = 0.0  # the largest optimizer step
+
+    def dominance_state(self) -> np.ndarray:
+        """What ``dominance.StageDominance`` compares (its module docstring)."""
+        return StageDominance.state(self.sum_time, self.max_time, self.sum_backward,
+                                    self.exposed, self.max_step)
+
+
+class StageMemory(NamedTuple):
+    """What an interleaved stage's earlier chunks placed, carried into its next chunk."""
+
     persistent: float
-    transient: float
+    transient: float  # the largest so far
     step_peak: float
-    last_class: int
+    layouts: NcclLayouts
+
+
+class StageState(NamedTuple):
+    """Exact running sums of the stage being built (``evaluate_plan``'s terms)."""
+
+    microbatch: float  # seconds per micro-batch, moves included
+    optimizer: float
+    exposed: float  # exposed sync tail
+    persistent: float  # bytes
+    transient: float  # the largest transient so far
+    step_peak: float  # the step peak's floor (bytes)
+    last_class: int  # the last layer's class, type and strategy index (-1: none yet)
     last_type: int
     last_index: int
-    layouts: frozenset = frozenset()  # layouts the stage's NCCL groups come from so far
+    layouts: NcclLayouts  # layouts the stage's NCCL groups come from so far
     backward: float = 0.0  # the stage's backward part (stage dominance only)
+
+
+class Candidates(NamedTuple):
+    """One layer's candidate strategies: the stage's running sums extended by each (arrays
+    over the candidates ``s``), and which of them the memory cut and the symmetry rule keep."""
+
+    costs: StrategyCosts
+    classes: np.ndarray
+    layers_left: int  # layers of the chunk still to place after this one
+    limit: np.ndarray | float  # the bytes the stage may hold, less its NCCL floor
+    microbatch: np.ndarray
+    backward: np.ndarray | None  # None without stage dominance
+    optimizer: np.ndarray
+    exposed: np.ndarray
+    persistent: np.ndarray
+    transient: np.ndarray
+    step_peak: np.ndarray
+    keep: np.ndarray  # bool: fits the memory cut and passes the symmetry rule
 
 
 class TaskSearch:
@@ -110,16 +163,18 @@ class TaskSearch:
         self.limit = task.budget * (1 + MEMORY_SLACK) - task.cluster.memory_reserve_bytes
         self.chosen: list[LayerStrategy] = []
         self.lengths: list[int] = []
-        self.prev_last: tuple[int, int] | None = None  # (type, class) ending the last chunk
-        # Interleaved: the memory a stage's earlier chunks placed (persistent, transient,
-        # step peak, layouts), carried into its next chunk.
-        self.stage_mem: list[tuple[float, float, float, frozenset] | None] = [None] * task.pp
+        self.incoming: int | None = None  # class of the layer ending the previous chunk
+        self.placed = Placed()
+        # Interleaved: the memory a stage's earlier chunks placed, carried into its next chunk.
+        self.stage_memory: list[StageMemory | None] = [None] * task.pp
         self._weights = [task.weight_arrays(k) for k in range(task.chunks)]
-        self.joint = None
+        self.futures = np.zeros((len(task.branches), task.chunks + 1, task.num_layers + 1))
+        self.joint: Bottleneck | None = None
         self.dominance: StageDominance | None = None
         self.inner: StageDominance | None = None
+        self._nccl_bytes: dict[tuple[int, NcclLayouts, int], float] = {}
         # Branches sharing the weights of position k (at most two kinds: bottleneck or not).
-        self._pairs = []
+        self._pairs: list[list[tuple[np.ndarray, Weights]]] = []
         for k in range(task.chunks):
             alpha, beta, _ = self._weights[k]
             pairs = []
@@ -127,25 +182,6 @@ class TaskSearch:
                 rows = (alpha == pair[0]) & (beta == pair[1])
                 pairs.append((rows, task.weights(k, int(np.nonzero(rows)[0][0]))))
             self._pairs.append(pairs)
-
-    @property
-    def _least(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-        """Per stage position, prefix sums over layers of the least persistent and step-peak
-        bytes: the memory cut needs them for the layers not yet placed (built on first use,
-        shared by the task's searches)."""
-        task = self.task
-        if "_least_bytes" not in task.__dict__:
-            order = np.asarray(task.spec.layer_order)
-            out = {}
-            for k in range(task.chunks):
-                k_in = task.in_flight[k]
-                types = range(len(task.spec.layer_types))
-                per_p = np.array([task.tables.costs(t, k_in).persistent.min() for t in types])
-                per_s = np.array([task.tables.costs(t, k_in).step_floor.min() for t in types])
-                out[k] = (np.concatenate([[0.0], np.cumsum(per_p[order])]),
-                          np.concatenate([[0.0], np.cumsum(per_s[order])]))
-            task.__dict__["_least_bytes"] = out
-        return task.__dict__["_least_bytes"]
 
     def threshold(self) -> float:
         """Iteration time a plan of this task must beat (inf before the first plan)."""
@@ -164,13 +200,13 @@ class TaskSearch:
             if task.v == 1:
                 plans = seed_plans(task, self.partition)
             else:
-                plans = [self.best.plan] if self.best.plan is not None else []
+                given = [self.best.plan] if self.best.plan is not None else []
                 if self.best.plan is None:
-                    plans += seed_plans(task.sibling(), None)
-                plans = [interleaved_variant(p, task.v) for p in plans
-                         if (p.pp_size, p.num_microbatches, p.vocab, p.global_batch_size)
-                         == (task.pp, task.m, task.vocab, task.global_batch)]
-                plans = [p for p in plans if p is not None and (
+                    given += seed_plans(task.sibling(), None)
+                variants = [interleaved_variant(p, task.v) for p in given
+                            if (p.pp_size, p.num_microbatches, p.vocab, p.global_batch_size)
+                            == (task.pp, task.m, task.vocab, task.global_batch)]
+                plans = [p for p in variants if p is not None and (
                     self.partition is None
                     or tuple(p.pipeline.layers_per_stage) == tuple(self.partition))]
             for plan in plans:
@@ -196,9 +232,7 @@ class TaskSearch:
 
     def run(self) -> None:
         """Search the task; the incumbent is updated in place (``stopped`` if cut short)."""
-        self.known = (0.0, 0.0, 0.0)  # completed stages: sum C + tail_0, max C, max step
-        # completed stages for the dominance rule: sum C, max C, sum B, E, max step
-        self.prefix = (0.0, 0.0, 0.0, -math.inf, 0.0)
+        self.placed = Placed()
         self.dominance = StageDominance() if self.task.v == 1 and self.task.pp > 1 else None
         task = self.task
         if task.v == 1 and (self.partition is not None or task.pp == 1):
@@ -232,16 +266,17 @@ class TaskSearch:
 
     # ------------------------------------------------------------------ stages
     def _stage(self, k: int, start: int, acc: np.ndarray) -> None:
-        """Chunk position ``k`` (a stage unless interleaved) from layer ``start``."""
+        """Chunk position ``k`` (a stage unless interleaved) from layer ``start``; ``acc``: the
+        placed chunks' exact share of each bound ``J_b``."""
         task = self.task
-        L, pp = task.num_layers, task.chunks
-        left = L - start - (pp - 1 - k)  # the longest this chunk can be
+        num_layers, chunks = task.num_layers, task.chunks
+        longest = num_layers - start - (chunks - 1 - k)  # later chunks need a layer each
         if self.partition is not None:
-            lengths = [self.partition[k]] if self.partition[k] <= left else []
+            lengths = [self.partition[k]] if self.partition[k] <= longest else []
         else:
-            lengths = list(range(1, min(left, task.max_len) + 1))
-        if k == pp - 1:
-            lengths = [L - start] if L - start in lengths else []
+            lengths = list(range(1, min(longest, task.max_len) + 1))
+        if k == chunks - 1:
+            lengths = [num_layers - start] if num_layers - start in lengths else []
         if not lengths:
             return
         rows = np.stack([task.stage_bound(k, start, b) for b in task.branches])  # (br, len)
@@ -249,187 +284,240 @@ class TaskSearch:
         bounds = (acc[:, None] + rows[:, lens - 1]
                   + self.futures[:, k + 1, start + lens]).max(axis=0) + task.overhead
         if self.joint is not None:
-            known_sum, known_max, known_step = self.known
-            c_tail = task.time_row(k, start, k == 0)[lens - 1]
-            c_only = task.time_row(k, start, False)[lens - 1]
-            bounds = np.maximum(bounds, known_sum + c_tail + known_step + task.overhead
+            placed = self.placed
+            with_tail = task.time_row(k, start, k == 0)[lens - 1]
+            alone = task.time_row(k, start, False)[lens - 1]
+            bounds = np.maximum(bounds, placed.sum_time_tail + with_tail + placed.max_step
+                                + task.overhead
                                 + self.joint.g(k + 1, start + lens,
-                                               np.maximum(known_max, c_only)))
+                                               np.maximum(placed.max_time, alone)))
         outer = self.inner
         # partial stages of this call (same earlier stages, same start): dominance.py
         self.inner = StageDominance() if task.v == 1 else None
-        for j in np.argsort(bounds, kind="stable"):
-            if bounds[j] >= self.threshold() or not np.isfinite(bounds[j]):
+        for pick in np.argsort(bounds, kind="stable"):
+            if bounds[pick] >= self.threshold() or not np.isfinite(bounds[pick]):
                 break
-            length = int(lens[j])
-            e = task.emb[k]
-            stage = task.stage_of(k)
-            prev = self.stage_mem[stage]
-            if prev is None:  # the stage's first chunk
-                layouts = {(task.vocab.tp, True)} if stage in (0, task.pp - 1) else set()
-                prev = (0.0, 0.0, 0.0, frozenset(layouts))
-            layouts = set(prev[3])
-            if self.prev_last is not None:  # this chunk's input layout (gpu_terms)
-                lay = task.tables.layouts[self.prev_last[1]][0]
-                layouts.add((lay.tp, lay.consecutive))
-            state = _StageState(e.microbatch, e.optimizer, e.exposed_sync,
-                                prev[0] + e.persistent, max(prev[1], e.transient),
-                                prev[2] + e.step_floor, -1, -1, -1, frozenset(layouts),
-                                e.backward)
-            self.lengths.append(length)
-            self._layer(k, start, length, 0, state, acc)
+            self.lengths.append(int(lens[pick]))
+            self._layer(k, start, int(lens[pick]), 0, self._first_state(k), acc)
             self.lengths.pop()
         self.inner = outer
 
-    # ------------------------------------------------------------------ layers
-    def _layer(self, k: int, start: int, length: int, j: int, st: _StageState,
-               acc: np.ndarray) -> None:
+    def _first_state(self, k: int) -> StageState:
+        """The running sums of chunk position ``k`` before its first layer: its embedding/head,
+        and (interleaved) what its stage's earlier chunks placed."""
         task = self.task
+        emb = task.emb[k]
+        stage = task.stage_of(k)
+        before = self.stage_memory[stage]
+        if before is None:  # the stage's first chunk
+            ends = {(task.vocab.tp, True)} if stage in (0, task.pp - 1) else set()
+            before = StageMemory(persistent=0.0, transient=0.0, step_peak=0.0,
+                                 layouts=frozenset(ends))
+        layouts = set(before.layouts)
+        if self.incoming is not None:  # this chunk's input layout (gpu_terms)
+            layouts.add(task.tables.nccl_layouts[self.incoming])
+        return StageState(microbatch=emb.microbatch, optimizer=emb.optimizer,
+                          exposed=emb.exposed_sync, persistent=before.persistent + emb.persistent,
+                          transient=max(before.transient, emb.transient),
+                          step_peak=before.step_peak + emb.step_floor, last_class=-1,
+                          last_type=-1, last_index=-1, layouts=frozenset(layouts),
+                          backward=emb.backward)
+
+    # ------------------------------------------------------------------ layers
+    def _layer(self, k: int, start: int, length: int, offset: int, state: StageState,
+               acc: np.ndarray) -> None:
+        """Layer ``start + offset`` of chunk position ``k`` (the chunk holds ``length`` layers
+        from ``start``): bound each candidate strategy, then search below those that can still
+        beat the incumbent (in order of their bounds)."""
         self.best.nodes += 1
         self._check_deadline()
-        i = start + j
-        t = task.spec.layer_order[i]
-        c = task.costs(k, i)
-        cls = task.classes(k, i)
-        # NCCL communicators grow with the set of layouts a stage uses (gpu_terms): the layouts
-        # so far plus the candidate's give a floor for every plan below (0 where not modelled).
-        limit = self.limit - self._nccl(task.stage_of(k), st.layouts, cls)
-        r = length - j - 1  # layers of this chunk still to place
-        if j > 0:
-            trans = task.relayout[t][st.last_class, cls]
-        elif self.prev_last is not None:
-            trans = task.boundary[t][self.prev_last[1], cls]
-        else:
-            trans = task.vocab_moves(t)[0][cls]  # embedding -> first layer
-        if r == 0 and k == task.chunks - 1:
-            trans = trans + task.vocab_moves(t)[1][cls]  # last layer -> head
-        elif r == 0:
-            trans = trans + task.sp_leave[t][cls]  # a stage's SP run ends before the hop
-        micro = st.microbatch + c.microbatch + trans
-        bwd = st.backward + c.backward + self._backward_moves(k, j, r, t, st, cls) \
-            if self.dominance is not None else None
-        opt = st.optimizer + c.optimizer
-        exp = st.exposed + c.exposed_sync
-        pers = st.persistent + c.persistent
-        trans_max = np.maximum(st.transient, c.transient)
-        step = st.step_peak + c.step_floor
-        least_p, least_s = self._least[k]
-        ok = ((pers + trans_max + least_p[i + 1 + r] - least_p[i + 1] <= limit)
-              & (step + least_s[i + 1 + r] - least_s[i + 1] <= limit))
-        if j > 0 and st.last_type == t:
-            ok &= (cls != st.last_class) | (np.arange(len(c)) >= st.last_index)
+        cands = self._candidates(k, start, length, offset, state)
         alpha, beta, gamma = self._weights[k]
-        share = (alpha[:, None] * micro[None, :] + beta[:, None] * opt[None, :]
-                 + gamma * exp[None, :])  # (branch, s)
-        if r > 0:
-            backward = limit - pers - trans_max
-            steps = limit - step
-            for rows, w in self._pairs[k]:
-                share[rows] += task.rest_bound(k, i + 1, w, r, backward, steps,
-                                               trans_max)[None, :]
-        future = self.futures[:, k + 1, start + length][:, None]
-        bounds = (acc[:, None] + share + future).max(axis=0) + task.overhead
-        if self.joint is not None:
-            # Bound 2: sum of stage times + tail_0 + (m - 1) x the largest stage time + the
-            # largest step; the sum and the maximum over the later stages' same partition
-            # (bottleneck.Bottleneck), the step on its own.
-            known_sum, known_max, known_step = self.known
-            end = start + length
-            c_tail, c_only = micro + gamma * exp, micro
-            if r > 0:
-                backward = limit - pers - trans_max
-                steps = limit - step
-                c_tail = c_tail + task.rest_bound(k, i + 1, Weights(1.0, 0.0, gamma), r,
-                                                  backward, steps, trans_max)
-                c_only = c_tail if not gamma else c_only + task.rest_bound(
-                    k, i + 1, Weights(1.0, 0.0, 0.0), r, backward, steps, trans_max)
-            bounds = np.maximum(bounds, known_sum + c_tail + np.maximum(known_step, opt)
-                                + task.overhead
-                                + self.joint.g(k + 1, end, np.maximum(known_max, c_only)))
-        bounds = np.where(ok, bounds, math.inf)
-        for s in np.argsort(bounds, kind="stable"):
-            if not bounds[s] < self.threshold():
+        bounds = np.where(cands.keep, self._bounds(k, start, length, offset, cands, acc),
+                          math.inf)
+        for pick in np.argsort(bounds, kind="stable"):
+            if not bounds[pick] < self.threshold():
                 break
-            self.chosen.append(c.strategies[s])
-            if r > 0:
-                lay = task.tables.layouts[int(cls[s])][0]
-                layouts = st.layouts | {(lay.tp, lay.consecutive)}
-                if self.inner is not None and not self.inner.admit(
-                        (length, j + 1, int(cls[s]), int(s), layouts),
-                        np.array([micro[s], opt[s], exp[s],
-                                  micro[s] - bwd[s] if bwd is not None else 0.0,
-                                  pers[s], trans_max[s], step[s]])):
-                    self.chosen.pop()
-                    continue
-                nxt = _StageState(float(micro[s]), float(opt[s]), float(exp[s]), float(pers[s]),
-                                  float(trans_max[s]), float(step[s]), int(cls[s]), t, int(s),
-                                  st.layouts | {(lay.tp, lay.consecutive)},
-                                  float(bwd[s]) if bwd is not None else 0.0)
-                self._layer(k, start, length, j + 1, nxt, acc)
+            self.chosen.append(cands.costs.strategies[pick])
+            if cands.layers_left > 0:
+                self._next_layer(k, start, length, offset, state, cands, int(pick), acc)
             else:
-                done = acc + alpha * micro[s] + beta * opt[s] + gamma * exp[s]
-                if k == task.chunks - 1:
+                done = acc + alpha * cands.microbatch[pick] + beta * cands.optimizer[pick] \
+                    + gamma * cands.exposed[pick]
+                if k == self.task.chunks - 1:
                     self._leaf()
                 else:
-                    prefix = self.prefix
-                    if self.dominance is not None:
-                        sum_c, max_c, sum_b, exposed, max_step = prefix
-                        tail = float(exp[s])
-                        self.prefix = (sum_c + float(micro[s]), max(max_c, float(micro[s])),
-                                       sum_b + float(bwd[s]), max(exposed, tail - sum_b),
-                                       max(max_step, float(opt[s])))
-                        if not self.dominance.admit((k + 1, start + length, int(cls[s])),
-                                                    StageDominance.state(*self.prefix)):
-                            self.prefix = prefix
-                            self.chosen.pop()
-                            continue
-                    saved, known = self.prev_last, self.known
-                    stage = task.stage_of(k)
-                    saved_mem = self.stage_mem[stage]
-                    if task.v > 1:
-                        lay = task.tables.layouts[int(cls[s])][0]
-                        self.stage_mem[stage] = (float(pers[s]), float(trans_max[s]),
-                                                 float(step[s]),
-                                                 st.layouts | {(lay.tp, lay.consecutive)})
-                    self.prev_last = (t, int(cls[s]))
-                    self.known = (known[0] + float(micro[s] + gamma * exp[s]),
-                                  max(known[1], float(micro[s])), max(known[2], float(opt[s])))
-                    self._stage(k + 1, start + length, done)
-                    self.prev_last, self.known, self.prefix = saved, known, prefix
-                    self.stage_mem[stage] = saved_mem
+                    self._next_chunk(k, start, length, state, cands, int(pick), done)
             self.chosen.pop()
 
-    def _backward_moves(self, k: int, j: int, r: int, t: int, st: _StageState,
-                        cls: np.ndarray) -> np.ndarray:
-        """The backward part of the moves ``_layer`` charges to the candidates (the same moves:
-        into the layer, and after the stage's last layer into the head)."""
+    def _candidates(self, k: int, start: int, length: int, offset: int,
+                    state: StageState) -> Candidates:
+        """The stage's sums with each candidate of layer ``start + offset``: its own costs, the
+        moves into it (from the previous layer, the previous chunk or the embedding) and, after a
+        chunk's last layer, out of it (into the head, or leaving its SP run before the hop)."""
+        task = self.task
+        layer = start + offset
+        layer_type = task.spec.layer_order[layer]
+        costs = task.costs(k, layer)
+        classes = task.classes(k, layer)
+        # NCCL communicators grow with the set of layouts a stage uses (gpu_terms): the layouts
+        # so far plus the candidate's give a floor for every plan below (0 where not modelled).
+        limit = self.limit - self._nccl(task.stage_of(k), state.layouts, classes)
+        left = length - offset - 1
+        tables = task.tables
+        if offset > 0:
+            moves = tables.relayout[layer_type][state.last_class, classes]
+        elif self.incoming is not None:
+            moves = tables.boundary[layer_type][self.incoming, classes]
+        else:
+            moves = task.vocab_moves(layer_type)[0][classes]  # embedding -> first layer
+        if left == 0 and k == task.chunks - 1:
+            moves = moves + task.vocab_moves(layer_type)[1][classes]  # last layer -> head
+        elif left == 0:
+            moves = moves + tables.sp_leave[layer_type][classes]  # SP run ends before the hop
+        microbatch = state.microbatch + costs.microbatch + moves
+        backward = state.backward + costs.backward + self._backward_moves(
+            k, offset, left, layer_type, state, classes) if self.dominance is not None else None
+        persistent = state.persistent + costs.persistent
+        transient = np.maximum(state.transient, costs.transient)
+        step_peak = state.step_peak + costs.step_floor
+        # the memory cut: the bytes placed and the least the chunk's later layers add
+        least_persistent, least_step = task.least_prefix_bytes[k]
+        after, end = layer + 1, layer + 1 + left  # the chunk's later layers: [after, end)
+        keep = ((persistent + transient + least_persistent[end] - least_persistent[after]
+                 <= limit)
+                & (step_peak + least_step[end] - least_step[after] <= limit))
+        if offset > 0 and state.last_type == layer_type:  # symmetry: indices never decrease
+            keep &= (classes != state.last_class) | (np.arange(len(costs)) >= state.last_index)
+        return Candidates(costs=costs, classes=classes, layers_left=left, limit=limit,
+                          microbatch=microbatch, backward=backward,
+                          optimizer=state.optimizer + costs.optimizer,
+                          exposed=state.exposed + costs.exposed_sync, persistent=persistent,
+                          transient=transient, step_peak=step_peak, keep=keep)
+
+    def _bounds(self, k: int, start: int, length: int, offset: int, cands: Candidates,
+                acc: np.ndarray) -> np.ndarray:
+        """A lower bound on every plan below each candidate (module docstring): the largest
+        ``J_b`` and, for a plain pipeline, the bottleneck bound."""
+        task = self.task
+        layer = start + offset
+        left = cands.layers_left
+        alpha, beta, gamma = self._weights[k]
+        share = (alpha[:, None] * cands.microbatch[None, :]
+                 + beta[:, None] * cands.optimizer[None, :]
+                 + gamma * cands.exposed[None, :])  # (branch, candidate)
+        backward_room = cands.limit - cands.persistent - cands.transient
+        step_room = cands.limit - cands.step_peak
+        if left > 0:
+            for rows, w in self._pairs[k]:
+                share[rows] += task.rest_bound(k, layer + 1, w, left, backward_room, step_room,
+                                               cands.transient)[None, :]
+        future = self.futures[:, k + 1, start + length][:, None]
+        bounds = (acc[:, None] + share + future).max(axis=0) + task.overhead
+        if self.joint is None:
+            return bounds
+        # Bound 2: sum of stage times + tail_0 + (m - 1) x the largest stage time + the
+        # largest step; the sum and the maximum over the later stages' same partition
+        # (bottleneck.Bottleneck), the step on its own.
+        placed = self.placed
+        with_tail, alone = cands.microbatch + gamma * cands.exposed, cands.microbatch
+        if left > 0:
+            with_tail = with_tail + task.rest_bound(k, layer + 1, Weights(1.0, 0.0, gamma), left,
+                                                    backward_room, step_room, cands.transient)
+            alone = with_tail if not gamma else alone + task.rest_bound(
+                k, layer + 1, Weights(1.0, 0.0, 0.0), left, backward_room, step_room,
+                cands.transient)
+        return np.maximum(bounds, placed.sum_time_tail + with_tail
+                          + np.maximum(placed.max_step, cands.optimizer) + task.overhead
+                          + self.joint.g(k + 1, start + length,
+                                         np.maximum(placed.max_time, alone)))
+
+    def _next_layer(self, k: int, start: int, length: int, offset: int, state: StageState,
+                    cands: Candidates, pick: int, acc: np.ndarray) -> None:
+        """Place candidate ``pick`` and go on to the chunk's next layer, unless a partial stage
+        already searched dominates it (dominance.py)."""
+        cls = int(cands.classes[pick])
+        layouts = state.layouts | {self.task.tables.nccl_layouts[cls]}
+        backward = cands.backward
+        if self.inner is not None and not self.inner.admit(
+                (length, offset + 1, cls, pick, layouts),
+                np.array([cands.microbatch[pick], cands.optimizer[pick], cands.exposed[pick],
+                          cands.microbatch[pick] - backward[pick] if backward is not None
+                          else 0.0, cands.persistent[pick], cands.transient[pick],
+                          cands.step_peak[pick]])):
+            return
+        self._layer(k, start, length, offset + 1, StageState(
+            microbatch=float(cands.microbatch[pick]), optimizer=float(cands.optimizer[pick]),
+            exposed=float(cands.exposed[pick]), persistent=float(cands.persistent[pick]),
+            transient=float(cands.transient[pick]), step_peak=float(cands.step_peak[pick]),
+            last_class=cls, last_type=self.task.spec.layer_order[start + offset],
+            last_index=pick, layouts=layouts,
+            backward=float(backward[pick]) if backward is not None else 0.0), acc)
+
+    def _next_chunk(self, k: int, start: int, length: int, state: StageState,
+                    cands: Candidates, pick: int, done: np.ndarray) -> None:
+        """Close chunk position ``k`` on candidate ``pick`` (its last layer) and search the next
+        chunk, unless placed stages already searched dominate these (dominance.py)."""
+        task = self.task
+        placed = self.placed
+        time = float(cands.microbatch[pick])
+        step = float(cands.optimizer[pick])
+        backward = cands.backward
+        now = Placed(
+            sum_time=placed.sum_time + time,
+            sum_time_tail=placed.sum_time_tail + float(
+                cands.microbatch[pick] + self._weights[k][2] * cands.exposed[pick]),
+            max_time=max(placed.max_time, time),
+            sum_backward=placed.sum_backward + (float(backward[pick]) if backward is not None
+                                                else 0.0),
+            exposed=max(placed.exposed, float(cands.exposed[pick]) - placed.sum_backward),
+            max_step=max(placed.max_step, step))
+        cls = int(cands.classes[pick])
+        if self.dominance is not None and not self.dominance.admit(
+                (k + 1, start + length, cls), now.dominance_state()):
+            return
+        stage = task.stage_of(k)
+        saved_memory, saved_incoming = self.stage_memory[stage], self.incoming
+        if task.v > 1:
+            self.stage_memory[stage] = StageMemory(
+                persistent=float(cands.persistent[pick]),
+                transient=float(cands.transient[pick]), step_peak=float(cands.step_peak[pick]),
+                layouts=state.layouts | {task.tables.nccl_layouts[cls]})
+        self.incoming, self.placed = cls, now
+        self._stage(k + 1, start + length, done)
+        self.incoming, self.placed = saved_incoming, placed
+        self.stage_memory[stage] = saved_memory
+
+    def _backward_moves(self, k: int, offset: int, left: int, layer_type: int,
+                        state: StageState, classes: np.ndarray) -> np.ndarray:
+        """The backward part of the moves ``_candidates`` charges (the same moves: into the
+        layer, and after the chunk's last layer into the head)."""
         task = self.task
         relayout, boundary = task.tables.backward_moves
-        if j > 0:
-            out = relayout[t][st.last_class, cls]
-        elif self.prev_last is not None:
-            out = boundary[t][self.prev_last[1], cls]
+        if offset > 0:
+            out = relayout[layer_type][state.last_class, classes]
+        elif self.incoming is not None:
+            out = boundary[layer_type][self.incoming, classes]
         else:
-            out = task.vocab_moves_backward(t)[0][cls]
-        if r == 0 and k == task.chunks - 1:
-            out = out + task.vocab_moves_backward(t)[1][cls]
+            out = task.vocab_moves_backward(layer_type)[0][classes]
+        if left == 0 and k == task.chunks - 1:
+            out = out + task.vocab_moves_backward(layer_type)[1][classes]
         return out
 
-    def _nccl(self, k: int, layouts: frozenset, cls: np.ndarray) -> np.ndarray | float:
+    def _nccl(self, k: int, layouts: NcclLayouts, classes: np.ndarray) -> np.ndarray | float:
         """NCCL bytes of stage ``k`` holding ``layouts`` and each candidate's layout."""
         task = self.task
         per = float(getattr(task.cluster, "nccl_communicator_bytes", 0.0))
         if per <= 0:
             return 0.0
-        cache = self.__dict__.setdefault("_nccl_cache", {})
-        out = np.empty(len(cls))
-        for c in set(cls.tolist()):  # not np.unique: it imports numpy.ma (start-up time)
+        known = self._nccl_bytes
+        out = np.empty(len(classes))
+        for c in set(classes.tolist()):  # not np.unique: it imports numpy.ma (start-up time)
             key = (k, layouts, int(c))
-            if key not in cache:
-                lay = task.tables.layouts[int(c)][0]
-                cache[key] = per * group_count(task.n, task.pp, task.world_size, k, 0,
-                                               layouts | {(lay.tp, lay.consecutive)})
-            out[cls == c] = cache[key]
+            if key not in known:
+                known[key] = per * group_count(task.n, task.pp, task.world_size, k, 0,
+                                               layouts | {task.tables.nccl_layouts[int(c)]})
+            out[classes == c] = known[key]
         return out
 
     def _leaf(self) -> bool:

@@ -1,4 +1,4 @@
-"""The vocabulary-independent cost tables of a search task (``tasks.Task`` reads through them).
+"""The vocabulary-independent cost tables of a search task (``tasks.Task.tables``).
 
 One :class:`LayerTables` per (global batch, pp, micro-batch count, schedule, space rules),
 shared by the task's vocabulary layouts and virtual sizes: every layer type's candidate
@@ -8,6 +8,9 @@ and SP-leave costs between classes, and the transient buckets of the bound DP.
 """
 
 from __future__ import annotations
+
+import functools
+from typing import Any, Hashable
 
 import numpy as np
 
@@ -40,96 +43,121 @@ class LayerTables:
         self.strategies = [layer_strategies(lt, n, b_m, rules, cluster.devices_per_node)
                            for lt in spec.layer_types]
         self.ok = all(self.strategies)
-        self.rest: dict[tuple, np.ndarray] = {}
+        # The bound DP's tables (tasks.Task.rest: per window, in-flight count and weights) and
+        # their per-bucket stacks; other modules' tables of these layers (least_memory's
+        # fronts, seeds' stage DPs), each keyed by its module's tag first.
+        self.rest: dict[tuple[Hashable, ...], np.ndarray] = {}
+        self.rest_stacks: dict[tuple[Hashable, ...], tuple[np.ndarray, set[int]]] = {}
+        self.memo: dict[tuple[Hashable, ...], Any] = {}
         self._costs: dict[tuple[int, int], StrategyCosts] = {}
         self._cls: dict[tuple[int, int], np.ndarray] = {}
-        self._prepared = False
 
-    def __getattr__(self, name: str):
-        # Layouts, transitions and buckets are built on first use (most tasks are pruned by
-        # their cheap bound, which needs only ``one``).
-        if name.startswith("__") or self.__dict__.get("_prepared", True):
-            raise AttributeError(name)
-        self._prepare()
-        return getattr(self, name)
+    # Built on first use (most tasks are pruned by their cheap bound, which needs only ``one``).
+    @functools.cached_property
+    def layouts(self) -> list[tuple[Layout, bool]]:
+        """The classes: a layout and whether the layer runs sequence parallelism (the
+        transitions depend on both, ``estimate.chunk_moves``), sorted."""
+        return sorted({(layout_of(s, self.n), s.sequence_parallel and s.tp > 1)
+                       for group in self.strategies for s in group})
 
-    def _prepare(self) -> None:
-        self._prepared = True
-        n, b_m, cluster = self.n, self.b_m, self.cluster
-        # classes: a layout and whether the layer runs sequence parallelism (the transitions
-        # depend on both, cost_model.chunk_moves)
-        self.layouts: list[tuple[Layout, bool]] = sorted(
-            {(layout_of(s, n), s.sequence_parallel and s.tp > 1) for group in self.strategies
-             for s in group})
-        types = [self.profile.layer_types[lt.name] for lt in self.spec.layer_types]
-        # what a relayout or stage hop moves into a layer (its hidden state and, for T5, the
-        # carry beside it), and what an SP boundary gathers (the hidden state alone)
-        moved = [p.moved_bytes_per_sample for p in types]
-        hidden = [p.hidden_bytes_per_sample for p in types]
-        self.moved, self.hidden = moved, hidden
+    @functools.cached_property
+    def nccl_layouts(self) -> list[tuple[int, bool]]:
+        """Per class, the ``(tp, consecutive)`` its NCCL groups come from (``gpu_terms``)."""
+        return [(lay.tp, lay.consecutive) for lay, _ in self.layouts]
 
-        def switch(a: tuple[Layout, bool], b: tuple[Layout, bool], h: float) -> float:
-            return sequence_parallel_switch_time(cluster, a[0], a[1], b[0], b[1], b_m, h, n)
+    @functools.cached_property
+    def moved(self) -> list[float]:
+        """Per layer type, the bytes per sample a relayout or stage hop moves into it (its
+        hidden state and, for T5, the carry beside it)."""
+        return [self.profile.layer_types[lt.name].moved_bytes_per_sample
+                for lt in self.spec.layer_types]
 
-        # relayout[t][a, b]: forward + backward seconds per micro-batch from class a into a
-        # layer of type t with class b (evaluate_plan prices it with the receiver's width),
-        # the SP boundaries between them included.
-        self.relayout = [np.array([[relayout_time(cluster, a[0], b[0], b_m, mv, n)
-                                    + switch(a, b, h) for b in self.layouts]
-                                   for a in self.layouts])
-                         for mv, h in zip(moved, hidden)]
-        # sp_leave[t][a]: a stage's last layer of type t and class a leaving its SP run before
-        # the hop (charged to that stage, as chunk_moves does).
-        self.sp_leave = [np.array([switch(a, (a[0], False), h) for a in self.layouts])
-                         for h in hidden]
-        # boundary[t][a, b]: a micro-batch crossing into a stage whose first layer has type t
-        # and class b from a previous stage ending in class a (p2p hop, relayout, entering
-        # the receiver's SP run).
-        self.boundary = [np.array([[stage_boundary_cost(cluster, a[0], b[0], b_m, mv, n,
-                                                        self.pp).total
-                                    + switch((b[0], False), b, h)
-                                    for b in self.layouts] for a in self.layouts])
-                         for mv, h in zip(moved, hidden)]
-        self.min_boundary = 0.0 if self.pp == 1 else min(float(x.min()) for x in self.boundary)
+    @functools.cached_property
+    def hidden(self) -> list[float]:
+        """Per layer type, the bytes per sample an SP boundary gathers (the hidden state)."""
+        return [self.profile.layer_types[lt.name].hidden_bytes_per_sample
+                for lt in self.spec.layer_types]
+
+    def _switch(self, a: tuple[Layout, bool], b: tuple[Layout, bool], h: float) -> float:
+        return sequence_parallel_switch_time(self.cluster, a[0], a[1], b[0], b[1], self.b_m, h,
+                                             self.n)
+
+    @functools.cached_property
+    def relayout(self) -> list[np.ndarray]:
+        """``relayout[t][a, b]``: forward + backward seconds per micro-batch from class ``a``
+        into a layer of type ``t`` with class ``b`` (evaluate_plan prices it with the
+        receiver's width), the SP boundaries between them included."""
+        cluster, n, b_m = self.cluster, self.n, self.b_m
+        return [np.array([[relayout_time(cluster, a[0], b[0], b_m, mv, n) + self._switch(a, b, h)
+                           for b in self.layouts] for a in self.layouts])
+                for mv, h in zip(self.moved, self.hidden)]
+
+    @functools.cached_property
+    def sp_leave(self) -> list[np.ndarray]:
+        """``sp_leave[t][a]``: a stage's last layer of type ``t`` and class ``a`` leaving its SP
+        run before the hop (charged to that stage, as ``chunk_moves`` does)."""
+        return [np.array([self._switch(a, (a[0], False), h) for a in self.layouts])
+                for h in self.hidden]
+
+    @functools.cached_property
+    def boundary(self) -> list[np.ndarray]:
+        """``boundary[t][a, b]``: a micro-batch crossing into a stage whose first layer has type
+        ``t`` and class ``b`` from a previous stage ending in class ``a`` (p2p hop, relayout,
+        entering the receiver's SP run)."""
+        cluster, n, b_m = self.cluster, self.n, self.b_m
+        return [np.array([[stage_boundary_cost(cluster, a[0], b[0], b_m, mv, n, self.pp).total
+                           + self._switch((b[0], False), b, h)
+                           for b in self.layouts] for a in self.layouts])
+                for mv, h in zip(self.moved, self.hidden)]
+
+    @functools.cached_property
+    def min_boundary(self) -> float:
+        """The cheapest stage boundary of any class pair (0 with one stage)."""
+        return 0.0 if self.pp == 1 else min(float(x.min()) for x in self.boundary)
+
+    @functools.cached_property
+    def buckets(self) -> list[tuple[float, float]]:
+        """The transient buckets ``(lo, hi]`` of the bound DP (``MAX_LEVELS`` at most)."""
         transients = sorted({float(x) for c in self.one for x in c.transient})
         picks = sorted({int(round(x)) for x in np.linspace(0, len(transients) - 1, MAX_LEVELS)})
         tops = [transients[i] for i in picks]
-        self.buckets = [(tops[j - 1] if j else 0.0, top) for j, top in enumerate(tops)]
+        return [(tops[j - 1] if j else 0.0, top) for j, top in enumerate(tops)]
 
-    @property
+    @functools.cached_property
+    def bucket_edges(self) -> tuple[np.ndarray, np.ndarray]:
+        """``buckets`` as two arrays: the floors ``lo`` and the tops ``hi``."""
+        return (np.array([lo for lo, _ in self.buckets]),
+                np.array([hi for _, hi in self.buckets]))
+
+    @functools.cached_property
     def backward_moves(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """``(relayout, boundary)``: the backward part of ``relayout`` and ``boundary`` (the
         same moves; ``sp_leave`` has none: leaving an SP run gathers in forward only, entering
         one gathers the gradient in backward, ``layout.sequence_parallel_boundary_collectives``).
         The exact search's stage dominance needs each stage's backward time (its sync-tail
         hiding, ``cost_time.pipeline_time``); built on first use."""
-        if "_backward_moves" not in self.__dict__:
-            cluster, n, b_m = self.cluster, self.n, self.b_m
+        cluster, n, b_m = self.cluster, self.n, self.b_m
 
-            def enter(b: tuple[Layout, bool], h: float) -> float:  # gradient gather only
-                return sequence_parallel_switch_time(cluster, b[0], False, b[0], b[1], b_m, h,
-                                                     n)
+        def enter(b: tuple[Layout, bool], h: float) -> float:  # gradient gather only
+            return sequence_parallel_switch_time(cluster, b[0], False, b[0], b[1], b_m, h, n)
 
-            def same_run(a: tuple[Layout, bool], b: tuple[Layout, bool]) -> bool:
-                return a[1] and b[1] and a[0].tp > 1 and a[0] == b[0]
+        def same_run(a: tuple[Layout, bool], b: tuple[Layout, bool]) -> bool:
+            return a[1] and b[1] and a[0].tp > 1 and a[0] == b[0]
 
-            relayout = [np.array([[relayout_cost(cluster, a[0], b[0], b_m, mv, n).backward
-                                   + (0.0 if same_run(a, b) else enter(b, h))
-                                   for b in self.layouts] for a in self.layouts])
-                        for mv, h in zip(self.moved, self.hidden)]
-            boundary = [np.array([[stage_boundary_cost(cluster, a[0], b[0], b_m, mv, n,
-                                                       self.pp).backward + enter(b, h)
-                                   for b in self.layouts] for a in self.layouts])
-                        for mv, h in zip(self.moved, self.hidden)]
-            self.__dict__["_backward_moves"] = (relayout, boundary)
-        return self.__dict__["_backward_moves"]
+        relayout = [np.array([[relayout_cost(cluster, a[0], b[0], b_m, mv, n).backward
+                               + (0.0 if same_run(a, b) else enter(b, h))
+                               for b in self.layouts] for a in self.layouts])
+                    for mv, h in zip(self.moved, self.hidden)]
+        boundary = [np.array([[stage_boundary_cost(cluster, a[0], b[0], b_m, mv, n,
+                                                   self.pp).backward + enter(b, h)
+                               for b in self.layouts] for a in self.layouts])
+                    for mv, h in zip(self.moved, self.hidden)]
+        return relayout, boundary
 
-    @property
+    @functools.cached_property
     def one(self) -> list[StrategyCosts]:
         """Costs at one micro-batch in flight (times do not depend on the count)."""
-        if "_one" not in self.__dict__:
-            self.__dict__["_one"] = [self.costs(t, 1) for t in range(len(self.strategies))]
-        return self.__dict__["_one"]
+        return [self.costs(t, 1) for t in range(len(self.strategies))]
 
     def costs(self, t: int, k_in: int) -> StrategyCosts:
         key = (t, k_in)

@@ -30,6 +30,7 @@ is priced by ``evaluate_plan``, whose peak is what an infeasible budget reports.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -55,6 +56,13 @@ class _Fronts:
     parent: list[np.ndarray]
     choice: list[np.ndarray]
 
+    @functools.cached_property
+    def flat(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every length's front in one array (persistent, step) and each length's offset."""
+        sizes = [len(x) for x in self.persistent]
+        offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        return np.concatenate(self.persistent), np.concatenate(self.step), offsets
+
 
 def _pareto(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     """Indices of the points no other point is at most in both coordinates (first kept)."""
@@ -70,7 +78,7 @@ def _fronts(task: Task, window: tuple[int, ...], k_in: int, tau: float,
     ``plain``: only strategies that shard nothing, with the step peak fused AdamW leaves them
     (``step_floor``); else every strategy with its full step peak."""
     key = ("fronts", window, k_in, tau, plain)
-    cache = task.tables.rest
+    cache = task.tables.memo
     if key in cache:
         return cache[key]
     opts = {}
@@ -124,16 +132,6 @@ def _window(task: Task, start: int) -> tuple[int, ...]:
     return tuple(order[start:start + task.max_len])
 
 
-def _flat(fr: _Fronts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every length's front in one array (persistent, step) and each length's offset."""
-    if not hasattr(fr, "_flat"):
-        sizes = [len(x) for x in fr.persistent]
-        offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-        object.__setattr__(fr, "_flat", (np.concatenate(fr.persistent),
-                                          np.concatenate(fr.step), offsets))
-    return fr._flat
-
-
 def _families(task: Task, e) -> list[bool]:
     """Front families of a stage: every strategy, and (fused AdamW, nothing of the stage's
     embedding/head sharded) the unsharded ones with their smaller step peak."""
@@ -155,7 +153,7 @@ def stage_least(task: Task, k: int, start: int) -> tuple[np.ndarray, list]:
     e = task.emb[k]
     reserve = float(task.cluster.memory_reserve_bytes) + task.nccl_floor[k]
     key = ("least_row", window, k_in, e, reserve)
-    cache = task.tables.rest
+    cache = task.tables.memo
     if key in cache:
         return cache[key]
     out = np.full(task.max_len, math.inf)
@@ -166,7 +164,7 @@ def stage_least(task: Task, k: int, start: int) -> tuple[np.ndarray, list]:
             fr = _fronts(task, window, k_in, tau, plain)
             if fr is None:
                 continue
-            p, q, offsets = _flat(fr)
+            p, q, offsets = fr.flat
             peak = np.maximum(p + max(tau, e.transient) + e.persistent,
                               q + (e.step_floor if plain else e.step_peak)) + reserve
             least = np.minimum.reduceat(peak, offsets)
@@ -224,7 +222,7 @@ class LeastPeak:
 def task_least_peak(task: Task, partition: tuple[int, ...] | None = None) -> LeastPeak:
     """Least peak over every strategy of the task and every partition (or the ``partition``
     given), cached on the task."""
-    cache = task.__dict__.setdefault("_least_peak", {})
+    cache = task.least_peaks
     if partition in cache:
         return cache[partition]
     single = len(task.spec.layer_types) == 1

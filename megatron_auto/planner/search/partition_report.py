@@ -37,7 +37,7 @@ def _rows(task: Task):
             cache[key] = task.rest_bound(
                 k, key[2], Weights(1.0, 0.0, 0.0), np.arange(1, task.max_len + 1),
                 full * (task.room - e.persistent), full * (task.room - e.step_floor),
-                full * e.transient) + e.microbatch + (task.min_boundary if k else 0.0)
+                full * e.transient) + e.microbatch + (task.tables.min_boundary if k else 0.0)
         return cache[key]
 
     def memory_row(k: int, start: int) -> np.ndarray:

@@ -46,7 +46,7 @@ def _step(task: Task) -> float:
 
 
 def _levels(task: Task) -> list[float]:
-    tops = sorted({hi for _, hi in task.buckets})
+    tops = sorted({hi for _, hi in task.tables.buckets})
     picks = sorted({int(round(x)) for x in np.linspace(0, len(tops) - 1, SEED_LEVELS)})
     return [tops[i] for i in picks]
 
@@ -55,7 +55,7 @@ def _table(task: Task, window: tuple[int, ...], k_in: int, tau: float, bold: boo
            ) -> StageTables | None:
     step = _step(task)
     key = ("seed", window, k_in, tau, task.m, step, bold)
-    cache = task.tables.rest
+    cache = task.tables.memo
     if key not in cache:
         if task.on_new_table is not None:
             task.on_new_table()  # the deadline: DP runs are the slow part
@@ -74,8 +74,8 @@ def _table(task: Task, window: tuple[int, ...], k_in: int, tau: float, bold: boo
                                              aux=np.zeros((len(keep), 0)),
                                              cls=task.tables.classes(t, k_in)[keep]))
         opts = [by_type[t][1] for t in window]
-        trans = np.minimum.reduce([task.relayout[t] for t in set(window)]) \
-            if len(set(window)) > 1 else task.relayout[window[0]]
+        trans = np.minimum.reduce([task.tables.relayout[t] for t in set(window)]) \
+            if len(set(window)) > 1 else task.tables.relayout[window[0]]
         cache[key] = (solve_stage(opts, trans, SEED_CELLS), by_type)
     return cache[key]
 
@@ -86,8 +86,8 @@ def _stage(task: Task, k: int, start: int, bold: bool):
     order = task.spec.layer_order
     window = tuple(order[start:start + task.max_len])
     key = (window, k, bold)
-    if key in task.__dict__.setdefault("_seed_rows", {}):
-        return task._seed_rows[key]
+    if key in task.seed_rows:
+        return task.seed_rows[key]
     e = task.emb[k]
     out = np.full(task.max_len, math.inf)
     level: list = [None] * task.max_len
@@ -112,7 +112,7 @@ def _stage(task: Task, k: int, start: int, bold: bool):
         for ln in np.nonzero(better)[0]:
             level[ln] = (tau, cells)
         out[:n] = np.where(better, vals, out[:n])
-    task._seed_rows[key] = (out, level)
+    task.seed_rows[key] = (out, level)
     return out, level
 
 
@@ -191,8 +191,8 @@ def _pair_stage(task: Task, k: int, length: int, bold: bool):
     """Best stage of ``length`` layers made of two strategies ``a`` (first ``x`` layers) and
     ``b``: ``(value, a, b, x)`` or None, memory checked on both peaks with the NCCL bound
     (the fewest communicators if ``bold``)."""
-    key = (k, length, bold)
-    cache = task.__dict__.setdefault("_pair_stages", {})
+    key = ("pair", k, length, bold)
+    cache = task.seed_rows
     if key in cache:
         return cache[key]
     c = task.tables.costs(0, task.in_flight[k])
@@ -205,7 +205,7 @@ def _pair_stage(task: Task, k: int, length: int, bold: bool):
     va, vb = value[:, None, None], value[None, :, None]
     total = x * va + y * vb
     cls = task.tables.classes(0, task.in_flight[k])
-    trans = task.relayout[0][cls[:, None], cls[None, :]][:, :, None]
+    trans = task.tables.relayout[0][cls[:, None], cls[None, :]][:, :, None]
     total = total + np.where((x > 0) & (y > 0), trans, 0.0)
     top = np.maximum(np.maximum(c.transient[:, None], c.transient[None, :]), e.transient)
     backward = (x * c.persistent[:, None, None] + y * c.persistent[None, :, None]

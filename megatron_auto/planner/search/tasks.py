@@ -36,7 +36,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Any, Callable, Hashable
 
 import numpy as np
 
@@ -70,6 +70,9 @@ class Weights:
     level: int = -1  # transient bucket (strategies whose transient is at most its top); -1 all
 
 
+# What a task's layer tables are shared by: (global batch, pp, micro-batches, schedule, rules).
+TablesKey = tuple[int, int, int, str, SpaceRules]
+
 # A stage's peak is max(backward peak, step peak) >= mix * backward + (1 - mix) * step for any
 # mix in [0, 1]: each mix gives a valid relaxation, and the bounds take the best of these.
 MIXES = (1.0,)
@@ -81,8 +84,9 @@ class Task:
     def __init__(self, spec: ModelSpec, profile: ModelProfile, cluster: ClusterModel,
                  world_size: int, global_batch: int, pp: int, m: int, schedule: str,
                  rules: SpaceRules, vocab: VocabStrategy, budget_bytes: float,
-                 step: int, shared: dict | None = None, virtual_size: int = 1,
-                 cache: SearchCache | None = None) -> None:
+                 step: int, shared: dict[TablesKey, LayerTables] | None = None,
+                 virtual_size: int = 1, cache: SearchCache | None = None,
+                 sibling: Task | None = None) -> None:
         self.spec, self.profile, self.cluster = spec, profile, cluster
         # The search's reusable results (its own when the task is built alone).
         if cache is None:
@@ -107,7 +111,7 @@ class Task:
         self.overhead = step_overhead(cluster, world_size)
         # Everything but the embedding/head is the same for every vocabulary layout of a
         # (batch, pp, m, schedule): computed once, on first use, and shared through ``shared``.
-        key = (global_batch, pp, m, schedule, rules)
+        key: TablesKey = (global_batch, pp, m, schedule, rules)
         shared = {} if shared is None else shared
         if key not in shared:
             shared[key] = LayerTables(spec, profile, cluster, rules, self.n, self.b_m, pp,
@@ -115,7 +119,13 @@ class Task:
         self.tables = shared[key]
         self.ok = self.tables.ok
         self._emb: list[EmbeddingCosts] | None = None
-        self._future: dict = {}
+        self._future: dict[Hashable, Any] = {}  # bound rows and tables, by what they bound
+        self._cheap: dict[bool, float] = {}
+        self._sibling = sibling  # the same task with v = 1 (v > 1 only; built on first use)
+        # Other modules' results for this task, kept with it: least_memory's LeastPeak per
+        # partition (that module imports this one) and seeds' stage rows.
+        self.least_peaks: dict[tuple[int, ...] | None, Any] = {}
+        self.seed_rows: dict[Hashable, Any] = {}
         self.branches = list(range(pp))
         self.on_new_table: Callable[[], None] | None = None  # e.g. a deadline check
 
@@ -127,23 +137,18 @@ class Task:
             return [in_flight(self.schedule, self.pp, k, self.m) for k in range(self.pp)]
         return chunk_in_flight(self.pp, self.v, self.m, self.cache.in_flight)
 
-    def sibling(self) -> "Task":
-        """The same task without interleaving (v = 1), sharing the layer tables."""
+    def sibling(self) -> Task:
+        """The same task without interleaving (v = 1), sharing the layer tables (the one given
+        to the constructor, else built on first use)."""
         if self.v == 1:
             return self
-        if "_sibling" not in self.__dict__:
+        if self._sibling is None:
             key = (self.global_batch, self.pp, self.m, self.schedule, self.rules)
-            self.__dict__["_sibling"] = Task(
+            self._sibling = Task(
                 self.spec, self.profile, self.cluster, self.world_size, self.global_batch,
                 self.pp, self.m, self.schedule, self.rules, self.vocab, self.budget, self.step,
                 {key: self.tables}, cache=self.cache)
-        return self.__dict__["_sibling"]
-
-    def __getattr__(self, name: str):
-        # The layer tables' attributes (layouts, relayout, hop, buckets, ...) read through.
-        if name in ("tables", "__setstate__") or "tables" not in self.__dict__:
-            raise AttributeError(name)
-        return getattr(self.tables, name)
+        return self._sibling
 
     @property
     def emb(self) -> list[EmbeddingCosts]:
@@ -197,31 +202,29 @@ class Task:
                           for a, _ in self.tables.layouts]))
         return self._future[key]
 
-    @property
+    @functools.cached_property
     def nccl_floor(self) -> list[float]:
         """Per stage, the NCCL communicator bytes every plan of this task holds at least on
         its fullest rank (``gpu_terms``): the fixed groups, the vocabulary's layout on the
         first/last stage and the fewest of one layer layout (0 where not modelled)."""
-        if "_nccl_floor" not in self.__dict__:
-            per = float(getattr(self.cluster, "nccl_communicator_bytes", 0.0))
-            out = []
-            for k in range(self.pp):
-                if per <= 0:
-                    out.append(0.0)
-                    continue
-                end = k in (0, self.pp - 1)
-                key = (self.n, self.pp, self.world_size, k == 0, k == self.pp - 1,
-                       self.vocab.tp if end else 0)
-                floors = self.cache.nccl_floors
-                if key not in floors:
-                    vocab = {(self.vocab.tp, True)} if end else set()
-                    floors[key] = min(  # every rank of a stage holds as many
-                        group_count(self.n, self.pp, self.world_size, k, 0,
-                                    vocab | {(lay.tp, lay.consecutive)})
-                        for lay in all_layouts(self.n))
-                out.append(per * floors[key])
-            self.__dict__["_nccl_floor"] = out
-        return self.__dict__["_nccl_floor"]
+        per = float(getattr(self.cluster, "nccl_communicator_bytes", 0.0))
+        out = []
+        for k in range(self.pp):
+            if per <= 0:
+                out.append(0.0)
+                continue
+            end = k in (0, self.pp - 1)
+            key = (self.n, self.pp, self.world_size, k == 0, k == self.pp - 1,
+                   self.vocab.tp if end else 0)
+            floors = self.cache.nccl_floors
+            if key not in floors:
+                vocab = {(self.vocab.tp, True)} if end else set()
+                floors[key] = min(  # every rank of a stage holds as many
+                    group_count(self.n, self.pp, self.world_size, k, 0,
+                                vocab | {(lay.tp, lay.consecutive)})
+                    for lay in all_layouts(self.n))
+            out.append(per * floors[key])
+        return out
 
     @property
     def nccl_bound(self) -> float:
@@ -232,6 +235,22 @@ class Task:
         if key not in bounds:
             bounds[key] = search_nccl_bound(self.cluster, self.n, self.pp)
         return bounds[key]
+
+    @functools.cached_property
+    def least_prefix_bytes(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per chunk position, prefix sums over the layers of the least persistent and
+        step-peak bytes of any strategy: the exact search's memory cut adds them for the layers
+        not yet placed (``exact.TaskSearch``; built on first use, shared by its searches)."""
+        order = np.asarray(self.spec.layer_order)
+        types = range(len(self.spec.layer_types))
+        out = []
+        for k in range(self.chunks):
+            k_in = self.in_flight[k]
+            per_p = np.array([self.tables.costs(t, k_in).persistent.min() for t in types])
+            per_s = np.array([self.tables.costs(t, k_in).step_floor.min() for t in types])
+            out.append((np.concatenate([[0.0], np.cumsum(per_p[order])]),
+                        np.concatenate([[0.0], np.cumsum(per_s[order])])))
+        return out
 
     @property
     def min_transient(self) -> list[float]:
@@ -276,12 +295,11 @@ class Task:
         vocabulary layout of the task's batch, pp and micro-batch count: each layer's compute
         alone (``compute_bound``). Tasks are sorted and cut by it, so the strategy tables of
         a task are priced only when its compute can beat the best plan found."""
-        key = ("_cheap", with_embedding)
-        if key in self.__dict__:
-            return self.__dict__[key]
+        if with_embedding in self._cheap:
+            return self._cheap[with_embedding]
         if not with_embedding:
-            self.__dict__[key] = self.compute_bound()
-            return self.__dict__[key]
+            self._cheap[False] = self.compute_bound()
+            return self._cheap[False]
         order = self.spec.layer_order
         one = self.tables.one
         counts = np.bincount(np.asarray(order), minlength=len(one))
@@ -297,7 +315,7 @@ class Task:
         else:
             # fill >= sum C / v and max C >= sum C / pp (module docstring)
             out = least * (1 / self.v + (self.m - 1 / self.v) / self.pp) + self.overhead
-        self.__dict__[key] = out
+        self._cheap[True] = out
         return out
 
     def compute_bound(self) -> float:
@@ -342,7 +360,7 @@ class Task:
             if self.on_new_table is not None:
                 self.on_new_table()
             opts = {}
-            top = self.buckets[w.level][1] if w.level >= 0 else INF
+            top = self.tables.buckets[w.level][1] if w.level >= 0 else INF
             for t in set(window):
                 c = self.tables.costs(t, k_in)
                 keep = c.transient <= top
@@ -357,13 +375,14 @@ class Task:
                 mem = np.minimum(np.floor(mixed / self.step), self.cells + 1).astype(np.int64)
                 opts[t] = LayerOptions(mem=mem, cost=cost, aux=np.zeros((len(cost), 0)),
                                        cls=cls)
-            trans = w.alpha * np.minimum.reduce([self.relayout[t] for t in set(window)])
+            trans = w.alpha * np.minimum.reduce([self.tables.relayout[t] for t in set(window)])
             self.tables.rest[key] = solve_stage([opts[t] for t in window], trans,
                                                 self.cells).best
         return self.tables.rest[key]
 
-    def rest_bound(self, k: int, start: int, w: Weights, count: int, backward: np.ndarray,
-                   step: np.ndarray, transient: np.ndarray) -> np.ndarray:
+    def rest_bound(self, k: int, start: int, w: Weights, count: int | np.ndarray,
+                   backward: np.ndarray | float, step: np.ndarray | float,
+                   transient: np.ndarray | float) -> np.ndarray:
         """Least weighted cost of the ``count`` layers from ``start`` (a relaxation), given
         the bytes left for the backward peak and the step peak and the largest transient so
         far (arrays over the candidates of the previous layer); inf where nothing fits.
@@ -381,7 +400,7 @@ class Task:
             return x.reshape(-1) if x.shape == shape else np.broadcast_to(x, shape).reshape(-1)
 
         transient, steps, count_a = like(transient), like(step)[None, :], like(count)
-        lo, hi = self._bucket_edges()
+        lo, hi = self.tables.bucket_edges
         levels = len(lo)
         valid = (hi[:, None] >= transient[None, :]) | (np.arange(levels) == levels - 1)[:, None]
         room = flat[None, :] - np.maximum(0.0, lo[:, None] - transient[None, :])   # (j, x)
@@ -399,23 +418,17 @@ class Task:
         value = np.where((room >= 0) & (steps >= 0) & valid, value, INF)
         return value.min(axis=0).reshape(shape)
 
-    def _bucket_edges(self) -> tuple[np.ndarray, np.ndarray]:
-        if "_edges" not in self.tables.__dict__:
-            self.tables.__dict__["_edges"] = (np.array([lo for lo, _ in self.buckets]),
-                                              np.array([hi for _, hi in self.buckets]))
-        return self.tables.__dict__["_edges"]
-
     def _rest_stack(self, k: int, start: int, w: Weights, needed: np.ndarray) -> np.ndarray:
         """The ``rest`` tables of the transient buckets, stacked ``(bucket, layers, cells)``;
         a bucket's DP runs when first ``needed`` (until then its rows are inf, never read)."""
         order = self.spec.layer_order
         window = tuple(order[start:start + self.max_len]) if len(self.spec.layer_types) > 1 \
             else (order[0],) * self.max_len
-        key = ("stack", window, self.bound_in_flight(k), w)
-        cache = self.tables.rest
+        key = (window, self.bound_in_flight(k), w)
+        cache = self.tables.rest_stacks
         if key not in cache:
-            cache[key] = (np.full((len(self.buckets), len(window), self.cells + 1), INF),
-                          set())
+            cache[key] = (np.full((len(self.tables.buckets), len(window), self.cells + 1),
+                                  INF), set())
         stacked, done = cache[key]
         for j in np.nonzero(needed)[0].tolist():
             if j not in done:
@@ -434,7 +447,7 @@ class Task:
     def _stage_bound(self, k: int, start: int, b: int) -> np.ndarray:
         w = self.weights(k, b)
         e = self.emb[k]
-        fixed = (w.alpha * (e.microbatch + (self.min_boundary if k > 0 else 0.0))
+        fixed = (w.alpha * (e.microbatch + (self.tables.min_boundary if k > 0 else 0.0))
                  + w.beta * e.optimizer + w.gamma * e.exposed_sync)
         lengths = np.arange(1, self.max_len + 1)
         full = np.ones(self.max_len)
@@ -470,7 +483,7 @@ class Task:
             rest = self.rest_bound(k, start, w, np.arange(1, self.max_len + 1),
                                    full * (room - e.persistent - e.transient),
                                    full * (room - e.step_floor), full * e.transient)
-            self._future[key] = rest + e.microbatch + (self.min_boundary if k else 0.0) + (
+            self._future[key] = rest + e.microbatch + (self.tables.min_boundary if k else 0.0) + (
                 e.exposed_sync if tail else 0.0)
         return self._future[key]
 
