@@ -549,6 +549,12 @@ def add_sp_and_virtual_pipeline_args(group: Any) -> None:
     group.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None,
                        metavar="N", help="interleaved 1F1B: model chunks of N layers, "
                                          "pp x v of them (needs pp > 1)")
+    group.add_argument("--context-parallel-size", type=int, default=1, metavar="CP",
+                       help="context parallelism: every sample's sequence split over CP ranks "
+                            "(2 chunks each; --seq-length divisible by 2 x CP)")
+    group.add_argument("--cp-comm-type", default="p2p", choices=["p2p", "a2a"],
+                       help="p2p: ring attention (keys/values around the CP group); a2a: "
+                            "Ulysses all-to-all (heads divisible by CP x TP)")
 
 
 def add_layout_and_fsdp_args(group: Any) -> None:
@@ -582,7 +588,8 @@ def plan_source_from_args(args: argparse.Namespace) -> PlanFile | ClassicLayout 
                           micro_batch_size=args.micro_batch_size,
                           use_distributed_optimizer=args.use_distributed_optimizer,
                           recompute_granularity=args.recompute_granularity,
-                          cluster=args.cluster, memory_budget_gb=args.memory_budget_gb)
+                          cluster=args.cluster, memory_budget_gb=args.memory_budget_gb,
+                          context_parallel_size=getattr(args, "context_parallel_size", 1))
     return classic_layout_from_args(args)
 
 
@@ -605,4 +612,6 @@ def classic_layout_from_args(args: argparse.Namespace) -> ClassicLayout:
             args, "num_layers_per_virtual_pipeline_stage", None),
         pipeline_model_parallel_layout=getattr(args, "pipeline_model_parallel_layout", None),
         use_megatron_fsdp=getattr(args, "use_megatron_fsdp", False),
-        data_parallel_sharding_strategy=getattr(args, "data_parallel_sharding_strategy", None))
+        data_parallel_sharding_strategy=getattr(args, "data_parallel_sharding_strategy", None),
+        context_parallel_size=getattr(args, "context_parallel_size", 1),
+        cp_comm_type=getattr(args, "cp_comm_type", "p2p"))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence, Union
 
 from .config import ModelConfig
+from .plan_cp import check_model_cp
 from .plan_experts import expert_field_error, model_expert_error
 from .utils.jsonfile import read_json, write_json
 
@@ -513,7 +514,7 @@ class Plan:
                                 f"{model.seq_length} must be divisible by the layer's {what}; "
                                 f"change tp or the sequence length, or turn SP off")
         if self.cp_size > 1:
-            self._check_model_cp(model)
+            check_model_cp(self, model)
         try:
             model.check_vocab_parallel(self.vocab.tp, what="plan field vocab.tp")
         except ValueError as err:
@@ -525,34 +526,6 @@ class Plan:
                     raise PlanError(
                         f"plan field model.{key}={value!r} does not match the run's "
                         f"{key}={mine[key]!r}; use a plan made for this model or fix the flags")
-
-    def _check_model_cp(self, model: ModelConfig) -> None:
-        """What context parallelism asks of the model (``models/cp_attention.py``)."""
-        cp = self.cp_size
-        if not getattr(model, "runs_context_parallel", False):
-            raise PlanError(f"plan field layers[0].cp={cp}: the {model.model_type} model does not "
-                            f"run context parallelism; set cp to 1 (drop --context-parallel-size)")
-        if model.seq_length % (2 * cp):
-            raise PlanError(f"plan field layers[0].cp={cp}: --seq-length={model.seq_length} must be "
-                            f"divisible by 2 x cp = {2 * cp} (each CP rank holds two of 2cp "
-                            f"chunks); change the sequence length or cp")
-        for i, layer in enumerate(self.layers):
-            if layer.cp_mode == "ulysses":
-                k = cp * layer.tp
-                heads, groups = model.num_attention_heads, model.query_groups
-                if heads % k or groups % k:
-                    what = (f"--num-attention-heads={heads}" if heads % k else
-                            f"--num-query-groups={groups}")
-                    raise PlanError(
-                        f"plan field layers[{i}].cp_mode='ulysses': {what} must be divisible by "
-                        f"cp x tp = {cp} x {layer.tp} = {k} (Ulysses gives each CP rank whole "
-                        f"heads and key/value groups); use cp_mode ring (--cp-comm-type p2p) "
-                        f"or a smaller cp or tp")
-            elif model.attention_dropout > 0:
-                raise PlanError(
-                    f"plan field layers[{i}].cp_mode='ring': ring attention runs without "
-                    f"attention dropout but --attention-dropout={model.attention_dropout}; set "
-                    f"--attention-dropout 0 or use cp_mode ulysses (--cp-comm-type a2a)")
 
     # ---------------------------------------------------------------- builders
     @classmethod

@@ -82,7 +82,8 @@ def plan_from_classic_flags(layout: ClassicLayout, model_config: ModelConfig,
     micro_batch = layout.micro_batch_size
     if micro_batch is None:
         # Default: the largest of 4, 2, 1 that splits each replica's share of the batch.
-        per_replica = global_batch // max(1, world_size // (tp * pp))
+        cp = layout.context_parallel_size or 1
+        per_replica = global_batch // max(1, world_size // (tp * pp * cp))
         micro_batch = next(d for d in (4, 2, 1) if per_replica % d == 0 or d == 1)
     try:
         plan = plan_from_megatron_flags(
@@ -100,7 +101,9 @@ def plan_from_classic_flags(layout: ClassicLayout, model_config: ModelConfig,
             num_layers_per_virtual_pipeline_stage=layout.num_layers_per_virtual_pipeline_stage,
             pipeline_model_parallel_layout=layout.pipeline_model_parallel_layout,
             use_megatron_fsdp=layout.use_megatron_fsdp,
-            data_parallel_sharding_strategy=layout.data_parallel_sharding_strategy)
+            data_parallel_sharding_strategy=layout.data_parallel_sharding_strategy,
+            context_parallel_size=layout.context_parallel_size,
+            cp_comm_type=layout.cp_comm_type)
     except MegatronFlagError as err:
         raise ArgumentError(str(err)) from None
     plan.validate(model_config)

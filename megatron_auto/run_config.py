@@ -236,6 +236,8 @@ class ClassicLayout:
     pipeline_model_parallel_layout: str | None = None  # Megatron-Core's partition string
     use_megatron_fsdp: bool = False  # with data_parallel_sharding_strategy: zero1/2/3
     data_parallel_sharding_strategy: str | None = None
+    context_parallel_size: int = 1  # --context-parallel-size: every layer's cp
+    cp_comm_type: str = "p2p"  # --cp-comm-type: p2p = ring, a2a = ulysses
 
 
 @dataclass(frozen=True)
@@ -253,6 +255,7 @@ class SearchPins:
     memory_budget_gb: float | None = None
     sequence_parallel: bool = False  # --sequence-parallel: SP on every layer with tp > 1
     num_layers_per_virtual_pipeline_stage: int | None = None  # pins the virtual size
+    context_parallel_size: int = 1  # --context-parallel-size (refused > 1: planner/inputs/pins)
 
     @property
     def batch(self) -> int:

@@ -50,9 +50,10 @@ REPLICA_ATOL = 1e-7  # copies of one parameter on different ranks
 
 
 # ----------------------------------------------------------------------------------- plans
-def layer(tp=1, dp_mode="ddp", consecutive=True, recompute=False, sp=False) -> LayerStrategy:
+def layer(tp=1, dp_mode="ddp", consecutive=True, recompute=False, sp=False, cp=1,
+          cp_mode="ring") -> LayerStrategy:
     return LayerStrategy(tp=tp, dp_mode=dp_mode, tp_consecutive=consecutive, recompute=recompute,
-                         sequence_parallel=sp)
+                         sequence_parallel=sp, cp=cp, cp_mode=cp_mode)
 
 
 def plan_of(world_size, layers, *, layers_per_stage=None, num_microbatches=2, schedule="1f1b",

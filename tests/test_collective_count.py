@@ -26,6 +26,10 @@ each call, FSDP2 calls them directly) and records each call's kind, group ranks 
    model prices (``planner/cost/census.rank_collectives``) for DDP buckets, ZeRO-1/2/3, TP/SP,
    vocab TP, tied embeddings, 1F1B/GPipe/interleaved p2p and the scalar all-reduces; what it
    does not price is listed in :data:`UNPRICED` with the reason.
+6. Context parallelism: a step of a cp 2 plan (ring and Ulysses layers, TP, SP, recompute) on
+   one stage; the ring's sends (``batch_isend_irecv``) and Ulysses' all-to-alls of every rank
+   equal the CP collectives ``cost_model.stage_collectives`` lists, kind, bytes and count, and
+   the all-gathers and reduce-scatters still match as in 2.
 
 This census is the one place new features extend (cp, moe): add the dispatcher op and its
 census kind to ``collective_census.OPS`` if it is new, the cost model's kind to
@@ -89,10 +93,37 @@ def recording(pointers: list[int] | None = None
 
     for name, fn in saved.items():
         setattr(dist, name, wrap(name, fn))
+    # context parallelism: the ring's sends and Ulysses' all-to-alls (kinds as the cost model's)
+    cp_saved = {"all_to_all_single": dist.all_to_all_single,
+                "batch_isend_irecv": dist.batch_isend_irecv}
+
+    def all_to_all(output: torch.Tensor, input: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        group = kwargs.get("group")
+        ranks = tuple(dist.get_process_group_ranks(group) if group is not None
+                      else range(dist.get_world_size()))
+        calls.append(("all_to_all", ranks, input.numel() * input.element_size(),
+                      str(input.dtype)))
+        if pointers is not None:
+            pointers.append(input.data_ptr())
+        return cp_saved["all_to_all_single"](output, input, *args, **kwargs)
+
+    def batch(ops: list[Any]) -> Any:
+        for op in ops:
+            if op.op is dist.isend:
+                t = op.tensor
+                calls.append(("send", (dist.get_rank(), op.peer), t.numel() * t.element_size(),
+                              str(t.dtype)))
+                if pointers is not None:
+                    pointers.append(t.data_ptr())
+        return cp_saved["batch_isend_irecv"](ops)
+
+    dist.all_to_all_single, dist.batch_isend_irecv = all_to_all, batch
     try:
         yield calls
     finally:
         for name, fn in saved.items():
+            setattr(dist, name, fn)
+        for name, fn in cp_saved.items():
             setattr(dist, name, fn)
 
 
@@ -191,6 +222,15 @@ PLANS = {
                 layers=LAYERS[1:] + LAYERS[:1]),
 }
 SP = lambda tp=2, **kw: LayerStrategy(tp=tp, sequence_parallel=True, **kw)  # noqa: E731
+CP = lambda cp_mode="ring", **kw: LayerStrategy(cp=2, cp_mode=cp_mode, **kw)  # noqa: E731
+PLANS.update({
+    # One stage of 4 ranks, cp 2 (CP blocks of 2): vocab tp 2 -> ring tp 2 -> Ulysses tp 2 ->
+    # ring tp 1 with recompute (relayouts in each block) -> Ulysses tp 1 zero3 -> ring tp 2 SP.
+    "pp1-cp2": Plan(world_size=4, global_batch_size=8, num_microbatches=2,
+                    pipeline=PipelineSpec(1, "1f1b", (5,)), vocab=VocabStrategy(tp=2),
+                    layers=(CP(tp=2), CP("ulysses", tp=2), CP(recompute=True),
+                            CP("ulysses", dp_mode="zero3"), CP(tp=2, sequence_parallel=True))),
+})
 PLANS.update({
     # Stage 0: embedding (vocab tp 2) -> SP -> SP (one run) -> gather before the send; stage 1:
     # SP after the hop -> zero3 tp 1 -> SP with recompute -> head.
@@ -246,7 +286,8 @@ def _step_worker(rank: int, world_size: int, plan_name: str,
 @pytest.mark.parametrize("plan_name,precision", [("pp2", "fp32"), ("pp2", "bf16"),
                                                  ("pp1", "bf16"), ("pp2-sp", "fp32"),
                                                  ("pp2-sp", "bf16"), ("pp1-zero1", "fp32"),
-                                                 ("pp2-sp-modules", "fp32")])
+                                                 ("pp2-sp-modules", "fp32"),
+                                                 ("pp1-cp2", "fp32"), ("pp1-cp2", "bf16")])
 def test_training_step_gathers_and_scatters_what_the_cost_model_prices(plan_name: str,
                                                                       precision: str) -> None:
     from megatron_auto.planner import TrainingSpec
@@ -273,10 +314,21 @@ def test_training_step_gathers_and_scatters_what_the_cost_model_prices(plan_name
                 priced[(as_called[c.kind], c.group_size, c.consecutive, c.nbytes)] += count
         issued = Counter((kind, len(ranks), _is_block(ranks), float(nbytes))
                          for kind, ranks, nbytes, _, flat in calls
-                         if kind != "all_reduce" and not flat)
+                         if kind in ("all_gather", "reduce_scatter") and not flat)
         assert issued == priced, f"rank {rank} ({precision}): runtime {dict(issued)} != " \
                                  f"priced {dict(priced)}"
         _check_zero1(zero1, [c for c in calls if c[4]], f"rank {rank}")
+        # CP: the ring's sends (within the stage: not the pipeline hops) and Ulysses' all-to-alls
+        cp_priced = Counter({(c.kind, c.nbytes): k for c, k in
+                             stage_collectives(plan, spec, profile, precision, stage).items()
+                             if c.kind in ("cp_send", "all_to_all")})
+        cp_issued = Counter(({"send": "cp_send"}.get(kind, kind), float(nbytes))
+                            for kind, ranks, nbytes, _, _ in calls if kind == "all_to_all"
+                            or (kind == "send" and plan.stage_of_rank(ranks[1]) == stage))
+        assert cp_issued == cp_priced, f"rank {rank} ({precision}): runtime CP " \
+                                       f"{dict(cp_issued)} != priced {dict(cp_priced)}"
+        if plan_name == "pp1-cp2":
+            assert cp_issued and {k for k, _ in cp_issued} == {"cp_send", "all_to_all"}
         kinds = Counter(kind for kind, _, _, _, _ in calls)
         assert kinds["all_gather"] > 0 and kinds["reduce_scatter"] > 0
         if precision == "bf16" and plan_name in ("pp1", "pp2"):
@@ -383,7 +435,8 @@ def test_t5_step_gathers_and_scatters_what_the_cost_model_prices() -> None:
             if c.kind in as_called:
                 priced[(as_called[c.kind], c.group_size, c.consecutive, c.nbytes)] += count
         issued = Counter((kind, len(ranks), _is_block(ranks), float(nbytes))
-                         for kind, ranks, nbytes, _ in calls if kind != "all_reduce")
+                         for kind, ranks, nbytes, _ in calls
+                         if kind in ("all_gather", "reduce_scatter"))
         assert issued == priced, f"t5 rank {rank}: runtime {dict(issued)} != " \
                                  f"priced {dict(priced)}"
         # the carry: stage 0's move into the tp-2 encoder layer gathers (s_e + s_d) tokens

@@ -53,7 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 
 # Top-level modules by layer; a module of a subpackage takes its package's layer.
 TOP_LEVEL_LAYERS = {
-    "plan": "base", "layout": "base", "schedule": "base", "config": "base",
+    "plan": "base", "plan_cp": "base", "layout": "base", "schedule": "base", "config": "base",
     "plan_experts": "base", "expert_layout": "base",
     "run_config": "base",
     "planning": "plan_inputs", "plan_source": "plan_inputs",

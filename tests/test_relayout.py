@@ -51,7 +51,7 @@ def test_relayout_all_pairs_on_four_ranks() -> None:
 @pytest.mark.single
 def test_batch_chunk_rejects_indivisible_batch() -> None:
     class G:
-        dp_size, dp_rank, layout = 4, 1, StageLayout(0, 1, True)
+        slice_size, slice_rank, layout = 4, 1, StageLayout(0, 1, True)  # batch slices
 
     with pytest.raises(ValueError, match="micro-batch of 6 samples is not divisible by the 4"):
         batch_chunk(torch.zeros(6, 2), G())

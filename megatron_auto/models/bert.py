@@ -33,7 +33,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..parallel.context import LayerGroups, ParallelContext
-from ..parallel.redistribute import batch_chunk, relayout
+from ..parallel.redistribute import batch_chunk, relayout, sample_chunk
 from ..parallel.tensor_parallel import vocab_parallel_cross_entropy
 from .gpt import LanguageModelEmbedding, TransformerStage
 from .transformer import make_norm
@@ -99,9 +99,8 @@ class BertStage(TransformerStage):
                              "first stage, the received hidden chunk elsewhere")
         if self.is_first_chunk(chunk):
             vocab = self.vocab_groups
-            tokens = batch_chunk(x, vocab)
-            pos = None if position_ids is None else batch_chunk(position_ids, vocab)
-            tt = None if types is None else batch_chunk(types, vocab)
+            tokens, pos = self.embed_inputs(x, position_ids)
+            tt = None if types is None else sample_chunk(types, vocab)
             hidden, current = self.embedding.embed(tokens, pos, tt), vocab
         else:
             hidden, current = x, self.input_groups(chunk)
@@ -113,9 +112,9 @@ class BertStage(TransformerStage):
         vocab = self.vocab_groups
         hidden = self.final_norm(relayout(hidden, current, vocab, self.ctx))  # (b/dp, s, h)
         logits = self.lm_head(hidden, self.embedding)
-        target = batch_chunk(labels, vocab)
+        target = sample_chunk(labels, vocab)
         target = target.masked_fill(target < 0, 0)  # ignored positions: any valid id, mask is 0
-        mask = batch_chunk(loss_mask, vocab).float()
+        mask = sample_chunk(loss_mask, vocab).float()
         mlm_sum = (vocab_parallel_cross_entropy(logits, target, vocab) * mask).sum()
         num_tokens = mask.sum()
         loss_sum = mlm_sum
@@ -128,6 +127,8 @@ class BertStage(TransformerStage):
             sop_logits = self.binary_head(pooled).float()
             sop_sum = F.cross_entropy(sop_logits, batch_chunk(is_random, vocab).reshape(-1).long(),
                                       reduction="sum")
+            if vocab.cp_rank > 0:  # CP: the first token is CP rank 0's; the others add nothing
+                sop_sum = sop_sum * 0.0
             if sop_weight is None:
                 sop_weight = loss_mask.float().sum() / loss_mask.shape[0]
             loss_sum = loss_sum + sop_weight * sop_sum

@@ -30,8 +30,9 @@ from ..config import ModelConfig
 from ..layout import StageLayout, received_layout
 from ..parallel.context import LayerGroups, ParallelContext
 from ..parallel.mappings import copy_to_tensor_parallel, gather_from_sequence, scatter_to_sequence
+from ..parallel.context_parallel import sequence_chunks, sequence_positions
 from ..parallel.random import RNGTracker, replicated_dropout
-from ..parallel.redistribute import batch_chunk, relayout
+from ..parallel.redistribute import batch_chunk, relayout, sample_chunk
 from ..parallel.tensor_parallel import (ColumnParallelLinear, VocabParallelEmbedding,
                                         vocab_parallel_cross_entropy)
 from .init import collect_shard_specs, init_parameters
@@ -118,7 +119,8 @@ class TransformerStage(PipelineStage):
                                            sequence_parallel=plan.layers[i].sequence_parallel,
                                            device=ctx.device,
                                            moe=i in self._moe_layers,
-                                           expert_groups=self._expert_groups.get(i))
+                                           expert_groups=self._expert_groups.get(i),
+                                           cp_mode=plan.layers[i].cp_mode)
             for i in self.layer_ids})
         self.rotary = (RotaryEmbedding(config.head_dim, config.max_position_embeddings,
                                        config.rotary_base)
@@ -142,8 +144,36 @@ class TransformerStage(PipelineStage):
 
     # ------------------------------------------------------------------ shapes
     def _chunk_shape(self, microbatch_size: int, layout: StageLayout) -> tuple[int, ...]:
-        dp = self.ctx.stage_size // layout.tp
-        return (microbatch_size // dp, self.config.seq_length, self.config.hidden_size)
+        slices = self.ctx.stage_size // (layout.tp * layout.cp)
+        return (microbatch_size // slices, self.config.seq_length // layout.cp,
+                self.config.hidden_size)
+
+    def embed_inputs(self, x: torch.Tensor, position_ids: torch.Tensor | None
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """This rank's token ids and position ids of the whole micro-batch's ``x`` (b_m, s) on
+        the vocab layout: its batch slice and, under context parallelism, its two sequence
+        chunks, whose positions are then given explicitly (learned position embeddings)."""
+        vocab = self.vocab_groups
+        tokens = sample_chunk(x, vocab)
+        if position_ids is not None:
+            return tokens, sample_chunk(position_ids, vocab)
+        if vocab.cp_size > 1:
+            return tokens, sequence_positions(vocab.cp_rank, vocab.cp_size, x.shape[1], x.device)
+        return tokens, None
+
+    def _rotary_tables(self, seq: int, position_ids: torch.Tensor | None,
+                       groups: LayerGroups) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """RoPE (cos, sin) of this rank's positions: (s, d), or (b_m, 1, s, d) for explicit
+        ``position_ids`` (b_m, s_full); under CP those of its two sequence chunks."""
+        if self.rotary is None:
+            return None
+        cp = groups.cp_size
+        if cp == 1:
+            return self.rotary.tables(seq, position_ids)
+        if position_ids is None:
+            pos = sequence_positions(groups.cp_rank, cp, seq * cp, self.rotary.cos.device)
+            return self.rotary.cos[pos], self.rotary.sin[pos]
+        return self.rotary.tables(seq, sequence_chunks(position_ids, groups.cp_rank, cp, dim=1))
 
     def _chunk(self, chunk: int | None) -> int:
         if chunk is None:
@@ -203,11 +233,13 @@ class TransformerStage(PipelineStage):
         device_type = hidden.device.type
         dtype = (torch.get_autocast_dtype(device_type)
                  if torch.is_autocast_enabled(device_type) else None)
-        seq = hidden.shape[1]
-        rotary_full = None
-        if self.rotary is not None:
-            rotary_full = self.rotary.tables(seq, position_ids)
-        mask_full = None if keep_mask is None else padding_attention_mask(keep_mask, self.causal)
+        seq = hidden.shape[1]  # this rank's positions: s, or s/cp under context parallelism
+        rotary_full = self._rotary_tables(seq, position_ids, current)
+        cp = current.cp_size
+        mask_full = None
+        if keep_mask is not None:  # under CP the attention takes the key keep mask (b, s)
+            mask_full = keep_mask.bool() if cp > 1 else padding_attention_mask(keep_mask,
+                                                                               self.causal)
         split: LayerGroups | None = None  # the SP layout ``hidden`` is split along, if any
         plan = self.ctx.plan
         for i in plan.chunk_layer_range(self._chunk(chunk)):
@@ -311,10 +343,8 @@ class GPTStage(TransformerStage):
         chunk to run when the stage holds several (interleaved pipeline).
         """
         if self.is_first_chunk(chunk):
-            vocab = self.vocab_groups
-            tokens = batch_chunk(x, vocab)
-            pos = None if position_ids is None else batch_chunk(position_ids, vocab)
-            hidden, current = self.embedding.embed(tokens, pos), vocab
+            tokens, pos = self.embed_inputs(x, position_ids)
+            hidden, current = self.embedding.embed(tokens, pos), self.vocab_groups
         else:
             hidden, current = x, self.input_groups(chunk)
         hidden, current = self.run_layers(hidden, current, position_ids, attention_mask, chunk)
@@ -328,9 +358,11 @@ class GPTStage(TransformerStage):
             logits = self.output_layer(hidden)
         else:
             logits = self.embedding.logits(hidden)
-        losses = vocab_parallel_cross_entropy(logits, batch_chunk(labels, self.vocab_groups),
-                                              self.vocab_groups)  # (b/dp, s) fp32
+        # (b/dp, s) fp32; under CP this rank's two chunks: summed over the CP group with every
+        # other rank's by the trainer, as the batch slices are
+        losses = vocab_parallel_cross_entropy(logits, sample_chunk(labels, self.vocab_groups),
+                                              self.vocab_groups)
         if loss_mask is None:
             return losses.sum(), torch.tensor(float(losses.numel()), device=losses.device)
-        mask = batch_chunk(loss_mask, self.vocab_groups).to(losses.dtype)
+        mask = sample_chunk(loss_mask, self.vocab_groups).to(losses.dtype)
         return (losses * mask).sum(), mask.sum()

@@ -33,6 +33,10 @@ all-reduce of the gradient). Hidden dropout draws the mask of the whole ``(b/dp,
 activation from the replicated stream, exactly as the layer without SP does, and keeps this
 rank's positions: SP changes no mask, so SP and non-SP layers of one layout train the same
 numbers with dropout on too, and the stream stays in step with the rest of the stage.
+
+Context parallelism (the layout's ``cp`` > 1): the layer's input is this CP rank's two sequence
+chunks ``(b/dp, s/cp, h)``; everything but core attention is per token and runs unchanged, core
+attention is ring attention or Ulysses over the CP group (``cp_mode``, models/cp_attention.py).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from ..parallel.random import (REPLICATED, TENSOR_PARALLEL, RNGTracker, checkpoi
                                replicated_dropout)
 from ..parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 from ..plan import RecomputeValue
+from .cp_attention import ring_attention, ulysses_attention
 from .recompute import run_module, split_recompute
 
 Rotary = Optional[tuple[torch.Tensor, torch.Tensor]]
@@ -112,7 +117,7 @@ class SelfAttention(nn.Module):
     and ``num_query_groups/tp`` key/value heads."""
 
     def __init__(self, config: ModelConfig, groups: LayerGroups, rng: RNGTracker | None, *,
-                 causal: bool, sequence_parallel: bool = False) -> None:
+                 causal: bool, sequence_parallel: bool = False, cp_mode: str = "ring") -> None:
         super().__init__()
         h, bias = config.hidden_size, config.add_bias_linear
         self.linear_qkv = ColumnParallelLinear(h, h + 2 * config.kv_size, groups,
@@ -128,11 +133,34 @@ class SelfAttention(nn.Module):
         self.causal = causal
         self.rng = rng
         self.recompute_modules: frozenset[str] = frozenset()  # set by the layer
+        self.groups = groups
+        self.cp_mode = cp_mode
+
+    def _context_parallel(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          keep: torch.Tensor | None, p: float) -> torch.Tensor:
+        """Core attention over the CP group (models/cp_attention.py); ``keep`` the (b, s) key
+        keep mask of the whole sequence or None."""
+        g = self.groups
+        if self.cp_mode == "ulysses":
+            if p > 0.0 and self.rng is not None:
+                with self.rng.fork(TENSOR_PARALLEL):
+                    return ulysses_attention(q, k, v, keep, causal=self.causal,
+                                             group=g.cp_group, cp=g.cp_size, dropout_p=p)
+            return ulysses_attention(q, k, v, keep, causal=self.causal, group=g.cp_group,
+                                     cp=g.cp_size, dropout_p=p)
+        if p > 0.0:  # the plan refuses it (Plan.check_model); a direct caller gets this
+            raise ValueError(f"ring attention runs without attention dropout, got {p}; set "
+                             f"--attention-dropout 0 or use cp_mode ulysses")
+        return ring_attention(q, k, v, keep, causal=self.causal, cp_ranks=g.cp_ranks,
+                              cp_rank=g.cp_rank)
 
     def core_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        attn_mask: torch.Tensor | None) -> torch.Tensor:
-        """Scores, softmax, attention dropout and the weighted sum: (b, heads, s, d)."""
+        """Scores, softmax, attention dropout and the weighted sum: (b, heads, s, d). Under
+        context parallelism over the CP group (``attn_mask`` then the (b, s) key keep mask)."""
         p = self.attention_dropout if self.training else 0.0
+        if self.groups.cp_size > 1:
+            return self._context_parallel(q, k, v, attn_mask, p)
         is_causal = self.causal and attn_mask is None
         kwargs = {"enable_gqa": True} if self.heads_per_group > 1 else {}
         with fork(self.rng, TENSOR_PARALLEL, draws=p > 0.0):  # this rank's heads: own stream
@@ -192,7 +220,7 @@ class TransformerLayer(nn.Module):
     def __init__(self, config: ModelConfig, groups: LayerGroups, *, rng: RNGTracker | None = None,
                  causal: bool = True, recompute: RecomputeValue = False,
                  sequence_parallel: bool = False, fused_norm: bool = False,
-                 mlp: nn.Module | None = None) -> None:
+                 mlp: nn.Module | None = None, cp_mode: str = "ring") -> None:
         super().__init__()
         config.check_tensor_parallel(groups.tp_size, what="layer tp")
         if sequence_parallel and (groups.tp_size == 1 or config.seq_length % groups.tp_size):
@@ -202,7 +230,7 @@ class TransformerLayer(nn.Module):
         self.normalization = config.normalization
         self.input_layernorm = make_norm(config, fused=fused_norm)
         self.self_attention = SelfAttention(config, groups, rng, causal=causal,
-                                            sequence_parallel=sequence_parallel)
+                                            sequence_parallel=sequence_parallel, cp_mode=cp_mode)
         self.pre_mlp_layernorm = make_norm(config, fused=fused_norm)
         # ``mlp``: another block in the MLP's place (an MoE layer's, models/moe.py)
         self.mlp = mlp if mlp is not None else MLP(config, groups,
@@ -256,8 +284,11 @@ class TransformerLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None,
                 rotary: Rotary = None) -> torch.Tensor:
-        """``x`` (b/dp, s, h), or (b/dp, s/tp, h) with SP; ``attn_mask`` bool, True = attend, broadcastable to
-        (b/dp, heads, s, s) (None: causal or full); ``rotary`` (cos, sin) tables or None."""
+        """``x`` (b/dp, s, h), or (b/dp, s/tp, h) with SP; ``attn_mask`` bool, True = attend,
+        broadcastable to (b/dp, heads, s, s) (None: causal or full); ``rotary`` (cos, sin)
+        tables or None. Under context parallelism (``groups.cp_size`` > 1) ``s`` is this CP
+        rank's two chunks (``s/cp`` tokens) and ``attn_mask`` the (b/dp, s) key keep mask of the
+        whole sequence (``models/cp_attention.py``)."""
         if self.recompute and torch.is_grad_enabled():
             return checkpoint(self._forward, self.rng, x, attn_mask, rotary)
         return self._forward(x, attn_mask, rotary)

@@ -23,9 +23,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from ..layout import (StageLayout, dp_group_ranks, layer_stage_layout, plan_group_ranks,
-                      plan_stage_layouts, stage_layout, tp_dp_rank, tp_group_ranks,
-                      vocab_stage_layout)
+from ..layout import (StageLayout, cp_group_ranks, dp_group_ranks, layer_stage_layout,
+                      layout_ranks, plan_group_ranks, plan_stage_layouts, slice_group_ranks,
+                      stage_layout, tp_dp_rank, tp_group_ranks, vocab_stage_layout)
 from ..expert_layout import ExpertLayout, expert_layout, expert_ranks, plan_expert_group_ranks
 from ..plan import Plan
 from .device import resolve_device
@@ -36,7 +36,16 @@ __all__ = ["LayerGroups", "ParallelContext", "StageLayout", "dp_group_ranks", "s
 
 @dataclass
 class LayerGroups:
-    """The groups one rank uses for one layout: its TP group and its DP group."""
+    """The groups one rank uses for one layout: its TP group and its DP group and, under
+    context parallelism (``layout.cp > 1``), its slice group and CP group.
+
+    The DP group is every rank holding the same parameter shard (``dp x cp`` members): what
+    gradients are summed over. The *slice group* holds one copy of every batch slice of this
+    rank's sequence chunks (``slice_rank`` of ``slice_size`` is the batch slice this rank
+    holds; relayouts gather over it); without CP it is the DP group. The CP group holds the
+    other sequence chunks of the same samples (``cp_rank`` of ``cp_size``; ``cp_ranks``
+    global ranks in CP-rank order, what ring attention passes keys and values around).
+    """
 
     layout: StageLayout
     tp_group: Any
@@ -48,7 +57,21 @@ class LayerGroups:
     dp_size: int
     dp_ranks: list[int]
     device_type: str = "cpu"
+    slice_group: Any = None
+    slice_rank: int | None = None
+    slice_size: int | None = None
+    cp_group: Any = None
+    cp_rank: int = 0
+    cp_size: int = 1
+    cp_ranks: list[int] | None = None
     _dp_mesh: Any = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.slice_size is None:  # no CP: the batch slices are the DP replicas
+            self.slice_group, self.slice_rank, self.slice_size = (self.dp_group, self.dp_rank,
+                                                                  self.dp_size)
+        if self.cp_ranks is None:
+            self.cp_ranks = [self.tp_ranks[self.tp_rank]] if self.tp_ranks else []
 
     @property
     def dp_mesh(self) -> Any:
@@ -136,17 +159,27 @@ class ParallelContext:
         for layout in self.all_layouts():
             if layout.stage != self.stage:
                 continue
-            ranks = self.stage_ranks
-            tp_groups = tp_group_ranks(ranks, layout.tp, layout.consecutive)
-            dp_groups = dp_group_ranks(ranks, layout.tp, layout.consecutive)
-            tp_rank, dp_rank = tp_dp_rank(self.local_index, len(ranks), layout.tp,
-                                          layout.consecutive)
+            members, n, cp = self.stage_ranks, len(self.stage_ranks), layout.cp
+            tp_rank, slice_rank, dp_rank, cp_rank = layout_ranks(self.local_index, n,
+                                                                 layout.layout)
+            slices = n // (layout.tp * cp)
+            tp_ranks = tp_group_ranks(members, layout.tp, layout.consecutive, cp)[
+                cp_rank * slices + slice_rank]
+            dp_ranks = dp_group_ranks(members, layout.tp, layout.consecutive, cp)[tp_rank]
+            extra: dict[str, Any] = {}
+            if cp > 1:
+                slice_ranks = slice_group_ranks(members, layout.tp, layout.consecutive, cp)[
+                    cp_rank * layout.tp + tp_rank]
+                cp_ranks = cp_group_ranks(members, cp)[self.local_index % (n // cp)]
+                extra = dict(slice_group=self._group(slice_ranks), slice_rank=slice_rank,
+                             slice_size=slices, cp_group=self._group(cp_ranks), cp_rank=cp_rank,
+                             cp_size=cp, cp_ranks=cp_ranks)
             self._layouts[layout] = LayerGroups(
-                layout=layout, tp_group=self._group(tp_groups[dp_rank]), tp_rank=tp_rank,
-                tp_size=layout.tp, tp_ranks=tp_groups[dp_rank],
-                dp_group=self._group(dp_groups[tp_rank]), dp_rank=dp_rank,
-                dp_size=len(ranks) // layout.tp, dp_ranks=dp_groups[tp_rank],
-                device_type=device_type)
+                layout=layout, tp_group=self._group(tp_ranks), tp_rank=tp_rank,
+                tp_size=layout.tp, tp_ranks=tp_ranks,
+                dp_group=self._group(dp_ranks), dp_rank=dp_rank,
+                dp_size=n // layout.tp, dp_ranks=dp_ranks,
+                device_type=device_type, **extra)
 
     def group(self, ranks: Sequence[int]) -> Any:
         """The process group over ``ranks`` (cached by the rank tuple; ``None`` without
@@ -169,7 +202,8 @@ class ParallelContext:
 
     def layout_groups(self, layout: StageLayout) -> LayerGroups:
         """Groups of this rank for ``layout`` (a layout of this rank's stage)."""
-        layout = stage_layout(layout.stage, layout.tp, layout.consecutive, self.stage_size)
+        layout = stage_layout(layout.stage, layout.tp, layout.consecutive, self.stage_size,
+                              layout.cp)
         if layout not in self._layouts:
             raise KeyError(f"layout {layout} is not used on stage {self.stage} by this plan; "
                            f"known: {sorted(self._layouts, key=str)}")

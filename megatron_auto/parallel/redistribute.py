@@ -21,6 +21,7 @@ import torch
 
 from ..layout import StageLayout, relayout_step, slice_bounds
 from .comm import all_gather_into_tensor
+from .context_parallel import sequence_chunks
 
 
 def _relayout_data(x: torch.Tensor, src: Any, dst: Any, local_index: int,
@@ -33,7 +34,9 @@ def _relayout_data(x: torch.Tensor, src: Any, dst: Any, local_index: int,
         x = x.contiguous()
         out = torch.empty((len(step.gather_group) * x.shape[0],) + tuple(x.shape[1:]),
                           dtype=x.dtype, device=x.device)
-        group = dst.tp_group if step.gather_on == "dst_tp" else src.dp_group
+        # "src_dp": the source slice group (its DP group without CP): every batch slice of
+        # this rank's sequence chunks once
+        group = dst.tp_group if step.gather_on == "dst_tp" else src.slice_group
         all_gather_into_tensor(out, x, group=group)
         if step.keep_count == 1:
             return out  # exactly the new slice, in a buffer of its own
@@ -80,11 +83,19 @@ def relayout(x: torch.Tensor, src: Any, dst: Any, ctx: Any) -> torch.Tensor:
 
 
 def batch_chunk(x: torch.Tensor, groups: Any) -> torch.Tensor:
-    """This rank's contiguous dim-0 chunk of a whole micro-batch tensor under ``groups``' layout."""
-    if groups.dp_size == 1:
+    """This rank's contiguous dim-0 chunk of a whole micro-batch tensor under ``groups``' layout
+    (its batch slice; under CP the slice of its CP block, every sequence position kept)."""
+    if groups.slice_size == 1:
         return x
-    if x.shape[0] % groups.dp_size:
+    if x.shape[0] % groups.slice_size:
         raise ValueError(f"micro-batch of {x.shape[0]} samples is not divisible by the "
-                         f"{groups.dp_size} data-parallel replicas of layout {groups.layout}")
-    start, stop = slice_bounds(groups.dp_rank, groups.dp_size, x.shape[0])
+                         f"{groups.slice_size} data-parallel replicas of layout {groups.layout}")
+    start, stop = slice_bounds(groups.slice_rank, groups.slice_size, x.shape[0])
     return x[start:stop]
+
+
+def sample_chunk(x: torch.Tensor, groups: Any) -> torch.Tensor:
+    """What this rank holds of a whole micro-batch tensor ``(b_m, s, ...)`` (token ids, labels,
+    loss mask, position ids): its batch slice (:func:`batch_chunk`) and, under context
+    parallelism, its CP rank's two sequence chunks along dim 1 (``context_parallel``)."""
+    return sequence_chunks(batch_chunk(x, groups), groups.cp_rank, groups.cp_size, dim=1)

@@ -63,7 +63,9 @@ def describe_plan(plan: Plan) -> str:
             f"({pipe.schedule}, layers {stages}, {plan.stage_size} ranks each); global batch "
             f"{plan.global_batch_size} in {plan.num_microbatches} micro-batch(es) of "
             f"{plan.microbatch_size}; vocabulary tp {plan.vocab.tp} x dp {plan.vocab_dp_size} "
-            f"({plan.vocab.dp_mode})")
+            f"({plan.vocab.dp_mode})"
+            + (f"; context parallelism cp {plan.cp_size} (each rank holds 2 of "
+               f"{2 * plan.cp_size} sequence chunks)" if plan.cp_size > 1 else ""))
 
 
 def describe_estimate(estimate: Mapping[str, Any]) -> str:
@@ -104,7 +106,8 @@ def layer_rows(plan: Plan, per_layer: Sequence[Mapping[str, Any]] = (),
     for start, end in groups:
         layer = plan.layers[start]
         stage = plan.stage_of_layer(start)
-        dp = plan.dp_size(start)
+        cp = plan.cp_size
+        dp = plan.batch_slices(start) if cp > 1 else plan.dp_size(start)
         layout = "-" if layer.tp in (1, plan.stage_size) else (
             "consecutive" if layer.tp_consecutive else "strided")
         cost = per_layer[start] if start < len(per_layer) else {}
@@ -114,7 +117,8 @@ def layer_rows(plan: Plan, per_layer: Sequence[Mapping[str, Any]] = (),
         row = [_span(start, end), stage]
         if layer_type_names:
             row.append(layer_type_names[start])
-        row += [layer.tp, dp, layer.dp_mode, layout, _recompute_cell(layer.recompute),
+        row += [layer.tp, dp] + ([f"{cp} {layer.cp_mode}"] if cp > 1 else []) + [
+                layer.dp_mode, layout, _recompute_cell(layer.recompute),
                 format_bytes(cost.get("memory_bytes")), format_time(fb)]
         rows.append(row)
     return rows
@@ -128,7 +132,8 @@ def _recompute_cell(value: Any) -> str:
 def render_layers(plan: Plan, per_layer: Sequence[Mapping[str, Any]] = (),
                   layer_type_names: Sequence[str] | None = None) -> str:
     headers = ["layers", "stage"] + (["type"] if layer_type_names else []) + [
-        "tp", "dp", "dp_mode", "tp layout", "recompute", "memory/layer", "fwd+bwd/microbatch"]
+        "tp", "dp"] + (["cp"] if plan.cp_size > 1 else []) + [
+        "dp_mode", "tp layout", "recompute", "memory/layer", "fwd+bwd/microbatch"]
     return table(headers, layer_rows(plan, per_layer, layer_type_names))
 
 

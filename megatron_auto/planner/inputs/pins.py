@@ -12,6 +12,8 @@ flag typed next to it) and ``megatron-auto plan`` (its parsed flags, the same na
   per layer);
 - ``--num-layers-per-virtual-pipeline-stage N`` pins the virtual size ``L / (pp N)``
   (``interleaving.pinned_virtual_sizes``; it needs the pinned pp);
+- ``--context-parallel-size`` other than 1 is refused (context parallelism is planned by the
+  classic flags or a plan file; the search does not choose it yet);
 - ``--micro-batch-size`` (``--auto-parallel`` only) pins the micro-batch count
   ``B / (micro-batch x dp)`` when tp and pp are pinned too (they fix dp); otherwise it is not a
   pin (the caller says so to the user).
@@ -63,6 +65,11 @@ def search_options(pins: LayoutPins, world_size: int, num_layers: int | None, *,
     ``ValueError`` for a virtual-size pin that cannot hold (both name the flag and the fix).
     The options are not validated here (the caller names its own flags in those errors)."""
     tp, pp = pins.tensor_model_parallel_size, pins.pipeline_model_parallel_size
+    cp = getattr(pins, "context_parallel_size", 1) or 1
+    if cp != 1:
+        raise ArgumentError(f"--context-parallel-size={cp}: the search does not choose context "
+                            f"parallelism yet; give the layout with the classic flags (megatron-"
+                            f"auto evaluate/explain, the pretrain scripts) or a --plan file")
     if micro_batch_size is not None and tp is not None and pp is not None:
         if global_batch_size is None:
             raise ValueError("search_options: micro_batch_size needs global_batch_size")

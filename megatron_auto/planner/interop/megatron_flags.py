@@ -10,7 +10,12 @@ distributed optimizer: optimizer state sharded over DP, our ``zero1``), ``--sequ
 recompute then counts per chunk), ``--pipeline-model-parallel-layout`` (Megatron-Core's string
 of any partition, interleaved or not: ``megatron_layout.py``), Megatron-FSDP
 (``--use-megatron-fsdp --data-parallel-sharding-strategy optim|optim_grads|optim_grads_params``:
-our ``zero1``/``zero2``/``zero3`` on every layer), and recompute flags.
+our ``zero1``/``zero2``/``zero3`` on every layer), context parallelism
+(``--context-parallel-size``, ``--cp-comm-type p2p`` = our ring attention, ``a2a`` = Ulysses;
+Megatron's ``all_gather`` and ``a2a+p2p`` are not run here), and recompute flags. Degrees map
+one to one; the rank placement under CP differs (Megatron orders ranks tp-cp-dp, our CP blocks
+put data parallelism inside each block: ``layout.py``), which changes which ranks talk, not what
+is trained.
 :func:`plan_from_megatron_flags` turns such a flag set into a uniform :class:`Plan`;
 :func:`to_megatron_flags` goes back, or says why a plan has no classic-flag equivalent.
 
@@ -46,6 +51,10 @@ SHARDING_STRATEGIES = {"no_shard": None, "optim": "zero1", "optim_grads": "zero2
 #: The flags Megatron-FSDP needs beside the strategy (its documentation's required set).
 FSDP_FLAGS = ["--use-megatron-fsdp", "--use-distributed-optimizer",
               "--no-gradient-accumulation-fusion", "--ckpt-format", "fsdp_dtensor"]
+
+
+#: Megatron's ``--cp-comm-type`` -> our ``cp_mode`` (the types we run).
+CP_COMM_TYPES = {"p2p": "ring", "a2a": "ulysses"}
 
 
 class MegatronFlagError(ValueError):
@@ -101,23 +110,31 @@ def plan_from_megatron_flags(
         num_layers_per_virtual_pipeline_stage: int | None = None,
         pipeline_model_parallel_layout: str | None = None,
         use_megatron_fsdp: bool = False, data_parallel_sharding_strategy: str | None = None,
-        model: Mapping[str, Any] | None = None) -> Plan:
+        model: Mapping[str, Any] | None = None, context_parallel_size: int = 1,
+        cp_comm_type: str = "p2p") -> Plan:
     """The uniform plan a classic Megatron flag set describes.
 
     ``num_microbatches = global_batch_size / (micro_batch_size * dp)`` with
-    ``dp = world_size / (tp * pp)``; every divisibility is checked with the flag named.
+    ``dp = world_size / (tp * pp * cp)``; every divisibility is checked with the flag named.
     """
-    tp, pp = tensor_model_parallel_size, pipeline_model_parallel_size
+    tp, pp, cp = tensor_model_parallel_size, pipeline_model_parallel_size, context_parallel_size
+    if cp_comm_type not in CP_COMM_TYPES:
+        raise MegatronFlagError(f"--cp-comm-type={cp_comm_type}: this runtime runs "
+                                f"{' and '.join(CP_COMM_TYPES)} (ring attention, Ulysses); "
+                                f"choose one of them")
     for flag, value in (("--tensor-model-parallel-size", tp), ("--pipeline-model-parallel-size", pp),
+                        ("--context-parallel-size", cp),
                         ("--micro-batch-size", micro_batch_size),
                         ("--global-batch-size", global_batch_size)):
         if not isinstance(value, int) or value < 1:
             raise MegatronFlagError(f"{flag}={value!r}: must be a positive integer")
-    if world_size % (tp * pp):
+    if world_size % (tp * pp * cp):
+        what = f" x --context-parallel-size={cp}" if cp > 1 else ""
         raise MegatronFlagError(
-            f"--tensor-model-parallel-size={tp} x --pipeline-model-parallel-size={pp} = {tp * pp} "
-            f"must divide the world size {world_size}; choose degrees whose product divides it")
-    dp = world_size // (tp * pp)
+            f"--tensor-model-parallel-size={tp} x --pipeline-model-parallel-size={pp}{what} = "
+            f"{tp * pp * cp} must divide the world size {world_size}; choose degrees whose "
+            f"product divides it")
+    dp = world_size // (tp * pp * cp)
     if global_batch_size % (micro_batch_size * dp):
         raise MegatronFlagError(
             f"--global-batch-size={global_batch_size}: must be a multiple of --micro-batch-size="
@@ -205,7 +222,8 @@ def plan_from_megatron_flags(
                             num_microbatches=num_microbatches, tp=tp, pp=pp, dp_mode=dp_mode,
                             tp_consecutive=True, recompute=recompute, schedule="1f1b",
                             layers_per_stage=sizes, model=model,
-                            sequence_parallel=sequence_parallel, virtual_size=virtual_size)
+                            sequence_parallel=sequence_parallel, virtual_size=virtual_size,
+                            cp=cp, cp_mode=CP_COMM_TYPES[cp_comm_type] if cp > 1 else "ring")
     except PlanError as err:
         raise MegatronFlagError(f"classic flags give an invalid plan: {err}") from None
     return replace(plan, search={"source": "megatron-flags", "notes": notes})
@@ -284,15 +302,23 @@ def to_megatron_flags(plan: Plan) -> tuple[list[str] | None, list[str]]:
     if plan.pipeline.schedule != "1f1b":
         reasons.append(f"pipeline.schedule={plan.pipeline.schedule}: Megatron's non-interleaved "
                        f"schedule is 1F1B only")
+    cp = plan.cp_size
+    cp_modes = sorted({layer.cp_mode for layer in layers})
+    if cp > 1 and len(cp_modes) > 1:
+        reasons.append(f"per-layer cp_mode differs ({cp_modes}); Megatron uses one "
+                       f"--cp-comm-type for all layers")
     pp = plan.pp_size
     stage_flags = _stage_flags(list(plan.pipeline.layers_per_stage), plan.virtual_size)
     recompute_flags = _recompute_flags(plan, reasons)
     if reasons:
         return None, reasons
-    dp = plan.stage_size // tp
-    micro = plan.microbatch_size // dp
+    slices = plan.stage_size // (tp * cp)  # Megatron's data-parallel size
+    micro = plan.microbatch_size // slices
     flags = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp),
              "--micro-batch-size", str(micro), "--global-batch-size", str(plan.global_batch_size)]
+    if cp > 1:
+        comm = next(k for k, m in CP_COMM_TYPES.items() if m == cp_modes[0])
+        flags += ["--context-parallel-size", str(cp), "--cp-comm-type", comm]
     flags += stage_flags
     if modes == ["zero1"]:
         flags.append("--use-distributed-optimizer")
