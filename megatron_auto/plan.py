@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence, Union
 
 from .config import ModelConfig
-from .plan_cp import check_model_cp
+from .plan_cp import cp_model_problem
 from .plan_experts import expert_field_error, model_expert_error
 from .utils.jsonfile import read_json, write_json
 
@@ -514,7 +514,9 @@ class Plan:
                                 f"{model.seq_length} must be divisible by the layer's {what}; "
                                 f"change tp or the sequence length, or turn SP off")
         if self.cp_size > 1:
-            check_model_cp(self, model)
+            problem = cp_model_problem(self, model)
+            if problem:
+                raise PlanError(problem)
         try:
             model.check_vocab_parallel(self.vocab.tp, what="plan field vocab.tp")
         except ValueError as err:

@@ -180,3 +180,34 @@ def test_pretrain_gpt_runs_with_megatron_cp_flags(tmp_path):
     assert all(r["lm_loss"] > 0 for r in train)
     plan = Plan.load(used)
     assert {(s.cp, s.cp_mode) for s in plan.layers} == {(2, "ulysses")}
+
+
+# --------------------------------------------------------------------- measured memory
+def test_cp2_halves_the_activation_peak_and_the_estimate_follows(tmp_path):
+    """A GPT whose activations dominate (s=512, h=32, 2 layers, one sample per micro-batch):
+    the runtime's meter (parallel/memory.py, 3 iterations) on one rank without CP and on two
+    with ring cp 2. The peak per rank falls by well over a third (seen when written: 5.07 MB
+    -> 3.09 MB, 0.61, the parameters and optimizer states staying), and the cost model's
+    estimate is within 10% above and 5% below each (seen: +1.8% and +0.2%)."""
+    import test_cost_memory_measured as measured
+    from megatron_auto.profiler.lookup import get_or_create_model_profile
+
+    gpt = replace(measured.GPT, num_layers=2, seq_length=512, max_position_embeddings=512,
+                  hidden_size=32, num_attention_heads=4, ffn_hidden_size=64, vocab_size=128)
+    profile = get_or_create_model_profile(gpt, "fp32", torch.device("cpu"),
+                                          cache_dir=str(tmp_path))
+    peaks = {}
+    old = measured.GPT
+    measured.GPT = gpt  # the module's helpers read the model from there
+    try:
+        for world, cp in ((1, 1), (2, 2)):
+            plan = Plan.uniform(world, gpt.num_layers, global_batch_size=2, num_microbatches=1,
+                                cp=cp)
+            (estimate,) = measured._plan_estimate(plan, profile)
+            ranks = run_distributed(measured._peaks, world, plan.to_dict())
+            peak = max(max(p) for p in ranks)
+            assert 0.95 * peak <= estimate <= 1.10 * peak, (cp, peak, estimate)
+            peaks[cp] = peak
+    finally:
+        measured.GPT = old
+    assert peaks[2] < 0.65 * peaks[1], peaks

@@ -7,17 +7,16 @@ whole sequence.
 
 Ring (:class:`RingAttention`). Keys and values travel around the CP group, one hop per step
 (``parallel.context_parallel.ring_exchange``, started before a step's computation and waited for
-after it). At each step a rank attends its queries to the chunks it holds, in fp32, and merges
-the partial results with a running row maximum and sum of exponentials (log-sum-exp), the
-blockwise softmax: no rank ever holds scores of more than one chunk pair. Causal masking is per
+after it). At each step a rank attends its queries to the chunks it holds and merges the
+partial results by their log-sum-exp (the blockwise softmax, in fp32). Causal masking is per
 chunk pair: a query chunk attends an earlier key chunk whole, its own chunk with the triangular
 mask, a later one not at all (skipped), so with the load-balanced chunk order every rank does
-the same work. Backward recomputes each block's probabilities from the saved log-sum-exp and
-sends the key/value gradients around the ring with the keys and values, so that after ``cp``
-hops each rank holds the gradient of its own keys and values. The blockwise maths is written
-here rather than taken from an SDPA variant that returns the log-sum-exp: torch 2.13's CPU
-flash kernel returns it, but has no backward taking it as input for a block, and the masked
-blocks of BERT's padding need an explicit mask anyway.
+the same work. Backward computes each block's gradients from the *final* output and
+log-sum-exp of its rows, and sends each chunk's fp32 key/value gradient one hop behind the
+chunk, so that after ``cp`` hops each rank holds the gradient of its own keys and values.
+A block runs torch's CPU flash kernel where it can (``_scaled_dot_product_flash_attention_for_cpu``
+returns the log-sum-exp and its backward takes the final output and log-sum-exp: no scores are
+materialised); with a padding mask, or off CPU, the block is written out here in fp32.
 
 Ulysses (:func:`ulysses_attention`). One all-to-all gives every CP rank the whole sequence of
 ``heads/cp`` heads (and ``groups/cp`` key/value groups), attention runs as without CP (SDPA,
@@ -61,7 +60,9 @@ class _Blocks:
     def __init__(self, cp_rank: int, src: int, cp: int, c: int, causal: bool,
                  keep: torch.Tensor | None, device: torch.device) -> None:
         self.c = c
-        self.pairs: list[tuple[int, int, torch.Tensor | None]] = []  # (q part, k part, mask)
+        # (q part, k part, mask, diagonal): the mask for the written-out blocks, the diagonal
+        # flag (the same chunk: causal within it) for the flash kernel
+        self.pairs: list[tuple[int, int, torch.Tensor | None, bool]] = []
         q_chunks, k_chunks = cp_chunks(cp_rank, cp), cp_chunks(src, cp)
         tri = None
         for qi, qc in enumerate(q_chunks):
@@ -76,7 +77,7 @@ class _Blocks:
                 if keep is not None:
                     k_keep = keep[:, kc * c:(kc + 1) * c].bool()[:, None, None, :]
                     mask = k_keep if mask is None else mask & k_keep
-                self.pairs.append((qi, ki, mask))
+                self.pairs.append((qi, ki, mask, causal and kc == qc))
 
     def part(self, x: torch.Tensor, i: int) -> torch.Tensor:
         return x.narrow(2, i * self.c, self.c)
@@ -86,6 +87,64 @@ def _scores(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None,
             scale: float) -> torch.Tensor:
     s = torch.matmul(q, k.transpose(-1, -2)) * scale
     return s if mask is None else s.masked_fill(~mask, float("-inf"))
+
+
+_FLASH_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_FLASH_CPU_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+def _use_flash(q: torch.Tensor, keep: torch.Tensor | None) -> bool:
+    """Whether blocks run torch's CPU flash kernel (which returns the block's log-sum-exp and
+    has a backward taking the final output and log-sum-exp, so no block's scores are ever
+    materialised): on CPU without a padding mask (whose fully masked rows that kernel does
+    not define). Elsewhere the blocks are written out here in fp32, ``c x c`` scores at a
+    time (CUDA's kernels take the log-sum-exp in layouts of their own: not wired yet)."""
+    return q.device.type == "cpu" and keep is None
+
+
+def _block_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, diag: bool,
+                   scale: float, flash: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """One block's normalised output and log-sum-exp ``(b, h, c, 1)``, both fp32; rows with
+    no key get output 0 and log-sum-exp -inf."""
+    if flash:
+        out, lse = _FLASH_CPU(q, k, v, 0.0, diag, scale=scale)
+        return out.float(), lse.float().unsqueeze(-1)
+    s = _scores(q.float(), k.float(), mask, scale)
+    m = s.amax(-1, keepdim=True)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    p = torch.exp(s - m)
+    total = p.sum(-1, keepdim=True)
+    out = torch.matmul(p, v.float()) / total.clamp_min(torch.finfo(torch.float32).tiny)
+    lse = torch.where(total > 0, m + torch.log(total), torch.full_like(m, float("-inf")))
+    return out, lse
+
+
+def _block_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    out: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor, mask: Any,
+                    diag: bool, scale: float, flash: bool
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One block's share of dq, dk, dv (fp32) from the *final* output and log-sum-exp of the
+    rows: the block's probabilities are ``exp(scores - lse)`` with that lse, and
+    ``delta = rowsum(dO * O)`` of the final O."""
+    if flash:
+        dq, dk, dv = _FLASH_CPU_BACKWARD(do.to(q.dtype).contiguous(), q, k, v,
+                                         out.to(q.dtype).contiguous(),
+                                         lse.squeeze(-1).contiguous(), 0.0, diag, scale=scale)
+        return dq.float(), dk.float(), dv.float()
+    qf, kf, vf, dof = q.float(), k.float(), v.float(), do.float()
+    p = torch.exp(_scores(qf, kf, mask, scale) - lse)
+    dv = torch.matmul(p.transpose(-1, -2), dof)
+    ds = p * (torch.matmul(dof, vf.transpose(-1, -2)) - delta) * scale
+    return torch.matmul(ds, kf), torch.matmul(ds.transpose(-1, -2), qf), dv
+
+
+def _merge(out: torch.Tensor, lse: torch.Tensor, out_b: torch.Tensor,
+           lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two partial softmax results of the same rows merged by their log-sum-exp."""
+    new = torch.logaddexp(lse, lse_b)
+    safe = torch.where(torch.isinf(new), torch.zeros_like(new), new)
+    merged = out * torch.exp(lse - safe) + torch.nan_to_num(out_b) * torch.exp(lse_b - safe)
+    return merged, new
 
 
 class RingAttention(torch.autograd.Function):
@@ -99,44 +158,37 @@ class RingAttention(torch.autograd.Function):
         per_group = q.shape[1] // k.shape[1]
         scale = 1.0 / math.sqrt(q.shape[-1])
         c = q.shape[2] // 2
-        qf = q.float()
-        b, heads, s_local, d = qf.shape
-        row_max = torch.full((b, heads, s_local, 1), float("-inf"), device=q.device)
-        row_sum = torch.zeros((b, heads, s_local, 1), device=q.device)
-        acc = torch.zeros((b, heads, s_local, d), device=q.device)
-        kv = torch.stack([k, v])  # travels in the compute dtype, is computed with in fp32
+        flash = _use_flash(q, keep)
+        b, heads, s_local, d = q.shape
+        out = torch.zeros((b, heads, s_local, d), device=q.device)
+        lse = torch.full((b, heads, s_local, 1), float("-inf"), device=q.device)
+        kv = torch.stack([k, v])  # travels in the compute dtype
         for step in range(cp):
             hop = ring_exchange([kv], cp_ranks, cp_rank) if step < cp - 1 else None
             src = (cp_rank - step) % cp
             blocks = _Blocks(cp_rank, src, cp, c, causal, keep, q.device)
-            kh, vh = (_expand_kv(t.float(), per_group) for t in kv)
-            for qi, ki, mask in blocks.pairs:
+            kh, vh = (_expand_kv(t, per_group) for t in kv)
+            for qi, ki, mask, diag in blocks.pairs:
                 rows = slice(qi * c, (qi + 1) * c)
-                s = _scores(blocks.part(qf, qi), blocks.part(kh, ki), mask, scale)
-                new_max = torch.maximum(row_max[:, :, rows], s.amax(-1, keepdim=True))
-                safe = torch.where(torch.isinf(new_max), torch.zeros_like(new_max), new_max)
-                decay = torch.exp(row_max[:, :, rows] - safe)
-                p = torch.exp(s - safe)
-                row_sum[:, :, rows] = row_sum[:, :, rows] * decay + p.sum(-1, keepdim=True)
-                acc[:, :, rows] = acc[:, :, rows] * decay + torch.matmul(p, blocks.part(vh, ki))
-                row_max[:, :, rows] = new_max
+                out_b, lse_b = _block_forward(blocks.part(q, qi), blocks.part(kh, ki),
+                                              blocks.part(vh, ki), mask, diag, scale, flash)
+                out[:, :, rows], lse[:, :, rows] = _merge(out[:, :, rows], lse[:, :, rows],
+                                                          out_b, lse_b)
             if hop is not None:
                 kv, = hop.wait()
-        out = acc / row_sum
-        lse = row_max + torch.log(row_sum)
         ctx.save_for_backward(q, k, v, out, lse, keep)
-        ctx.args = (causal, cp_ranks, cp_rank, per_group, scale)
+        ctx.args = (causal, cp_ranks, cp_rank, per_group, scale, flash)
         return out.to(q.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
         q, k, v, out, lse, keep = ctx.saved_tensors
-        causal, cp_ranks, cp_rank, per_group, scale = ctx.args
+        causal, cp_ranks, cp_rank, per_group, scale, flash = ctx.args
         cp = len(cp_ranks)
         c = q.shape[2] // 2
-        qf, dout = q.float(), grad_out.float()
+        dout = grad_out.float()
         delta = (dout * out).sum(-1, keepdim=True)  # rowsum(dO * O)
-        dq = torch.zeros_like(qf)
+        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         kv = torch.stack([k, v])
         # The fp32 gradient of a key/value chunk travels behind the chunk: the hop bringing the
         # one of the chunk held is waited for only after this step's computation (overlap)
@@ -145,18 +197,18 @@ class RingAttention(torch.autograd.Function):
             kv_hop = ring_exchange([kv], cp_ranks, cp_rank) if step < cp - 1 else None
             src = (cp_rank - step) % cp
             blocks = _Blocks(cp_rank, src, cp, c, causal, keep, q.device)
-            kh, vh = (_expand_kv(t.float(), per_group) for t in kv)
-            dkh, dvh = torch.zeros_like(kh), torch.zeros_like(vh)
-            for qi, ki, mask in blocks.pairs:
+            kh, vh = (_expand_kv(t, per_group) for t in kv)
+            dkh = torch.zeros(kh.shape, dtype=torch.float32, device=q.device)
+            dvh = torch.zeros_like(dkh)
+            for qi, ki, mask, diag in blocks.pairs:
                 rows = slice(qi * c, (qi + 1) * c)
-                kk, vv = blocks.part(kh, ki), blocks.part(vh, ki)
-                p = torch.exp(_scores(blocks.part(qf, qi), kk, mask, scale) - lse[:, :, rows])
-                do = dout[:, :, rows]
-                blocks.part(dvh, ki).add_(torch.matmul(p.transpose(-1, -2), do))
-                ds = p * (torch.matmul(do, vv.transpose(-1, -2)) - delta[:, :, rows]) * scale
-                dq[:, :, rows] += torch.matmul(ds, kk)
-                blocks.part(dkh, ki).add_(torch.matmul(ds.transpose(-1, -2),
-                                                       blocks.part(qf, qi)))
+                dq_b, dk_b, dv_b = _block_backward(
+                    dout[:, :, rows], blocks.part(q, qi), blocks.part(kh, ki),
+                    blocks.part(vh, ki), out[:, :, rows], lse[:, :, rows],
+                    delta[:, :, rows], mask, diag, scale, flash)
+                dq[:, :, rows] += dq_b
+                blocks.part(dkh, ki).add_(dk_b)
+                blocks.part(dvh, ki).add_(dv_b)
             dkv = torch.stack([_reduce_kv(dkh, per_group), _reduce_kv(dvh, per_group)])
             if dkv_hop is not None:  # the other ranks' part of this chunk's gradient
                 dkv = dkv_hop.wait()[0] + dkv
