@@ -151,8 +151,11 @@ def test_exit_interval_and_exit_duration_save_and_end_the_run(tmp_path, capfd):
             # Asynchronous interval saves: the exit's save waits for the one of iteration 2.
             (["--exit-interval", "3", "--async-save", "--save-interval", "2"],
              "--exit-interval=3 reached", 3),
-            # Start-up alone takes longer than 0.001 min, so the first iteration is the last.
-            (["--exit-duration-in-mins", "0.001"], "--exit-duration-in-mins=0.001 reached", 1))):
+            # The clock starts when the loop is set up; one iteration of two ranks (a forward,
+            # a backward and an all-reduce) takes far longer than 1e-6 min (60 us), so the
+            # first iteration is the last. (0.001 min was flaky: a 39 ms first iteration on an
+            # idle machine ran a second one.)
+            (["--exit-duration-in-mins", "1e-06"], "--exit-duration-in-mins=1e-06 reached", 1))):
         ckpt = tmp_path / f"ckpt{case}"
         capfd.readouterr()
         assert run_main("pretrain_gpt", 2, SMALL + flags + ["--save", str(ckpt)]) == [0, 0]

@@ -425,5 +425,10 @@ def launch(model_provider: ModelProvider, datasets_provider: DatasetsProvider,
             print(f"error: {err}", file=sys.stderr)
         code = 2
     if dist.is_initialized():
+        if code == 0 and dist.get_world_size() > 1:
+            # Every rank leaves together: a rank that destroys its groups while a peer's last
+            # collectives (FSDP2's final reshard, say) still run on them can make gloo's worker
+            # threads end in std::terminate (SIGABRT after a finished run, seen under ZeRO-3).
+            dist.barrier()
         dist.destroy_process_group()
     return code
