@@ -31,7 +31,7 @@ from .cli_checks import check_outputs, command_given_flags, warn_other_family_fl
 from .config import ModelConfig, resolve_precision
 from .families.hf_config import apply_hf_config
 from .families.registry import config_from_record, families, family_of, get_family
-from .plan import Plan
+from .plan import Plan, PlanError, normalize_recompute
 from .planner import report
 from .planner.inputs.hardware import GB, ClusterSpec
 from .planner.interop.megatron_flags import to_megatron_flags
@@ -243,6 +243,22 @@ _OPTION_FLAGS = {"space": "--search-space", "time_limit_s": "--time-limit",
                  "num_microbatches": "--num-microbatches", "schedule": "--schedule"}
 
 
+def _module_recompute_choices(values: list[str]) -> tuple:
+    """``--search-module-recompute`` values as plan recompute values (one line per bad one)."""
+    out = []
+    for text in values:
+        try:
+            value = normalize_recompute(text if text in ("none", "selective", "full")
+                                        else text.split("+"), "--search-module-recompute")
+        except PlanError as err:
+            raise CliError(str(err).replace("plan field ", "")) from None
+        if isinstance(value, bool):
+            raise CliError(f"--search-module-recompute={text}: none and full are always "
+                           f"searched; give selective or a module list such as core_attn+mlp")
+        out.append(value)
+    return tuple(dict.fromkeys(out))
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     setup = _setup(args)
     if (args.sequence_parallel and args.tensor_model_parallel_size == 1
@@ -256,6 +272,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
             space=args.search_space, time_limit_s=args.time_limit, show_progress=not args.quiet)
     except ValueError as err:
         raise CliError(str(err)) from None
+    if args.search_module_recompute:
+        options = dataclasses.replace(
+            options, module_recompute=_module_recompute_choices(args.search_module_recompute))
     try:
         options = runtime_options(options, setup.config)
         options.validate()
@@ -466,6 +485,9 @@ def _add_plan_parser(sub: Any, fmt: Any) -> None:
     g.add_argument("--num-microbatches", type=int, default=None, help="pin the micro-batch count")
     g.add_argument("--schedule", default=None, choices=["1f1b", "gpipe"], help="pin the schedule")
     g.add_argument("--no-recompute", action="store_true", help="never recompute activations")
+    g.add_argument("--search-module-recompute", nargs="+", default=None, metavar="VALUE",
+                   help="per-layer recompute choices searched beside none and full: selective "
+                        "or module lists joined by '+' (e.g. core_attn+mlp)")
     g.add_argument("--use-distributed-optimizer", action="store_true",
                    help="pin zero1 (Megatron's distributed optimizer) on every layer")
     add_sp_and_virtual_pipeline_args(g)  # pins: SP on tp > 1 layers; the virtual size

@@ -206,3 +206,17 @@ def test_argparse_errors_and_help(capsys):
         assert code == 0 and "examples:" in out and "megatron-auto " + sub in out
     code, out, _ = run(capsys)
     assert code == 2 and "plan" in out
+
+
+@pytest.mark.pure
+def test_plan_searches_module_recompute_on_request(capsys, tmp_path):
+    out_path = tmp_path / "plan.json"
+    code, out, err = run(capsys, "plan", *SMALL, "--global-batch-size", "16", "--bf16",
+                         "--memory-budget-gb", "8", "--plan-out", str(out_path), "--quiet",
+                         "--search-module-recompute", "selective", "core_attn+mlp")
+    assert code == 0, err
+    assert Plan.load(out_path).num_layers == 4
+    code, _, err = run(capsys, "plan", *SMALL, "--search-module-recompute", "attention")
+    assert code == 2 and "--search-module-recompute=['attention']: unknown module name(s)" in err
+    code, _, err = run(capsys, "plan", *SMALL, "--search-module-recompute", "full")
+    assert code == 2 and "none and full are always searched" in err
