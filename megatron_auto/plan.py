@@ -51,6 +51,10 @@ def _is_power_of_two(n: int) -> bool:
     return n >= 1 and (n & (n - 1)) == 0
 
 
+def _is_positive_int(n: object) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 1
+
+
 def _need(cond: bool, field_name: str, value: Any, fix: str) -> None:
     if not cond:
         raise PlanError(f"plan field {field_name}={value!r}: {fix}")
@@ -405,9 +409,10 @@ class Plan:
         for i, layer in enumerate(self.layers):
             where = f"layers[{i}]"
             _need(isinstance(layer, LayerStrategy), where, layer, "must be a LayerStrategy")
-            _need(isinstance(layer.tp, int) and _is_power_of_two(layer.tp) and n % layer.tp == 0,
-                  where + ".tp", layer.tp,
-                  f"must be a power of two dividing the {n} ranks of a pipeline stage")
+            # Any divisor: the runtime splits heads, FFN and vocabulary by any degree that divides
+            # them (tests/test_any_world_size.py trains tp 3 and pp 3 plans like one process).
+            _need(_is_positive_int(layer.tp) and n % layer.tp == 0, where + ".tp", layer.tp,
+                  f"must be a positive divisor of the {n} ranks of a pipeline stage")
             _need(cp == 1 or (n // cp) % layer.tp == 0, where + ".tp", layer.tp,
                   f"tp x cp = {layer.tp} x {cp} must divide the {n} ranks of a pipeline stage; "
                   f"lower tp or cp")
@@ -432,8 +437,8 @@ class Plan:
             if message is not None:
                 raise PlanError(message)
         v = self.vocab
-        _need(isinstance(v.tp, int) and _is_power_of_two(v.tp) and n % v.tp == 0, "vocab.tp", v.tp,
-              f"must be a power of two dividing the {n} ranks of a pipeline stage")
+        _need(_is_positive_int(v.tp) and n % v.tp == 0, "vocab.tp", v.tp,
+              f"must be a positive divisor of the {n} ranks of a pipeline stage")
         _need(v.dp_mode in ALL_DP_MODES, "vocab.dp_mode", v.dp_mode,
               f"choose one of {', '.join(ALL_DP_MODES)}")
         _need(cp == 1 or (n // cp) % v.tp == 0, "vocab.tp", v.tp,

@@ -1,9 +1,10 @@
 """Every plan of the planner's full space, written out independently of the search.
 
-The space (docs/planner.md §2): pipeline degree ``pp`` (power of two dividing the world, at
-most the layer count), every partition of the layers into ``pp`` non-empty stages, every
-micro-batch count ``m`` dividing the global batch, and per layer every TP degree (power of two
-dividing the stage, the heads and the FFN size, within a node), every TP layout where it
+The space (docs/planner.md §2): pipeline degree ``pp`` (any divisor of the world, at most the
+layer count, its stages of ``n`` ranks inside a node or whole nodes: ``n`` divides or is a
+multiple of the devices per node), every partition of the layers into ``pp`` non-empty stages,
+every micro-batch count ``m`` dividing the global batch, and per layer every TP degree (dividing
+the stage, the heads and the FFN size, within a node and dividing it), every TP layout where it
 changes the groups (``1 < tp < stage``), every DP flavour (ddp, zero1, zero2, zero3) where there
 is more than one replica, Megatron sequence parallelism on or off where ``tp > 1`` divides the
 sequence, recompute on or off; the vocabulary every TP degree dividing the stage and the
@@ -29,8 +30,13 @@ DP_MODES = ("ddp", "zero1", "zero2", "zero3")
 VIRTUAL_SIZES = (2, 4)
 
 
-def _powers(n: int) -> list[int]:
-    return [2 ** j for j in range(n.bit_length()) if 2 ** j <= n]
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _tp_in_node(tp: int, devices_per_node: int) -> bool:
+    """Consecutive TP groups of ``tp`` ranks inside one node, never across a node boundary."""
+    return tp <= devices_per_node and devices_per_node % tp == 0
 
 
 def compositions(n: int, k: int) -> Iterator[tuple[int, ...]]:
@@ -43,8 +49,8 @@ def layer_choices(spec, n: int, b_m: int, devices_per_node: int, layer_type,
                   dp_modes: tuple[str, ...] = DP_MODES,
                   recompute: tuple[bool, ...] = (False, True)) -> list[LayerStrategy]:
     out = []
-    for tp in _powers(n):
-        if tp > devices_per_node or layer_type.num_attention_heads % tp \
+    for tp in _divisors(n):
+        if not _tp_in_node(tp, devices_per_node) or layer_type.num_attention_heads % tp \
                 or layer_type.ffn_hidden_size % tp:
             continue
         dp = n // tp
@@ -63,8 +69,8 @@ def layer_choices(spec, n: int, b_m: int, devices_per_node: int, layer_type,
 def vocab_choices(spec, n: int, b_m: int, devices_per_node: int,
                   dp_modes: tuple[str, ...] = DP_MODES) -> list[VocabStrategy]:
     out = []
-    for tp in _powers(n):
-        if tp > devices_per_node or spec.vocab_size % tp or b_m % (n // tp):
+    for tp in _divisors(n):
+        if not _tp_in_node(tp, devices_per_node) or spec.vocab_size % tp or b_m % (n // tp):
             continue
         for mode in (dp_modes if n // tp > 1 else ("ddp",)):
             out.append(VocabStrategy(tp=tp, dp_mode=mode))
@@ -85,10 +91,12 @@ def _settings(spec, global_batch: int, world: int, devices_per_node: int, restri
     layers = spec.num_layers
     dp_modes = restrict.get("dp_modes", DP_MODES)
     recompute = restrict.get("recompute", (False, True))
-    for pp in _powers(world):
+    for pp in _divisors(world):
         if pp > layers or restrict.get("pp", pp) != pp:
             continue
         n = world // pp
+        if n % devices_per_node and devices_per_node % n:
+            continue  # a stage would straddle a node boundary
         for m in range(1, global_batch + 1):
             if global_batch % m:
                 continue

@@ -19,9 +19,10 @@ import pytest
 
 from megatron_auto.planner import (InfeasibleError, ModelSpec, SearchOptions, TrainingSpec,
                                    analytic_profile, evaluate, search)
+from megatron_auto.planner.inputs.model_spec import LayerType
 from megatron_auto.planner.inputs.presets import make_cluster
 
-from planner_enumerate import all_plans
+from planner_enumerate import all_plans, count_plans
 
 pytestmark = [pytest.mark.pure, pytest.mark.exhaustive]
 
@@ -35,6 +36,13 @@ pytestmark = [pytest.mark.pure, pytest.mark.exhaustive]
 NO_RECOMPUTE = dict(pp=2, dp_modes=("ddp", "zero1", "zero3"), recompute=(False,))
 # Module recompute as a per-layer dimension (issue 27): selective beside none and full.
 SELECTIVE = dict(recompute=(False, True, "selective"))
+# Worlds that are not a power of two (a 96-wide model with 6 heads, FFN 384 and 192 vocabulary
+# rows: tp 1, 2, 3 and 6 divide it; pp 3 on 3 layers): one node of 6, and two nodes of 3, where
+# the within-node rule leaves out tp 2 and 6 and pp 3 (stages of 2 would straddle a node).
+# Two layer types: a 4-head FFN-256 layer and a 2-head FFN-128 one (no tp 4 for the second).
+SIX = dict(model="six", recompute=(False,), dp_modes=("ddp", "zero3"))
+TWO_NODES = dict(model="six", nodes=2, dp_modes=("ddp", "zero1", "zero3"))
+TWO_TYPES = dict(model="two-types")
 INSTANCES = [
     (2, 4, "fp32", 1, 4, None),           # 304
     (2, 3, "fp32", 4, 4, None),           # 17,392
@@ -44,16 +52,25 @@ INSTANCES = [
     (2, 4, "bf16", 2, 1, None),           # 20,592, 16 of them interleaved
     (4, 4, "fp32", 4, 4, NO_RECOMPUTE),   # 17,564, 2,516 of them interleaved
     (4, 3, "fp32", 1, 4, SELECTIVE),      # 546
+    (6, 3, "fp32", 6, 6, SIX),            # 26,916
+    (6, 3, "fp32", 6, 6, TWO_NODES),      # 48,400
+    (4, 2, "fp32", 4, 4, TWO_TYPES),      # 23,056
 ]
+_ENUMERATED = ("pp", "dp_modes", "recompute")  # the restrict keys search and enumeration share
 BUDGET_FRACTIONS = (1.0, 1.01, 1.05, 1.2, 1.6, 3.0)
 _CACHE: dict = {}
 
 
 def _id(case):
     world, layers, precision, batch, heads, restrict = case
-    return f"{world}dev-{layers}L-{precision}-B{batch}" + (f"-h{heads}" if heads != 4 else "") \
-        + ("" if not restrict else "-selective" if restrict is SELECTIVE
-           else "-pp2-norecompute")
+    restrict = restrict or {}
+    nodes = restrict.get("nodes", 1)
+    devices = f"{nodes}x{world // nodes}dev" if nodes > 1 else f"{world}dev"
+    return f"{devices}-{layers}L-{precision}-B{batch}" + (f"-h{heads}" if heads != 4 else "") \
+        + ("-pp2" if "pp" in restrict else "") \
+        + ("-norecompute" if restrict.get("recompute") == (False,) else "") \
+        + ("-two-types" if restrict.get("model") == "two-types" else "") \
+        + ("-selective" if restrict.get("recompute") == SELECTIVE["recompute"] else "")
 
 
 def _options(case, **kw):
@@ -73,22 +90,37 @@ def _options(case, **kw):
 def instance(world, layers, precision, batch, heads, restrict):
     key = (world, layers, precision, batch, heads, tuple(sorted((restrict or {}).items())))
     if key not in _CACHE:
-        spec = ModelSpec.uniform(layers, 64, heads, 32, 128, name="gpt")
+        spec = _model(layers, heads, (restrict or {}).get("model"))
+        nodes = (restrict or {}).get("nodes", 1)
         training = TrainingSpec(batch, precision)
         # A small reserve so that the model's own memory decides which plans fit; the preset's
         # GPU terms stay on (fused AdamW, 5 % fragmentation), the NCCL communicators scaled
         # to the tiny model (5 kB each, a fraction of a percent of a peak) so that they count
         # without deciding everything.
-        cluster = dataclasses.replace(make_cluster("a100-40g", 1, world),
+        cluster = dataclasses.replace(make_cluster("a100-40g", nodes, world // nodes),
                                       memory_reserve_bytes=10 ** 5, device_memory_bytes=10 ** 8,
                                       nccl_communicator_bytes=5e3)
         profile = analytic_profile(spec, training, cluster)
         priced = []
-        for plan in all_plans(spec, batch, world, cluster.devices_per_node, **(restrict or {})):
+        enumerated = {k: v for k, v in (restrict or {}).items() if k in _ENUMERATED}
+        for plan in all_plans(spec, batch, world, cluster.devices_per_node, **enumerated):
             est = evaluate(plan, spec, training, cluster, profile)
             priced.append((est.iteration_time_s, est.peak_memory_bytes, plan.virtual_size))
         _CACHE[key] = (spec, training, cluster, profile, priced)
     return _CACHE[key]
+
+
+def _model(layers, heads, kind):
+    if kind == "six":
+        return ModelSpec.uniform(layers, 96, heads, 32, 192, ffn_hidden_size=384, name="gpt")
+    if kind == "two-types":
+        wide = LayerType(name="wide", hidden_size=64, num_attention_heads=heads,
+                         ffn_hidden_size=256, seq_length=32, count=1)
+        narrow = LayerType(name="narrow", hidden_size=64, num_attention_heads=heads // 2,
+                           ffn_hidden_size=128, seq_length=32, count=1)
+        per = layers // 2
+        return ModelSpec.stacked([(wide, layers - per), (narrow, per)], 128, 64, 32, name="gpt")
+    return ModelSpec.uniform(layers, 64, heads, 32, 128, name="gpt")
 
 
 def optimum(priced, budget, interleaved=None):
@@ -190,3 +222,17 @@ def test_selective_recompute_wins_where_it_beats_none_and_full():
             assert any(layer.recompute == "selective" for layer in result.plan.layers)
             wins += 1
     assert wins >= 1
+
+
+def test_the_two_node_instance_prunes_by_the_node_rule():
+    # The same model and batch on one node of 6 has more plans (tp 2 and 6, pp 3): the rule
+    # that keeps TP groups and stages inside a node removes them on two nodes of 3, and the
+    # search above still finds the enumerated optimum of what remains.
+    world, layers, _, batch, heads, restrict = INSTANCES[-2]
+    spec = _model(layers, heads, restrict["model"])
+    modes = restrict["dp_modes"]
+    assert count_plans(spec, batch, world, 3, dp_modes=modes) \
+        < count_plans(spec, batch, world, 6, dp_modes=modes)
+    tps = {s.tp for p in all_plans(spec, batch, world, 3, dp_modes=modes) for s in p.layers}
+    pps = {p.pp_size for p in all_plans(spec, batch, world, 3, dp_modes=modes)}
+    assert tps == {1, 3} and pps == {1, 2}

@@ -163,7 +163,8 @@ def test_multi_type_model_searches_and_plans_every_layer():
 @pytest.mark.parametrize("field, value, message", [
     ("space", "zero9", "space='zero9'"),
     ("schedule", "interleaved", "schedule='interleaved'"),
-    ("pp", 3, "pp=3: must be a power of two"),
+    ("pp", 0, "pp=0: must be a positive integer"),
+    ("tp", 2.0, "tp=2.0: must be a positive integer"),
     ("dp_modes", ("fsdp",), "dp_modes"),
     ("partition", "greedy", "partition='greedy'"),
     ("partition", "bmw", "choose one of exact, even, memory, time, bmw-paper"),

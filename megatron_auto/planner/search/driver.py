@@ -4,8 +4,8 @@
 with the estimate of every baseline space next to it, or raises :class:`InfeasibleError` with
 the least memory any plan of the space needs. Steps (docs/planner.md §3-5):
 
-1. Tasks: every global batch (one unless ``search_batch_size``), pipeline degree (power of two
-   dividing the world, at most the layer count), micro-batch count (divisor of the batch),
+1. Tasks: every global batch (one unless ``search_batch_size``), pipeline degree (a divisor of
+   the world, at most the layer count, stages not straddling nodes: ``spaces.pipeline_degrees``), micro-batch count (divisor of the batch),
    schedule, vocabulary layout and virtual size (``tasks.Task``; interleaved tasks where
    ``pp > 1``, ``m`` is a multiple of ``pp`` and every chunk can hold a layer).
 2. Tasks are visited in order of a cheap lower bound (the plain ones first, then the
@@ -38,7 +38,7 @@ from ..inputs.model_spec import ModelSpec, TrainingSpec
 from ..inputs.profiles import ModelProfile
 from .partition_report import REPORT_TIME_LIMIT_S, partition_report, pinned_partition
 from .spaces import (BASELINE_SPACES, SPACES, Space, SpaceRules, baselines_inside,
-                     plan_in_space, powers_of_two_upto, vocab_tps)
+                     check_pins, divisors, pipeline_degrees, plan_in_space, vocab_tps)
 from .layer_tables import LayerTables
 from .search_cache import SearchCache, SearchClock
 from .tasks import TablesKey, Task
@@ -117,8 +117,8 @@ class SearchOptions:
              f"choose one of {', '.join(PARTITIONS)}")
         for name in ("pp", "tp", "vocab_tp", "max_tp"):
             value = getattr(self, name)
-            need(value is None or (value >= 1 and value & (value - 1) == 0), name, value,
-                 "must be a power of two")
+            need(value is None or (isinstance(value, int) and value >= 1), name, value,
+                 "must be a positive integer (a divisor of the ranks it splits)")
         need(self.num_microbatches is None or self.num_microbatches >= 1, "num_microbatches",
              self.num_microbatches, "must be a positive integer")
         need(self.memory_step_bytes is None or self.memory_step_bytes >= 1, "memory_step_bytes",
@@ -165,7 +165,7 @@ def spaces_of(name: str, options: SearchOptions, world: int) -> list[Space]:
                       even_split=True)]
     if name == "megatron3d":
         out = []
-        for tp in powers_of_two_upto(world):
+        for tp in divisors(world):
             # full recompute on every layer or none; none only without allow_recompute
             for recompute in (False, True) if options.allow_recompute else (False,):
                 rules = SpaceRules(tps=(tp,), dp_modes=("ddp",), allow_recompute=recompute,
@@ -209,7 +209,7 @@ def _tasks(space: Space, spec: ModelSpec, training: TrainingSpec, cluster: Clust
            profile: ModelProfile, budget: float, options: SearchOptions, world: int,
            step: int, cache: SearchCache) -> list[Task]:
     schedules = [options.schedule] if options.schedule else ["1f1b"]
-    pps = space.pps or tuple(p for p in powers_of_two_upto(world) if p <= spec.num_layers)
+    pps = space.pps or tuple(pipeline_degrees(world, cluster.devices_per_node, spec.num_layers))
     if options.pp is not None and space.pps is None:
         pps = tuple(p for p in pps if p == options.pp)
     out = []
@@ -425,6 +425,7 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
     if world > cluster.world_size or world < 1:
         raise ValueError(f"world_size={world}: must be between 1 and the cluster's "
                          f"{cluster.world_size} devices")
+    check_pins(options, world, cluster.devices_per_node)
     cache = SearchCache(profile, cluster)  # this search's alone (search_cache)
     clock = cache.clock
     t0, wall0 = clock(), time.monotonic()

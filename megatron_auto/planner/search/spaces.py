@@ -2,7 +2,7 @@
 
 Galvatron-BMW decomposes the choice of a plan as a decision tree (paper, §3; Galvatron 2.4's
 ``generate_strategies``): the pipeline degree ``pp`` is chosen first (outermost: one per plan),
-then per layer inside a stage of ``n = world/pp`` ranks the TP degree ``tp`` (a power of two)
+then per layer inside a stage of ``n = world/pp`` ranks the TP degree ``tp`` (a divisor of ``n``)
 with ``dp = n/tp`` replicas, the data-parallel flavour (``ddp``, ``zero1``, ``zero2``, ``zero3``:
 the paper has DP and sharded DP), the TP layout (consecutive or strided ranks), Megatron sequence
 parallelism (``tp > 1`` dividing the sequence) and recompute as binary choices; interleaving of
@@ -17,6 +17,10 @@ Rules that prune the tree (each keeps the optimum, or is a runtime rule):
 4. ``tp`` at most the devices of one node unless ``max_tp`` (or a pinned ``tp``) asks for more:
    this one *defines* the default space (a TP group across nodes pays inter-node all-reduces
    four times per layer and micro-batch); it is not claimed to keep the optimum of a wider one.
+   4b. TP groups and pipeline stages never straddle a node boundary (``node_aligned``: the
+   block divides a node or is whole nodes). A placement rule: the cluster model prices a group
+   by the nodes it would span aligned, so a straddling one would be mispriced. Only bites on
+   worlds that are not powers of two (2 nodes of 6: no tp 4).
 5. Dominance (``stage_costs.prune_dominated``, once costs are known): a strategy of the same
    class (layout and sequence parallelism) that is no worse in every priced quantity makes
    another redundant. Exact.
@@ -28,6 +32,7 @@ Restricted spaces (:data:`BASELINE_SPACES`) are searched and reported next to th
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,19 +43,18 @@ BASELINE_SPACES: tuple[str, ...] = ("dp", "zero3", "tp", "pp", "megatron3d", "ga
 SPACES: tuple[str, ...] = ("full",) + BASELINE_SPACES
 
 
-def powers_of_two_upto(n: int) -> list[int]:
-    out, x = [], 1
-    while x <= n:
-        out.append(x)
-        x *= 2
-    return out
+def divisors(n: int) -> list[int]:
+    """The positive divisors of ``n``, ascending: the degrees that can split ``n`` ranks (any
+    world size, not only powers of two: a 6-GPU node has tp 1, 2, 3 and 6)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 @dataclass(frozen=True)
 class SpaceRules:
     """Which strategies a search space allows (after the structural rules of the module doc)."""
 
-    tps: tuple[int, ...] | None = None  # allowed TP degrees (None: all powers of two)
+    tps: tuple[int, ...] | None = None  # allowed TP degrees (None: every divisor)
     dp_modes: tuple[str, ...] = DP_MODES
     allow_recompute: bool = True
     allow_strided: bool = True
@@ -81,10 +85,29 @@ class Space:
 
 
 def _allowed_tp(tp: int, rules: SpaceRules, devices_per_node: int) -> bool:
+    if not node_aligned(tp, devices_per_node):
+        return False
     if rules.tps is not None:
         return tp in rules.tps
     cap = rules.max_tp if rules.max_tp is not None else devices_per_node
     return tp <= cap
+
+
+def node_aligned(group: int, devices_per_node: int) -> bool:
+    """Whether consecutive blocks of ``group`` ranks never straddle a node boundary: the block
+    divides a node or is whole nodes (rule 4b). The cluster model prices a consecutive group by
+    ``ceil(group / devices_per_node)`` nodes, which is its placement only then (on 2 nodes of 6,
+    tp 4 divides a 12-rank stage but its second group takes ranks 4-7 of two nodes)."""
+    return devices_per_node % group == 0 or group % devices_per_node == 0
+
+
+def pipeline_degrees(world: int, devices_per_node: int, num_layers: int) -> list[int]:
+    """The pipeline degrees searched on ``world`` devices: every divisor of the world (any GPU
+    count: 6 GPUs have pp 1, 2, 3 and 6) with at most ``num_layers`` stages whose stages do not
+    straddle a node boundary (``node_aligned``), so that every stage's groups are placed the way
+    the cluster model prices them (3 nodes of 8 leave out pp 2, 4 and 8)."""
+    return [pp for pp in divisors(world)
+            if pp <= num_layers and node_aligned(world // pp, devices_per_node)]
 
 
 def layer_strategies(layer_type: LayerType, stage_size: int, microbatch_size: int,
@@ -96,7 +119,7 @@ def layer_strategies(layer_type: LayerType, stage_size: int, microbatch_size: in
     SP is offered where ``tp > 1`` divides the sequence (the runtime's rule).
     """
     out: list[LayerStrategy] = []
-    for tp in powers_of_two_upto(stage_size):
+    for tp in divisors(stage_size):
         if not _allowed_tp(tp, rules, devices_per_node) or not layer_type.tp_divides(tp):
             continue
         dp = stage_size // tp
@@ -162,7 +185,7 @@ def plan_in_space(plan: Any, space: Space, spec: Any, vocabs: list[Any],
 def vocab_tps(vocab_size: int, stage_size: int, microbatch_size: int,
               rules: SpaceRules, devices_per_node: int) -> list[int]:
     """TP degrees the embedding and head may use (rules 1 and 4, on the vocabulary)."""
-    return [tp for tp in powers_of_two_upto(stage_size)
+    return [tp for tp in divisors(stage_size)
             if _allowed_tp(tp, rules, devices_per_node) and vocab_size % tp == 0
             and microbatch_size % (stage_size // tp) == 0]
 
@@ -170,23 +193,43 @@ def vocab_tps(vocab_size: int, stage_size: int, microbatch_size: int,
 def decision_tree_counts(world: int, devices_per_node: int | None = None) -> dict[str, int]:
     """Candidate (pp, layer strategy) pairs of the decision tree for ``world`` devices, after
     each pruning rule in turn (rule 1's divisibility by heads and batch is model-specific and
-    left out: every power of two divides them here).
+    left out: every degree divides them here).
 
-    ``branches``: every pp, every tp with pp*tp <= world, 4 DP flavours, 2 layouts, recompute
-    on/off. ``rule 2``: one flavour when dp == 1. ``rule 3``: the layout only for 1 < tp < n.
-    ``rule 4``: tp within a node of ``devices_per_node`` (default: all of ``world``)."""
+    ``branches``: every pp dividing ``world``, every tp dividing ``world/pp``, 4 DP flavours,
+    2 layouts, recompute on/off. ``rule 2``: one flavour when dp == 1. ``rule 3``: the layout
+    only for 1 < tp < n. ``rule 4``: tp within a node of ``devices_per_node`` (default: all of
+    ``world``), TP groups and stages not straddling a node (4b)."""
     node = devices_per_node or world
     f = len(DP_MODES)
     counts = {"branches": 0, "rule 2": 0, "rule 3": 0, "rule 4": 0}
-    for pp in powers_of_two_upto(world):
+    for pp in divisors(world):
         n = world // pp
-        for tp in powers_of_two_upto(n):
+        for tp in divisors(n):
             dp = n // tp
             counts["branches"] += f * 2 * 2
             after2 = (f if dp > 1 else 1) * 2 * 2
             counts["rule 2"] += after2
             after3 = (f if dp > 1 else 1) * (2 if 1 < tp < n else 1) * 2
             counts["rule 3"] += after3
-            counts["rule 4"] += after3 if tp <= node else 0
+            inside = tp <= node and node_aligned(tp, node) and node_aligned(n, node)
+            counts["rule 4"] += after3 if inside else 0
     return counts
 
+
+
+def check_pins(options: Any, world: int, devices_per_node: int) -> None:
+    """Pinned degrees (``options.pp``, ``tp``, ``vocab_tp``: a ``search.SearchOptions``) that no
+    plan on ``world`` devices can take raise ``ValueError`` naming the option and the degrees
+    that work, instead of an empty space."""
+    pps = [p for p in divisors(world) if node_aligned(world // p, devices_per_node)]
+    if options.pp is not None and options.pp not in pps:
+        raise ValueError(f"search option pp={options.pp}: must divide the {world} devices into "
+                         f"stages inside a node or of whole nodes of {devices_per_node}; "
+                         f"choose one of {', '.join(map(str, pps))}")
+    for name in ("tp", "vocab_tp"):
+        tp = getattr(options, name)
+        if tp is not None and (world % tp or not node_aligned(tp, devices_per_node)):
+            fits = [t for t in divisors(world) if node_aligned(t, devices_per_node)]
+            raise ValueError(f"search option {name}={tp}: must divide the {world} devices and "
+                             f"a node of {devices_per_node} (or be whole nodes); choose one of "
+                             f"{', '.join(map(str, fits))}")
