@@ -4,7 +4,7 @@ Six gloo ranks run tensor-parallel degrees 3 and 6 (heads, FFN and the padded vo
 three and six ways), a 3-stage and a 2-stage pipeline of 3-rank stages, with the DP flavours and
 a strided layout; losses, gradient norms and the gathered parameters after three AdamW steps
 must match a one-process run of the same code within relative 1e-5 (the equivalence invariant
-of test_equivalence.py, whose training worker and plan builder this file reuses).
+of test_equivalence.py, trained through the tests' harness with its GPT recipe).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dist_utils import run_distributed
+from harness import layer, one_process_plan, plan_of, run_named, run_plans
 from megatron_auto.config import ModelConfig
-from test_equivalence import _train_worker, layer, plan_of
+from test_equivalence import gpt_recipe
 
 pytestmark = pytest.mark.multirank
 
@@ -45,26 +45,13 @@ SIX_RANK_PLANS = {
 }
 
 
-def _merged(per_rank: list, index: int) -> tuple[list, dict[str, torch.Tensor]]:
-    state: dict[str, torch.Tensor] = {}
-    for rank_out in per_rank:
-        for name, value in rank_out[index]["state"].items():
-            if name in state:  # replicas and tied copies must agree
-                torch.testing.assert_close(value, state[name], rtol=RTOL, atol=1e-7)
-            state[name] = value
-    return per_rank[0][index]["results"], state
-
-
 @pytest.fixture(scope="module")
 def runs() -> dict[str, tuple[list, dict[str, torch.Tensor]]]:
-    names = list(SIX_RANK_PLANS)
-    six = run_distributed(_train_worker, 6, [SIX_RANK_PLANS[n] for n in names], STEPS, {},
-                          1e-3, CONFIG.to_dict(), False)
-    one = run_distributed(_train_worker, 1, [plan_of(1, [layer()] * 4, num_microbatches=1)],
-                          STEPS, {}, 1e-3, CONFIG.to_dict(), False)
-    out = {name: _merged(six, i) for i, name in enumerate(names)}
-    out["one process"] = _merged(one, 0)
-    return out
+    recipe = gpt_recipe(CONFIG)  # the harness checks replicas and tied copies agree
+    trained = run_named(recipe, 6, SIX_RANK_PLANS, STEPS)
+    (trained["one process"],) = run_plans(recipe, 1, [one_process_plan(CONFIG.num_layers)],
+                                          STEPS)
+    return {name: (t.results, t.state) for name, t in trained.items()}
 
 
 @pytest.mark.parametrize("name", list(SIX_RANK_PLANS))
