@@ -4,15 +4,14 @@ This is the only module that knows argparse for training flags (docs/design.md Â
 point calls :func:`parse_run_config` on its argv and hands the result to
 ``training.pretrain.pretrain()``; nothing below sees an argparse namespace. The ``megatron-auto``
 CLI reuses the flag groups (:func:`add_model_args`) and the converters
-(:func:`model_config_from_args`, :func:`classic_layout_from_args`) on its own parsers.
+(:func:`model_config_from_args`; ``plan_flags.classic_layout_from_args``) on its own parsers.
 
 Defaults describe the embedded run (``torchrun --standalone --nproc-per-node 2 pretrain_gpt.py``
 with no other flag): a 4-layer, 256-wide GPT on the corpus shipped with the package.
 
-Where the parallel plan comes from is decided in the same parse (``plan_source.py``):
-``--plan FILE``, ``--auto-parallel`` (the layout flags the user typed become
-:class:`SearchPins`: the layout flags default to ``None`` so that a typed value, even one equal
-to Megatron's default, is told apart from an absent one without re-parsing), or the classic
+Where the parallel plan comes from is decided in the same parse (the flags and their
+conversion: ``plan_flags.py``; the plan itself: ``plan_source.py``): ``--plan FILE``,
+``--auto-parallel`` (the layout flags the user typed become ``SearchPins``), or the classic
 flags (a uniform plan).
 
 Pure: no torch, so the planning CLI starts fast.
@@ -30,6 +29,7 @@ from .config import (DEFAULT_GLOBAL_BATCH_SIZE, FP8_FORMATS, TRANSFORMER_IMPLS, 
                      ConfigError, ModelConfig, resolve_precision)
 from .families.gpt.config import MoEConfig, MoEConfigError
 from .families.gpt.flags import add_moe_model_args, moe_config_from_args
+from .plan_flags import add_parallelism_args, check_plan_flags, plan_source_from_args
 from .run_flag_checks import check_output_flags, given_flags, warn_inapplicable_flags
 from .utils.ignored_flags import (IGNORED_MEGATRON_FLAGS, add_ignored_megatron_args,
                                   warn_ignored_megatron_flags)
@@ -37,29 +37,19 @@ from .utils.flag_warnings import warn_flag
 
 if TYPE_CHECKING:
     # annotations only: run_config's dataclasses, imported where built (below)
-    from .run_config import ClassicLayout, PlanFile, RunConfig, SearchPins
+    from .run_config import RunConfig
 
 # run_config's dataclasses are imported by the functions that build them: the planning
 # commands parse the model flags here without them (their creation is a fifth of
 # ``megatron-auto plan``'s package imports).
 
 __all__ = ["DEFAULT_GLOBAL_BATCH_SIZE", "DEFAULT_MOCK_VOCAB_SIZE", "IGNORED_MEGATRON_FLAGS",
-           "ArgumentError", "ConfigError", "add_ignored_megatron_args", "add_model_args", "build_parser", "classic_layout_from_args",
+           "ArgumentError", "ConfigError", "add_ignored_megatron_args", "add_model_args", "build_parser",
            "model_config_from_args", "parse_run_config", "run_config_from_args"]
 
 # Model vocabulary when neither a tokenizer nor --vocab-size says otherwise (mock data).
 DEFAULT_MOCK_VOCAB_SIZE = 8192
 
-# Megatron's values of the layout flags: typed next to --plan, these are no conflict.
-_LAYOUT_DEFAULTS = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
-                    "use_distributed_optimizer": False, "recompute_granularity": None,
-                    "recompute_method": None, "recompute_num_layers": None,
-                    "recompute_modules": None,
-                    "decoder_first_pipeline_num_layers": None,
-                    "decoder_last_pipeline_num_layers": None, "sequence_parallel": False,
-                    "num_layers_per_virtual_pipeline_stage": None,
-                    "pipeline_model_parallel_layout": None, "use_megatron_fsdp": False,
-                    "data_parallel_sharding_strategy": None}
 # Float flags whose non-finite value (inf, nan: argparse's float() accepts both) is rejected.
 _FINITE_FLAGS = ("lr", "min_lr", "clip_grad", "weight_decay", "adam_beta1", "adam_beta2",
                  "adam_eps", "loss_scale", "memory_budget_gb")
@@ -155,33 +145,7 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--compile-backend", default=None,
                    help="torch.compile backend for --compile: inductor (default), aot_eager, "
                         "eager")
-
-    p = parser.add_argument_group("parallelism")
-    # Default None (= 1): a typed value pins the choice for --auto-parallel.
-    p.add_argument("--tensor-model-parallel-size", type=int, default=None, help="default: 1")
-    p.add_argument("--pipeline-model-parallel-size", type=int, default=None, help="default: 1")
-    p.add_argument("--decoder-first-pipeline-num-layers", type=int, default=None)
-    p.add_argument("--decoder-last-pipeline-num-layers", type=int, default=None)
-    p.add_argument("--recompute-granularity", default=None, choices=["full", "selective"])
-    p.add_argument("--recompute-method", default=None, choices=["uniform", "block"])
-    p.add_argument("--recompute-num-layers", type=int, default=None)
-    p.add_argument("--recompute-modules", nargs="+", default=None, metavar="MODULE",
-                   help="with --recompute-granularity selective: the modules every layer "
-                        "recomputes (core_attn, mlp, layernorm; default core_attn)")
-    p.add_argument("--use-distributed-optimizer", action="store_true",
-                   help="Megatron's distributed optimizer: shard the optimizer state over "
-                        "data parallelism (every layer gets dp_mode zero1)")
-    add_sp_and_virtual_pipeline_args(p)
-    add_layout_and_fsdp_args(p)
-    p.add_argument("--auto-parallel", action="store_true",
-                   help="search the per-layer parallel plan (profile, then plan, then train)")
-    p.add_argument("--plan", default=None, metavar="FILE", help="train with this plan file")
-    p.add_argument("--plan-out", default=None, metavar="FILE",
-                   help="write the plan in use (searched, given or from classic flags)")
-    p.add_argument("--memory-budget-gb", type=float, default=None,
-                   help="per-device memory budget for --auto-parallel (default: device memory)")
-    p.add_argument("--cluster", default=None, metavar="NAME|FILE",
-                   help="hardware profile for --auto-parallel (preset name or JSON file)")
+    add_parallelism_args(parser)
     return parser
 
 
@@ -407,13 +371,7 @@ def check_args(args: argparse.Namespace) -> None:
     if args.tokenizer_type is not None and not (args.data_path or args.mock_data):
         _fail("--tokenizer-type", args.tokenizer_type,
               "needs --data-path (the embedded default brings its own tokenizer)")
-    if args.plan:
-        for flag, default in _LAYOUT_DEFAULTS.items():
-            value = getattr(args, flag)
-            if value is not None and value != default:
-                _fail("--" + flag.replace("_", "-"), value,
-                      f"conflicts with --plan {args.plan}, which sets the layout (tp, pp, dp "
-                      f"mode, recompute per layer); drop the flag or edit the plan")
+    check_plan_flags(args)
 
 
 def check_model_option_args(args: argparse.Namespace) -> None:
@@ -538,80 +496,3 @@ def run_config_from_args(args: argparse.Namespace,
                                     async_save=args.async_save, overwrite=args.overwrite,
                                     load_fallback=args.load_fallback),
         plan_source=plan_source_from_args(args), plan_out=args.plan_out)
-
-
-def add_sp_and_virtual_pipeline_args(group: Any) -> None:
-    """Megatron's ``--sequence-parallel`` and ``--num-layers-per-virtual-pipeline-stage`` (the
-    pretrain scripts' and ``megatron-auto``'s classic layout)."""
-    group.add_argument("--sequence-parallel", action="store_true",
-                       help="Megatron-SP on every layer: norms, dropout and residuals split "
-                            "along the sequence over the TP group (at TP 1: a warning, no effect)")
-    group.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None,
-                       metavar="N", help="interleaved 1F1B: model chunks of N layers, "
-                                         "pp x v of them (needs pp > 1)")
-    group.add_argument("--context-parallel-size", type=int, default=1, metavar="CP",
-                       help="context parallelism: every sample's sequence split over CP ranks "
-                            "(2 chunks each; --seq-length divisible by 2 x CP)")
-    group.add_argument("--cp-comm-type", default="p2p", choices=["p2p", "a2a"],
-                       help="p2p: ring attention (keys/values around the CP group); a2a: "
-                            "Ulysses all-to-all (heads divisible by CP x TP)")
-
-
-def add_layout_and_fsdp_args(group: Any) -> None:
-    """Megatron-Core's ``--pipeline-model-parallel-layout`` and Megatron-FSDP's
-    ``--use-megatron-fsdp --data-parallel-sharding-strategy`` (classic layouts)."""
-    group.add_argument("--pipeline-model-parallel-layout", default=None, metavar="LAYOUT",
-                       help="the pipeline partition as Megatron-Core writes it: chunks in model "
-                            "order split by |, E embedding, t layer, L loss, x*n repeats "
-                            "(e.g. 'Et*3|t*5L'; pp x v chunks: interleaved when v > 1)")
-    group.add_argument("--use-megatron-fsdp", action="store_true",
-                       help="Megatron-FSDP: with --data-parallel-sharding-strategy optim, "
-                            "optim_grads or optim_grads_params every layer is zero1, zero2 or "
-                            "zero3")
-    group.add_argument("--data-parallel-sharding-strategy", default=None,
-                       choices=["no_shard", "optim", "optim_grads", "optim_grads_params"])
-
-
-def plan_source_from_args(args: argparse.Namespace) -> PlanFile | ClassicLayout | SearchPins:
-    """``--plan``, ``--auto-parallel`` (with the pins typed in this parse) or the classic flags."""
-    from .run_config import PlanFile, SearchPins  # noqa: PLC0415 - run_config's dataclasses
-    if args.plan:
-        return PlanFile(args.plan, global_batch_size=args.global_batch_size,
-                        micro_batch_size=args.micro_batch_size)
-    if args.auto_parallel:
-        return SearchPins(sequence_parallel=getattr(args, "sequence_parallel", False),
-                          num_layers_per_virtual_pipeline_stage=getattr(
-                              args, "num_layers_per_virtual_pipeline_stage", None),
-                          tensor_model_parallel_size=args.tensor_model_parallel_size,
-                          pipeline_model_parallel_size=args.pipeline_model_parallel_size,
-                          global_batch_size=args.global_batch_size,
-                          micro_batch_size=args.micro_batch_size,
-                          use_distributed_optimizer=args.use_distributed_optimizer,
-                          recompute_granularity=args.recompute_granularity,
-                          cluster=args.cluster, memory_budget_gb=args.memory_budget_gb,
-                          context_parallel_size=getattr(args, "context_parallel_size", 1))
-    return classic_layout_from_args(args)
-
-
-def classic_layout_from_args(args: argparse.Namespace) -> ClassicLayout:
-    """Megatron's layout and batch flags (the pretrain scripts' and ``megatron-auto``'s)."""
-    from .run_config import ClassicLayout  # noqa: PLC0415 - run_config's dataclasses
-    return ClassicLayout(
-        tensor_model_parallel_size=args.tensor_model_parallel_size,
-        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
-        global_batch_size=args.global_batch_size, micro_batch_size=args.micro_batch_size,
-        use_distributed_optimizer=args.use_distributed_optimizer,
-        recompute_granularity=args.recompute_granularity,
-        recompute_method=args.recompute_method, recompute_num_layers=args.recompute_num_layers,
-        recompute_modules=(tuple(args.recompute_modules)
-                           if getattr(args, "recompute_modules", None) else None),
-        decoder_first_pipeline_num_layers=args.decoder_first_pipeline_num_layers,
-        decoder_last_pipeline_num_layers=args.decoder_last_pipeline_num_layers,
-        sequence_parallel=getattr(args, "sequence_parallel", False),
-        num_layers_per_virtual_pipeline_stage=getattr(
-            args, "num_layers_per_virtual_pipeline_stage", None),
-        pipeline_model_parallel_layout=getattr(args, "pipeline_model_parallel_layout", None),
-        use_megatron_fsdp=getattr(args, "use_megatron_fsdp", False),
-        data_parallel_sharding_strategy=getattr(args, "data_parallel_sharding_strategy", None),
-        context_parallel_size=getattr(args, "context_parallel_size", 1),
-        cp_comm_type=getattr(args, "cp_comm_type", "p2p"))

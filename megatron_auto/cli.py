@@ -25,13 +25,15 @@ import os
 import sys
 from typing import Any, Sequence
 
-from .arguments import (DEFAULT_GLOBAL_BATCH_SIZE, add_layout_and_fsdp_args, add_model_args,
-                        add_sp_and_virtual_pipeline_args, classic_layout_from_args)
+from .arguments import DEFAULT_GLOBAL_BATCH_SIZE, add_model_args
 from .cli_checks import check_outputs, command_given_flags, warn_other_family_flags
 from .config import ModelConfig, resolve_precision
 from .families.hf_config import apply_hf_config
 from .families.registry import config_from_record, families, family_of, get_family
-from .plan import Plan, PlanError, normalize_recompute
+from .plan import Plan, PlanError
+from .plan_flags import (add_layout_and_fsdp_args, add_sp_and_virtual_pipeline_args,
+                         classic_layout_from_args)
+from .plan_recompute import normalize_recompute
 from .planner import report
 from .planner.inputs.hardware import GB, ClusterSpec
 from .planner.interop.megatron_flags import to_megatron_flags

@@ -15,11 +15,14 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Sequence, Union
+from typing import Any, Mapping, Sequence
 
 from .config import ModelConfig
 from .plan_cp import cp_model_problem
+from .plan_errors import PlanError
+from .plan_errors import need as _need
 from .plan_experts import expert_field_error, model_expert_error
+from .plan_recompute import RecomputeValue, normalize_recompute, recompute_parts
 from .utils.jsonfile import read_json, write_json
 
 PLAN_FORMAT = "megatron_auto.plan"
@@ -32,19 +35,9 @@ SCHEDULES = ("1f1b", "gpipe")
 # Context-parallel attention: ``ring`` passes keys and values around the CP group (Megatron's
 # ``--cp-comm-type p2p``), ``ulysses`` all-to-alls from sequence- to head-sharded (``a2a``).
 CP_MODES = ("ring", "ulysses")
-#: The parts of a transformer layer that ``layers[i].recompute`` can name in a list: core
-#: attention (scores, softmax, attention dropout), the MLP, the two norms. ``"selective"`` is
-#: ``["core_attn"]`` (Megatron's selective recompute); ``true`` is the whole layer.
-RECOMPUTE_MODULES = ("core_attn", "mlp", "norm")
-RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
-RecomputeValue = Union[bool, str, tuple[str, ...]]
 # The keys of a ``layers[i]`` entry.
 LAYER_KEYS = ("tp", "dp_mode", "tp_consecutive", "recompute", "sequence_parallel", "cp",
               "cp_mode", "ep", "expert_tp", "expert_dp_mode")
-
-
-class PlanError(ValueError):
-    """An invalid plan; the message names the field, the value and how to fix it."""
 
 
 def _is_power_of_two(n: int) -> bool:
@@ -55,11 +48,6 @@ def _is_positive_int(n: object) -> bool:
     return isinstance(n, int) and not isinstance(n, bool) and n >= 1
 
 
-def _need(cond: bool, field_name: str, value: Any, fix: str) -> None:
-    if not cond:
-        raise PlanError(f"plan field {field_name}={value!r}: {fix}")
-
-
 def _int(data: Mapping[str, Any], key: str, where: str) -> int:
     if key not in data:
         raise PlanError(f"plan field {where}{key} is missing: add it (an integer)")
@@ -67,51 +55,6 @@ def _int(data: Mapping[str, Any], key: str, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise PlanError(f"plan field {where}{key}={value!r}: must be an integer")
     return value
-
-
-def normalize_recompute(value: Any, where: str = "recompute") -> RecomputeValue:
-    """One layer's recompute choice in its canonical form, or ``PlanError`` naming ``where``.
-
-    ``false``/``"none"``/``[]`` -> ``False``; ``true``/``"full"`` -> ``True``; ``"selective"`` and
-    ``["core_attn"]`` -> ``"selective"``; any other module list -> a tuple in
-    :data:`RECOMPUTE_MODULES` order. Canonical forms make equal choices compare equal, and keep
-    the booleans every plan written before module recompute holds (their files are unchanged).
-    """
-    if value is True or value is False:
-        return value
-    if isinstance(value, str):
-        _need(value in RECOMPUTE_GRANULARITIES, where, value,
-              f"choose true, false, one of {', '.join(RECOMPUTE_GRANULARITIES)}, or a list of "
-              f"modules from {', '.join(RECOMPUTE_MODULES)}")
-        return {"none": False, "full": True}.get(value, value)  # type: ignore[return-value]
-    _need(isinstance(value, (list, tuple)) and all(isinstance(m, str) for m in value), where,
-          value, f"must be true, false, one of {', '.join(RECOMPUTE_GRANULARITIES)}, or a list "
-          f"of module names from {', '.join(RECOMPUTE_MODULES)}")
-    unknown = [m for m in value if m not in RECOMPUTE_MODULES]
-    _need(not unknown, where, list(value), f"unknown module name(s) {unknown}; choose from "
-          f"{', '.join(RECOMPUTE_MODULES)} (or true for the whole layer)")
-    _need(len(set(value)) == len(value), where, list(value), "names a module twice; list each "
-          "once")
-    modules = tuple(m for m in RECOMPUTE_MODULES if m in value)
-    if not modules:
-        return False
-    return "selective" if modules == ("core_attn",) else modules
-
-
-def recompute_parts(value: RecomputeValue) -> tuple[bool, frozenset[str]]:
-    """``(whole layer, modules recomputed on their own)`` of a canonical recompute value."""
-    if value is True:
-        return True, frozenset()
-    if value is False:
-        return False, frozenset()
-    return False, frozenset(("core_attn",) if value == "selective" else value)
-
-
-def recompute_label(value: RecomputeValue) -> str:
-    """``none``, ``full``, ``selective`` or the modules joined by ``+`` (reports, logs)."""
-    if isinstance(value, bool):
-        return "full" if value else "none"
-    return value if isinstance(value, str) else "+".join(value)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from megatron_auto.planner.inputs.profiles import EmbeddingProfile, LayerTypeProfile, ModelProfile
+from megatron_auto.planner.inputs.profile_records import EmbeddingProfile, LayerTypeProfile
+from megatron_auto.planner.inputs.profiles import ModelProfile
 
 
 @dataclass(frozen=True)

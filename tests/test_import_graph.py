@@ -54,10 +54,11 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 # Top-level modules by layer; a module of a subpackage takes its package's layer.
 TOP_LEVEL_LAYERS = {
     "plan": "base", "plan_cp": "base", "layout": "base", "schedule": "base", "config": "base",
-    "plan_experts": "base", "expert_layout": "base",
+    "plan_experts": "base", "plan_recompute": "base", "plan_errors": "base",
+    "expert_layout": "base",
     "run_config": "base",
     "planning": "plan_inputs", "plan_source": "plan_inputs",
-    "arguments": "base", "run_flag_checks": "base", "auto": "auto", "cli": "entry",
+    "arguments": "base", "plan_flags": "base", "run_flag_checks": "base", "auto": "auto", "cli": "entry",
     "cli_checks": "entry",
     "console": "entry", "__main__": "entry", "": "entry",
 }

@@ -12,7 +12,8 @@ import json
 
 import pytest
 
-from megatron_auto.plan import LayerStrategy, Plan, PlanError, normalize_recompute
+from megatron_auto.plan import LayerStrategy, Plan, PlanError
+from megatron_auto.plan_recompute import normalize_recompute
 from megatron_auto.planner.interop.galvatron import plan_to_galvatron_config
 from megatron_auto.planner.interop.megatron_flags import (MegatronFlagError,
                                                           plan_from_megatron_flags,

@@ -25,7 +25,7 @@ from typing import Any, Callable
 import torch
 
 from ..parallel.random import RNGTracker, checkpoint
-from ..plan import RecomputeValue, normalize_recompute, recompute_parts
+from ..plan_recompute import RecomputeValue, normalize_recompute, recompute_parts
 
 
 def split_recompute(value: RecomputeValue | Any, what: str = "recompute"

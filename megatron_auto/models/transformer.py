@@ -53,7 +53,7 @@ from ..parallel.mappings import copy_to_tensor_parallel
 from ..parallel.random import (REPLICATED, TENSOR_PARALLEL, RNGTracker, checkpoint, fork,
                                replicated_dropout)
 from ..parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
-from ..plan import RecomputeValue
+from ..plan_recompute import RecomputeValue
 from .cp_attention import ring_attention, ulysses_attention
 from .recompute import run_module, split_recompute
 

@@ -16,8 +16,8 @@ cost model's terms to measured runs) sit at the top.
 
 from .cost.estimate import Estimate, StageEstimate
 from .inputs.model_spec import LayerType, ModelSpec, SpecError, TrainingSpec
-from .inputs.profiles import (EmbeddingProfile, LayerTypeProfile, ModelProfile, ProfileError,
-                              analytic_profile)
+from .inputs.profile_records import EmbeddingProfile, LayerTypeProfile, ProfileError
+from .inputs.profiles import ModelProfile, analytic_profile
 from .search.driver import InfeasibleError, SearchOptions, SearchResult, evaluate, search
 from .search.spaces import BASELINE_SPACES
 

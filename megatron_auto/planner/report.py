@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from ..plan import Plan, recompute_label
+from ..plan import Plan
+from ..plan_recompute import recompute_label
 
 BREAKDOWN_ORDER = ("parameters", "gradients", "optimizer_states", "activations", "embedding",
                    "transient", "context_reserve")

@@ -17,7 +17,8 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..planner.inputs.profiles import ModelProfile, ProfileError
+from ..planner.inputs.profile_records import ProfileError
+from ..planner.inputs.profiles import ModelProfile
 
 CACHE_ENV = "MEGATRON_AUTO_CACHE"
 KEY_FIELD = "cache_key"

@@ -40,7 +40,8 @@ from ..parallel import mappings
 from ..parallel.context import LayerGroups
 from ..parallel.device import resolve_device
 from ..parallel.memory import PeakMemoryMeter, storage_bytes
-from ..planner.inputs.profiles import EmbeddingProfile, LayerTypeProfile, ModelProfile
+from ..planner.inputs.profile_records import EmbeddingProfile, LayerTypeProfile
+from ..planner.inputs.profiles import ModelProfile
 from ..utils.progress import Progress
 from .activation_meter import SavedTensorMeter
 from .timing import fit_line, forward_backward, sync, time_rounds

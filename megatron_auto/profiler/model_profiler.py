@@ -56,7 +56,8 @@ from ..models.te_layers import make_transformer_layer
 from ..models.transformer import TransformerLayer, make_norm
 from ..parallel.device import resolve_device
 from ..parallel.tensor_parallel import ColumnParallelLinear, vocab_parallel_cross_entropy
-from ..planner.inputs.profiles import LayerTypeProfile, ModelProfile
+from ..planner.inputs.profile_records import LayerTypeProfile
+from ..planner.inputs.profiles import ModelProfile
 from ..utils.progress import Progress
 from .activation_meter import transformer_classifier, vocab_classifier
 from .lookup import FamilyProfiler

@@ -27,7 +27,8 @@ from ..families.t5.family import model_spec
 from ..models.gpt import LanguageModelEmbedding
 from ..models.t5 import RelativePositionBias, T5Attention, T5Layer
 from ..planner.inputs.model_spec import TrainingSpec
-from ..planner.inputs.profiles import LayerTypeProfile, ModelProfile, analytic_profile
+from ..planner.inputs.profile_records import LayerTypeProfile
+from ..planner.inputs.profiles import ModelProfile, analytic_profile
 from .activation_meter import transformer_classifier, vocab_classifier
 from .lookup import FamilyProfiler, config_cache_key
 from .measure import (Barrier, ModelProfilerConfig, activation_bytes, autocast,

@@ -25,7 +25,8 @@ from ..families.vision.family import model_spec
 from ..models.swin import SwinBlock, WindowAttention
 from ..models.transformer import TransformerLayer
 from ..models.vit import ClassificationHead, PatchEmbedding, layer_model_config
-from ..planner.inputs.profiles import LayerTypeProfile, ModelProfile
+from ..planner.inputs.profile_records import LayerTypeProfile
+from ..planner.inputs.profiles import ModelProfile
 from .activation_meter import transformer_classifier
 from .lookup import FamilyProfiler, config_cache_key
 from .measure import (Barrier, ModelProfilerConfig, activation_bytes, autocast,

@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Any, Callable, TextIO
 
-__all__ = ["Progress"]
+__all__ = ["Progress", "RestartingProgress"]
 
 DEFAULT_INTERVAL_S = 10.0
 
@@ -131,3 +131,27 @@ class Progress:
 
     def _write(self, text: str) -> None:
         print(text, file=self._stream, flush=True)
+
+
+class RestartingProgress:
+    """A ``(done, total, best)`` callback over :class:`Progress` bars (the plan search's): a
+    new bar starts whenever ``total`` changes or ``done`` goes back (a new group of work, e.g.
+    a baseline space's tasks); ``best``, when given, is shown as ``samples/s``."""
+
+    def __init__(self, label: str, unit: str, interval_s: float = DEFAULT_INTERVAL_S,
+                 delay_s: float = 0.0) -> None:
+        self.label, self.unit, self.interval_s, self.delay_s = label, unit, interval_s, delay_s
+        self._shown: Progress | None = None
+
+    def __call__(self, done: int, total: int, best: float | None) -> None:
+        shown = self._shown
+        if shown is None or shown.total != total or done < shown.done:
+            self.close()
+            shown = self._shown = Progress(self.label, total, self.unit,
+                                           interval_s=self.interval_s, delay_s=self.delay_s)
+        shown.update_to(done, best=f"{best:.2f} samples/s" if best else "none yet")
+
+    def close(self) -> None:
+        if self._shown is not None:
+            self._shown.close()
+            self._shown = None

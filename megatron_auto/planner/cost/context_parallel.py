@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...layout import Collective, Layout, cp_block_size
-from ..inputs.profiles import LayerTypeProfile
+from ..inputs.profile_records import LayerTypeProfile
 
 # The ring's dK/dV accumulators (and dQ) are fp32 whatever the compute dtype, so that a
 # rank's gradient is summed over the ring in full precision.

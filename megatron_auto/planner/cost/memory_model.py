@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...layout import Layout, dp_size, gathered_fraction, relayout_step
-from ..inputs.profiles import EmbeddingProfile, LayerTypeProfile
+from ..inputs.profile_records import EmbeddingProfile, LayerTypeProfile
 from .context_parallel import cp_kept_reduction, cp_transient_bytes
 
 MASTER_BYTES = 4

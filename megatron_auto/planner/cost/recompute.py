@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Collection
 
 from ..inputs.attention_terms import layer_core_flops
-from ..inputs.profiles import LayerTypeProfile
+from ..inputs.profile_records import LayerTypeProfile
 from .gpu_terms import NO_SCORES_BACKENDS, attention_kept_bytes
 
 

@@ -19,7 +19,7 @@ from ...layout import (Collective, Layout, dp_group_consecutive, dp_size, layer_
                        sequence_parallel_boundary_collectives)
 from .context_parallel import cp_layer_time
 from .memory_model import GRAD_BYTES, MASTER_BYTES, relayout_memory, vocab_parameters
-from ..inputs.profiles import EmbeddingProfile, LayerTypeProfile
+from ..inputs.profile_records import EmbeddingProfile, LayerTypeProfile
 
 # Bytes per parameter of a ZeRO parameter all-gather: FSDP2 gathers in its ``param_dtype``, the
 # compute dtype under bf16/fp16 (``MixedPrecisionPolicy(param_dtype=..., reduce_dtype=fp32)``,

@@ -37,7 +37,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
-from ...plan import Plan, PlanError, normalize_recompute, recompute_parts
+from ...plan import Plan, PlanError
+from ...plan_recompute import normalize_recompute, recompute_parts
 from .megatron_layout import LAYOUT_FLAG, LayoutError, chunks_from_layout, layout_string
 
 RECOMPUTE_GRANULARITIES = ("full", "selective")

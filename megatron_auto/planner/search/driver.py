@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from ...plan import ALL_DP_MODES, DP_MODES, SCHEDULES, Plan, VocabStrategy, even_partition
-from ...utils.progress import Progress as Reporter
+from ...utils.progress import RestartingProgress
 from ..inputs.cluster_model import ClusterModel
 from ..cost.estimate import Estimate, evaluate_plan
 from .exact import MEMORY_SLACK, TIE, Incumbent, TaskSearch
@@ -69,7 +69,7 @@ class SearchOptions:
     ``memory_step_bytes``: cell size of the bound DP (default: the budget in ``BOUND_CELLS``
     cells); it changes only how fast the search prunes, never the answer (memory is checked in
     bytes). ``progress``: called as ``progress(tasks_done, tasks, best_samples_per_s)``; with
-    ``show_progress`` and no callback, progress goes to ``megatron_auto.utils.progress.Progress``
+    ``show_progress`` and no callback, progress goes to ``utils.progress.RestartingProgress``
     (stderr, rank-agnostic: callers on other ranks pass ``show_progress=False``).
     """
 
@@ -435,7 +435,8 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
     end = t0 + limit_s  # everything (search, baselines, partition report) stops by then
     # The full space first; baselines get what it leaves, but at least a share of the limit.
     share = MAIN_SHARE if options.include_baselines else 1.0
-    reporter = _Reporter() if options.progress is None and options.show_progress else None
+    reporter = (RestartingProgress("megatron-auto search", "tasks", interval_s=0.5, delay_s=1.0)
+                if options.progress is None and options.show_progress else None)
     progress = options.progress or reporter
     stats: dict[str, Any] = {}
     subspaces = spaces_of(options.space, options, world)
@@ -573,27 +574,6 @@ def _virtual_size_report(plan: Plan, est: Estimate, spec: ModelSpec, training: T
             continue
         out[str(v)] = e.samples_per_s if e.feasible else None
     return out
-
-
-class _Reporter:
-    """The default progress callback: ``megatron_auto.utils.progress.Progress`` (a bar on a terminal,
-    plain stderr lines every 0.5 s otherwise; nothing for a search under a second)."""
-
-    def __init__(self) -> None:
-        self._shown: Reporter | None = None
-
-    def __call__(self, done: int, total: int, best: float | None) -> None:
-        shown = self._shown
-        if shown is None or shown.total != total or done < shown.done:  # a new space's tasks
-            self.close()
-            shown = self._shown = Reporter("megatron-auto search", total, "tasks",
-                                           interval_s=0.5, delay_s=1.0)
-        shown.update_to(done, best=f"{best:.2f} samples/s" if best else "none yet")
-
-    def close(self) -> None:
-        if self._shown is not None:
-            self._shown.close()
-            self._shown = None
 
 
 def evaluate(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,

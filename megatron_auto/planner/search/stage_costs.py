@@ -20,7 +20,8 @@ from ..inputs.cluster_model import ClusterModel
 from ..cost.memory_model import MemoryCost, embedding_memory, layer_memory
 from ..cost.time_model import TimeCost, embedding_time, layer_time
 from ..cost.recompute import NONE as NONE_RECOMPUTED, module_terms
-from ..inputs.profiles import EmbeddingProfile, LayerTypeProfile, dropout_mask_bytes
+from ..inputs.profile_records import EmbeddingProfile, LayerTypeProfile
+from ..inputs.profiles import dropout_mask_bytes
 from ...layout import Layout, layout_of
 
 

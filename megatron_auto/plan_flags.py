@@ -1,0 +1,159 @@
+"""The flags that say where a run's parallel plan comes from, and their conversion into
+``run_config``'s plan sources.
+
+``--plan FILE``, ``--auto-parallel`` (the layout flags the user typed become
+:class:`SearchPins`) or the classic layout flags (Megatron-LM names: tensor, pipeline,
+virtual-pipeline, sequence- and context-parallel sizes, recompute, distributed optimizer,
+Megatron-FSDP; a :class:`ClassicLayout`). ``arguments.py`` adds this group to the pretrain
+scripts' parser; the ``megatron-auto`` CLI reuses its helpers on its own parsers.
+
+The layout flags default to ``None`` so that a typed value, even one equal to Megatron's
+default, is told apart from an absent one without re-parsing. Pure: no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, Any
+
+from .config import ArgumentError
+
+if TYPE_CHECKING:
+    # annotations only: run_config's dataclasses, imported where built (below)
+    from .run_config import ClassicLayout, PlanFile, SearchPins
+
+# Megatron's values of the layout flags: typed next to --plan, these are no conflict.
+LAYOUT_DEFAULTS = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
+                   "use_distributed_optimizer": False, "recompute_granularity": None,
+                   "recompute_method": None, "recompute_num_layers": None,
+                   "recompute_modules": None,
+                   "decoder_first_pipeline_num_layers": None,
+                   "decoder_last_pipeline_num_layers": None, "sequence_parallel": False,
+                   "num_layers_per_virtual_pipeline_stage": None,
+                   "pipeline_model_parallel_layout": None, "use_megatron_fsdp": False,
+                   "data_parallel_sharding_strategy": None}
+
+
+def fail(flag: str, value: object, fix: str) -> None:
+    """Raise ``ArgumentError`` ``<flag>=<value>: <fix>`` (the entry points print it)."""
+    raise ArgumentError(f"{flag}={value}: {fix}")
+
+
+def add_parallelism_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The ``parallelism`` group: the layout flags, ``--plan``, ``--auto-parallel`` and the
+    search's budget and cluster."""
+    p = parser.add_argument_group("parallelism")
+    # Default None (= 1): a typed value pins the choice for --auto-parallel.
+    p.add_argument("--tensor-model-parallel-size", type=int, default=None, help="default: 1")
+    p.add_argument("--pipeline-model-parallel-size", type=int, default=None, help="default: 1")
+    p.add_argument("--decoder-first-pipeline-num-layers", type=int, default=None)
+    p.add_argument("--decoder-last-pipeline-num-layers", type=int, default=None)
+    p.add_argument("--recompute-granularity", default=None, choices=["full", "selective"])
+    p.add_argument("--recompute-method", default=None, choices=["uniform", "block"])
+    p.add_argument("--recompute-num-layers", type=int, default=None)
+    p.add_argument("--recompute-modules", nargs="+", default=None, metavar="MODULE",
+                   help="with --recompute-granularity selective: the modules every layer "
+                        "recomputes (core_attn, mlp, layernorm; default core_attn)")
+    p.add_argument("--use-distributed-optimizer", action="store_true",
+                   help="Megatron's distributed optimizer: shard the optimizer state over "
+                        "data parallelism (every layer gets dp_mode zero1)")
+    add_sp_and_virtual_pipeline_args(p)
+    add_layout_and_fsdp_args(p)
+    p.add_argument("--auto-parallel", action="store_true",
+                   help="search the per-layer parallel plan (profile, then plan, then train)")
+    p.add_argument("--plan", default=None, metavar="FILE", help="train with this plan file")
+    p.add_argument("--plan-out", default=None, metavar="FILE",
+                   help="write the plan in use (searched, given or from classic flags)")
+    p.add_argument("--memory-budget-gb", type=float, default=None,
+                   help="per-device memory budget for --auto-parallel (default: device memory)")
+    p.add_argument("--cluster", default=None, metavar="NAME|FILE",
+                   help="hardware profile for --auto-parallel (preset name or JSON file)")
+    return parser
+
+
+def check_plan_flags(args: argparse.Namespace) -> None:
+    """Refuse a layout flag typed with a value other than Megatron's next to ``--plan``."""
+    if args.plan:
+        for flag, default in LAYOUT_DEFAULTS.items():
+            value = getattr(args, flag)
+            if value is not None and value != default:
+                fail("--" + flag.replace("_", "-"), value,
+                     f"conflicts with --plan {args.plan}, which sets the layout (tp, pp, dp "
+                     f"mode, recompute per layer); drop the flag or edit the plan")
+
+
+def add_sp_and_virtual_pipeline_args(group: Any) -> None:
+    """Megatron's ``--sequence-parallel`` and ``--num-layers-per-virtual-pipeline-stage`` (the
+    pretrain scripts' and ``megatron-auto``'s classic layout)."""
+    group.add_argument("--sequence-parallel", action="store_true",
+                       help="Megatron-SP on every layer: norms, dropout and residuals split "
+                            "along the sequence over the TP group (at TP 1: a warning, no effect)")
+    group.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None,
+                       metavar="N", help="interleaved 1F1B: model chunks of N layers, "
+                                         "pp x v of them (needs pp > 1)")
+    group.add_argument("--context-parallel-size", type=int, default=1, metavar="CP",
+                       help="context parallelism: every sample's sequence split over CP ranks "
+                            "(2 chunks each; --seq-length divisible by 2 x CP)")
+    group.add_argument("--cp-comm-type", default="p2p", choices=["p2p", "a2a"],
+                       help="p2p: ring attention (keys/values around the CP group); a2a: "
+                            "Ulysses all-to-all (heads divisible by CP x TP)")
+
+
+def add_layout_and_fsdp_args(group: Any) -> None:
+    """Megatron-Core's ``--pipeline-model-parallel-layout`` and Megatron-FSDP's
+    ``--use-megatron-fsdp --data-parallel-sharding-strategy`` (classic layouts)."""
+    group.add_argument("--pipeline-model-parallel-layout", default=None, metavar="LAYOUT",
+                       help="the pipeline partition as Megatron-Core writes it: chunks in model "
+                            "order split by |, E embedding, t layer, L loss, x*n repeats "
+                            "(e.g. 'Et*3|t*5L'; pp x v chunks: interleaved when v > 1)")
+    group.add_argument("--use-megatron-fsdp", action="store_true",
+                       help="Megatron-FSDP: with --data-parallel-sharding-strategy optim, "
+                            "optim_grads or optim_grads_params every layer is zero1, zero2 or "
+                            "zero3")
+    group.add_argument("--data-parallel-sharding-strategy", default=None,
+                       choices=["no_shard", "optim", "optim_grads", "optim_grads_params"])
+
+
+def plan_source_from_args(args: argparse.Namespace) -> PlanFile | ClassicLayout | SearchPins:
+    """``--plan``, ``--auto-parallel`` (with the pins typed in this parse) or the classic flags."""
+    from .run_config import PlanFile, SearchPins  # noqa: PLC0415 - run_config's dataclasses
+    if args.plan:
+        return PlanFile(args.plan, global_batch_size=args.global_batch_size,
+                        micro_batch_size=args.micro_batch_size)
+    if args.auto_parallel:
+        return SearchPins(sequence_parallel=getattr(args, "sequence_parallel", False),
+                          num_layers_per_virtual_pipeline_stage=getattr(
+                              args, "num_layers_per_virtual_pipeline_stage", None),
+                          tensor_model_parallel_size=args.tensor_model_parallel_size,
+                          pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+                          global_batch_size=args.global_batch_size,
+                          micro_batch_size=args.micro_batch_size,
+                          use_distributed_optimizer=args.use_distributed_optimizer,
+                          recompute_granularity=args.recompute_granularity,
+                          cluster=args.cluster, memory_budget_gb=args.memory_budget_gb,
+                          context_parallel_size=getattr(args, "context_parallel_size", 1))
+    return classic_layout_from_args(args)
+
+
+def classic_layout_from_args(args: argparse.Namespace) -> ClassicLayout:
+    """Megatron's layout and batch flags (the pretrain scripts' and ``megatron-auto``'s)."""
+    from .run_config import ClassicLayout  # noqa: PLC0415 - run_config's dataclasses
+    return ClassicLayout(
+        tensor_model_parallel_size=args.tensor_model_parallel_size,
+        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+        global_batch_size=args.global_batch_size, micro_batch_size=args.micro_batch_size,
+        use_distributed_optimizer=args.use_distributed_optimizer,
+        recompute_granularity=args.recompute_granularity,
+        recompute_method=args.recompute_method, recompute_num_layers=args.recompute_num_layers,
+        recompute_modules=(tuple(args.recompute_modules)
+                           if getattr(args, "recompute_modules", None) else None),
+        decoder_first_pipeline_num_layers=args.decoder_first_pipeline_num_layers,
+        decoder_last_pipeline_num_layers=args.decoder_last_pipeline_num_layers,
+        sequence_parallel=getattr(args, "sequence_parallel", False),
+        num_layers_per_virtual_pipeline_stage=getattr(
+            args, "num_layers_per_virtual_pipeline_stage", None),
+        pipeline_model_parallel_layout=getattr(args, "pipeline_model_parallel_layout", None),
+        use_megatron_fsdp=getattr(args, "use_megatron_fsdp", False),
+        data_parallel_sharding_strategy=getattr(args, "data_parallel_sharding_strategy", None),
+        context_parallel_size=getattr(args, "context_parallel_size", 1),
+        cp_comm_type=getattr(args, "cp_comm_type", "p2p"))
