@@ -22,6 +22,8 @@ from .plan_cp import cp_model_problem
 from .plan_errors import PlanError
 from .plan_errors import need as _need
 from .plan_experts import expert_field_error, model_expert_error
+from .plan_offload import (OffloadValue, normalize_offload, offload_layer_problem,
+                           offload_model_problem, offload_parts)
 from .plan_recompute import RecomputeValue, normalize_recompute, recompute_parts
 from .utils.jsonfile import read_json, write_json
 
@@ -37,7 +39,7 @@ SCHEDULES = ("1f1b", "gpipe")
 CP_MODES = ("ring", "ulysses")
 # The keys of a ``layers[i]`` entry.
 LAYER_KEYS = ("tp", "dp_mode", "tp_consecutive", "recompute", "sequence_parallel", "cp",
-              "cp_mode", "ep", "expert_tp", "expert_dp_mode")
+              "cp_mode", "ep", "expert_tp", "expert_dp_mode", "offload")
 
 
 def _is_power_of_two(n: int) -> bool:
@@ -80,6 +82,9 @@ class LayerStrategy:
     ep: int = 1
     expert_tp: int = 1
     expert_dp_mode: str | None = None
+    # Activation offload (plan_offload.py): False, True (all saved activations) or a tuple of
+    # OFFLOAD_MODULES; always canonical (the constructor converts).
+    offload: OffloadValue = False
 
     @property
     def experts_dp_mode(self) -> str:
@@ -89,6 +94,8 @@ class LayerStrategy:
     def __post_init__(self) -> None:
         if self.recompute is not True and self.recompute is not False:
             object.__setattr__(self, "recompute", normalize_recompute(self.recompute))
+        if self.offload is not True and self.offload is not False:
+            object.__setattr__(self, "offload", normalize_offload(self.offload))
 
     @property
     def full_recompute(self) -> bool:
@@ -99,6 +106,12 @@ class LayerStrategy:
     def recompute_modules(self) -> frozenset[str]:
         """The modules recomputed on their own (empty for none and for full)."""
         return recompute_parts(self.recompute)[1]
+
+    @property
+    def offload_modules(self) -> frozenset[str]:
+        """The modules whose saved activations are offloaded on their own (empty for none and
+        for the whole layer)."""
+        return offload_parts(self.offload)[1]
 
     def to_dict(self) -> dict[str, Any]:
         recompute = self.recompute if not isinstance(self.recompute, tuple) \
@@ -117,6 +130,8 @@ class LayerStrategy:
             out["expert_tp"] = self.expert_tp
         if self.expert_dp_mode is not None:
             out["expert_dp_mode"] = self.expert_dp_mode
+        if self.offload is not False:  # absent = false: files without offload stay as they were
+            out["offload"] = self.offload if self.offload is True else list(self.offload)
         return out
 
     @classmethod
@@ -140,7 +155,7 @@ class LayerStrategy:
         expert_tp = _int(data, "expert_tp", where) if "expert_tp" in data else 1
         return cls(tp=tp, dp_mode=dp_mode, tp_consecutive=consec, recompute=recompute,
                    sequence_parallel=sp, cp=cp, cp_mode=cp_mode, ep=ep, expert_tp=expert_tp,
-                   expert_dp_mode=data.get("expert_dp_mode"))
+                   expert_dp_mode=data.get("expert_dp_mode"), offload=normalize_offload(data.get("offload", False), where + "offload"))
 
 
 @dataclass(frozen=True)
@@ -376,7 +391,8 @@ class Plan:
                   f"(global_batch_size {self.global_batch_size} / num_microbatches "
                   f"{self.num_microbatches}); change tp, "
                   + ("cp, " if cp > 1 else "") + "num_microbatches or the batch size")
-            message = expert_field_error(layer, where, dp)
+            message = expert_field_error(layer, where, dp) or offload_layer_problem(
+                layer.offload, layer.full_recompute, layer.recompute_modules, where)
             if message is not None:
                 raise PlanError(message)
         v = self.vocab
@@ -453,7 +469,7 @@ class Plan:
                 raise PlanError(f"plan field layers[{i}].recompute={layer.recompute!r}: the "
                                 f"{model.model_type} model recomputes whole layers only; use "
                                 f"true or false")
-            message = model_expert_error(model, i, layer)
+            message = model_expert_error(model, i, layer) or offload_model_problem(model, i, layer)
             if message is not None:
                 raise PlanError(message)
             if layer.sequence_parallel and model.seq_length % (layer.tp * layer.cp):

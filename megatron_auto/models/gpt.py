@@ -120,7 +120,8 @@ class TransformerStage(PipelineStage):
                                            device=ctx.device,
                                            moe=i in self._moe_layers,
                                            expert_groups=self._expert_groups.get(i),
-                                           cp_mode=plan.layers[i].cp_mode)
+                                           cp_mode=plan.layers[i].cp_mode,
+                                           offload=plan.layers[i].offload)
             for i in self.layer_ids})
         self.rotary = (RotaryEmbedding(config.head_dim, config.max_position_embeddings,
                                        config.rotary_base)

@@ -16,6 +16,11 @@ Each recomputed module goes through the same ``checkpoint`` as full recompute, s
 dropout streams replay and recomputed dropout masks equal the forward's (the default generator
 is preserved by ``torch.utils.checkpoint`` itself). Forward-only passes (no grad) never
 checkpoint.
+
+Activation offload (plan ``layers[i].offload``, plan_offload.py) is the other per-module lever:
+:class:`LayerLevers` runs a named module either recomputed or under
+:class:`~megatron_auto.parallel.offload.ActivationOffload` (its saved activations on the host
+until backward); the plan never asks for both on one module.
 """
 
 from __future__ import annotations
@@ -24,8 +29,10 @@ from typing import Any, Callable
 
 import torch
 
+from ..parallel.offload import ActivationOffload
 from ..parallel.random import RNGTracker, checkpoint
 from ..plan_recompute import RecomputeValue, normalize_recompute, recompute_parts
+from ..plan_offload import normalize_offload, offload_parts
 
 
 def split_recompute(value: RecomputeValue | Any, what: str = "recompute"
@@ -50,3 +57,43 @@ def run_module(modules: frozenset[str], name: str, rng: RNGTracker | None,
     if name in modules and torch.is_grad_enabled():
         return checkpoint(fn, rng, *args)
     return fn(*args)
+
+
+def split_offload(value: Any, what: str = "offload") -> tuple[bool, frozenset[str]]:
+    """``(whole layer, modules)`` of any accepted offload value (``ValueError`` naming ``what``)."""
+    return offload_parts(normalize_offload(value, what))
+
+
+class LayerLevers:
+    """One layer's per-module memory choices: the modules that re-run in backward
+    (``recompute``) and those whose saved activations wait on the host (``offload``)."""
+
+    def __init__(self, recompute: frozenset[str] = frozenset(),
+                 offload: frozenset[str] = frozenset(), rng: RNGTracker | None = None) -> None:
+        both = sorted(recompute & offload)
+        if both:
+            raise ValueError(f"plan field offload={sorted(offload)}: module(s) {both} are "
+                             f"recomputed too; name each module in one of the two lists")
+        self.recompute, self.offload, self.rng = recompute, offload, rng
+        self._offloaders: dict[torch.device, ActivationOffload] = {}
+
+    def offloader(self, device: torch.device) -> ActivationOffload:
+        """The saved-tensor hooks that move activations to the host, one per device (its side
+        stream made once)."""
+        if device not in self._offloaders:
+            self._offloaders[device] = ActivationOffload(device)
+        return self._offloaders[device]
+
+    @property
+    def offloaded_bytes(self) -> int:
+        """Bytes moved to the host so far (all devices, all calls)."""
+        return sum(o.offloaded_bytes for o in self._offloaders.values())
+
+    def run(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` as the plan asks for module ``name``: recomputed, offloaded or plain.
+        The device is the first tensor argument's."""
+        if name in self.offload and torch.is_grad_enabled():
+            device = next(a.device for a in args if isinstance(a, torch.Tensor))
+            with self.offloader(device):
+                return fn(*args)
+        return run_module(self.recompute, name, self.rng, fn, *args)

@@ -229,10 +229,11 @@ def make_transformer_layer(config: ModelConfig, groups: LayerGroups, *,
                            recompute: bool = False, sequence_parallel: bool = False,
                            device: torch.device | None = None, moe: bool = False,
                            expert_groups: Any = None,
-                           cp_mode: str = "ring") -> nn.Module:
+                           cp_mode: str = "ring", offload: Any = False) -> nn.Module:
     """The layer ``config.transformer_impl`` asks for (local, or Transformer Engine's); with
     ``moe`` a local layer whose MLP is the MoE block (models/moe.py) on ``expert_groups``
-    (``ParallelContext.expert_groups``; None: no expert fields in the plan)."""
+    (``ParallelContext.expert_groups``; None: no expert fields in the plan). ``offload``: the
+    plan's activation offload (local layers only)."""
     if moe:
         if sequence_parallel:
             raise ValueError("sequence_parallel=True: an MoE layer runs without sequence "
@@ -241,16 +242,20 @@ def make_transformer_layer(config: ModelConfig, groups: LayerGroups, *,
                                 fused_norm=device is not None
                                 and torch.device(device).type == "cuda",
                                 mlp=MoELayer(config, groups, expert_groups=expert_groups),
-                                cp_mode=cp_mode)
+                                cp_mode=cp_mode, offload=offload)
     if config.transformer_impl == "transformer_engine":
         if groups.cp_size > 1:
             raise ValueError(f"--transformer-impl transformer_engine with context parallelism "
                              f"(cp={groups.cp_size}): our CP attention is the local layer's; "
                              f"use --transformer-impl local or cp 1")
+        if offload is not False:
+            raise ValueError(f"plan field offload={offload!r}: the Transformer Engine layer does "
+                             f"not offload activations yet; use --transformer-impl local or "
+                             f"offload false")
         return TETransformerLayer(config, groups, rng=rng, causal=causal, recompute=recompute,
                                   sequence_parallel=sequence_parallel, device=device)
     # apex's fused norms on CUDA when apex imports (torch's otherwise: same parameters)
     return TransformerLayer(config, groups, rng=rng, causal=causal, recompute=recompute,
                             sequence_parallel=sequence_parallel,
                             fused_norm=device is not None and torch.device(device).type == "cuda",
-                            cp_mode=cp_mode)
+                            cp_mode=cp_mode, offload=offload)

@@ -21,7 +21,8 @@ key/value head of group ``j // (heads/g)``. The SwiGLU ``linear_fc1.weight`` int
 Recompute (``recompute=True``): the layer keeps only its inputs and re-runs its forward in
 backward (``torch.utils.checkpoint``, non-reentrant), replaying the TP-aware dropout streams.
 ``recompute="selective"`` or a module list (``core_attn``, ``mlp``, ``norm``) re-runs only those
-modules (models/recompute.py).
+modules (models/recompute.py). ``offload`` (``True`` or a module list) keeps the layer's (or those
+modules') saved activations in host memory until backward (parallel/offload.py).
 
 Sequence parallelism (``sequence_parallel=True``, Megatron-SP, tp > 1): the layer's input and
 output, its norms, hidden dropouts and residual adds are this TP rank's sequence chunk
@@ -54,8 +55,9 @@ from ..parallel.random import (REPLICATED, TENSOR_PARALLEL, RNGTracker, checkpoi
                                replicated_dropout)
 from ..parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 from ..plan_recompute import RecomputeValue
+from ..plan_offload import OffloadValue
 from .cp_attention import ring_attention, ulysses_attention
-from .recompute import run_module, split_recompute
+from .recompute import LayerLevers, split_offload, split_recompute
 
 Rotary = Optional[tuple[torch.Tensor, torch.Tensor]]
 
@@ -132,7 +134,7 @@ class SelfAttention(nn.Module):
         self.attention_dropout = config.attention_dropout
         self.causal = causal
         self.rng = rng
-        self.recompute_modules: frozenset[str] = frozenset()  # set by the layer
+        self.levers = LayerLevers()  # the layer's recompute/offload choices (set by the layer)
         self.groups = groups
         self.cp_mode = cp_mode
 
@@ -181,8 +183,7 @@ class SelfAttention(nn.Module):
             v = qkv[:, :, :, n + 1].transpose(1, 2)
         if rotary is not None:
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-        out = run_module(self.recompute_modules, "core_attn", self.rng, self.core_attention,
-                         q, k, v, attn_mask)
+        out = self.levers.run("core_attn", self.core_attention, q, k, v, attn_mask)
         out = out.transpose(1, 2).reshape(b, s, self.num_local_heads * self.head_dim)
         return self.linear_proj(out)  # (b, s, h) summed over the TP group; SP: (b, s/tp, h)
 
@@ -220,7 +221,8 @@ class TransformerLayer(nn.Module):
     def __init__(self, config: ModelConfig, groups: LayerGroups, *, rng: RNGTracker | None = None,
                  causal: bool = True, recompute: RecomputeValue = False,
                  sequence_parallel: bool = False, fused_norm: bool = False,
-                 mlp: nn.Module | None = None, cp_mode: str = "ring") -> None:
+                 mlp: nn.Module | None = None, cp_mode: str = "ring",
+                 offload: OffloadValue = False) -> None:
         super().__init__()
         config.check_tensor_parallel(groups.tp_size, what="layer tp")
         if sequence_parallel and (groups.tp_size == 1 or config.seq_length % groups.tp_size):
@@ -243,7 +245,16 @@ class TransformerLayer(nn.Module):
             # wired and priced yet: refused rather than run unpriced
             raise ValueError(f"plan field recompute={recompute!r}: 'mlp' on an MoE layer is not "
                              f"supported yet; use core_attn/norm, or true for the whole layer")
-        self.self_attention.recompute_modules = self.recompute_modules
+        # offload_all: every saved activation of the layer; else the named modules'
+        self.offload_all, offload_modules = split_offload(offload)
+        if self.offload_all and self.recompute:
+            raise ValueError("plan field offload=true: the layer recomputes in full and keeps "
+                             "only its input; set offload or recompute to false")
+        if mlp is not None and "mlp" in offload_modules:
+            raise ValueError("plan field offload=['mlp']: an MoE layer's expert block is "
+                             "offloaded with the whole layer only; use true, or core_attn/norm")
+        self.levers = LayerLevers(self.recompute_modules, offload_modules, rng)
+        self.self_attention.levers = self.levers
         self.rng = rng
         self.groups = groups
 
@@ -276,11 +287,11 @@ class TransformerLayer(nn.Module):
 
     def _forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None,
                  rotary: Rotary) -> torch.Tensor:
-        modules, rng = self.recompute_modules, self.rng
-        normed = run_module(modules, "norm", rng, self._norm, self.input_layernorm, x)
+        run = self.levers.run
+        normed = run("norm", self._norm, self.input_layernorm, x)
         x = x + self._dropout(self.self_attention(normed, attn_mask, rotary))
-        normed = run_module(modules, "norm", rng, self._norm, self.pre_mlp_layernorm, x)
-        return x + self._dropout(run_module(modules, "mlp", rng, self.mlp, normed))
+        normed = run("norm", self._norm, self.pre_mlp_layernorm, x)
+        return x + self._dropout(run("mlp", self.mlp, normed))
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None,
                 rotary: Rotary = None) -> torch.Tensor:
@@ -291,4 +302,7 @@ class TransformerLayer(nn.Module):
         whole sequence (``models/cp_attention.py``)."""
         if self.recompute and torch.is_grad_enabled():
             return checkpoint(self._forward, self.rng, x, attn_mask, rotary)
+        if self.offload_all and torch.is_grad_enabled():
+            with self.levers.offloader(x.device):
+                return self._forward(x, attn_mask, rotary)
         return self._forward(x, attn_mask, rotary)

@@ -1,5 +1,6 @@
 """Activation offload: the tensors autograd saves for backward move to host memory in forward
-and come back before they are used in backward (issue 27's mechanism; not yet a plan field).
+and come back before they are used in backward (plan ``layers[i].offload``; applied by
+models/recompute.py's LayerLevers).
 
 ``with ActivationOffload(device): y = layer(x)`` installs ``torch.autograd.graph
 .saved_tensors_hooks``: each saved activation is copied to the host when autograd saves it and
