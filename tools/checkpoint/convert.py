@@ -53,9 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("conversion")
     g.add_argument("--model-type", required=True, choices=["GPT", "BERT"],
                    help="GPT (pretrain_gpt.py) or BERT (pretrain_bert.py)")
-    g.add_argument("--loader", required=True, choices=["megatron", "hf"],
-                   help="what --load-dir holds: megatron (our --save directory) or hf")
-    g.add_argument("--saver", required=True, choices=["megatron", "hf"],
+    g.add_argument("--loader", required=True, choices=["megatron", "hf", "mcore"],
+                   help="what --load-dir holds: megatron (our --save directory), hf, or mcore "
+                        "(a Megatron-LM --save directory in the torch_dist format)")
+    g.add_argument("--saver", required=True, choices=["megatron", "hf", "mcore"],
                    help="what to write into --save-dir")
     g.add_argument("--load-dir", required=True)
     g.add_argument("--save-dir", required=True)
@@ -116,6 +117,8 @@ def _convert(args: argparse.Namespace) -> int:
             raise ConversionError(f"--loader={args.loader} --saver={args.saver}: nothing to "
                                   f"convert; one of them must be {other}")
         model_type = args.model_type.lower()
+        if "mcore" in (args.loader, args.saver):
+            return _convert_mcore(args, given, tokenizer_given, model_type, log)
         if args.loader == "megatron":
             if given:
                 raise ConversionError(f"--{next(iter(given)).replace('_', '-')}: model flags "
@@ -162,6 +165,44 @@ def _convert(args: argparse.Namespace) -> int:
     except (ConversionError, CheckpointError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _convert_mcore(args: argparse.Namespace, given: dict, tokenizer_given: list[str],
+                   model_type: str, log) -> int:
+    """Megatron-Core torch_dist <-> our checkpoint (megatron_auto/conversion/mcore.py)."""
+    from megatron_auto.conversion.hf import ConversionError, describe, training_flags  # noqa
+    from megatron_auto.conversion.mcore import export_mcore, import_mcore  # noqa: PLC0415
+
+    if "megatron" not in (args.loader, args.saver):
+        raise ConversionError(f"--loader={args.loader} --saver={args.saver}: Megatron-Core "
+                              f"checkpoints convert to and from ours (megatron); convert in "
+                              f"two steps through a megatron directory")
+    if model_type != "gpt":
+        raise ConversionError(f"--model-type={args.model_type}: Megatron-Core checkpoints "
+                              f"convert for GPT / LLaMA models only; use GPT")
+    if tokenizer_given:
+        raise ConversionError(f"{tokenizer_given[0]}: tokenizer files go with a Hugging Face "
+                              f"export (--saver hf); drop the flag")
+    if args.hf_architecture != "auto":
+        raise ConversionError(f"--hf-architecture={args.hf_architecture}: applies to a Hugging "
+                              f"Face export (--saver hf); drop the flag")
+    if args.loader == "mcore":
+        config = import_mcore(args.load_dir, args.save_dir, given, overwrite=args.overwrite)
+        log.info(f"> imported the Megatron-Core checkpoint {args.load_dir} into "
+                 f"{args.save_dir}: {describe(config)}")
+        log.info(f"> train it with: pretrain_gpt.py --load {args.save_dir} "
+                 + " ".join(training_flags(config)))
+        return 0
+    if given:
+        raise ConversionError(f"--{next(iter(given)).replace('_', '-')}: model flags apply to "
+                              f"an import (--loader hf or mcore); an export takes the model "
+                              f"from the checkpoint, drop the flag")
+    path, config = export_mcore(args.load_dir, args.save_dir, overwrite=args.overwrite)
+    log.info(f"> exported {describe(config)} to {path} (Megatron-Core torch_dist); load it "
+             f"with Megatron-LM's --load {args.save_dir} --ckpt-format torch_dist "
+             f"--no-load-optim --no-load-rng (weights only) and "
+             + " ".join(training_flags(config)))
     return 0
 
 
