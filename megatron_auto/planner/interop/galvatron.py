@@ -1,6 +1,7 @@
-"""Galvatron 2.4 interop: its profiles -> our ModelProfile / ClusterSpec, its plans -> our Plan.
+"""Galvatron interop (2.4 and 3): its profiles -> our ModelProfile / ClusterSpec, its plans -> Plan.
 
-Reading and checking the files is ``galvatron_files.py`` (and ``galvatron_memory.py``); this
+Reading and checking the files is ``galvatron_files.py`` (and ``galvatron_memory.py``, and
+``galvatron_v3.py`` for what Galvatron 3 adds: CP / expert fields, model_config); this
 module converts units and meanings:
 
 - Compute: ``layertype_i`` ms per sample per layer (forward, tp 1) -> seconds per sample; with
@@ -34,6 +35,7 @@ from ...plan import LayerStrategy, PipelineSpec, Plan, PlanError, VocabStrategy,
 from ...utils.flag_warnings import warn_flag
 from . import galvatron_files as gf
 from . import galvatron_memory as gm
+from . import galvatron_v3 as v3
 from .galvatron_files import GalvatronFormatError
 from ..inputs.hardware import GB, ClusterSpec
 from ..inputs.model_spec import ModelSpec, TrainingSpec
@@ -204,6 +206,8 @@ def model_profile_from_galvatron(computation_path: str | os.PathLike,
     mem = gm.read_memory(memory_path)
     for path in (comp.path, mem.path):
         _check_name_matches(path, spec, training.precision)
+    if mem.model_config is not None:
+        v3.check_model_config(mem.path, mem.model_config, spec)
     index = galvatron_type_index(spec, sorted(comp.layers), layer_type_map, comp.path)
     galvatron_type_index(spec, sorted(mem.primary.layers), layer_type_map, mem.path)
     base = analytic_profile(spec, training, cluster)
@@ -460,11 +464,11 @@ def plan_from_galvatron_config(source: str | os.PathLike | Mapping[str, Any], wo
                                    f"pass it (--cluster sets it in the CLI)")
     known = {"pp_deg", "tp_sizes_enc", "tp_consecutive_flags", "dp_types_enc", "use_sp",
              "checkpoint", "global_bsz", "chunks", "pp_division", "pipeline_type",
-             "default_dp_type", "vtp", "vsp", "embed_sdp"}
+             "default_dp_type", "vtp", "vsp", "embed_sdp"} | v3.PLAN_KEYS
     unknown = sorted(set(data) - known)
     if unknown:
         raise GalvatronFormatError(f"galvatron config {path}: unknown key(s) {unknown}; known keys "
-                                   f"are {sorted(known)} (is this a Galvatron 2.4 plan file?)")
+                                   f"are {sorted(known)} (is this a Galvatron plan file?)")
     tps = _int_list(path, data, "tp_sizes_enc", None)
     n = len(tps)
     consec = _int_list(path, data, "tp_consecutive_flags", n)
@@ -495,10 +499,11 @@ def plan_from_galvatron_config(source: str | os.PathLike | Mapping[str, Any], wo
     if bad:
         raise GalvatronFormatError(f"galvatron config {path}: key 'dp_types_enc' entry {bad[0]} is "
                                    f"{dp_types[bad[0]]}; use 0 (default dp type) or 1 (ZeRO-3)")
+    extra, v3_notes = v3.layer_fields(path, data, n, _int_list)
     layers = tuple(LayerStrategy(tp=t, dp_mode="zero3" if d else default_dp,
                                  tp_consecutive=bool(c), recompute=bool(r),
-                                 sequence_parallel=sequence_parallel and t > 1)
-                   for t, c, d, r in zip(tps, consec, dp_types, ckpt))
+                                 sequence_parallel=sequence_parallel and t > 1, **x)
+                   for t, c, d, r, x in zip(tps, consec, dp_types, ckpt, extra))
     vocab = VocabStrategy(tp=_int_scalar(path, data, "vtp", 1, minimum=1),
                           dp_mode="zero3" if _int_scalar(path, data, "embed_sdp", 0,
                                                          choices=(0, 1)) else default_dp)
@@ -508,7 +513,7 @@ def plan_from_galvatron_config(source: str | os.PathLike | Mapping[str, Any], wo
                             layers_per_stage=tuple(division) if division else ())
     if not division:
         pipeline = replace(pipeline, layers_per_stage=even_partition(n, pp))
-    notes = [f"imported from Galvatron config {os.path.basename(path)}"]
+    notes = [f"imported from Galvatron config {os.path.basename(path)}", *v3_notes]
     if sequence_parallel:
         notes.append("Galvatron's --sequence_parallel: Megatron-SP on every layer with tp > 1")
     last_error: PlanError | None = None
@@ -559,6 +564,8 @@ def plan_to_galvatron_config(plan: Plan) -> tuple[dict[str, Any] | None, list[st
     if partial:
         reasons.append(f"layers {partial} recompute single modules; Galvatron's checkpoint flag "
                        f"is the whole layer or nothing")
+    extra, v3_reasons = v3.export_fields(plan)
+    reasons += v3_reasons
     if reasons:
         return None, reasons
     default = defaults[0] if defaults else "zero2"
@@ -577,6 +584,6 @@ def plan_to_galvatron_config(plan: Plan) -> tuple[dict[str, Any] | None, list[st
         "global_bsz": plan.global_batch_size, "chunks": plan.num_microbatches,
         "pp_division": joined(plan.pipeline.layers_per_stage), "pipeline_type": schedule,
         "default_dp_type": default, "vtp": plan.vocab.tp, "vsp": 0,
-        "embed_sdp": int(plan.vocab.dp_mode == "zero3"),
+        "embed_sdp": int(plan.vocab.dp_mode == "zero3"), **extra,
     }
     return config, []

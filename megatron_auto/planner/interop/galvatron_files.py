@@ -100,6 +100,9 @@ _LAYER = re.compile(r"^layertype_(\d+)(?:_bsz(\d+))?(?:_seq(\d+))?$")
 _OTHER = re.compile(r"^layertype_other(?:_(\d+))?(?:_bsz(\d+))?(?:_seq(\d+|\[[\d,\s]+\]))?$")
 _RAW = re.compile(r"^layernum\[([\d,\s]+)\]_bsz(\d+)(?:_seq(\d+|\[[\d,\s]+\]))?$")
 
+# Galvatron 3's per-module times (``--profile_unit attention|mlp``): a suffix on either kind
+_UNIT = re.compile(r"^(?:layertype_|layernum\[).*_(attention|mlp)$")
+
 TimeRecords = Mapping[tuple[int | None, "Seqs | None"], float]
 
 
@@ -180,6 +183,11 @@ def read_computation(path: str | os.PathLike) -> GalvatronComputation:
         elif m := _RAW.match(key):
             counts = tuple(int(x) for x in m[1].split(",") if x.strip())
             raw.setdefault((int(m[2]), parse_seqs(m[3])), {})[counts] = number(path, key, value)
+        elif m := _UNIT.match(key):
+            raise GalvatronFormatError(
+                f"computation profile {path}: key {key!r} times the {m[1]} module alone "
+                f"(Galvatron 3's --profile_unit {m[1]}, as in its MoE profiles); megatron_auto "
+                f"prices whole layers: profile with --profile_unit all")
         else:
             raise GalvatronFormatError(
                 f"computation profile {path}: unknown key {key!r}; expected layertype_<i>_bsz<b>"

@@ -74,6 +74,8 @@ class GalvatronMemory:
     path: str
     plain: GalvatronMemoryRecords | None
     megatron_sp: GalvatronMemoryRecords | None
+    #: Galvatron 3's ``model_config`` block (the profiled model's sizes), None in 2.4 files
+    model_config: Mapping[str, Any] | None = None
 
     @property
     def sequence_parallel(self) -> bool:
@@ -180,6 +182,7 @@ def read_memory(path: str | os.PathLike) -> GalvatronMemory:
     data = read_json(path, "memory profile")
     layers: dict[str, dict[int, dict[Seqs | None, GalvatronLayerMemory]]] = {"": {}, "_sp": {}}
     other: dict[str, dict[str, dict[Seqs | None, GalvatronOtherMemory]]] = {"": {}, "_sp": {}}
+    model_config = data.pop("model_config", None)  # Galvatron 3; galvatron_v3.py checks it
     for key, value in data.items():
         if m := _MEM_LAYER.match(key):
             layers[m[2] or ""][int(m[1])] = _layer_records(path, key, value)
@@ -213,4 +216,5 @@ def read_memory(path: str | os.PathLike) -> GalvatronMemory:
         raise GalvatronFormatError(
             f"memory profile {path}: no derived 'layertype_<i>' record (only raw runs?); let "
             f"Galvatron's memory profiler finish its post-processing, or check the file kind")
-    return GalvatronMemory(path=str(path), plain=sets[""], megatron_sp=sets["_sp"])
+    return GalvatronMemory(path=str(path), plain=sets[""], megatron_sp=sets["_sp"],
+                           model_config=model_config)
