@@ -52,7 +52,7 @@ DEFAULT_MOCK_VOCAB_SIZE = 8192
 
 # Float flags whose non-finite value (inf, nan: argparse's float() accepts both) is rejected.
 _FINITE_FLAGS = ("lr", "min_lr", "clip_grad", "weight_decay", "adam_beta1", "adam_beta2",
-                 "adam_eps", "loss_scale", "memory_budget_gb")
+                 "adam_eps", "loss_scale", "memory_budget_gb", "optimality_gap")
 # ----------------------------------------------------------------------------- flag groups
 def add_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Model shape flags (Megatron-LM names); defaults are the embedded small GPT."""
@@ -335,6 +335,8 @@ def check_args(args: argparse.Namespace) -> None:
               f"must not exceed --lr-decay-iters={decay_iters} (default --train-iters)")
     if args.clip_grad < 0:
         _fail("--clip-grad", args.clip_grad, "must be >= 0 (0 disables clipping)")
+    if (getattr(args, "optimality_gap", None) or 0) < 0:
+        _fail("--optimality-gap", args.optimality_gap, "must be >= 0 (e.g. 0.01; 0 proves)")
     if args.weight_decay < 0:
         _fail("--weight-decay", args.weight_decay, "must be >= 0")
     if args.loss_scale is not None and not args.fp16:

@@ -69,7 +69,8 @@ def search_options_for(pins: SearchPins, world_size: int,
     try:
         options = search_options(pins, world_size, num_layers,
                                  micro_batch_size=pins.micro_batch_size,
-                                 global_batch_size=pins.batch, show_progress=True)
+                                 global_batch_size=pins.batch, show_progress=True,
+                                 optimality_gap=getattr(pins, "optimality_gap", None))
     except ValueError as err:
         raise AutoParallelError(str(err)) from None
     if pins.recompute_granularity is not None:

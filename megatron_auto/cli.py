@@ -241,6 +241,7 @@ def _explain_text(setup: PlanningInputs, plan: Plan, estimate: Any, title: str =
 
 # ------------------------------------------------------------------------------ subcommands
 _OPTION_FLAGS = {"space": "--search-space", "time_limit_s": "--time-limit",
+                 "optimality_gap": "--optimality-gap",
                  "tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size",
                  "num_microbatches": "--num-microbatches", "schedule": "--schedule"}
 
@@ -271,7 +272,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
             args, setup.cluster.world_size, setup.spec.num_layers,
             num_microbatches=args.num_microbatches, schedule=args.schedule,
             allow_recompute=not args.no_recompute, search_batch_size=args.search_batch_size,
-            space=args.search_space, time_limit_s=args.time_limit, show_progress=not args.quiet)
+            space=args.search_space, time_limit_s=args.time_limit, show_progress=not args.quiet,
+            optimality_gap=args.optimality_gap)
     except ValueError as err:
         raise CliError(str(err)) from None
     if args.search_module_recompute:
@@ -481,6 +483,9 @@ def _add_plan_parser(sub: Any, fmt: Any) -> None:
     g.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                    help="CPU seconds the search may take before it answers with the best plan "
                         "found, not proven optimal (default 10)")
+    g.add_argument("--optimality-gap", type=float, default=None, metavar="GAP",
+                   help="stop once the answer is within this relative gap of the search's "
+                        "lower bound (default 0.01; 0 proves the optimum)")
     g.add_argument("--tensor-model-parallel-size", type=int, default=None,
                    help="pin every layer's tp")
     g.add_argument("--pipeline-model-parallel-size", type=int, default=None, help="pin pp")

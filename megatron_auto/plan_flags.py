@@ -68,6 +68,9 @@ def add_parallelism_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                    help="per-device memory budget for --auto-parallel (default: device memory)")
     p.add_argument("--cluster", default=None, metavar="NAME|FILE",
                    help="hardware profile for --auto-parallel (preset name or JSON file)")
+    p.add_argument("--optimality-gap", type=float, default=None, metavar="GAP",
+                   help="--auto-parallel stops searching once its plan is within this relative "
+                        "gap of the search's lower bound (default 0.01; 0 proves the optimum)")
     return parser
 
 
@@ -131,6 +134,7 @@ def plan_source_from_args(args: argparse.Namespace) -> PlanFile | ClassicLayout 
                           use_distributed_optimizer=args.use_distributed_optimizer,
                           recompute_granularity=args.recompute_granularity,
                           cluster=args.cluster, memory_budget_gb=args.memory_budget_gb,
+                          optimality_gap=getattr(args, "optimality_gap", None),
                           context_parallel_size=getattr(args, "context_parallel_size", 1))
     return classic_layout_from_args(args)
 

@@ -253,6 +253,7 @@ class SearchPins:
     recompute_granularity: str | None = None
     cluster: str | None = None
     memory_budget_gb: float | None = None
+    optimality_gap: float | None = None  # --optimality-gap (None: the search's default)
     sequence_parallel: bool = False  # --sequence-parallel: SP on every layer with tp > 1
     num_layers_per_virtual_pipeline_stage: int | None = None  # pins the virtual size
     context_parallel_size: int = 1  # --context-parallel-size (refused > 1: planner/inputs/pins)

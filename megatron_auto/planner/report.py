@@ -171,6 +171,9 @@ def render_explain(plan: Plan, estimate: Mapping[str, Any] | None,
     parts = [f"{title}: {describe_plan(plan)}"]
     if estimate:
         parts.append("Estimate: " + describe_estimate(estimate))
+    gap = describe_gap(plan.search)
+    if gap:
+        parts.append("Search: " + gap)
     parts.append("Layers:\n" + _indent(render_layers(plan, per_layer, layer_type_names)))
     if estimate:
         parts.append("Stages:\n" + _indent(render_stages(estimate)))
@@ -185,6 +188,20 @@ def render_explain(plan: Plan, estimate: Mapping[str, Any] | None,
     if megatron is not None:
         parts.append(render_megatron(*megatron))
     return "\n\n".join(parts) + "\n"
+
+
+def describe_gap(search: Mapping[str, Any] | None) -> str | None:
+    """The certified gap of a searched plan (``plan.search``'s ``optimality_gap``,
+    ``lower_bound_s``), or None for a plan without one (given, or written before the field)."""
+    if not isinstance(search, Mapping) or search.get("optimality_gap") is None:
+        return None
+    gap, target = search["optimality_gap"], search.get("optimality_gap_target")
+    bound = f"lower bound {format_time(search.get('lower_bound_s'))} per iteration"
+    if search.get("proven_optimal"):
+        return f"proven optimal ({bound})"
+    why = ("the time limit stopped the search" if search.get("time_limited")
+           else f"stopped at the {target:.2%} gap asked for" if target is not None else "")
+    return f"within {gap:.2%} of the optimum ({bound}; {why})"
 
 
 def render_partitions(partitions: Mapping[str, Any]) -> str:

@@ -81,7 +81,10 @@ def search_cell(cell: Cell, method: Method, inputs: CellInputs, plan_dir: Path |
     and the plan (None without one). ``seeds``: plans of ``method``'s space and their
     samples/s, by label (``warm.Found.seeds``); the search starts from them, so its answer is
     at least each of them."""
-    extra: dict[str, Any] = {"search_batch_size": search_batch_size, "report_partitions": False}
+    # Gap 0: the grid compares methods (ours is never below one inside its space), which needs
+    # each search's optimum, not a plan within the default 1 %.
+    extra: dict[str, Any] = {"search_batch_size": search_batch_size, "report_partitions": False,
+                             "optimality_gap": 0.0}
     if time_limit_s is not None:
         extra["time_limit_s"] = time_limit_s
     options = method.options(**extra)

@@ -57,7 +57,8 @@ def search_options(pins: LayoutPins, world_size: int, num_layers: int | None, *,
                    num_microbatches: int | None = None, schedule: str | None = None,
                    allow_recompute: bool = True, search_batch_size: bool = False,
                    space: str = "full", time_limit_s: float | None = None,
-                   show_progress: bool = True) -> SearchOptions:
+                   show_progress: bool = True,
+                   optimality_gap: float | None = None) -> SearchOptions:
     """``SearchOptions`` of ``pins`` (module docstring) and the knobs given.
 
     ``micro_batch_size`` with pinned tp and pp fixes ``num_microbatches`` from
@@ -87,4 +88,5 @@ def search_options(pins: LayoutPins, world_size: int, num_layers: int | None, *,
         time_limit_s=time_limit_s, show_progress=show_progress,
         dp_modes=("zero1",) if pins.use_distributed_optimizer else DP_MODES,
         sequence_parallel=True if pins.sequence_parallel else None,
-        virtual_sizes=virtual_sizes)
+        virtual_sizes=virtual_sizes,
+        **({"optimality_gap": optimality_gap} if optimality_gap is not None else {}))

@@ -84,6 +84,8 @@ class SearchOptions:
     search_batch_size: bool = False
     space: str = "full"
     time_limit_s: float | None = None
+    # Stop once the answer is within this relative gap of the lower bound (0: prove it exact).
+    optimality_gap: float = 0.01
     memory_step_bytes: int | None = None
     show_progress: bool = True
     max_tp: int | None = None
@@ -125,6 +127,8 @@ class SearchOptions:
              self.memory_step_bytes, "must be a positive number of bytes (e.g. 1048576)")
         need(self.time_limit_s is None or self.time_limit_s > 0, "time_limit_s",
              self.time_limit_s, "must be positive seconds")
+        need(0 <= self.optimality_gap < math.inf, "optimality_gap", self.optimality_gap,
+             "must be a relative gap >= 0 (e.g. 0.01; 0 proves the optimum)")
 
 
 @dataclass(frozen=True)
@@ -292,6 +296,7 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cache: Se
     cluster and profile searched, the clock of ``deadline``).
     """
     best = start or Incumbent(comparison=comparison)
+    best.gap = options.optimality_gap
     tasks = []
     keys: dict[int, float] = {}
     for sp in spaces:
@@ -325,14 +330,13 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cache: Se
         # Pass 1: memory and seeds, cheapest bound first.
         for i, (task, pin) in enumerate(group):
             report(base + i - len(live))  # tasks settled without branching so far
-            if bound(task, False) >= best.value * (1 - TIE):
+            if bound(task, False) >= best.cutoff() or _stopped(deadline, best, cache.clock):
+                best.stopped = best.stopped or bound(task, False) < best.cutoff()
+                best.prune(bound(task, False))  # the least bound of the tasks left (sorted)
                 counts["pruned"] += len(group) - i
                 break
-            if _stopped(deadline, best, cache.clock):
-                best.stopped = True
-                counts["pruned"] += len(group) - i
-                break
-            if bound(task) >= best.value * (1 - TIE):
+            if bound(task) >= best.cutoff():
+                best.prune(bound(task))
                 counts["pruned"] += 1
                 continue
             if cheap_least_peak(task) > limit:
@@ -369,14 +373,14 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cache: Se
         settled = len(group) - len(live)
         for i, (task, pin, check) in enumerate(live):
             report(base + settled + i)
-            if bound(task, False) >= best.value * (1 - TIE):
+            if bound(task, False) >= best.cutoff() or _stopped(deadline, best, cache.clock):
+                # tasks left unsearched by the deadline: the answer is not proven
+                best.stopped = best.stopped or bound(task, False) < best.cutoff()
+                best.prune(bound(task, False))
                 counts["pruned"] += len(live) - i
                 break
-            if _stopped(deadline, best, cache.clock):
-                best.stopped = True  # tasks left unsearched: the answer is not proven
-                counts["pruned"] += len(live) - i
-                break
-            if bound(task) >= best.value * (1 - TIE):
+            if bound(task) >= best.cutoff():
+                best.prune(bound(task))
                 counts["pruned"] += 1
                 continue
             if check and task_least_peak(task, pin).bytes > limit:
@@ -460,15 +464,17 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
     baselines_cut: list[str] = []
     adopted = None
     if options.include_baselines:
-        # A proven answer of the full space bounds every plan of a baseline space inside it
-        # from below: a baseline search that reaches it is done (0: no such bound).
-        floor = best.value * (1 - TIE) if not best.stopped and baselines_inside(
-            options, world, cluster.devices_per_node) else 0.0
+        # The full space's lower bound bounds every plan of a baseline space inside it from
+        # below: a baseline search that reaches it is done (0: no such bound). A proven
+        # answer that is a plan of a baseline space is that space's optimum.
+        inside = baselines_inside(options, world, cluster.devices_per_node)
+        floor = min(best.lower, best.value * (1 - TIE)) if inside else 0.0
+        exact = inside and not best.stopped and best.lower_bound() >= best.value
         names = [n for n in BASELINE_SPACES if n != options.space]
         for j, name in enumerate(names):
             subspaces, now = spaces_of(name, options, world), clock()
             dpn, p = cluster.devices_per_node, best.plan
-            if floor and any(plan_in_space(p, sp, spec, _vocabs(
+            if exact and any(plan_in_space(p, sp, spec, _vocabs(
                     spec, sp, options, p.stage_size, p.microbatch_size, sp.rules, dpn), dpn)
                     for sp in subspaces):
                 baselines[name] = best.estimate  # the optimum of a space it is a plan of
@@ -480,13 +486,14 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
             if found.stopped:
                 baselines_cut.append(name)
             # A proven answer is the optimum of the whole space, which holds every baseline
-            # space, so nothing is adopted then. A search the time limit stopped is not
-            # proven: a baseline space's plan (a plan of the same space) that is better is
-            # the answer instead, so a deep model never gets less than a uniform plan.
-            if best.stopped and found.plan is not None and found.value < best.value \
-                    and _keeps_pins(found.plan, options):
+            # space, so nothing is adopted then. An answer the time limit or the gap stopped
+            # may be beaten: a baseline space's plan (a plan of the same space) that is better
+            # is the answer instead (the full space's lower bound still holds), so a deep
+            # model never gets less than a uniform plan.
+            if found.plan is not None and found.value < best.value * (1 - TIE) \
+                    and _keeps_pins(found.plan, options, spec, world, cluster.devices_per_node):
+                found.stopped, found.lower = best.stopped, best.lower
                 best, adopted = found, name
-                best.stopped = True
     chosen = (best.plan, best.estimate)
     tried = _virtual_size_report(best.plan, best.estimate, spec, training, cache, budget,
                                  options)
@@ -499,10 +506,14 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
         partitions = partition_report(winner.sibling(), training, best, report_s)
     else:
         partitions = "not priced: the time limit was reached"
+    lower = best.lower_bound()  # seconds per sample; the gap's bound
     info = {
         "space": options.space, "objective": "evaluate (iteration time), exact",
-        "proven_optimal": not best.stopped, "time_limited": best.stopped,
-        "time_limit_s": limit_s,
+        "proven_optimal": not best.stopped and lower >= best.value,
+        "time_limited": best.stopped, "time_limit_s": limit_s,
+        "lower_bound_s": lower * best.plan.global_batch_size,
+        "optimality_gap": best.value / lower - 1 if lower > 0 else math.inf,
+        "optimality_gap_target": options.optimality_gap,
         "partitions": partitions,
         "from_incumbent": winner is None,
         "adopted_from_baseline": adopted,
@@ -523,11 +534,19 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
     return SearchResult(plan=plan, estimate=chosen[1], baselines=baselines)
 
 
-def _keeps_pins(plan: Plan, options: SearchOptions) -> bool:
-    """Whether a baseline space's plan has the pinned pipeline degree and virtual size (the
-    baseline spaces keep their own pp and never interleave)."""
+def _keeps_pins(plan: Plan, options: SearchOptions, spec: ModelSpec, world: int,
+                dpn: int) -> bool:
+    """Whether a baseline space's plan is a plan of the searched space: its pinned pipeline
+    degree, virtual size, micro-batch count and schedule (the baseline spaces keep their own
+    pp and never interleave), and its layers and vocabulary among the space's (a pinned tp,
+    dp modes, sequence parallelism, recompute)."""
     return ((options.pp is None or plan.pp_size == options.pp)
-            and plan.virtual_size in options.virtual_sizes)
+            and plan.virtual_size in options.virtual_sizes
+            and options.num_microbatches in (None, plan.num_microbatches)
+            and options.schedule in (None, plan.pipeline.schedule)
+            and any(plan_in_space(plan, sp, spec, _vocabs(
+                spec, sp, options, plan.stage_size, plan.microbatch_size, sp.rules, dpn), dpn)
+                for sp in spaces_of(options.space, options, world)))
 
 
 def _interleaving_pinned(options: SearchOptions) -> bool:

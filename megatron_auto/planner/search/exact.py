@@ -21,6 +21,10 @@ Why nothing better is pruned (each argument is tested by enumeration, tests/test
   any sum, maximum or transition, so within such a run strategy indices never decrease.
 - Ties: a branch whose bound is within ``TIE`` of the best is cut (the answer is optimal to
   that relative precision, far below the cost model's).
+- The gap: with ``Incumbent.gap`` a branch is cut once its bound times ``1 + gap`` reaches the
+  best, and the least bound of every branch so cut (or left open by the deadline: the picks
+  after the one being searched at each level, which the sort puts at or above the next one's
+  bound) is kept, so ``answer / Incumbent.lower_bound() - 1`` is a certified gap.
 
 Interleaved tasks (``task.v > 1``): the walk is over the ``pp v`` model chunks in model order
 (chunk ``c`` on stage ``c mod pp``, lengths from 1, every split), with the same arguments:
@@ -84,6 +88,25 @@ class Incumbent:
     # A comparison (a baseline space) stops at the deadline even without a plan; the answer's
     # search goes on until it has one (a task whose least-memory plan fits gives one at once).
     comparison: bool = False
+    # The certified gap: a set of plans is pruned once its bound times (1 + gap) reaches the
+    # incumbent, and ``lower`` keeps the least bound (seconds per sample) of every set left
+    # unsearched below the incumbent of its time, by the gap or by the deadline.
+    gap: float = 0.0
+    lower: float = math.inf
+
+    def cutoff(self) -> float:
+        """Seconds per sample a set of plans must be bounded below to be searched."""
+        return self.value * (1 - TIE) / (1 + self.gap)
+
+    def prune(self, bound: float) -> None:
+        """Plans bounded below by ``bound`` (seconds per sample) are left unsearched; bounds
+        within ``TIE`` of the incumbent or above are ties or worse (it only falls)."""
+        if bound < self.value * (1 - TIE):
+            self.lower = min(self.lower, bound)
+
+    def lower_bound(self) -> float:
+        """Seconds per sample no plan of the searched tasks is below (up to ``TIE``)."""
+        return min(self.value, self.lower)
 
 
 class _Stopped(Exception):
@@ -160,6 +183,7 @@ class TaskSearch:
         self.deadline = deadline  # on task.cache.clock (the search's CPU clock)
         self.clock = task.cache.clock
         self.partition = partition
+        self._entered = True  # the node being searched has begun its picks (``_open``)
         self.limit = task.budget * (1 + MEMORY_SLACK) - task.cluster.memory_reserve_bytes
         self.chosen: list[LayerStrategy] = []
         self.lengths: list[int] = []
@@ -184,8 +208,23 @@ class TaskSearch:
             self._pairs.append(pairs)
 
     def threshold(self) -> float:
-        """Iteration time a plan of this task must beat (inf before the first plan)."""
-        return self.best.value * self.task.global_batch * (1 - TIE)
+        """Iteration time a branch's bound must be below to be searched (inf before the first
+        plan): the incumbent's, less ``TIE`` and the optimality gap."""
+        return self.best.cutoff() * self.task.global_batch
+
+    def _prune(self, bound: float) -> None:
+        """A branch whose bound (an iteration time) reached the threshold."""
+        self.best.prune(bound / self.task.global_batch)
+
+    def _open(self, bounds: np.ndarray, order: np.ndarray, i: int) -> None:
+        """The deadline stopped the search below pick ``order[i]`` of a node: what is left of
+        the node is the picks after it (sorted by bound: the next one's is the least) and, if
+        the child never began its own picks (``_entered``), the whole of pick ``i``."""
+        if i + 1 < len(order):
+            self._prune(float(bounds[order[i + 1]]))
+        if not self._entered:
+            self._prune(float(bounds[order[i]]))
+        self._entered = True
 
     def seed(self) -> bool:
         """Price the heuristic plans of ``seed.seed_plans`` (the pinned partition, if any):
@@ -252,8 +291,11 @@ class TaskSearch:
         if self.best.plan is None or task.v > 1:
             self.seed()
         self.task.on_new_table = self._check_deadline  # DP tables are the slow part
+        self._entered = False
         try:
-            if self.task.root_bound() >= self.threshold():
+            root = self.task.root_bound()
+            if root >= self.threshold():
+                self._prune(root)
                 return
             self.futures = np.stack([self.task.future(b) for b in self.task.branches])
             # bound 2 (the Alpa form) is for v = 1; interleaved tasks prune with J_b alone
@@ -261,6 +303,9 @@ class TaskSearch:
             self._stage(0, 0, np.zeros(len(self.task.branches)))
         except _Stopped:
             self.best.stopped = True
+            if not self._entered:  # stopped before the first stage's picks: all of the task
+                self.task.on_new_table = None
+                self._prune(task.cheap_bound())
         finally:
             self.task.on_new_table = None
 
@@ -294,11 +339,19 @@ class TaskSearch:
         outer = self.inner
         # partial stages of this call (same earlier stages, same start): dominance.py
         self.inner = StageDominance() if task.v == 1 else None
-        for pick in np.argsort(bounds, kind="stable"):
+        order = np.argsort(bounds, kind="stable")
+        self._entered = True
+        for i, pick in enumerate(order):
             if bounds[pick] >= self.threshold() or not np.isfinite(bounds[pick]):
+                self._prune(float(bounds[pick]))
                 break
             self.lengths.append(int(lens[pick]))
-            self._layer(k, start, int(lens[pick]), 0, self._first_state(k), acc)
+            self._entered = False
+            try:
+                self._layer(k, start, int(lens[pick]), 0, self._first_state(k), acc)
+            except _Stopped:
+                self._open(bounds, order, i)
+                raise
             self.lengths.pop()
         self.inner = outer
 
@@ -335,19 +388,27 @@ class TaskSearch:
         alpha, beta, gamma = self._weights[k]
         bounds = np.where(cands.keep, self._bounds(k, start, length, offset, cands, acc),
                           math.inf)
-        for pick in np.argsort(bounds, kind="stable"):
+        order = np.argsort(bounds, kind="stable")
+        self._entered = True
+        for i, pick in enumerate(order):
             if not bounds[pick] < self.threshold():
+                self._prune(float(bounds[pick]))
                 break
             self.chosen.append(cands.costs.strategies[pick])
-            if cands.layers_left > 0:
-                self._next_layer(k, start, length, offset, state, cands, int(pick), acc)
-            else:
-                done = acc + alpha * cands.microbatch[pick] + beta * cands.optimizer[pick] \
-                    + gamma * cands.exposed[pick]
-                if k == self.task.chunks - 1:
-                    self._leaf()
+            self._entered = False
+            try:
+                if cands.layers_left > 0:
+                    self._next_layer(k, start, length, offset, state, cands, int(pick), acc)
                 else:
-                    self._next_chunk(k, start, length, state, cands, int(pick), done)
+                    done = acc + alpha * cands.microbatch[pick] + beta * cands.optimizer[pick] \
+                        + gamma * cands.exposed[pick]
+                    if k == self.task.chunks - 1:
+                        self._leaf()
+                    else:
+                        self._next_chunk(k, start, length, state, cands, int(pick), done)
+            except _Stopped:
+                self._open(bounds, order, i)
+                raise
             self.chosen.pop()
 
     def _candidates(self, k: int, start: int, length: int, offset: int,
