@@ -486,10 +486,9 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
             if found.stopped:
                 baselines_cut.append(name)
             # A proven answer is the optimum of the whole space, which holds every baseline
-            # space, so nothing is adopted then. An answer the time limit or the gap stopped
-            # may be beaten: a baseline space's plan (a plan of the same space) that is better
-            # is the answer instead (the full space's lower bound still holds), so a deep
-            # model never gets less than a uniform plan.
+            # space. One the time limit or the gap stopped may be beaten: a better plan of a
+            # baseline space that is a plan of the searched one is the answer instead (the
+            # lower bound still holds), so a deep model never gets less than a uniform plan.
             if found.plan is not None and found.value < best.value * (1 - TIE) \
                     and _keeps_pins(found.plan, options, spec, world, cluster.devices_per_node):
                 found.stopped, found.lower = best.stopped, best.lower
