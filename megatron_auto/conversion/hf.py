@@ -35,8 +35,9 @@ from .hf_mapping import (ARCHITECTURES, ConversionError, export_problem, from_hf
 
 TRANSFORMERS_RANGE = ">=5.0,<6"
 #: HF ``model_type`` -> our architecture name
-HF_MODEL_TYPES = {"gpt2": "gpt2", "llama": "llama", "megatron-bert": "megatron-bert"}
-_CONFIG_CLASSES = {"gpt2": "GPT2Config", "llama": "LlamaConfig",
+HF_MODEL_TYPES = {"gpt2": "gpt2", "llama": "llama", "mixtral": "mixtral",
+                  "megatron-bert": "megatron-bert"}
+_CONFIG_CLASSES = {"gpt2": "GPT2Config", "llama": "LlamaConfig", "mixtral": "MixtralConfig",
                    "megatron-bert": "MegatronBertConfig"}
 
 # Model flags (argparse destinations of ``arguments.add_model_args``) -> the ModelConfig field
@@ -122,6 +123,8 @@ def _model_class(transformers: Any, arch: str, hf_config: Any) -> Any:
         return transformers.GPT2LMHeadModel
     if arch == "llama":
         return transformers.LlamaForCausalLM
+    if arch == "mixtral":
+        return transformers.MixtralForCausalLM
     heads = getattr(hf_config, "architectures", None) or []
     if "MegatronBertForMaskedLM" in heads:
         return transformers.MegatronBertForMaskedLM

@@ -10,6 +10,8 @@ import here (:mod:`.hf` does that). The three architectures and what they requir
 - ``llama`` (``LlamaForCausalLM``): RoPE, SwiGLU, RMSNorm; separate q/k/v projections
   (``num_key_value_heads`` = our ``num_query_groups``), gate/up/down MLP; biases with
   ``attention_bias = mlp_bias = add_bias_linear``; tied or untied head (``tie_word_embeddings``).
+- ``mixtral`` (``MixtralForCausalLM``): LLaMA with every MLP a mixture of experts
+  (``hf_mixtral.py`` maps the router and experts), no biases.
 - ``megatron-bert`` (``MegatronBertForPreTraining``, or ``...ForMaskedLM`` without the binary
   head): pre-LayerNorm BERT with a final LayerNorm and no embedding norm, which is our BERT;
   the sentence-order head maps onto ``cls.seq_relationship``.
@@ -28,8 +30,10 @@ import torch
 
 from ..config import ModelConfig
 from ..families.registry import family_of
+from .hf_mixtral import (experts_from_hf, experts_to_hf, mixtral_config_kwargs, mixtral_fields,
+                         mixtral_problem)
 
-ARCHITECTURES = ("gpt2", "llama", "megatron-bert")
+ARCHITECTURES = ("gpt2", "llama", "mixtral", "megatron-bert")
 TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh")
 
 State = dict[str, torch.Tensor]
@@ -107,6 +111,9 @@ def export_problem(cfg: ModelConfig, arch: str) -> str | None:
     problem = _decoder_problem(cfg, arch)
     if problem is None:
         return None
+    if arch == "mixtral" or cfg.moe is not None:  # experts fit Mixtral only, dense models not
+        fits = [a for a in _DECODERS if a != arch and _decoder_problem(cfg, a) is None]
+        return problem + (f"; use --hf-architecture {fits[0]}" if fits else "")
     other = "llama" if arch == "gpt2" else "gpt2"
     other_problem = _decoder_problem(cfg, other)
     if other_problem is None:
@@ -117,12 +124,16 @@ def export_problem(cfg: ModelConfig, arch: str) -> str | None:
             f"fields and retrain, or keep the model in our checkpoint format")
 
 
-_DECODERS = {"gpt2": "GPT-2", "llama": "LLaMA"}
+_DECODERS = {"gpt2": "GPT-2", "llama": "LLaMA", "mixtral": "Mixtral"}
 
 
 def _decoder_problem(cfg: ModelConfig, arch: str) -> str | None:
     """The first field of the decoder ``cfg`` that ``arch`` (gpt2 or llama) cannot hold, as a
     clause naming the field and why, or None."""
+    if arch == "mixtral":
+        return mixtral_problem(cfg)
+    if cfg.moe is not None:
+        return f"num_experts={cfg.moe.num_experts}: {_DECODERS[arch]} has no experts"
     if arch == "gpt2":
         pairs = [
             (cfg.position_embedding_type == "learned", "position_embedding_type=rope: GPT-2 "
@@ -149,6 +160,8 @@ def pick_architecture(cfg: ModelConfig) -> str:
     Megatron-BERT, GPT's GPT-2), LLaMA for a RoPE model of a family that has it
     (:func:`export_problem` then says what does not fit, if anything)."""
     architectures = family_of(cfg).hf_architectures
+    if "mixtral" in architectures and cfg.moe is not None:
+        return "mixtral"
     if "llama" in architectures and cfg.position_embedding_type == "rope":
         return "llama"
     return architectures[0]
@@ -169,8 +182,8 @@ def hf_config_kwargs(cfg: ModelConfig, arch: str) -> dict[str, Any]:
         if cfg.vocab_size <= 50256:  # GPT-2's default special ids would lie outside the vocab
             kwargs.update(bos_token_id=None, eos_token_id=None)
         return kwargs
-    if arch == "llama":
-        return dict(common, hidden_size=cfg.hidden_size, intermediate_size=cfg.ffn_hidden_size,
+    if arch in ("llama", "mixtral"):
+        llama = dict(common, hidden_size=cfg.hidden_size, intermediate_size=cfg.ffn_hidden_size,
                     num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_attention_heads,
                     num_key_value_heads=cfg.query_groups, head_dim=cfg.head_dim,
                     hidden_act="silu", max_position_embeddings=cfg.max_position_embeddings,
@@ -179,6 +192,7 @@ def hf_config_kwargs(cfg: ModelConfig, arch: str) -> dict[str, Any]:
                     attention_dropout=cfg.attention_dropout,
                     tie_word_embeddings=not cfg.untie_embeddings_and_output_weights,
                     architectures=["LlamaForCausalLM"])
+        return llama if arch == "llama" else mixtral_config_kwargs(cfg, llama)
     head = "MegatronBertForPreTraining" if cfg.bert_binary_head else "MegatronBertForMaskedLM"
     return dict(common, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
                 num_attention_heads=cfg.num_attention_heads,
@@ -232,7 +246,7 @@ def model_fields_from_hf(hf: Any, arch: str) -> tuple[dict[str, Any], dict[str, 
                      layernorm_epsilon="layer_norm_epsilon", openai_gelu="activation_function",
                      activation="activation_function",
                      untie_embeddings_and_output_weights="tie_word_embeddings")
-    elif arch == "llama":
+    elif arch in ("llama", "mixtral"):
         need(hf.hidden_act == "silu", "hidden_act", hf.hidden_act,
              "our SwiGLU gates with SiLU; only silu converts")
         theta, kind = _rope(hf)
@@ -260,6 +274,8 @@ def model_fields_from_hf(hf: Any, arch: str) -> tuple[dict[str, Any], dict[str, 
                      num_query_groups="num_key_value_heads", layernorm_epsilon="rms_norm_eps",
                      rotary_base="rope_theta", add_bias_linear="attention_bias",
                      untie_embeddings_and_output_weights="tie_word_embeddings")
+        if arch == "mixtral":
+            mixtral_fields(hf, need, fields, names)
     else:
         need(hf.hidden_act in TANH_GELUS + ("gelu",), "hidden_act", hf.hidden_act,
              "only GeLU (gelu; gelu_new: --openai-gelu) converts")
@@ -288,6 +304,8 @@ def _layer_maps(cfg: ModelConfig, arch: str) -> list[tuple[str, str]]:
     if arch == "gpt2":
         pairs = [("input_layernorm", "ln_1"), ("pre_mlp_layernorm", "ln_2")]
         return [(f"{a}.{p}", f"{b}.{p}") for a, b in pairs for p in ("weight", "bias")]
+    if arch == "mixtral":  # LLaMA's attention and norms; the experts: hf_mixtral.py
+        return _layer_maps(cfg, "llama")[:3]
     if arch == "llama":
         out = [("input_layernorm.weight", "input_layernorm.weight"),
                ("pre_mlp_layernorm.weight", "post_attention_layernorm.weight"),
@@ -306,11 +324,12 @@ def _layer_maps(cfg: ModelConfig, arch: str) -> list[tuple[str, str]]:
 def _prefixes(arch: str) -> tuple[str, str]:
     """(HF prefix of the decoder/encoder layers, HF prefix of the embeddings)."""
     return {"gpt2": ("transformer.h.", "transformer."), "llama": ("model.layers.", "model."),
-            "megatron-bert": ("bert.encoder.layer.", "bert.")}[arch]
+            "mixtral": ("model.layers.", "model."), "megatron-bert": ("bert.encoder.layer.", "bert.")}[arch]
 
 
 def _qkv_names(arch: str) -> tuple[str, str, str]:
     return {"llama": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+            "mixtral": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
             "megatron-bert": ("attention.self.query", "attention.self.key",
                               "attention.self.value")}[arch]
 
@@ -324,7 +343,7 @@ def _top_level(cfg: ModelConfig, arch: str) -> list[tuple[str, str, bool]]:
                ("final_norm.weight", "transformer.ln_f.weight", False),
                ("final_norm.bias", "transformer.ln_f.bias", False)]
         return out + ([] if tied else [("output_layer.weight", "lm_head.weight", True)])
-    if arch == "llama":
+    if arch in ("llama", "mixtral"):
         out = [("embedding.word_embeddings.weight", "model.embed_tokens.weight", True),
                ("final_norm.weight", "model.norm.weight", False)]
         return out + ([] if tied else [("output_layer.weight", "lm_head.weight", True)])
@@ -385,6 +404,8 @@ def to_hf_state(cfg: ModelConfig, state: State, arch: str) -> State:
             if arch == "llama":
                 gate, up = split_gate_up(get(f"{ours}mlp.linear_fc1.{p}"))
                 out[f"{theirs}mlp.gate_proj.{p}"], out[f"{theirs}mlp.up_proj.{p}"] = gate, up
+        if arch == "mixtral":
+            out.update(experts_to_hf(get, ours, theirs))
     return {k: v.detach().float().contiguous().clone() for k, v in out.items()}
 
 
@@ -424,4 +445,6 @@ def from_hf_state(cfg: ModelConfig, hf_state: State, arch: str) -> State:
             if arch == "llama":
                 out[f"{ours}mlp.linear_fc1.{p}"] = merge_gate_up(
                     get(f"{theirs}mlp.gate_proj.{p}"), get(f"{theirs}mlp.up_proj.{p}"))
+        if arch == "mixtral":
+            out.update(experts_from_hf(get, ours, theirs))
     return {k: v.contiguous().clone() for k, v in out.items()}

@@ -61,9 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--load-dir", required=True)
     g.add_argument("--save-dir", required=True)
     g.add_argument("--hf-architecture", default="auto",
-                   choices=["auto", "gpt2", "llama", "megatron-bert"],
+                   choices=["auto", "gpt2", "llama", "mixtral", "megatron-bert"],
                    help="export only: the transformers architecture (auto: BERT -> "
-                        "megatron-bert, RoPE -> llama, else gpt2)")
+                        "megatron-bert, MoE -> mixtral, RoPE -> llama, else gpt2)")
     g.add_argument("--overwrite", action="store_true",
                    help="export: write config.json and model.safetensors into a --save-dir that "
                         "is not empty (its other files stay); import: replace an earlier "

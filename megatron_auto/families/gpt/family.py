@@ -145,7 +145,8 @@ def _language_model(name: str, from_flags: Any, stage: str, help_text: str,
 
 FAMILIES = (
     _language_model("gpt", gpt_from_flags, "megatron_auto.models.gpt:GPTStage",
-                    "gpt (causal decoder, default)", ("gpt2", "llama"), "pretrain_gpt.py",
+                    "gpt (causal decoder, default)", ("gpt2", "llama", "mixtral"),
+                    "pretrain_gpt.py",
                     DECODER_MODEL_TYPES, read_decoder),
     _language_model("bert", bert_from_flags, "megatron_auto.models.bert:BertStage",
                     "bert (encoder)", ("megatron-bert",), "pretrain_bert.py",
