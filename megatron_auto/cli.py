@@ -26,14 +26,14 @@ import sys
 from typing import Any, Sequence
 
 from .arguments import DEFAULT_GLOBAL_BATCH_SIZE, add_model_args
-from .cli_checks import check_outputs, command_given_flags, warn_other_family_flags
+from .cli_checks import (check_outputs, command_given_flags, module_recompute_choices,
+                         warn_other_family_flags, with_host_budget)
 from .config import ModelConfig, resolve_precision
 from .families.hf_config import apply_hf_config
 from .families.registry import config_from_record, families, family_of, get_family
-from .plan import Plan, PlanError
+from .plan import Plan
 from .plan_flags import (add_layout_and_fsdp_args, add_sp_and_virtual_pipeline_args,
                          classic_layout_from_args)
-from .plan_recompute import normalize_recompute
 from .planner import report
 from .planner.inputs.hardware import GB, ClusterSpec
 from .planner.interop.megatron_flags import to_megatron_flags
@@ -104,6 +104,9 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--memory-budget-gb", type=float, default=None, metavar="X",
                    help="per-device memory budget in GB = 1e9 bytes, the unit of the presets' "
                         "device memory (default: the device's memory)")
+    g.add_argument("--host-memory-budget-gb", type=float, default=None, metavar="X",
+                   help="host memory one device's rank may use for offloaded activations (plan "
+                        "layers[i].offload), in GB = 1e9 bytes; needed by plans that offload")
     g.add_argument("--model-profile", default=None, metavar="FILE",
                    help="measured or imported model profile (default: analytic from the shapes)")
 
@@ -227,9 +230,12 @@ def _given_plan(args: argparse.Namespace, world_size: int, config: ModelConfig) 
     return plan
 
 
-def _evaluate(setup: PlanningInputs, plan: Plan) -> Any:
-    return evaluate(plan, setup.spec, setup.training, setup.cluster, setup.profile,
-                    memory_budget_bytes=setup.budget_bytes)
+def _evaluate(setup: PlanningInputs, plan: Plan, host_budget_gb: float | None = None) -> Any:
+    """The estimate of ``plan``; an offload plan's host memory checked against
+    ``--host-memory-budget-gb`` (one line when it has none that holds it)."""
+    estimate = evaluate(plan, setup.spec, setup.training, setup.cluster, setup.profile,
+                        memory_budget_bytes=setup.budget_bytes)
+    return with_host_budget(estimate, host_budget_gb)
 
 
 def _explain_text(setup: PlanningInputs, plan: Plan, estimate: Any, title: str = "Plan") -> str:
@@ -244,22 +250,6 @@ _OPTION_FLAGS = {"space": "--search-space", "time_limit_s": "--time-limit",
                  "optimality_gap": "--optimality-gap",
                  "tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size",
                  "num_microbatches": "--num-microbatches", "schedule": "--schedule"}
-
-
-def _module_recompute_choices(values: list[str]) -> tuple:
-    """``--search-module-recompute`` values as plan recompute values (one line per bad one)."""
-    out = []
-    for text in values:
-        try:
-            value = normalize_recompute(text if text in ("none", "selective", "full")
-                                        else text.split("+"), "--search-module-recompute")
-        except PlanError as err:
-            raise CliError(str(err).replace("plan field ", "")) from None
-        if isinstance(value, bool):
-            raise CliError(f"--search-module-recompute={text}: none and full are always "
-                           f"searched; give selective or a module list such as core_attn+mlp")
-        out.append(value)
-    return tuple(dict.fromkeys(out))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -278,7 +268,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise CliError(str(err)) from None
     if args.search_module_recompute:
         options = dataclasses.replace(
-            options, module_recompute=_module_recompute_choices(args.search_module_recompute))
+            options, module_recompute=module_recompute_choices(args.search_module_recompute))
     try:
         options = runtime_options(options, setup.config)
         options.validate()
@@ -287,6 +277,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         for field_name, flag in _OPTION_FLAGS.items():
             text = text.replace(f"search option {field_name}=", f"{flag}=")
         raise CliError(text) from None
+    if args.host_memory_budget_gb is not None:  # a bad value: one line before the search
+        with_host_budget(None, args.host_memory_budget_gb)
+        warn_flag(f"--host-memory-budget-gb={args.host_memory_budget_gb}: the search does not "
+                  f"offload activations yet; the budget applies to evaluate and explain of "
+                  f"plans that do")
     result = search(setup.spec, setup.training, setup.cluster, setup.profile, setup.budget_bytes,
                     options)
     # Record what the estimate assumed, so evaluate/explain --plan need no repeated flags.
@@ -308,7 +303,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     cluster = _cluster(args)
     plan, config = _plan_and_model(args, cluster.world_size)
     setup = _setup(args, global_batch_size=plan.global_batch_size, config=config)
-    estimate = _evaluate(setup, plan)
+    estimate = _evaluate(setup, plan, args.host_memory_budget_gb)
     if args.json:
         print(json.dumps(estimate.to_dict(), indent=2))
     else:
@@ -323,7 +318,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     cluster = _cluster(args)
     plan, config = _plan_and_model(args, cluster.world_size)
     setup = _setup(args, global_batch_size=plan.global_batch_size, config=config)
-    estimate = _evaluate(setup, plan)
+    estimate = _evaluate(setup, plan, args.host_memory_budget_gb)
     print(_explain_text(setup, plan, estimate), end="")
     if args.plot:
         from .utils.plots import plot_plan  # noqa: PLC0415 - start-up time

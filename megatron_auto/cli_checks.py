@@ -20,15 +20,21 @@ Model flags: ``--model-type`` picks a family, and the flags the other registered
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from .families.registry import families, get_family
+from .plan_errors import PlanError
+from .plan_recompute import normalize_recompute
+from .planner.cost.offload import host_budget_problem
+from .planner.inputs.hardware import GB
 from .run_flag_checks import given_flags
 from .utils.flag_warnings import warn_flag
 from .utils.output_paths import check_output_dir, check_output_file
 
-__all__ = ["check_outputs", "command_given_flags", "warn_other_family_flags"]
+__all__ = ["check_outputs", "command_given_flags", "module_recompute_choices",
+           "warn_other_family_flags", "with_host_budget"]
 
 # (destination, flag) of the files each subcommand writes; "dir" entries are directories,
 # "append" files are extended, "plot" files get matplotlib's suffix rule.
@@ -112,3 +118,30 @@ def warn_other_family_flags(args: argparse.Namespace) -> None:
         flags = " ".join(f"--{d.replace('_', '-')}={getattr(args, d)}" for d in unused)
         warn_flag(f"{flags}: ignored with --model-type {args.model_type} (they describe "
                   f"another model family; pick its --model-type or drop them)")
+
+
+def module_recompute_choices(values: list[str]) -> tuple:
+    """``--search-module-recompute`` values as plan recompute values (one line per bad one)."""
+    out = []
+    for text in values:
+        try:
+            value = normalize_recompute(text if text in ("none", "selective", "full")
+                                        else text.split("+"), "--search-module-recompute")
+        except PlanError as err:
+            raise ValueError(str(err).replace("plan field ", "")) from None
+        if isinstance(value, bool):
+            raise ValueError(f"--search-module-recompute={text}: none and full are always "
+                             f"searched; give selective or a module list such as core_attn+mlp")
+        out.append(value)
+    return tuple(dict.fromkeys(out))
+
+
+def with_host_budget(estimate: Any, host_budget_gb: float | None) -> Any:
+    """``estimate`` with the host budget recorded; one line (``ValueError``) when a bad budget
+    or an offload plan's host memory does not fit it (``planner/cost/offload.py``)."""
+    problem = host_budget_problem(getattr(estimate, "host_memory_bytes", 0.0), host_budget_gb)
+    if problem:
+        raise ValueError(problem)
+    if host_budget_gb is None or estimate is None:
+        return estimate
+    return dataclasses.replace(estimate, host_memory_budget_bytes=host_budget_gb * GB)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from ..plan import Plan
+from ..plan_offload import offload_label
 from ..plan_recompute import recompute_label
 
 BREAKDOWN_ORDER = ("parameters", "gradients", "optimizer_states", "activations", "embedding",
@@ -87,6 +88,13 @@ def describe_estimate(estimate: Mapping[str, Any]) -> str:
         if estimate.get("feasible") is False:
             memory += " (DOES NOT FIT)"
     parts.append(memory)
+    host = max((s.get("host_memory_bytes", 0.0) for s in estimate.get("stages") or ()),
+               default=0.0)
+    if host:  # activation offload (cost/offload.py): the host side of the memory
+        text = f"host memory {format_bytes(host)} per device (offloaded activations)"
+        if estimate.get("host_memory_budget_bytes") is not None:
+            text += f" of {format_bytes(estimate['host_memory_budget_bytes'])} host budget"
+        parts.append(text)
     return ", ".join(parts)
 
 
@@ -119,10 +127,15 @@ def layer_rows(plan: Plan, per_layer: Sequence[Mapping[str, Any]] = (),
         if layer_type_names:
             row.append(layer_type_names[start])
         row += [layer.tp, dp] + ([f"{cp} {layer.cp_mode}"] if cp > 1 else []) + [
-                layer.dp_mode, layout, _recompute_cell(layer.recompute),
+                layer.dp_mode, layout, _recompute_cell(layer.recompute)] + (
+                [offload_label(layer.offload)] if _offloads(plan) else []) + [
                 format_bytes(cost.get("memory_bytes")), format_time(fb)]
         rows.append(row)
     return rows
+
+
+def _offloads(plan: Plan) -> bool:
+    return any(layer.offload is not False for layer in plan.layers)
 
 
 def _recompute_cell(value: Any) -> str:
@@ -134,7 +147,8 @@ def render_layers(plan: Plan, per_layer: Sequence[Mapping[str, Any]] = (),
                   layer_type_names: Sequence[str] | None = None) -> str:
     headers = ["layers", "stage"] + (["type"] if layer_type_names else []) + [
         "tp", "dp"] + (["cp"] if plan.cp_size > 1 else []) + [
-        "dp_mode", "tp layout", "recompute", "memory/layer", "fwd+bwd/microbatch"]
+        "dp_mode", "tp layout", "recompute"] + (["offload"] if _offloads(plan) else []) + [
+        "memory/layer", "fwd+bwd/microbatch"]
     return table(headers, layer_rows(plan, per_layer, layer_type_names))
 
 
@@ -146,11 +160,14 @@ def render_stages(estimate: Mapping[str, Any]) -> str:
     keys = [k for k in BREAKDOWN_ORDER if any(k in s.get("memory_breakdown", {}) for s in stages)]
     extra = sorted({k for s in stages for k in s.get("memory_breakdown", {})} - set(keys))
     keys += extra
-    headers = ["stage", "time", "peak memory"] + keys + ["binding"]
+    host = any(s.get("host_memory_bytes") for s in stages)
+    headers = ["stage", "time", "peak memory"] + (["host memory"] if host else []) + keys + [
+        "binding"]
     rows = []
     for k, s in enumerate(stages):
         breakdown = s.get("memory_breakdown", {})
         rows.append([k, format_time(s.get("time_s")), format_bytes(s.get("peak_memory_bytes"))]
+                    + ([format_bytes(s.get("host_memory_bytes", 0.0))] if host else [])
                     + [format_bytes(breakdown.get(key)) for key in keys]
                     + [s.get("binding") or "-"])
     return table(headers, rows)

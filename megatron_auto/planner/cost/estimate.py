@@ -42,6 +42,7 @@ from .interleaving import InFlightMemo, peak_activations, pipeline_fill
 from ..inputs.model_spec import ModelSpec, TrainingSpec
 from ..inputs.attention_terms import fill_attention_defaults
 from ..inputs.profiles import ModelProfile, dropout_mask_bytes
+from .offload import apply_offload_memory, apply_offload_time, offload_cost
 from .recompute import module_terms
 
 GIB = 1024 ** 3
@@ -61,14 +62,19 @@ class StageEstimate:
     in_flight_microbatches: int
     num_layers: int
     binding: str = ""
+    # Offloaded activations held in host memory by each rank of the stage (cost/offload.py).
+    host_memory_bytes: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"time_s": self.time_s, "microbatch_time_s": self.microbatch_time_s,
-                "forward_time_s": self.forward_time_s, "backward_time_s": self.backward_time_s,
-                "sync_tail_s": self.sync_tail_s, "peak_memory_bytes": self.peak_memory_bytes,
-                "memory_breakdown": dict(self.memory_breakdown),
-                "in_flight_microbatches": self.in_flight_microbatches,
-                "num_layers": self.num_layers, "binding": self.binding}
+        out = {"time_s": self.time_s, "microbatch_time_s": self.microbatch_time_s,
+               "forward_time_s": self.forward_time_s, "backward_time_s": self.backward_time_s,
+               "sync_tail_s": self.sync_tail_s, "peak_memory_bytes": self.peak_memory_bytes,
+               "memory_breakdown": dict(self.memory_breakdown),
+               "in_flight_microbatches": self.in_flight_microbatches,
+               "num_layers": self.num_layers, "binding": self.binding}
+        if self.host_memory_bytes:  # absent without offload: estimates stay as they were
+            out["host_memory_bytes"] = self.host_memory_bytes
+        return out
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,13 @@ class Estimate:
     stages: tuple[StageEstimate, ...]
     memory_budget_bytes: float | None = None
     per_layer: tuple[Mapping[str, float], ...] = field(default=(), compare=False)
+    # --host-memory-budget-gb in bytes (activation offload's second budget); None: not given
+    host_memory_budget_bytes: float | None = None
+
+    @property
+    def host_memory_bytes(self) -> float:
+        """The most host memory one rank holds for offloaded activations (any stage)."""
+        return max((st.host_memory_bytes for st in self.stages), default=0.0)
 
     @property
     def peak_memory_bytes(self) -> float:
@@ -89,8 +102,12 @@ class Estimate:
 
     @property
     def feasible(self) -> bool:
-        """True when no budget was given or every stage's peak fits it."""
-        return self.memory_budget_bytes is None or self.peak_memory_bytes <= self.memory_budget_bytes
+        """True when no budget was given or every stage's peak fits it (and the host budget, when
+        given, holds every stage's offloaded activations)."""
+        host = self.host_memory_budget_bytes
+        return ((self.memory_budget_bytes is None
+                 or self.peak_memory_bytes <= self.memory_budget_bytes)
+                and (host is None or self.host_memory_bytes <= host))
 
     @property
     def binding(self) -> tuple[str, ...]:
@@ -103,6 +120,9 @@ class Estimate:
                "stages": [s.to_dict() for s in self.stages]}
         if self.memory_budget_bytes is not None:
             out["memory_budget_bytes"] = self.memory_budget_bytes
+            out["feasible"] = self.feasible
+        if self.host_memory_budget_bytes is not None:
+            out["host_memory_budget_bytes"] = self.host_memory_budget_bytes
             out["feasible"] = self.feasible
         return out
 
@@ -375,6 +395,7 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
         total = NO_TIME  # layers, then embedding/head, one after the other
         moves = NO_MOVE  # relayouts (embedding, layers, head) and the incoming p2p hops
         kept = [0.0] * len(chunks)  # activations per micro-batch in flight, per local chunk
+        host = [0.0] * len(chunks)  # offloaded activations per micro-batch, per local chunk
         times = [0.0] * len(chunks)  # per-micro-batch time of each local chunk
         first_bwd = [0.0] * len(chunks)
         layer_mems: list[tuple[int, int, MemoryCost, TimeCost]] = []
@@ -394,20 +415,26 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
                     mod = module_terms(lp, spec.layer_type(i), modules, s.tp, samples,
                                        training.compute_bytes,
                                        dropout_mask_bytes(cluster, training.compute_bytes))
-                    priced[name, s] = (
-                        layer_memory(lp, s.tp, dp, s.dp_mode, s.full_recompute, samples,
-                                     first_backward_peak=gpipe, sequence_parallel=sp,
-                                     cp=s.cp, cp_mode=s.cp_mode,
-                                     compute_bytes=training.compute_bytes,
-                                     released_bytes=mod.released_bytes,
-                                     rebuilt_bytes=mod.largest_module_bytes),
-                        layer_time(lp, cluster, layout_of(s, n), s.dp_mode, s.full_recompute,
+                    mem = layer_memory(lp, s.tp, dp, s.dp_mode, s.full_recompute, samples,
+                                       first_backward_peak=gpipe, sequence_parallel=sp,
+                                       cp=s.cp, cp_mode=s.cp_mode,
+                                       compute_bytes=training.compute_bytes,
+                                       released_bytes=mod.released_bytes,
+                                       rebuilt_bytes=mod.largest_module_bytes)
+                    t = layer_time(lp, cluster, layout_of(s, n), s.dp_mode, s.full_recompute,
                                    samples, n, training.precision, sequence_parallel=sp,
                                    norm_grad_bytes=sp_reduced_tensor_bytes(spec, i) if sp
                                    else (), cp_mode=s.cp_mode,
                                    recompute_forward_s=mod.forward_time_s,
-                                   recompute_modules=s.recompute_modules))
+                                   recompute_modules=s.recompute_modules)
+                    # Activation offload (layers[i].offload): moved to the host, copies priced
+                    off = offload_cost(s, lp, spec.layer_type(i), cluster, samples,
+                                       mem.activations_per_microbatch, training.compute_bytes,
+                                       dropout_mask_bytes(cluster, training.compute_bytes))
+                    priced[name, s] = (apply_offload_memory(mem, off),
+                                       apply_offload_time(t, off))
                 mem, t = priced[name, s]
+                host[j] += mem.host_per_microbatch
                 states["parameters"] += mem.parameters
                 states["gradients"] += mem.gradients_at_peak
                 states["optimizer_states"] += mem.optimizer_states
@@ -450,6 +477,7 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
             with_emb[emb_chunk] += emb_mem.activations_per_microbatch
             counts = peak_activations(with_emb, pp, v, m, k, in_flight_memo)[1]
         act = sum(nj * a for nj, a in zip(counts, kept))
+        host_bytes = sum(nj * a for nj, a in zip(counts, host))
         k_emb = counts[emb_chunk]
         for i, j, mem, t in layer_mems:
             per_layer[i] = {"stage": k, "memory_bytes": mem.persistent(counts[j]),
@@ -493,12 +521,12 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
         steps.append(total.optimizer)
         chunk_times.append(times if v > 1 else [c_k])
         stage_parts.append((fwd, bwd, tail, peak, breakdown, sum(counts), c_k, total.compute,
-                            total.tp_comm, total.dp_comm, moves.total))
+                            total.tp_comm, total.dp_comm, moves.total, host_bytes))
     pt = pipeline_time(micro, backward, tails, m, steps, step_overhead(cluster, plan.world_size),
                        virtual_size=v, fill=pipeline_fill(chunk_times) if v > 1 else None)
     stages = []
-    for k, (fwd, bwd, tail, peak, breakdown, k_in, c_k, compute, tp_comm, dp_comm, moves) in \
-            enumerate(stage_parts):
+    for k, (fwd, bwd, tail, peak, breakdown, k_in, c_k, compute, tp_comm, dp_comm, moves,
+            host_bytes) in enumerate(stage_parts):
         shares = {"compute": m * compute, "tp_communication": m * tp_comm,
                   "dp_communication": m * dp_comm + tail, "relayout_and_p2p": m * moves,
                   "pipeline_bubble": pt.pipeline - m * c_k, "optimizer_step": steps[k]}
@@ -507,7 +535,7 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
             backward_time_s=bwd, sync_tail_s=tail, peak_memory_bytes=peak,
             memory_breakdown=breakdown, in_flight_microbatches=k_in,
             num_layers=len(plan.stage_layers(k)),
-            binding=_binding(peak, memory_budget_bytes, shares)))
+            binding=_binding(peak, memory_budget_bytes, shares), host_memory_bytes=host_bytes))
     samples_per_s = plan.global_batch_size / pt.iteration
     return Estimate(iteration_time_s=pt.iteration, samples_per_s=samples_per_s,
                     tokens_per_s=samples_per_s * spec.seq_length,

@@ -41,6 +41,9 @@ class MemoryCost:
     head's pending gradient, :func:`embedding_memory`): it counts in ``persistent`` (once, with
     any micro-batch in flight) and ``transient`` holds only what this component adds above it,
     so that a stage's ``sum persistent + max transient`` prices both moments.
+
+    ``host_per_microbatch``: activations offloaded to host memory per micro-batch in flight
+    (``cost/offload.py``), already taken out of ``activations_per_microbatch``.
     """
 
     parameters: float
@@ -52,6 +55,7 @@ class MemoryCost:
     lazy_gradients: float = 0.0
     step_temporary: float = 0.0
     held_in_backward: float = 0.0
+    host_per_microbatch: float = 0.0
 
     @property
     def model_states(self) -> float:

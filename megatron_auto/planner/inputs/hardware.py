@@ -111,6 +111,10 @@ class ClusterSpec:
     # CUDA caching-allocator fragmentation: reserved beyond allocated, as a fraction of the
     # bytes that come and go each iteration (activations, transients).
     fragmentation_fraction: float = 0.0
+    # Host<->device copy bandwidth per device and direction (bytes/s; pinned memory), which
+    # activation offload's copies run at (planner/cost/offload.py). 0 = one memory (CPU) or not
+    # known: the copies are not priced. Presets: PCIe x16 figures (docs/hardware.md).
+    host_link_bw: float = 0.0
 
     def __post_init__(self) -> None:
         # Types first, so that a string in a JSON file is reported by field, not as a TypeError.
@@ -164,7 +168,7 @@ class ClusterSpec:
               "must be true or false")
         _need(0 <= self.fragmentation_fraction < 1, "fragmentation_fraction",
               self.fragmentation_fraction, "must be in [0, 1) (0 = not modelled)")
-        for name in ("hbm_bandwidth", "nccl_communicator_bytes"):
+        for name in ("hbm_bandwidth", "nccl_communicator_bytes", "host_link_bw"):
             _need(getattr(self, name) >= 0, name, getattr(self, name),
                   "must be >= 0 (0 = not modelled)")
         for name in ("zero_gather_busbw", "zero_scatter_busbw"):

@@ -47,6 +47,12 @@ NCCL_COMMUNICATOR_BYTES = 2 * NCCL_CHANNELS_ASSUMED * NCCL_BUFFSIZE
 # and transients (the CUDA memory-management notes describe the cause, not a size): assumed 5%
 # until the hardware profiler measures it after a training step.
 FRAGMENTATION_FRACTION = 0.05
+# Host<->device link per GPU: one PCIe x16 link at its per-direction line rate (PCIe 4.0:
+# 16 GT/s x 16 lanes x 128b/130b = 31.5 GB/s, A100 SXM4; PCIe 5.0: 63 GB/s, H100/H200 SXM),
+# of which 80% is assumed achievable by pinned copies (no measurement available); GPUs sharing a
+# PCIe switch's uplink copying at once would get less, which is not modelled.
+PCIE_X16_BW = {4: 31.5 * GB, 5: 63.0 * GB}
+HOST_LINK_EFFICIENCY = 0.8
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,7 @@ class _Gpu:
     nvlink_busbw: float  # 8-GPU NVSwitch all-reduce busbw, low end of nccl-tests tables
     nic_bw: float  # one InfiniBand port per GPU, line rate
     hbm_bw: float  # bytes/s, spec sheet
+    pcie_gen: int  # the host link, PCIe x16 of this generation (spec sheet)
     flops_source: str
     busbw_source: str
     nic_source: str
@@ -65,27 +72,27 @@ class _Gpu:
 _GPUS: dict[str, _Gpu] = {
     "a100-40g": _Gpu(
         "A100-SXM4-40GB", 40 * 10**9, {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12},
-        230 * GB, 25 * GB, 1.56e12,
+        230 * GB, 25 * GB, 1.56e12, 4,
         "peak 312 TFLOP/s bf16/fp16 (spec sheet, dense), 19.5 TFLOP/s fp32 (spec sheet, no TF32)",
         "NVLink all-reduce busbw 230 GB/s (low end of nccl-tests 8xA100 NVSwitch 230-250 GB/s)",
         "InfiniBand HDR 200 Gb/s = 25 GB/s per port, one port per GPU (DGX A100)"),
     "a100-80g": _Gpu(
         "A100-SXM4-80GB", 80 * 10**9, {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12},
-        230 * GB, 25 * GB, 2.04e12,
+        230 * GB, 25 * GB, 2.04e12, 4,
         "peak 312 TFLOP/s bf16/fp16 (spec sheet, dense), 19.5 TFLOP/s fp32 (spec sheet, no TF32)",
         "NVLink all-reduce busbw 230 GB/s (low end of nccl-tests 8xA100 NVSwitch 230-250 GB/s)",
         "InfiniBand HDR 200 Gb/s = 25 GB/s per port, one port per GPU (DGX A100)"),
     "h100-80g": _Gpu(
         "H100-SXM5-80GB", 80 * 10**9,
         {"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "fp32": 67e12},
-        460 * GB, 50 * GB, 3.35e12,
+        460 * GB, 50 * GB, 3.35e12, 5,
         "peak 989 TFLOP/s bf16/fp16, 1979 fp8 (spec sheet, dense), 67 TFLOP/s fp32 (spec sheet)",
         "NVLink all-reduce busbw 460 GB/s (low end of nccl-tests 8xH100 460-480 GB/s)",
         "InfiniBand NDR 400 Gb/s = 50 GB/s per port, one port per GPU (DGX H100)"),
     "h200-141g": _Gpu(
         "H200-SXM-141GB", 141 * 10**9,
         {"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "fp32": 67e12},
-        460 * GB, 50 * GB, 4.8e12,
+        460 * GB, 50 * GB, 4.8e12, 5,
         "peak 989 TFLOP/s bf16/fp16, 1979 fp8 (spec sheet, dense; same die as H100), "
         "67 TFLOP/s fp32 (H100 spec sheet, assumed equal)",
         "NVLink all-reduce busbw 460 GB/s (nccl-tests 8xH100 low end; same NVLink 4/NVSwitch, "
@@ -146,6 +153,8 @@ def make_cluster(gpu: str, num_nodes: int, devices_per_node: int = 8,
         f"4 MiB x 2 directions x {NCCL_CHANNELS_ASSUMED} channels, channel count assumed)",
         f"allocator fragmentation {FRAGMENTATION_FRACTION:.0%} of activations and transients "
         f"(assumed)",
+        f"host link PCIe {g.pcie_gen}.0 x16, {PCIE_X16_BW[g.pcie_gen] / GB:.1f} GB/s per "
+        f"direction (spec), {HOST_LINK_EFFICIENCY:.0%} assumed achievable",
     ])
     return ClusterSpec(
         name=name or f"{gpu}-{num_nodes}x{devices_per_node}", num_nodes=num_nodes,
@@ -165,7 +174,8 @@ def _gpu_terms(g: _Gpu) -> dict:
     """The GPU cost terms of a preset (docs/cost_model.md §9), sources in ``make_cluster``."""
     return dict(hbm_bandwidth=MEASURED_HBM_EFFICIENCY * g.hbm_bw, attention_backend="flash",
                 fused_optimizer=True, nccl_communicator_bytes=float(NCCL_COMMUNICATOR_BYTES),
-                fragmentation_fraction=FRAGMENTATION_FRACTION)
+                fragmentation_fraction=FRAGMENTATION_FRACTION,
+                host_link_bw=HOST_LINK_EFFICIENCY * PCIE_X16_BW[g.pcie_gen])
 
 
 def _galvatron_a100(num_nodes: int) -> ClusterSpec:

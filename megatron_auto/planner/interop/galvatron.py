@@ -564,6 +564,9 @@ def plan_to_galvatron_config(plan: Plan) -> tuple[dict[str, Any] | None, list[st
     if partial:
         reasons.append(f"layers {partial} recompute single modules; Galvatron's checkpoint flag "
                        f"is the whole layer or nothing")
+    offloaded = [i for i, layer in enumerate(plan.layers) if layer.offload is not False]
+    if offloaded:
+        reasons.append(f"layers {offloaded} offload activations; Galvatron has no offload")
     extra, v3_reasons = v3.export_fields(plan)
     reasons += v3_reasons
     if reasons:

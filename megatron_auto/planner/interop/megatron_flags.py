@@ -308,6 +308,10 @@ def to_megatron_flags(plan: Plan) -> tuple[list[str] | None, list[str]]:
     if cp > 1 and len(cp_modes) > 1:
         reasons.append(f"per-layer cp_mode differs ({cp_modes}); Megatron uses one "
                        f"--cp-comm-type for all layers")
+    offloaded = [i for i, layer in enumerate(layers) if layer.offload is not False]
+    if offloaded:  # Megatron-Core's fine-grained offload flags are not mapped (yet)
+        reasons.append(f"layers {_ranges(offloaded)} offload activations; no classic "
+                       f"Megatron-LM flag says that per layer")
     pp = plan.pp_size
     stage_flags = _stage_flags(list(plan.pipeline.layers_per_stage), plan.virtual_size)
     recompute_flags = _recompute_flags(plan, reasons)

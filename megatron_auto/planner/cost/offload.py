@@ -1,0 +1,149 @@
+"""The cost of activation offload (plan ``layers[i].offload``, parallel/offload.py).
+
+What a layer's offload moves, per micro-batch on one rank (``samples`` samples, TP ``t``, compute
+dtype ``beta`` bytes; SP splits the sequence-wise tensors outside attention over ``t``):
+
+- ``true``: everything the layer keeps for backward (its priced kept activations, after any
+  module recompute's release, with the autocast weight copies) except what autograd does not
+  hold through saved tensors: the inputs of its recomputed modules, which the checkpoint holds
+  on the device (``core_attn`` q, k, v; ``mlp`` its input; ``norm`` both inputs).
+- ``core_attn``: what the attention call saves: q, k, v ``beta s (h + 2 kv) / t``, its output
+  ``beta s h / t``, and beyond them the kernel's kept scores (``cost/recompute.py``'s quadratic
+  bytes, math kernel) or its log-sum-exp (``4 heads s / t``, fused kernels).
+- ``mlp``: fc1's input ``beta s h`` (``/ t`` under SP), fc1's output and the activation's
+  output ``2 beta s f / t`` (GeLU) or gate, up, SiLU and product ``4 beta s f / t`` (SwiGLU).
+- ``norm``: the two norms' inputs ``2 beta s h`` (``/ t`` under SP); their statistics are a few
+  bytes per token, not counted.
+Module lists leave the weight copies on the device (under-counting what moves keeps the device
+estimate on the safe side); no module is priced above the layer's kept bytes.
+
+Device memory: a micro-batch keeps the moved bytes less; in backward the layer's moved bytes of
+the running micro-batch are back on the device until its backward ends (a transient). Host
+memory: the moved bytes of every micro-batch in flight (a second budget, ``host_per_microbatch``).
+
+Time, at ``ClusterSpec.host_link_bw`` (bytes/s per direction, a preset from the PCIe figures of
+docs/hardware.md or a measured profile): on CUDA the forward's copy runs on a side stream beside
+the layer's forward compute, so only ``max(0, copy - forward compute)`` shows; backward's copy
+back runs on the compute stream before the layer's backward uses it (the runtime waits for it):
+all of it shows. On CPU the copy is a memory copy, not priced (host and device are one memory).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..inputs.hardware import GB
+from .gpu_terms import NO_SCORES_BACKENDS, attention_kept_bytes
+from .memory_model import MemoryCost
+from .time_model import TimeCost
+
+LSE_BYTES = 4  # fused attention kernels keep one fp32 log-sum-exp per head and token
+
+
+@dataclass(frozen=True)
+class OffloadCost:
+    """Per micro-batch on one rank: bytes moved to the host (and back), and the seconds of one
+    direction's copy."""
+
+    moved_bytes: float = 0.0
+    copy_time_s: float = 0.0
+
+
+NONE = OffloadCost()
+
+
+def _module_bytes(module: str, profile: Any, layer_type: Any, tp: int, sp: bool,
+                  compute_bytes: int, mask_bytes: int) -> float:
+    """Per sample: what module ``module`` saves for backward (module docstring)."""
+    beta, s, h = compute_bytes, layer_type.seq_length, layer_type.hidden_size
+    split = tp if sp else 1  # sequence-wise tensors outside attention under SP
+    if module == "core_attn":
+        qkv = beta * s * (h + 2 * layer_type.kv_size) / tp
+        out = beta * s * h / tp
+        if profile.attention_backend in NO_SCORES_BACKENDS:
+            extra = LSE_BYTES * layer_type.num_attention_heads * s / tp
+        else:
+            extra = (profile.attention_kept_quadratic_bytes or attention_kept_bytes(
+                beta, layer_type.num_attention_heads, s, layer_type.attended_tokens,
+                profile.attention_backend, mask_bytes)) / tp
+        return qkv + out + extra
+    if module == "mlp":
+        mats = 4 if layer_type.activation == "swiglu" else 2
+        return beta * s * h / split + mats * beta * s * layer_type.ffn_hidden_size / tp
+    if module == "norm":
+        return 2 * beta * s * h / split
+    raise ValueError(f"offload module {module!r}: unknown")
+
+
+def _checkpoint_inputs(module: str, layer_type: Any, tp: int, sp: bool,
+                       compute_bytes: int) -> float:
+    """Per sample: the inputs a recomputed module's checkpoint holds on the device."""
+    beta, s, h = compute_bytes, layer_type.seq_length, layer_type.hidden_size
+    if module == "core_attn":
+        return beta * s * (h + 2 * layer_type.kv_size) / tp
+    return (1 if module == "mlp" else 2) * beta * s * h / (tp if sp else 1)
+
+
+def offload_cost(strategy: Any, profile: Any, layer_type: Any, cluster: Any, samples: float,
+                 kept_bytes: float, compute_bytes: int, mask_bytes: int) -> OffloadCost:
+    """What ``strategy.offload`` moves for one micro-batch of ``samples`` samples per rank and
+    the copy's seconds one way; ``kept_bytes`` is the layer's priced kept activations per
+    micro-batch (``MemoryCost.activations_per_microbatch``)."""
+    offload = strategy.offload
+    if offload is False or kept_bytes <= 0:
+        return NONE
+    tp, sp = strategy.tp, strategy.sequence_parallel and strategy.tp > 1
+    if offload is True:
+        held = sum(_checkpoint_inputs(m, layer_type, tp, sp, compute_bytes)
+                   for m in strategy.recompute_modules) * samples
+        moved = max(0.0, kept_bytes - held)
+    else:
+        moved = min(kept_bytes, samples * sum(
+            _module_bytes(m, profile, layer_type, tp, sp, compute_bytes, mask_bytes)
+            for m in offload))
+    bandwidth = getattr(cluster, "host_link_bw", 0.0)
+    return OffloadCost(moved_bytes=moved, copy_time_s=moved / bandwidth if bandwidth else 0.0)
+
+
+def apply_offload_memory(mem: MemoryCost, cost: OffloadCost) -> MemoryCost:
+    """``mem`` with the moved bytes on the host: kept less on the device, back on it while the
+    layer's backward runs (transient)."""
+    if not cost.moved_bytes:
+        return mem
+    return replace(mem, activations_per_microbatch=mem.activations_per_microbatch
+                   - cost.moved_bytes, transient=mem.transient + cost.moved_bytes,
+                   host_per_microbatch=cost.moved_bytes)
+
+
+def apply_offload_time(time: TimeCost, cost: OffloadCost) -> TimeCost:
+    """``time`` with the copies that do not hide: forward's beyond the layer's forward compute
+    (side stream), backward's whole (the layer waits for its tensors)."""
+    if not cost.copy_time_s:
+        return time
+    forward_compute = time.compute * time.forward / max(time.microbatch, 1e-30)
+    return replace(time, forward=time.forward + max(0.0, cost.copy_time_s - forward_compute),
+                   backward=time.backward + cost.copy_time_s)
+
+
+def host_budget_problem(host_memory_bytes: float, host_budget_gb: float | None) -> str | None:
+    """Why a plan whose offloaded activations need ``host_memory_bytes`` per device (the most
+    of any stage) cannot run under ``--host-memory-budget-gb`` (None: not given), as one line,
+    or None. A budget must be positive and finite; a plan that offloads needs one that holds
+    it."""
+    if host_budget_gb is not None and not (host_budget_gb > 0 and math.isfinite(host_budget_gb)):
+        return (f"--host-memory-budget-gb={host_budget_gb}: must be a positive number (GB = 1e9 "
+                f"bytes of host memory one device's rank may use)")
+    if not host_memory_bytes:
+        return None
+    need = math.ceil(host_memory_bytes / GB * 100) / 100
+    if host_budget_gb is None:
+        return (f"the plan offloads activations (layers[i].offload) that need {need:.2f} GB of "
+                f"host memory per device: give --host-memory-budget-gb {need:.2f} or more, or "
+                f"set offload to false")
+    if host_memory_bytes > host_budget_gb * GB:
+        return (f"--host-memory-budget-gb={host_budget_gb}: the plan's offloaded activations "
+                f"need {need:.2f} GB of host memory per device; raise it to {need:.2f}, or "
+                f"offload fewer layers or modules")
+    return None
