@@ -24,7 +24,10 @@ setup(
         # The test extra installs the optional packages too, so their tests run in CI instead
         # of skipping (version ranges we have run).
         "test": ["pytest>=9.0,<10", "tensorboard>=2.21,<3", "wandb>=0.31,<1", "matplotlib>=3.11,<4",
-                 "transformers>=5.0,<6", "tqdm>=4.66,<5", "megatron-core>=0.16,<0.17"],
+                 "transformers>=5.0,<6", "tqdm>=4.66,<5", "megatron-core>=0.16,<0.17",
+                 # .ci/run type-checks the torch-free layers (mypy.ini); pinned: a new mypy
+                 # release may find new errors in unchanged code
+                 "mypy==2.4.1"],
         # Megatron-Core interop: its pipeline-layout parser checks our exported flags (pure Python
         # and torch; needs no CUDA for what we use); run with 0.16.1
         "mcore": ["megatron-core>=0.16,<0.17"],

@@ -23,7 +23,7 @@ import argparse
 import importlib.util
 import math
 import os
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, Sequence
 
 from .config import (DEFAULT_GLOBAL_BATCH_SIZE, FP8_FORMATS, TRANSFORMER_IMPLS, ArgumentError,
                      ConfigError, ModelConfig, resolve_precision)
@@ -269,7 +269,7 @@ def parse_run_config(argv: Sequence[str] | None = None,
 
 
 # ----------------------------------------------------------------------------- checks
-def _fail(flag: str, value: object, fix: str) -> None:
+def _fail(flag: str, value: object, fix: str) -> NoReturn:
     raise ArgumentError(f"{flag}={value}: {fix}")
 
 

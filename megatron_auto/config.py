@@ -42,6 +42,13 @@ def resolve_precision(bf16: bool, fp16: bool, default: str | None = "fp32") -> s
     return "bf16" if bf16 else "fp16" if fp16 else default
 
 
+def filled(value: int | None) -> int:
+    """A field whose None default ``__post_init__`` replaces (``ffn_hidden_size``,
+    ``max_position_embeddings``, T5's ``kv_channels``), read as the int it then holds."""
+    assert value is not None, "a config field read before __post_init__ filled its default"
+    return value
+
+
 def pad_vocab_size(vocab_size: int, divisible_by: int) -> int:
     """Round ``vocab_size`` up to a multiple of ``divisible_by``.
 
@@ -177,7 +184,7 @@ class ModelConfig:
     def expert_ffn_hidden_size(self) -> int:
         """The width of one routed expert (``--moe-ffn-hidden-size``, default the FFN's)."""
         assert self.moe is not None
-        return self.moe.expert_ffn(self.ffn_hidden_size)
+        return self.moe.expert_ffn(filled(self.ffn_hidden_size))
 
     def check_expert_parallel(self, layer: int, ep: int, expert_tp: int, tp: int,
                               what: str = "plan field layers") -> None:
@@ -208,7 +215,7 @@ class ModelConfig:
     def num_layer_parameters(self, layer: int | None = None) -> int:
         """Parameters of one transformer layer (weights, biases and norms); ``layer``: that
         layer, whose MLP may be an MoE block (None: a dense layer)."""
-        h, f, kv = self.hidden_size, self.ffn_hidden_size, self.kv_size
+        h, f, kv = self.hidden_size, filled(self.ffn_hidden_size), self.kv_size
         norm = 2 * h if self.normalization == "layernorm" else h
         fc1 = 2 * f if self.activation == "swiglu" else f
         bias = self.add_bias_linear
@@ -228,7 +235,7 @@ class ModelConfig:
         h = self.hidden_size
         emb = self.padded_vocab_size * h
         if self.position_embedding_type == "learned":
-            emb += self.max_position_embeddings * h
+            emb += filled(self.max_position_embeddings) * h
         emb += self.num_tokentypes * h
         final_norm = 2 * h if self.normalization == "layernorm" else h
         head = 0 if not self.untie_embeddings_and_output_weights else self.padded_vocab_size * h
@@ -244,12 +251,12 @@ class ModelConfig:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size"):
             flag = self.seq_length_flag if name == "seq_length" else f"--{name.replace('_', '-')}"
             need(getattr(self, name) > 0, flag, getattr(self, name), "must be a positive integer")
-        need(self.ffn_hidden_size > 0, "--ffn-hidden-size", self.ffn_hidden_size,
+        need(filled(self.ffn_hidden_size) > 0, "--ffn-hidden-size", self.ffn_hidden_size,
              "must be a positive integer")
         need(self.hidden_size % self.num_attention_heads == 0, "--hidden-size", self.hidden_size,
              f"must be divisible by --num-attention-heads={self.num_attention_heads}; "
              f"choose a hidden size that is a multiple of the head count")
-        need(self.max_position_embeddings >= self.seq_length, "--max-position-embeddings",
+        need(filled(self.max_position_embeddings) >= self.seq_length, "--max-position-embeddings",
              self.max_position_embeddings,
              f"must be at least {self.seq_length_flag}={self.seq_length}")
         need(0.0 <= self.hidden_dropout < 1.0, "--hidden-dropout", self.hidden_dropout,
@@ -318,7 +325,7 @@ class ModelConfig:
             raise ConfigError(
                 f"{what}={tp}: must divide --num-query-groups={self.query_groups} (every TP "
                 f"rank holds whole key/value heads); use a TP degree that divides the group count")
-        if self.ffn_hidden_size % tp:
+        if filled(self.ffn_hidden_size) % tp:
             raise ConfigError(
                 f"{what}={tp}: must divide --ffn-hidden-size={self.ffn_hidden_size}; "
                 f"use a TP degree that divides the FFN size")

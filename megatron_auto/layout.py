@@ -508,6 +508,8 @@ def layer_tp_collectives(layout: Layout, stage_size: int, activation_bytes: floa
     def c(kind: str, nbytes: float) -> Collective:
         return Collective(kind, layout.tp, consecutive, float(nbytes))
 
+    forward: tuple[Collective, ...]
+    backward: tuple[Collective, ...]
     if not sequence_parallel:
         forward = (c("all_reduce", activation_bytes),) * 2
         backward = (c("all_reduce", activation_bytes),) * 2

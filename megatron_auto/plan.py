@@ -395,15 +395,15 @@ class Plan:
                 layer.offload, layer.full_recompute, layer.recompute_modules, where)
             if message is not None:
                 raise PlanError(message)
-        v = self.vocab
-        _need(_is_positive_int(v.tp) and n % v.tp == 0, "vocab.tp", v.tp,
+        vocab = self.vocab
+        _need(_is_positive_int(vocab.tp) and n % vocab.tp == 0, "vocab.tp", vocab.tp,
               f"must be a positive divisor of the {n} ranks of a pipeline stage")
-        _need(v.dp_mode in ALL_DP_MODES, "vocab.dp_mode", v.dp_mode,
+        _need(vocab.dp_mode in ALL_DP_MODES, "vocab.dp_mode", vocab.dp_mode,
               f"choose one of {', '.join(ALL_DP_MODES)}")
-        _need(cp == 1 or (n // cp) % v.tp == 0, "vocab.tp", v.tp,
-              f"tp x cp = {v.tp} x {cp} must divide the {n} ranks of a pipeline stage")
-        _need(mb % (n // (v.tp * cp)) == 0, "vocab.tp", v.tp,
-              f"gives dp={n // (v.tp * cp)} replicas, which must divide the micro-batch of "
+        _need(cp == 1 or (n // cp) % vocab.tp == 0, "vocab.tp", vocab.tp,
+              f"tp x cp = {vocab.tp} x {cp} must divide the {n} ranks of a pipeline stage")
+        _need(mb % (n // (vocab.tp * cp)) == 0, "vocab.tp", vocab.tp,
+              f"gives dp={n // (vocab.tp * cp)} replicas, which must divide the micro-batch of "
               f"{mb} samples")
         if model is not None:
             self.check_model(model)

@@ -14,7 +14,7 @@ default, is told apart from an absent one without re-parsing. Pure: no torch.
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .config import ArgumentError
 
@@ -34,7 +34,7 @@ LAYOUT_DEFAULTS = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_siz
                    "data_parallel_sharding_strategy": None}
 
 
-def fail(flag: str, value: object, fix: str) -> None:
+def fail(flag: str, value: object, fix: str) -> NoReturn:
     """Raise ``ArgumentError`` ``<flag>=<value>: <fix>`` (the entry points print it)."""
     raise ArgumentError(f"{flag}={value}: {fix}")
 

@@ -19,7 +19,7 @@ from .inputs.model_spec import LayerType, ModelSpec, SpecError, TrainingSpec
 from .inputs.profile_records import EmbeddingProfile, LayerTypeProfile, ProfileError
 from .inputs.profiles import ModelProfile, analytic_profile
 from .search.driver import InfeasibleError, SearchOptions, SearchResult, evaluate, search
-from .search.spaces import BASELINE_SPACES
+from .search.options import BASELINE_SPACES
 
 __all__ = [
     "BASELINE_SPACES", "EmbeddingProfile", "Estimate", "InfeasibleError", "LayerType",

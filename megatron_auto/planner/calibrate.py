@@ -426,7 +426,9 @@ def calibrate_files(runs: Sequence[tuple[str, str]], cluster: str,
     new_cluster, new_profile = apply_calibration(cal, spec, profile)
     new_cluster.save(cluster_out)
     if new_profile is not None:
-        new_profile.save(model_profile_out or model_profile)
+        target = model_profile_out or model_profile
+        assert target is not None  # a new profile comes only from a model profile given
+        new_profile.save(target)
     elif abs(cal.activation_scale - 1.0) > 1e-6:
         cal = dataclasses.replace(cal, notes=cal.notes + (
             f"activation_scale {cal.activation_scale:.4f} not written: the analytic profile is "

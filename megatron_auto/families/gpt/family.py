@@ -13,7 +13,7 @@ import dataclasses
 from typing import Any, Mapping
 
 from ...arguments import check_model_option_args, model_config_from_args
-from ...config import ConfigError, ModelConfig
+from ...config import ConfigError, ModelConfig, filled
 from ...planner.inputs.model_spec import LayerType, ModelSpec
 from ..family import Family, flags_of
 from .flags import moe_flags
@@ -65,12 +65,13 @@ def model_spec(cfg: ModelConfig) -> ModelSpec:
                           f"flags) instead of searching one")
     lt = LayerType(name=cfg.model_type, hidden_size=cfg.hidden_size,
                    num_attention_heads=cfg.num_attention_heads,
-                   ffn_hidden_size=cfg.ffn_hidden_size, seq_length=cfg.seq_length,
+                   ffn_hidden_size=filled(cfg.ffn_hidden_size), seq_length=cfg.seq_length,
                    count=cfg.num_layers, activation=cfg.activation, causal=cfg.causal,
                    num_query_groups=cfg.num_query_groups or 0,
                    add_bias_linear=cfg.add_bias_linear, normalization=cfg.normalization,
                    add_qkv_bias=cfg.add_qkv_bias)
-    positions = cfg.max_position_embeddings if cfg.position_embedding_type == "learned" else 0
+    positions = (filled(cfg.max_position_embeddings) if cfg.position_embedding_type == "learned"
+                 else 0)
     return ModelSpec(layer_types=(lt,), layer_order=(0,) * cfg.num_layers,
                      vocab_size=cfg.padded_vocab_size, embedding_hidden_size=cfg.hidden_size,
                      seq_length=cfg.seq_length,

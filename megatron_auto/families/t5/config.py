@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ...config import ConfigError, ModelConfig
+from ...config import ConfigError, ModelConfig, filled
 
 #: ``--position-embedding-type`` values a T5 accepts: T5's relative bias, or a learned table
 #: shared by the encoder and the decoder (Megatron-LM's legacy T5).
@@ -67,13 +67,13 @@ class T5Config(ModelConfig):
         super().validate()
         _need(self.decoder_seq_length >= 1, "--decoder-seq-length", self.decoder_seq_length,
               "must be a positive integer")
-        _need(self.kv_channels >= 1, "--kv-channels", self.kv_channels,
+        _need(filled(self.kv_channels) >= 1, "--kv-channels", self.kv_channels,
               "must be a positive integer (default: hidden size / heads)")
         _need(self.num_query_groups in (None, self.num_attention_heads), "--num-query-groups",
               self.num_query_groups, "T5 has one key/value head per attention head here; drop "
               "--group-query-attention")
         if self.position_embedding_type == "learned":
-            _need(self.decoder_seq_length <= self.max_position_embeddings,
+            _need(self.decoder_seq_length <= filled(self.max_position_embeddings),
                   "--decoder-seq-length", self.decoder_seq_length,
                   f"is longer than the learned position table (--max-position-embeddings="
                   f"{self.max_position_embeddings}); raise --max-position-embeddings to at least "
@@ -92,12 +92,12 @@ class T5Config(ModelConfig):
     # ------------------------------------------------------------------ derived
     @property
     def head_dim(self) -> int:
-        return int(self.kv_channels)
+        return int(filled(self.kv_channels))
 
     @property
     def projection_size(self) -> int:
         """Width of the attention heads together (``heads * kv_channels``)."""
-        return self.num_attention_heads * int(self.kv_channels)
+        return self.num_attention_heads * int(filled(self.kv_channels))
 
     @property
     def encoder_seq_length(self) -> int:
@@ -121,7 +121,7 @@ class T5Config(ModelConfig):
         return 2 * self.hidden_size if self.normalization == "layernorm" else self.hidden_size
 
     def _mlp_parameters(self) -> int:
-        h, f, bias = self.hidden_size, self.ffn_hidden_size, int(self.add_bias_linear)
+        h, f, bias = self.hidden_size, filled(self.ffn_hidden_size), int(self.add_bias_linear)
         if self.activation == "swiglu":
             return 3 * h * f + bias * (2 * f + h)
         return 2 * h * f + bias * (f + h)
@@ -136,8 +136,9 @@ class T5Config(ModelConfig):
         cross = 4 * p * h + bias * (3 * p + h)  # q, fused kv, output projection
         return self.encoder_layer_parameters() + cross + self._norm_parameters()
 
-    def num_layer_parameters(self) -> int:
-        """The mean over the stack (the per-type counts are the two methods above)."""
+    def num_layer_parameters(self, layer: int | None = None) -> int:
+        """The mean over the stack (the per-type counts are the two methods above); ``layer``
+        is ``ModelConfig``'s MoE argument, unused (T5 has no MoE layers)."""
         total = (self.encoder_num_layers * self.encoder_layer_parameters()
                  + self.decoder_num_layers * self.decoder_layer_parameters())
         return total // self.num_layers
@@ -154,7 +155,7 @@ class T5Config(ModelConfig):
         h = self.hidden_size
         emb = self.padded_vocab_size * h
         if self.position_embedding_type == "learned":
-            emb += self.max_position_embeddings * h
+            emb += filled(self.max_position_embeddings) * h
         layers = (self.encoder_num_layers * self.encoder_layer_parameters()
                   + self.decoder_num_layers * self.decoder_layer_parameters())
         return (emb + layers + 2 * self._norm_parameters() + self.padded_vocab_size
@@ -169,7 +170,7 @@ class T5Config(ModelConfig):
         over ``s_d``, key/value projections over ``s_e``, scores over ``s_d x s_e``), the LM
         head over ``s_d``; forward + backward is 3 times the forward.
         """
-        h, f, p = self.hidden_size, self.ffn_hidden_size, self.projection_size
+        h, f, p = self.hidden_size, filled(self.ffn_hidden_size), self.projection_size
         se, sd = self.seq_length, self.decoder_seq_length
         mlp = (3 if self.activation == "swiglu" else 2) * h * f
         enc = 2 * se * (4 * h * p + mlp) + 4 * se * se * p

@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any, Mapping
 
 from ...arguments import check_model_option_args
+from ...config import filled
 from ...planner.inputs.model_spec import LayerType, ModelSpec
 from ..family import Family, flags_of
 from .hf_config import MODEL_TYPES as HF_MODEL_TYPES, read_t5
@@ -42,16 +43,17 @@ def model_spec(cfg: T5Config) -> ModelSpec:
     each stack."""
     enc = LayerType(name="t5_encoder", hidden_size=cfg.hidden_size,
                     num_attention_heads=cfg.num_attention_heads,
-                    ffn_hidden_size=cfg.ffn_hidden_size, seq_length=cfg.seq_length,
+                    ffn_hidden_size=filled(cfg.ffn_hidden_size), seq_length=cfg.seq_length,
                     count=cfg.encoder_num_layers, activation=cfg.activation, causal=False,
                     add_bias_linear=cfg.add_bias_linear, normalization=cfg.normalization,
-                    kv_channels=cfg.kv_channels, carried_seq_length=cfg.decoder_seq_length)
+                    kv_channels=filled(cfg.kv_channels), carried_seq_length=cfg.decoder_seq_length)
     dec = dataclasses.replace(enc, name="t5_decoder", seq_length=cfg.decoder_seq_length,
                               count=cfg.decoder_num_layers, causal=True,
                               cross_attention_seq_length=cfg.seq_length,
                               carried_seq_length=cfg.seq_length)
     h, v = cfg.hidden_size, cfg.padded_vocab_size
-    positions = cfg.max_position_embeddings if cfg.position_embedding_type == "learned" else 0
+    positions = (filled(cfg.max_position_embeddings) if cfg.position_embedding_type == "learned"
+                 else 0)
     norm = 2 * h if cfg.normalization == "layernorm" else h
     stacked = ModelSpec.stacked([(enc, cfg.encoder_num_layers), (dec, cfg.decoder_num_layers)],
                                 vocab_size=v, embedding_hidden_size=h, seq_length=cfg.seq_length,

@@ -25,7 +25,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping
 
-from ...config import ConfigError
+from ...config import ConfigError, filled
 
 BACKBONES = ("vit", "swin")
 
@@ -177,7 +177,8 @@ class VisionConfig:
     def layer_shape(self, layer: int) -> tuple[int, int, int, int]:
         """(seq_length, hidden_size, num_heads, ffn_hidden_size) of layer ``layer``'s blocks."""
         if self.model_type == "vit":
-            return self.seq_length, self.hidden_size, self.num_attention_heads, self.ffn_hidden_size
+            return (self.seq_length, self.hidden_size, self.num_attention_heads,
+                    filled(self.ffn_hidden_size))
         st = self.swin_stage_of_layer(layer)
         return st.seq_length, st.hidden_size, st.num_heads, self.swin_mlp_ratio * st.hidden_size
 

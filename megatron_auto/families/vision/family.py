@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 from typing import Any, Mapping
 
+from ...config import filled
 from ...planner.inputs.model_spec import LayerType, ModelSpec
 from ..family import Family, flags_of
 from .hf_config import read_swin, read_vit
@@ -44,8 +45,8 @@ def model_spec(cfg: VisionConfig) -> ModelSpec:
     if cfg.model_type == "vit":
         types = [(LayerType(name="vit", hidden_size=cfg.hidden_size,
                             num_attention_heads=cfg.num_attention_heads,
-                            ffn_hidden_size=cfg.ffn_hidden_size, seq_length=cfg.seq_length,
-                            count=cfg.num_layers, causal=False), cfg.num_layers)]
+                            ffn_hidden_size=filled(cfg.ffn_hidden_size),
+                            seq_length=cfg.seq_length, count=cfg.num_layers, causal=False), cfg.num_layers)]
         embedding = cfg.patch_size_flat * h_emb + h_emb + h_emb + cfg.seq_length * h_emb
     else:
         types = []

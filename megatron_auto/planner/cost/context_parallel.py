@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...layout import Collective, Layout, cp_block_size
+from ..inputs.cluster_model import ClusterModel
 from ..inputs.profile_records import LayerTypeProfile
 
 # The ring's dK/dV accumulators (and dQ) are fp32 whatever the compute dtype, so that a
@@ -87,7 +88,7 @@ def _overlap(comm: float, compute: float, slowdown: float) -> float:
     return max(comm, compute) + (slowdown - 1.0) * min(comm, compute)
 
 
-def cp_layer_time(profile: LayerTypeProfile, cluster: Any, layout: Layout, cp_mode: str,
+def cp_layer_time(profile: LayerTypeProfile, cluster: ClusterModel, layout: Layout, cp_mode: str,
                   samples: float, stage_size: int, compute_bytes: int,
                   recompute: bool) -> CPTime:
     """What CP changes in one layer's time for ``samples`` sample equivalents per rank (see

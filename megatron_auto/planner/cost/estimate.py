@@ -40,8 +40,8 @@ from .time_model import (NO_MOVE, NO_TIME, DataParallelCollectives, MoveCost, Ti
 from .gpu_terms import fragmentation_bytes, stage_nccl_bytes
 from .interleaving import InFlightMemo, peak_activations, pipeline_fill
 from ..inputs.model_spec import ModelSpec, TrainingSpec
-from ..inputs.attention_terms import fill_attention_defaults
-from ..inputs.profiles import ModelProfile, dropout_mask_bytes
+from ..inputs.profiles import ModelProfile, dropout_mask_bytes, fill_attention_defaults
+from ..inputs.cluster_model import ClusterModel
 from .offload import apply_offload_memory, apply_offload_time, offload_cost
 from .recompute import module_terms
 
@@ -137,7 +137,7 @@ def step_collectives(world_size: int) -> Counter[Collective]:
                    for nbytes in (8, 4, 16))
 
 
-def step_overhead(cluster: Any, world_size: int) -> float:
+def step_overhead(cluster: ClusterModel, world_size: int) -> float:
     """Fixed seconds per iteration outside the layers: the optimizer step's own overhead plus
     the :func:`step_collectives`."""
     return cluster.step_overhead_s + sum(
@@ -237,7 +237,7 @@ def _sp_boundary(move: Move, plan: Plan) -> tuple[tuple[Collective, ...], tuple[
     return forward, backward
 
 
-def move_cost(cluster: Any, move: Move, plan: Plan) -> MoveCost:
+def move_cost(cluster: ClusterModel, move: Move, plan: Plan) -> MoveCost:
     """``cost_time.relayout_cost`` of a move, or ``stage_boundary_cost`` when it hops, plus its
     SP boundary all-gathers (the gathered sequence counts as transient)."""
     n, b_m = plan.stage_size, plan.microbatch_size
@@ -286,10 +286,13 @@ def _layer_cp(plan: Plan, spec: ModelSpec, profile: ModelProfile, precision: str
     n = plan.stage_size
     lp = profile.layer_types[spec.layer_type(i).name]
     samples = plan.microbatch_size / (n // s.tp)
+    # backward re-runs the CP exchange when it re-runs core attention: the whole layer, or
+    # core_attn among its modules (an mlp / norm recompute leaves the attention alone)
+    reruns_attention = s.full_recompute or "core_attn" in s.recompute_modules
     return cp_attention_collectives(layout_of(s, n), n, s.cp_mode,
                                     lp.hidden_bytes_per_sample * samples / s.tp,
                                     lp.kv_bytes * samples / s.tp,
-                                    4 if precision == "fp32" else 2, recompute=s.recompute)
+                                    4 if precision == "fp32" else 2, recompute=reruns_attention)
 
 
 def dp_parts(plan: Plan, spec: ModelSpec, profile: ModelProfile, precision: str, stage: int
@@ -353,7 +356,7 @@ def _add_moves(a: MoveCost, b: MoveCost) -> MoveCost:
                     max(a.transient_bytes, b.transient_bytes))
 
 
-def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: Any,
+def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
                   profile: ModelProfile, memory_budget_bytes: float | None = None, *,
                   in_flight_memo: InFlightMemo | None = None) -> Estimate:
     """Cost-model estimate of ``plan`` (any source). Raises ``ValueError`` on a mismatch between
@@ -525,10 +528,10 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
     pt = pipeline_time(micro, backward, tails, m, steps, step_overhead(cluster, plan.world_size),
                        virtual_size=v, fill=pipeline_fill(chunk_times) if v > 1 else None)
     stages = []
-    for k, (fwd, bwd, tail, peak, breakdown, k_in, c_k, compute, tp_comm, dp_comm, moves,
+    for k, (fwd, bwd, tail, peak, breakdown, k_in, c_k, compute, tp_comm, dp_comm, moved,
             host_bytes) in enumerate(stage_parts):
         shares = {"compute": m * compute, "tp_communication": m * tp_comm,
-                  "dp_communication": m * dp_comm + tail, "relayout_and_p2p": m * moves,
+                  "dp_communication": m * dp_comm + tail, "relayout_and_p2p": m * moved,
                   "pipeline_bubble": pt.pipeline - m * c_k, "optimizer_step": steps[k]}
         stages.append(StageEstimate(
             time_s=m * c_k + tail + steps[k], microbatch_time_s=c_k, forward_time_s=fwd,

@@ -27,9 +27,11 @@ without GPU fields prices exactly as before.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import Iterable, Sequence
 
+from ...plan import Plan
 from ...layout import Layout, all_layouts, plan_group_ranks, plan_stage_layouts
+from ..inputs.cluster_model import ClusterModel
 
 # SDPA kernels that do not store the score matrix.
 NO_SCORES_BACKENDS = ("flash", "efficient", "cudnn")
@@ -143,7 +145,7 @@ def step_temporary_bytes(fused: bool, has_sharded_parameters: bool,
     return FP32_BYTES * local_master_parameters
 
 
-def rank_process_groups(plan: Any, rank: int) -> set[tuple]:
+def rank_process_groups(plan: Plan, rank: int) -> set[tuple]:
     """The process groups of two or more ranks that ``rank`` belongs to under ``plan``, as the
     runtime creates them (``layout.plan_group_ranks``, what ``parallel/context.py`` builds):
     its stage, the embedding pair of the first and last stage, and the TP and DP groups of
@@ -181,7 +183,7 @@ def _local_group_keys(j: int, n: int, tp: int, consecutive: bool,
     return [g for g in groups if g[2] > 1]
 
 
-def _stage_layouts(plan: Any, stage: int) -> set[Layout]:
+def _stage_layouts(plan: Plan, stage: int) -> set[Layout]:
     """The layouts a rank of ``stage`` makes groups for (``layout.plan_stage_layouts``, the
     runtime's list): the stage's layers, each received layout, the vocab on the end stages."""
     return {lay.layout for lay in plan_stage_layouts(plan) if lay.stage == stage}
@@ -203,12 +205,12 @@ def group_count(n: int, pp: int, world: int, stage: int, j: int,
     if pp > 1 and stage in (0, pp - 1) and world > 2:
         keys.add(("pair", j))  # (j, (pp - 1) n + j); with two ranks in all it is the world
     for tp, consecutive, *cp in layouts:
-        for g in _local_group_keys(j, n, tp, consecutive, *cp):
+        for g in _local_group_keys(j, n, tp, bool(consecutive), *cp):
             keys.add(("local",) + g)
     return len(keys)
 
 
-def nccl_bytes(plan: Any, rank: int, communicator_bytes: float) -> float:
+def nccl_bytes(plan: Plan, rank: int, communicator_bytes: float) -> float:
     """NCCL communicator memory on ``rank``: one communicator per group it belongs to."""
     if communicator_bytes <= 0:
         return 0.0
@@ -218,7 +220,7 @@ def nccl_bytes(plan: Any, rank: int, communicator_bytes: float) -> float:
                                             rank - stage * n, _stage_layouts(plan, stage))
 
 
-def stage_nccl_bytes(plan: Any, stage: int, communicator_bytes: float) -> float:
+def stage_nccl_bytes(plan: Plan, stage: int, communicator_bytes: float) -> float:
     """The most NCCL memory any rank of ``stage`` holds. Every rank of a stage holds the same
     number of groups: two progressions of :func:`_local_group_keys` coincide under a condition
     on the degrees alone (a TP block of ``a`` and a DP block of ``n / b`` when ``a = n / b``,
@@ -243,7 +245,7 @@ def divisors_up_to(values: Iterable[int], limit: int) -> Sequence[int]:
     return [t for t in range(1, limit + 1) if all(v % t == 0 for v in vals)]
 
 
-def search_nccl_bound(cluster: Any, stage_size: int, pp: int, cp: int = 1) -> float:
+def search_nccl_bound(cluster: ClusterModel, stage_size: int, pp: int, cp: int = 1) -> float:
     """An upper bound on any plan's NCCL memory per rank with stages of ``stage_size`` ranks:
     the world, the stage, the embedding pair, and every distinct TP or DP group that any layout
     of a stage (``layout.all_layouts`` at CP degree ``cp``) gives the rank, the largest over
@@ -263,7 +265,7 @@ def search_nccl_bound(cluster: Any, stage_size: int, pp: int, cp: int = 1) -> fl
     return per * (most + fixed)
 
 
-def search_model_budget(cluster: Any, budget_bytes: float, stage_size: int, pp: int,
+def search_model_budget(cluster: ClusterModel, budget_bytes: float, stage_size: int, pp: int,
                         cp: int = 1) -> float:
     """The bytes a stage's components may use in the search's additive tables so that the plan
     also fits under :func:`evaluate_plan`'s GPU terms: the budget less the reserve and the NCCL
@@ -274,7 +276,7 @@ def search_model_budget(cluster: Any, budget_bytes: float, stage_size: int, pp: 
              - search_nccl_bound(cluster, stage_size, pp, cp)) / (1.0 + frag))
 
 
-def search_total_bytes(cluster: Any, model_bytes: float, stage_size: int, pp: int,
+def search_total_bytes(cluster: ClusterModel, model_bytes: float, stage_size: int, pp: int,
                        cp: int = 1) -> float:
     """The inverse of :func:`search_model_budget`: the device bytes a stage using
     ``model_bytes`` in the search's tables needs at most."""

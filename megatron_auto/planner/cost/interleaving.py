@@ -64,7 +64,7 @@ def _maximal_vectors(pp: int, v: int, num_microbatches: int, stage: int) -> Vect
     dominated = np.zeros(len(uniq), dtype=bool)
     for lo in range(0, len(uniq), 256):
         block = arr[lo:lo + 256]
-        ge = (arr[None, :, :] >= block[:, None, :]).all(axis=2)   # [i in block, other]
+        ge = np.all(arr[None, :, :] >= block[:, None, :], axis=2)   # [i in block, other]
         ge[np.arange(len(block)), np.arange(lo, lo + len(block))] = False
         dominated[lo:lo + len(block)] = ge.any(axis=1)
     return tuple(vec for vec, d in zip(uniq, dominated.tolist()) if not d)
@@ -75,7 +75,8 @@ def peak_activations(per_chunk: list[float], pp: int, v: int, num_microbatches: 
                      ) -> tuple[float, tuple[int, ...]]:
     """``(bytes, counts)``: the largest ``sum_j n_j per_chunk[j]`` over :func:`in_flight_vectors`
     and the counts that reach it (the first in schedule order on ties)."""
-    best, best_vec = -1.0, ()
+    best = -1.0
+    best_vec: tuple[int, ...] = ()
     for vec in in_flight_vectors(pp, v, num_microbatches, stage, memo):
         value = sum(n * a for n, a in zip(vec, per_chunk))
         if value > best:

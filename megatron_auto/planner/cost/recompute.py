@@ -24,9 +24,10 @@ only: the largest module's bytes of one micro-batch are transient (a peak term).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Collection
+from typing import Collection
 
 from ..inputs.attention_terms import layer_core_flops
+from ..inputs.model_spec import LayerType
 from ..inputs.profile_records import LayerTypeProfile
 from .gpu_terms import NO_SCORES_BACKENDS, attention_kept_bytes
 
@@ -44,10 +45,10 @@ class ModuleRecompute:
 NONE = ModuleRecompute()
 
 
-def module_terms(profile: LayerTypeProfile, layer_type: Any, modules: Collection[str],
+def module_terms(profile: LayerTypeProfile, layer_type: LayerType, modules: Collection[str],
                  tp: int, samples: float, compute_bytes: int, mask_bytes: int
                  ) -> ModuleRecompute:
-    """What recomputing ``modules`` of one layer of ``layer_type`` (a ``LayerType``) saves and
+    """What recomputing ``modules`` of one layer of ``layer_type`` saves and
     costs for ``samples`` samples per rank (module docstring). Empty ``modules``: nothing."""
     if not modules:
         return NONE

@@ -19,6 +19,7 @@ from ...layout import (Collective, Layout, dp_group_consecutive, dp_size, layer_
                        sequence_parallel_boundary_collectives)
 from .context_parallel import cp_layer_time
 from .memory_model import GRAD_BYTES, MASTER_BYTES, relayout_memory, vocab_parameters
+from ..inputs.cluster_model import ClusterModel
 from ..inputs.profile_records import EmbeddingProfile, LayerTypeProfile
 
 # Bytes per parameter of a ZeRO parameter all-gather: FSDP2 gathers in its ``param_dtype``, the
@@ -42,7 +43,7 @@ def overlap(comm: float, compute: float, slowdown: float) -> float:
     return max(comm, compute) + (slowdown - 1.0) * min(comm, compute)
 
 
-def zero_slowdown(cluster: Any) -> float:
+def zero_slowdown(cluster: ClusterModel) -> float:
     """The ``g`` of :func:`overlap` for FSDP2's gathers and reduce-scatters (ZeRO-2/3).
 
     On a GPU FSDP2 runs them on side streams, overlapped with compute: the cluster's
@@ -182,7 +183,7 @@ def vocab_dp_collectives(profile: EmbeddingProfile, vocab_tp: int, dp: int, dp_m
                                    tuple(after_step))
 
 
-def _dp_times(cluster: Any, num_params: float, dp: int, dp_mode: str, consecutive: bool,
+def _dp_times(cluster: ClusterModel, num_params: float, dp: int, dp_mode: str, consecutive: bool,
               stage_size: int, precision: str,
               collectives: DataParallelCollectives | None = None
               ) -> tuple[float, float, float, float, float]:
@@ -204,7 +205,7 @@ def _dp_times(cluster: Any, num_params: float, dp: int, dp_mode: str, consecutiv
             total(cs.per_iteration, "zero_gather"), total(cs.after_step, "all_gather"))
 
 
-def bucketed_allreduce_time(cluster: Any, collective: Collective, stage_size: int,
+def bucketed_allreduce_time(cluster: ClusterModel, collective: Collective, stage_size: int,
                             bucket_bytes: float = DDP_BUCKET_BYTES) -> float:
     """A component's share of the bucketed ``ddp`` gradient all-reduce: its bytes at the
     group's bandwidth plus ``nbytes / bucket_bytes`` of one call's latency.
@@ -225,7 +226,7 @@ def bucketed_allreduce_time(cluster: Any, collective: Collective, stage_size: in
     return one - latency + latency * collective.nbytes / bucket_bytes
 
 
-def layer_time(profile: LayerTypeProfile, cluster: Any, layout: Layout, dp_mode: str,
+def layer_time(profile: LayerTypeProfile, cluster: ClusterModel, layout: Layout, dp_mode: str,
                recompute: bool, samples: float, stage_size: int,
                precision: str = "fp32", *, sequence_parallel: bool = False,
                norm_grad_bytes: Sequence[float] = (),
@@ -277,14 +278,14 @@ def layer_time(profile: LayerTypeProfile, cluster: Any, layout: Layout, dp_mode:
                     _optimizer_time(cluster, local, dp, dp_mode) + after_step)
 
 
-def _optimizer_time(cluster: Any, num_params: float, dp: int, dp_mode: str) -> float:
+def _optimizer_time(cluster: ClusterModel, num_params: float, dp: int, dp_mode: str) -> float:
     """The optimizer step's share of ``num_params`` local parameters: ZeRO updates its shard."""
     sharded = dp_mode in ("zero1", "zero2", "zero3") and dp > 1
     owned = num_params / dp if sharded else num_params
     return cluster.optimizer_time_per_parameter_s * owned
 
 
-def embedding_time(profile: EmbeddingProfile, cluster: Any, vocab_tp: int, dp_mode: str,
+def embedding_time(profile: EmbeddingProfile, cluster: ClusterModel, vocab_tp: int, dp_mode: str,
                    samples: float, stage_size: int, first: bool, last: bool, pp: int,
                    seq_length: int = 1, precision: str = "fp32") -> TimeCost:
     """Embedding (first stage) and/or head + loss (last stage) for one micro-batch.
@@ -410,7 +411,7 @@ _PRICES = {"all_gather": "allgather_time", "all_reduce": "allreduce_time",
            "cp_send": "cp_send_time", "all_to_all": "alltoall_time"}
 
 
-def collective_time(cluster: Any, collective: Collective, stage_size: int) -> float:
+def collective_time(cluster: ClusterModel, collective: Collective, stage_size: int) -> float:
     """Seconds of one :class:`~megatron_auto.layout.Collective` on a group inside a stage
     (placed over its ``span`` adjacent ranks when it has one, else over the stage)."""
     method = _PRICES.get(collective.kind)
@@ -420,7 +421,7 @@ def collective_time(cluster: Any, collective: Collective, stage_size: int) -> fl
                  span=collective.span or stage_size)
 
 
-def relayout_cost(cluster: Any, old: Layout, new: Layout, microbatch_size: int,
+def relayout_cost(cluster: ClusterModel, old: Layout, new: Layout, microbatch_size: int,
                   bytes_per_sample: float, stage_size: int) -> MoveCost:
     """What the runtime's relayout of one micro-batch from ``old`` to ``new`` costs.
 
@@ -438,14 +439,14 @@ def relayout_cost(cluster: Any, old: Layout, new: Layout, microbatch_size: int,
                     relayout_memory(old, new, microbatch_size, bytes_per_sample, stage_size))
 
 
-def relayout_time(cluster: Any, old: Layout, new: Layout, microbatch_size: int,
+def relayout_time(cluster: ClusterModel, old: Layout, new: Layout, microbatch_size: int,
                   hidden_bytes_per_sample: float, stage_size: int) -> float:
     """Forward + backward seconds of :func:`relayout_cost`."""
     return relayout_cost(cluster, old, new, microbatch_size, hidden_bytes_per_sample,
                          stage_size).total
 
 
-def sequence_parallel_switch_time(cluster: Any, old: Layout, old_sp: bool, new: Layout,
+def sequence_parallel_switch_time(cluster: ClusterModel, old: Layout, old_sp: bool, new: Layout,
                                   new_sp: bool, microbatch_size: int, bytes_per_sample: float,
                                   stage_size: int) -> float:
     """Forward + backward seconds of the SP boundaries between a layer ``(old, old_sp)`` and
@@ -465,7 +466,7 @@ def sequence_parallel_switch_time(cluster: Any, old: Layout, old_sp: bool, new: 
     return total
 
 
-def stage_boundary_cost(cluster: Any, sender: Layout, receiver: Layout, microbatch_size: int,
+def stage_boundary_cost(cluster: ClusterModel, sender: Layout, receiver: Layout, microbatch_size: int,
                         bytes_per_sample: float, stage_size: int, pp: int) -> MoveCost:
     """A micro-batch crossing from one stage to the next, charged to the receiving stage.
 

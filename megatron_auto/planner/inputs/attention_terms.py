@@ -3,20 +3,18 @@
 Context parallelism runs a layer's attention on shorter chunks than the layer's sequence
 (ring: ``s/cp`` queries against ``s/cp`` keys per step), so a profile records the core
 attention's forward time at several lengths (``LayerTypeProfile.attention_time_by_seq_length``).
-Here: the FLOP count both the analytic profile and the default share use, the analytic table,
-and the documented default for profiles without one. Pure arithmetic on shapes.
+Here: the FLOP count both the analytic profile and the default share use, and the analytic
+table (the documented default for profiles without one is ``profiles.fill_attention_defaults``).
+Pure arithmetic on shapes.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Any
-
 from ..cost import gpu_terms
-from .model_spec import ModelSpec
+from .model_spec import LayerType
 
 
-def cross_attention_flops(lt: Any, backend: str = "math") -> float:
+def cross_attention_flops(lt: LayerType, backend: str = "math") -> float:
     """Forward FLOPs per sample of a layer's cross-attention (T5 decoder, 0 without): query and
     output projections on its ``s`` tokens, key/value projections on the ``m`` encoder tokens,
     scores and weighted sum over ``s x m``."""
@@ -28,7 +26,7 @@ def cross_attention_flops(lt: Any, backend: str = "math") -> float:
         s, m, p, False, backend)
 
 
-def layer_core_flops(lt: Any, backend: str = "math") -> float:
+def layer_core_flops(lt: LayerType, backend: str = "math") -> float:
     """Forward FLOPs per sample of a layer's projections, MLP and self-attention (2 FLOPs per
     multiply-add): Q + output projection (2hp, p = heads x head_dim: h unless kv_channels says
     otherwise), K and V (2h*kv), MLP (2 or 3 h*f), attention scores and the weighted sum
@@ -44,7 +42,7 @@ def layer_core_flops(lt: Any, backend: str = "math") -> float:
 ATTENTION_LENGTH_HALVINGS = 6
 
 
-def attention_times(lt: Any, backend: str, rate: float) -> dict[int, float]:
+def attention_times(lt: LayerType, backend: str, rate: float) -> dict[int, float]:
     """Core-attention forward seconds per sample at the layer's sequence length and its
     halvings: the score matmuls' FLOPs at the sustained rate (quadratic in the length; windowed
     attention: linear, each token attends its window)."""
@@ -58,30 +56,3 @@ def attention_times(lt: Any, backend: str, rate: float) -> dict[int, float]:
             break
         length //= 2
     return out
-
-
-def fill_attention_defaults(profile: Any, spec: ModelSpec, backend: str = "math") -> Any:
-    """``profile`` (a ``profiles.ModelProfile``, which imports this module) with an ``attention_time_by_seq_length`` for every layer type that has none
-    (a profile written before the field existed, or imported): the layer's measured forward
-    time per sample times the score matmuls' share of its FLOPs, at the layer's length (the
-    quadratic rule of :meth:`LayerTypeProfile.attention_time` extends it), and the key width of
-    its shape. Layer types with a table are kept; returns ``profile`` itself when all have."""
-    missing = [lt for lt in spec.layer_types
-               if lt.name in profile.layer_types
-               and not profile.layer_types[lt.name].attention_time_by_seq_length]
-    if not missing:
-        return profile
-    layers = dict(profile.layer_types)
-    for lt in missing:
-        lp = layers[lt.name]
-        share = gpu_terms.attention_score_flops(lt.seq_length, lt.attended_tokens,
-                                                lt.attention_width, lt.causal,
-                                                backend) / layer_core_flops(lt, backend)
-        kv = lp.kv_bytes_per_sample or (lp.hidden_bytes_per_sample * lt.kv_size / lt.hidden_size
-                                        if lt.kv_size != lt.hidden_size else 0.0)
-        filled = replace(lp, attention_time_by_seq_length={
-            lt.seq_length: lp.forward_time_per_sample_s * share}, kv_bytes_per_sample=kv)
-        if hasattr(lp, "_origin"):
-            object.__setattr__(filled, "_origin", getattr(lp, "_origin"))
-        layers[lt.name] = filled
-    return replace(profile, layer_types=layers)

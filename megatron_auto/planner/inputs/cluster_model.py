@@ -11,15 +11,29 @@ from typing import Protocol
 
 
 class ClusterModel(Protocol):
-    """The cluster attributes and collective timings the cost model and the search read."""
+    """The cluster attributes and collective timings the cost model and the search read
+    (read-only: a frozen dataclass such as ``ClusterSpec`` implements them as fields)."""
 
-    name: str
-    devices_per_node: int
-    device_memory_bytes: int
-    memory_reserve_bytes: int
-    overlap_slowdown: float
-    optimizer_time_per_parameter_s: float
-    step_overhead_s: float
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def devices_per_node(self) -> int: ...
+
+    @property
+    def device_memory_bytes(self) -> int: ...
+
+    @property
+    def memory_reserve_bytes(self) -> int: ...
+
+    @property
+    def overlap_slowdown(self) -> float: ...
+
+    @property
+    def optimizer_time_per_parameter_s(self) -> float: ...
+
+    @property
+    def step_overhead_s(self) -> float: ...
 
     @property
     def world_size(self) -> int: ...

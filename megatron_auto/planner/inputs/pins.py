@@ -25,12 +25,13 @@ docs/cli.md): the pins are read through the :class:`LayoutPins` protocol.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Protocol
 
 from ...config import ArgumentError
 from ...plan import DP_MODES
 from ..cost.interleaving import pinned_virtual_sizes
-from ..search.driver import SearchOptions
+from ..search.options import SearchOptions
 
 
 class LayoutPins(Protocol):
@@ -82,11 +83,12 @@ def search_options(pins: LayoutPins, world_size: int, num_layers: int | None, *,
         num_microbatches = global_batch_size // per_step
     virtual_sizes = pinned_virtual_sizes(pins.num_layers_per_virtual_pipeline_stage, pp,
                                          num_layers)
-    return SearchOptions(
+    options = SearchOptions(
         pp=pp, tp=tp, num_microbatches=num_microbatches, schedule=schedule,
         allow_recompute=allow_recompute, search_batch_size=search_batch_size, space=space,
         time_limit_s=time_limit_s, show_progress=show_progress,
         dp_modes=("zero1",) if pins.use_distributed_optimizer else DP_MODES,
         sequence_parallel=True if pins.sequence_parallel else None,
-        virtual_sizes=virtual_sizes,
-        **({"optimality_gap": optimality_gap} if optimality_gap is not None else {}))
+        virtual_sizes=virtual_sizes)
+    # no gap given: the options' default
+    return options if optimality_gap is None else replace(options, optimality_gap=optimality_gap)

@@ -69,7 +69,7 @@ class LayerTypeProfile:
     Context parallelism reads three more (docs/cost_model.md §11): ``attention_time_by_seq_length``
     (``L`` -> forward seconds per sample of the core attention alone on ``L`` tokens, all heads,
     tp 1; :meth:`attention_time`; absent in older profiles:
-    ``attention_terms.fill_attention_defaults``), ``kv_bytes_per_sample`` (one sample's keys in
+    ``profiles.fill_attention_defaults``), ``kv_bytes_per_sample`` (one sample's keys in
     the compute dtype; 0: ``hidden_bytes_per_sample``) and ``attention_kept_quadratic_bytes``
     (kept bytes per sample growing with ``s^2``, which ring attention does not keep).
     """

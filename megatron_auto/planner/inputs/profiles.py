@@ -16,13 +16,14 @@ record, its file format and the analytic builder.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Mapping
 
 from ...utils.jsonfile import read_json, write_json
 from ..cost import gpu_terms
 from .attention_terms import attention_times, cross_attention_flops, layer_core_flops
-from .model_spec import ModelSpec, TrainingSpec
+from .cluster_model import ClusterModel
+from .model_spec import LayerType, ModelSpec, TrainingSpec
 from .profile_records import EmbeddingProfile, LayerTypeProfile, ProfileError
 from .profile_records import need as _need
 
@@ -102,7 +103,7 @@ class ModelProfile:
         unknown = sorted(set(data) - known)
         _need(not unknown, "<keys>", unknown, f"unknown key(s); allowed: {sorted(known)}")
         layers = data.get("layer_types")
-        _need(isinstance(layers, Mapping) and layers, "layer_types", layers,
+        _need(isinstance(layers, Mapping) and bool(layers), "layer_types", layers,
               "must be an object mapping layer-type names to their profiles")
         parsed = {}
         for key, d in layers.items():
@@ -131,10 +132,38 @@ class ModelProfile:
         return profile
 
 
+def fill_attention_defaults(profile: ModelProfile, spec: ModelSpec, backend: str = "math"
+                            ) -> ModelProfile:
+    """``profile`` with an ``attention_time_by_seq_length`` for every layer type that has none
+    (a profile written before the field existed, or imported): the layer's measured forward
+    time per sample times the score matmuls' share of its FLOPs, at the layer's length (the
+    quadratic rule of :meth:`LayerTypeProfile.attention_time` extends it), and the key width of
+    its shape. Layer types with a table are kept; returns ``profile`` itself when all have."""
+    missing = [lt for lt in spec.layer_types
+               if lt.name in profile.layer_types
+               and not profile.layer_types[lt.name].attention_time_by_seq_length]
+    if not missing:
+        return profile
+    layers = dict(profile.layer_types)
+    for lt in missing:
+        lp = layers[lt.name]
+        share = gpu_terms.attention_score_flops(lt.seq_length, lt.attended_tokens,
+                                                lt.attention_width, lt.causal,
+                                                backend) / layer_core_flops(lt, backend)
+        kv = lp.kv_bytes_per_sample or (lp.hidden_bytes_per_sample * lt.kv_size / lt.hidden_size
+                                        if lt.kv_size != lt.hidden_size else 0.0)
+        filled = replace(lp, attention_time_by_seq_length={
+            lt.seq_length: lp.forward_time_per_sample_s * share}, kv_bytes_per_sample=kv)
+        if hasattr(lp, "_origin"):
+            object.__setattr__(filled, "_origin", getattr(lp, "_origin"))
+        layers[lt.name] = filled
+    return replace(profile, layer_types=layers)
+
+
 def _build(kind: type, data: Any, where: str) -> Any:
     """Construct dataclass ``kind`` from a JSON object, naming missing/unknown/mistyped fields."""
     _need(isinstance(data, Mapping), where, data, "must be a JSON object")
-    names = {f for f in kind.__dataclass_fields__}
+    names = {f.name for f in fields(kind)}
     unknown = sorted(set(data) - names)
     _need(not unknown, where + ".<keys>", unknown, f"unknown key(s); allowed: {sorted(names)}")
     kwargs = dict(data)
@@ -171,7 +200,7 @@ def _build(kind: type, data: Any, where: str) -> Any:
 
 
 # ------------------------------------------------------------------------- analytic
-def analytic_profile(spec: ModelSpec, training: TrainingSpec, cluster: Any) -> ModelProfile:
+def analytic_profile(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel) -> ModelProfile:
     """A profile from shapes alone: FLOPs over sustained FLOP/s, bytes from tensor sizes.
 
     ``cluster`` is a ``ClusterSpec`` (only ``flops(precision)`` or ``peak_flops`` and
@@ -180,7 +209,9 @@ def analytic_profile(spec: ModelSpec, training: TrainingSpec, cluster: Any) -> M
     if hasattr(cluster, "flops"):
         rate = cluster.flops(training.precision)
     else:
-        rate = cluster.peak_flops[training.precision] * cluster.compute_efficiency
+        # an object with the two fields alone (ClusterModel itself has flops)
+        rate = (getattr(cluster, "peak_flops")[training.precision]
+                * getattr(cluster, "compute_efficiency"))
     beta = training.compute_bytes
     # GPU terms (docs/cost_model.md §9): the attention kernel, matmuls on a roofline and
     # element-wise bytes over HBM; a cluster without them prices as before (math, FLOPs only).
@@ -231,7 +262,8 @@ def analytic_profile(spec: ModelSpec, training: TrainingSpec, cluster: Any) -> M
             m = lt.merge_input_hidden
             flops += 2 * s * 4 * m * h
             replicated += 2 * beta * s * 4 * m
-        per_sample, by_tp = flops / rate, {}
+        by_tp: dict[int, tuple[float, float]] = {}
+        per_sample = flops / rate
         if hbm > 0:
             per_sample, by_tp = _gpu_forward_times(lt, beta, training.mixed, backend, rate, hbm)
         quadratic = (0.0 if backend in gpu_terms.NO_SCORES_BACKENDS or lt.window_size
@@ -294,7 +326,7 @@ def analytic_profile(spec: ModelSpec, training: TrainingSpec, cluster: Any) -> M
                                      if hbm > 0 or backend != "math" else {})})
 
 
-def dropout_mask_bytes(cluster: Any, beta: int) -> int:
+def dropout_mask_bytes(cluster: ClusterModel, beta: int) -> int:
     """Bytes per element of a dropout mask autograd keeps for backward: 1 on CUDA (the fused
     ``native_dropout`` keeps a bool mask); on a CPU cluster (``device_name`` ``cpu…``, what the
     hardware profiler writes there) ``at::dropout`` multiplies the input by a noise tensor of
@@ -304,7 +336,7 @@ def dropout_mask_bytes(cluster: Any, beta: int) -> int:
     return beta if str(getattr(cluster, "device_name", "")).startswith("cpu") else 1
 
 
-def _gpu_forward_times(lt: Any, beta: int, mixed: bool, backend: str, rate: float,
+def _gpu_forward_times(lt: LayerType, beta: int, mixed: bool, backend: str, rate: float,
                        hbm: float) -> tuple[float, dict[int, tuple[float, float]]]:
     """Per-sample forward seconds at TP 1 and a ``(per_sample_s, constant_s)`` table for every
     TP degree the layer admits (up to 64): the roofline GEMMs, attention and element-wise

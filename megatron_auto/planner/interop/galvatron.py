@@ -40,6 +40,7 @@ from .galvatron_files import GalvatronFormatError
 from ..inputs.hardware import GB, ClusterSpec
 from ..inputs.model_spec import ModelSpec, TrainingSpec
 from ..inputs.presets import make_cluster
+from ..inputs.profile_records import LayerTypeProfile
 from ..inputs.profiles import ModelProfile, analytic_profile
 
 MB = 2**20
@@ -112,7 +113,8 @@ def _split_fit(acts: Mapping[int, float], rep: float, split: float) -> tuple[flo
     return rep * scale, split * scale
 
 
-def _with_merge(measured: Any, plain: Any, merge: Any) -> Any:
+def _with_merge(measured: LayerTypeProfile, plain: LayerTypeProfile,
+                merge: LayerTypeProfile) -> LayerTypeProfile:
     """``measured`` (a stage's plain block) for a block that also merges patches: parameters
     plus the analytic difference; time and activations scaled by the analytic ratio."""
     def ratio(attr: str) -> float:
@@ -155,9 +157,10 @@ def _sp_metadata(sp: gm.GalvatronMemoryRecords, spec: ModelSpec, index: Mapping[
                            "recompute_bytes_per_sample": rec.checkpoint_mb_per_sample * MB}
     other = {}
     for pos in gm.OTHER_POSITIONS:
-        rec = sp.other_record(pos, seqs)
-        other[pos] = {"model_state_bytes_by_vocab_tp": table(rec.model_states_mb),
-                      "activation_bytes_per_sample_by_vocab_tp": table(rec.activation_mb_per_sample)}
+        other_rec = sp.other_record(pos, seqs)
+        other[pos] = {"model_state_bytes_by_vocab_tp": table(other_rec.model_states_mb),
+                      "activation_bytes_per_sample_by_vocab_tp":
+                          table(other_rec.activation_mb_per_sample)}
     return {"what": "Galvatron's *_sp records: measured with Megatron sequence parallelism "
                     "(every activation split by tp); the layers' activations price our "
                     "sequence_parallel layers (activation_bytes_by_tp_sp), the embedding/head "
@@ -502,7 +505,9 @@ def plan_from_galvatron_config(source: str | os.PathLike | Mapping[str, Any], wo
     extra, v3_notes = v3.layer_fields(path, data, n, _int_list)
     layers = tuple(LayerStrategy(tp=t, dp_mode="zero3" if d else default_dp,
                                  tp_consecutive=bool(c), recompute=bool(r),
-                                 sequence_parallel=sequence_parallel and t > 1, **x)
+                                 sequence_parallel=sequence_parallel and t > 1,
+                                 cp=x.get("cp", 1), ep=x.get("ep", 1),
+                                 expert_tp=x.get("expert_tp", 1))
                    for t, c, d, r, x in zip(tps, consec, dp_types, ckpt, extra))
     vocab = VocabStrategy(tp=_int_scalar(path, data, "vtp", 1, minimum=1),
                           dp_mode="zero3" if _int_scalar(path, data, "embed_sdp", 0,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
+from ...plan import Plan
 from .galvatron_files import GalvatronFormatError
 from ..inputs.model_spec import ModelSpec
 
@@ -76,7 +77,7 @@ def layer_fields(path: str, data: Mapping[str, Any], n: int,
     return fields, notes
 
 
-def export_fields(plan: Any) -> tuple[dict[str, str], list[str]]:
+def export_fields(plan: Plan) -> tuple[dict[str, str], list[str]]:
     """The Galvatron 3 keys for ``plan`` (only those that differ from 2.4's defaults), and the
     reasons the plan has no Galvatron equivalent (empty when it has one)."""
     out: dict[str, str] = {}

@@ -378,16 +378,15 @@ def _recompute_flags(plan: Plan, reasons: list[str]) -> list[str]:
                 "--recompute-num-layers", "1"]
     # Block method: the same number k of leading layers recomputes in every model chunk.
     per_stage = [[flags[i] for i in plan.chunk_layer_range(c)] for c in range(plan.num_chunks)]
-    leading = []
+    leading: list[int] = []  # per chunk, its leading recomputed layers
     for stage_flags in per_stage:
         k = 0
         while k < len(stage_flags) and stage_flags[k]:
             k += 1
         if any(stage_flags[k:]):
-            leading = None
-            break
+            break  # a recomputed layer after a plain one: not the block method
         leading.append(k)
-    if leading is not None:
+    if len(leading) == len(per_stage):
         ks = set(leading)
         # A stage shorter than k recomputes all its layers under Megatron's block method.
         k = max(ks)

@@ -24,9 +24,9 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from ...plan import ALL_DP_MODES, DP_MODES, SCHEDULES, Plan, VocabStrategy, even_partition
+from ...plan import Plan, VocabStrategy, even_partition
 from ...utils.progress import RestartingProgress
 from ..inputs.cluster_model import ClusterModel
 from ..cost.estimate import Estimate, evaluate_plan
@@ -37,8 +37,9 @@ from .least_memory import cheap_least_peak, task_least_peak
 from ..inputs.model_spec import ModelSpec, TrainingSpec
 from ..inputs.profiles import ModelProfile
 from .partition_report import REPORT_TIME_LIMIT_S, partition_report, pinned_partition
-from .spaces import (BASELINE_SPACES, SPACES, Space, SpaceRules, baselines_inside,
-                     check_pins, divisors, pipeline_degrees, plan_in_space, vocab_tps)
+from .options import BASELINE_SPACES, SPACES, Progress, SearchOptions
+from .spaces import (Space, SpaceRules, baselines_inside, check_pins, divisors, pipeline_degrees,
+                     plan_in_space, vocab_tps)
 from .layer_tables import LayerTables
 from .search_cache import SearchCache, SearchClock
 from .tasks import TablesKey, Task
@@ -56,79 +57,6 @@ MAIN_SHARE = 0.7
 # Seeds per (batch, pp, micro-batch count): its vocabulary layouts differ only in the first and
 # last stage, so the first few cheapest are seeded and the others go to the exact search.
 SEEDS_PER_TABLE = 2
-PARTITIONS = ("exact", "even", "memory", "time", "bmw-paper")
-
-Progress = Callable[[int, int, float | None], None]
-
-
-@dataclass(frozen=True)
-class SearchOptions:
-    """Pins and knobs. ``None`` means "search it".
-
-    ``partition``: ``exact`` searches every partition; the others pin the partition kind.
-    ``memory_step_bytes``: cell size of the bound DP (default: the budget in ``BOUND_CELLS``
-    cells); it changes only how fast the search prunes, never the answer (memory is checked in
-    bytes). ``progress``: called as ``progress(tasks_done, tasks, best_samples_per_s)``; with
-    ``show_progress`` and no callback, progress goes to ``utils.progress.RestartingProgress``
-    (stderr, rank-agnostic: callers on other ranks pass ``show_progress=False``).
-    """
-
-    pp: int | None = None
-    tp: int | None = None
-    num_microbatches: int | None = None
-    schedule: str | None = None
-    dp_modes: tuple[str, ...] = DP_MODES
-    allow_recompute: bool = True
-    module_recompute: tuple = ()  # e.g. ("selective",): per-layer choices beside none/full
-    vocab_tp: int | None = None
-    search_batch_size: bool = False
-    space: str = "full"
-    time_limit_s: float | None = None
-    # Stop once the answer is within this relative gap of the lower bound (0: prove it exact).
-    optimality_gap: float = 0.01
-    memory_step_bytes: int | None = None
-    show_progress: bool = True
-    max_tp: int | None = None
-    partition: str = "exact"
-    include_baselines: bool = True
-    progress: Progress | None = field(default=None, compare=False)
-    # Megatron sequence parallelism of tp > 1 layers: None searches it per layer, True pins it
-    # on (``--sequence-parallel``), False leaves it out.
-    sequence_parallel: bool | None = None
-    # Interleaved 1F1B: the virtual sizes searched (tasks with pp > 1, m a multiple of pp and
-    # at least one layer per chunk; every chunk split); a single value > 1 pins it
-    # (``--num-layers-per-virtual-pipeline-stage``), (1,) turns interleaving off.
-    virtual_sizes: tuple[int, ...] = (1, 2, 4)
-    # Price the winner's task under the other partition kinds too (plan.search["partitions"]);
-    # False for callers that need only the answer (it can cost more than the search).
-    report_partitions: bool = True
-
-    def validate(self) -> None:
-        def need(cond: bool, name: str, value: Any, fix: str) -> None:
-            if not cond:
-                raise ValueError(f"search option {name}={value!r}: {fix}")
-        need(self.space in SPACES, "space", self.space, f"choose one of {', '.join(SPACES)}")
-        need(self.schedule is None or self.schedule in SCHEDULES, "schedule", self.schedule,
-             f"choose one of {', '.join(SCHEDULES)} or leave it unset")
-        need(bool(self.dp_modes) and all(d in ALL_DP_MODES for d in self.dp_modes), "dp_modes",
-             self.dp_modes, f"give a non-empty subset of {ALL_DP_MODES}")
-        need(bool(self.virtual_sizes) and all(isinstance(v, int) and v >= 1
-                                              for v in self.virtual_sizes),
-             "virtual_sizes", self.virtual_sizes, "give positive integers, e.g. (1, 2, 4)")
-        need(self.partition in PARTITIONS, "partition", self.partition,
-             f"choose one of {', '.join(PARTITIONS)}")
-        for name in ("pp", "tp", "vocab_tp", "max_tp"):
-            value = getattr(self, name)
-            need(value is None or (isinstance(value, int) and value >= 1), name, value,
-                 "must be a positive integer (a divisor of the ranks it splits)")
-        need(self.num_microbatches is None or self.num_microbatches >= 1, "num_microbatches",
-             self.num_microbatches, "must be a positive integer")
-        need(self.memory_step_bytes is None or self.memory_step_bytes >= 1, "memory_step_bytes",
-             self.memory_step_bytes, "must be a positive number of bytes (e.g. 1048576)")
-        need(self.time_limit_s is None or self.time_limit_s > 0, "time_limit_s",
-             self.time_limit_s, "must be positive seconds")
-        need(0 <= self.optimality_gap < math.inf, "optimality_gap", self.optimality_gap,
-             "must be a relative gap >= 0 (e.g. 0.01; 0 proves the optimum)")
 
 
 @dataclass(frozen=True)
@@ -149,21 +77,20 @@ def spaces_of(name: str, options: SearchOptions, world: int) -> list[Space]:
                       max_tp=options.max_tp,
                       tps=(options.tp,) if options.tp is not None else None,
                       sequence_parallel=sp, module_recompute=tuple(options.module_recompute))
-    single = dict(vocab_modes=("ddp",), even_split=True)
     if name == "full":
         return [Space("full", base)]
     if name == "dp":
         return [Space(name, SpaceRules(tps=(1,), dp_modes=("ddp",), allow_recompute=False),
-                      pps=(1,), vocab_tp=1, **single)]
+                      pps=(1,), vocab_tp=1, vocab_modes=("ddp",), even_split=True)]
     if name == "zero3":
         return [Space(name, SpaceRules(tps=(1,), dp_modes=("zero3",), allow_recompute=False),
                       pps=(1,), vocab_tp=1, vocab_modes=("zero3",), even_split=True)]
     if name == "tp":
         return [Space(name, SpaceRules(tps=(world,), dp_modes=("ddp",), allow_recompute=False),
-                      pps=(1,), vocab_tp=world, **single)]
+                      pps=(1,), vocab_tp=world, vocab_modes=("ddp",), even_split=True)]
     if name == "pp":
         return [Space(name, SpaceRules(tps=(1,), dp_modes=("ddp",), allow_recompute=False),
-                      pps=(world,), vocab_tp=1, **single)]
+                      pps=(world,), vocab_tp=1, vocab_modes=("ddp",), even_split=True)]
     if name == "galvatron-base":  # Galvatron's base space: no recompute, no Megatron-SP
         return [Space(name, replace(base, allow_recompute=False, sequence_parallel=(False,)),
                       even_split=True)]
@@ -176,7 +103,7 @@ def spaces_of(name: str, options: SearchOptions, world: int) -> list[Space]:
                                    allow_strided=False, force_recompute=recompute,
                                    max_tp=options.max_tp)
                 out.append(Space(f"megatron3d[tp={tp},recompute={recompute}]", rules,
-                                 vocab_tp="layer", **single))
+                                 vocab_tp="layer", vocab_modes=("ddp",), even_split=True))
         return out
     raise ValueError(f"search option space={name!r}: choose one of {', '.join(SPACES)}")
 
@@ -274,6 +201,16 @@ def _stopped(deadline: float, best: Incumbent, clock: SearchClock) -> bool:
     return (best.plan is not None or best.comparison) and clock() > deadline
 
 
+@dataclass
+class _Counts:
+    """What ``_run``'s passes count: the winner's task and the tasks settled each way."""
+
+    winner: Task | None = None
+    pruned: int = 0  # by a bound
+    memory_pruned: int = 0  # no plan of the task fits
+    done: int = 0  # tasks of the groups finished
+
+
 def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cache: SearchCache,
          budget: float, options: SearchOptions, world: int, step: int,
          deadline: float, progress: Progress | None,
@@ -313,7 +250,7 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cache: Se
     # the embedding of most tasks is never priced); the full cheap bound is checked on visit.
     tasks.sort(key=lambda x: (x[0].v > 1, keys[id(x[0])]))
     limit = budget * (1 + MEMORY_SLACK)
-    counts = {"winner": None, "pruned": 0, "memory_pruned": 0, "done": 0}
+    counts = _Counts()
     pinned = [(task, _partition_pin(task, space, options)) for task, space in tasks]
     seeded: dict[int, int] = {}  # seeded tasks per layer table (batch, pp, micro-batches)
 
@@ -326,25 +263,25 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cache: Se
 
     def passes(group: list[tuple[Task, tuple[int, ...] | None]]) -> None:
         live: list[tuple[Task, tuple[int, ...] | None, bool]] = []  # bool: least peak to check
-        base = counts["done"]
+        base = counts.done
         # Pass 1: memory and seeds, cheapest bound first.
         for i, (task, pin) in enumerate(group):
             report(base + i - len(live))  # tasks settled without branching so far
             if bound(task, False) >= best.cutoff() or _stopped(deadline, best, cache.clock):
                 best.stopped = best.stopped or bound(task, False) < best.cutoff()
                 best.prune(bound(task, False))  # the least bound of the tasks left (sorted)
-                counts["pruned"] += len(group) - i
+                counts.pruned += len(group) - i
                 break
             if bound(task) >= best.cutoff():
                 best.prune(bound(task))
-                counts["pruned"] += 1
+                counts.pruned += 1
                 continue
             if cheap_least_peak(task) > limit:
-                counts["memory_pruned"] += 1
+                counts.memory_pruned += 1
                 continue
             if task.v > 1:  # seeded in pass 2, from the incumbent of the plain tasks
                 if interleaved_least_peak(task) > limit:
-                    counts["memory_pruned"] += 1
+                    counts.memory_pruned += 1
                     continue
                 live.append((task, pin, False))
                 continue
@@ -362,12 +299,12 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cache: Se
                 # No seed fits: the exact least peak decides whether any plan of the task can.
                 least = task_least_peak(task, pin)
                 if least.bytes > limit:
-                    counts["memory_pruned"] += 1
+                    counts.memory_pruned += 1
                     continue
                 if least.plan is not None and best.plan is None:
                     search_task.offer(least.plan)  # a first answer, so the deadline can apply
             if best.plan is not before:
-                counts["winner"] = task
+                counts.winner = task
             live.append((task, pin, False))
         # Pass 2: branch and bound over the tasks that can fit, cheapest bound first.
         settled = len(group) - len(live)
@@ -377,30 +314,30 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cache: Se
                 # tasks left unsearched by the deadline: the answer is not proven
                 best.stopped = best.stopped or bound(task, False) < best.cutoff()
                 best.prune(bound(task, False))
-                counts["pruned"] += len(live) - i
+                counts.pruned += len(live) - i
                 break
             if bound(task) >= best.cutoff():
                 best.prune(bound(task))
-                counts["pruned"] += 1
+                counts.pruned += 1
                 continue
             if check and task_least_peak(task, pin).bytes > limit:
-                counts["memory_pruned"] += 1
+                counts.memory_pruned += 1
                 continue
             before = best.plan
             TaskSearch(task, training, best, deadline, pin).run()
             if best.plan is not before:
-                counts["winner"] = task
-        counts["done"] += len(group)
+                counts.winner = task
+        counts.done += len(group)
 
     passes([x for x in pinned if x[0].v == 1])
     passes([x for x in pinned if x[0].v > 1])
     report(len(pinned))
     stats["tasks"] = stats.get("tasks", 0) + len(tasks)
-    stats["pruned"] = stats.get("pruned", 0) + counts["pruned"]
-    stats["memory_pruned"] = stats.get("memory_pruned", 0) + counts["memory_pruned"]
+    stats["pruned"] = stats.get("pruned", 0) + counts.pruned
+    stats["memory_pruned"] = stats.get("memory_pruned", 0) + counts.memory_pruned
     stats["nodes"] = stats.get("nodes", 0) + best.nodes
     stats["plans_priced"] = stats.get("plans_priced", 0) + best.leaves
-    return best, pinned, counts["winner"]
+    return best, pinned, counts.winner
 
 
 def _bound_step(budget: float, cluster: ClusterModel, options: SearchOptions) -> int:
@@ -474,6 +411,7 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
         for j, name in enumerate(names):
             subspaces, now = spaces_of(name, options, world), clock()
             dpn, p = cluster.devices_per_node, best.plan
+            assert p is not None  # the full space's answer, or an adopted baseline's plan
             if exact and any(plan_in_space(p, sp, spec, _vocabs(
                     spec, sp, options, p.stage_size, p.microbatch_size, sp.rules, dpn), dpn)
                     for sp in subspaces):
@@ -493,8 +431,9 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
                     and _keeps_pins(found.plan, options, spec, world, cluster.devices_per_node):
                 found.stopped, found.lower = best.stopped, best.lower
                 best, adopted = found, name
-    chosen = (best.plan, best.estimate)
-    tried = _virtual_size_report(best.plan, best.estimate, spec, training, cache, budget,
+    chosen_plan, chosen_estimate = best.plan, best.estimate
+    assert chosen_plan is not None and chosen_estimate is not None  # checked above
+    tried = _virtual_size_report(chosen_plan, chosen_estimate, spec, training, cache, budget,
                                  options)
     report_s = min(REPORT_TIME_LIMIT_S, end - clock())
     if not options.report_partitions:
@@ -510,7 +449,7 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
         "space": options.space, "objective": "evaluate (iteration time), exact",
         "proven_optimal": not best.stopped and lower >= best.value,
         "time_limited": best.stopped, "time_limit_s": limit_s,
-        "lower_bound_s": lower * best.plan.global_batch_size,
+        "lower_bound_s": lower * chosen_plan.global_batch_size,
         "optimality_gap": best.value / lower - 1 if lower > 0 else math.inf,
         "optimality_gap_target": options.optimality_gap,
         "partitions": partitions,
@@ -529,8 +468,8 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
     }
     if tried:
         info["partition"] = {"virtual_size_samples_per_s": tried}
-    plan = replace(chosen[0], estimate=chosen[1].to_dict(), search=info)
-    return SearchResult(plan=plan, estimate=chosen[1], baselines=baselines)
+    plan = replace(chosen_plan, estimate=chosen_estimate.to_dict(), search=info)
+    return SearchResult(plan=plan, estimate=chosen_estimate, baselines=baselines)
 
 
 def _keeps_pins(plan: Plan, options: SearchOptions, spec: ModelSpec, world: int,

@@ -116,7 +116,7 @@ def _levels(task: Task, window: tuple[int, ...], k_in: int) -> list[float]:
     """Transient levels worth a front: those of strategies no other strategy is at most in
     persistent, transient and step peak alike (a dominated one is never needed: whenever it is
     allowed, the one dominating it is too)."""
-    out = set()
+    out: set[float] = set()
     for t in set(window):
         c = task.tables.costs(t, k_in)
         keys = np.stack([c.persistent, c.transient, c.step_peak], axis=1)

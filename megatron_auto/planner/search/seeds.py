@@ -51,16 +51,19 @@ def _levels(task: Task) -> list[float]:
     return [tops[i] for i in picks]
 
 
+# A seed DP over a window: its tables, and per layer type the kept strategies and their options.
+SeedTable = tuple[StageTables, dict[int, tuple[np.ndarray, LayerOptions]]]
+
+
 def _table(task: Task, window: tuple[int, ...], k_in: int, tau: float, bold: bool
-           ) -> StageTables | None:
+           ) -> SeedTable | None:
     step = _step(task)
     key = ("seed", window, k_in, tau, task.m, step, bold)
     cache = task.tables.memo
     if key not in cache:
         if task.on_new_table is not None:
             task.on_new_table()  # the deadline: DP runs are the slow part
-        opts = []
-        by_type = {}
+        by_type: dict[int, tuple[np.ndarray, LayerOptions]] = {}
         for t in set(window):
             c = task.tables.costs(t, k_in)
             keep = np.nonzero(c.transient <= tau)[0]
@@ -126,7 +129,10 @@ def _layers(task: Task, part: tuple[int, ...], bold: bool) -> list[LayerStrategy
             return None
         tau, cells = level[length - 1]
         window = tuple(order[start:start + task.max_len])
-        table, by_type = _table(task, window, task.in_flight[k], tau, bold)
+        found = _table(task, window, task.in_flight[k], tau, bold)
+        if found is None:  # not reached: _stage found this level's table
+            return None
+        table, by_type = found
         picks = table.choices(length, cells)
         if picks is None:
             return None

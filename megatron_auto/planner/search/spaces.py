@@ -27,20 +27,17 @@ Rules that prune the tree (each keeps the optimum, or is a runtime rule):
 
 :func:`decision_tree_counts` counts the candidates per world size and what each rule removes
 (docs/planner.md §2 prints the table; a test checks it against a brute-force count).
-Restricted spaces (:data:`BASELINE_SPACES`) are searched and reported next to the answer.
+Restricted spaces (``options.BASELINE_SPACES``) are searched and reported next to the answer.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
-from ...plan import DP_MODES, LayerStrategy, even_partition
-from ..inputs.model_spec import LayerType
-
-BASELINE_SPACES: tuple[str, ...] = ("dp", "zero3", "tp", "pp", "megatron3d", "galvatron-base")
-SPACES: tuple[str, ...] = ("full",) + BASELINE_SPACES
+from ...plan import DP_MODES, LayerStrategy, Plan, VocabStrategy, even_partition
+from ..inputs.model_spec import LayerType, ModelSpec
+from .options import SearchOptions
 
 
 def divisors(n: int) -> list[int]:
@@ -143,7 +140,7 @@ def layer_strategies(layer_type: LayerType, stage_size: int, microbatch_size: in
     return out
 
 
-def baselines_inside(options: Any, world: int, devices_per_node: int) -> bool:
+def baselines_inside(options: SearchOptions, world: int, devices_per_node: int) -> bool:
     """Whether every plan of every baseline space (``search.spaces_of``) is a plan of the full
     space ``options`` (a ``search.SearchOptions``) searches on ``world`` devices, so that the
     full space's optimum bounds the baselines' from below.
@@ -161,7 +158,7 @@ def baselines_inside(options: Any, world: int, devices_per_node: int) -> bool:
             and 1 in options.virtual_sizes and world <= cap)
 
 
-def plan_in_space(plan: Any, space: Space, spec: Any, vocabs: list[Any],
+def plan_in_space(plan: Plan, space: Space, spec: ModelSpec, vocabs: list[VocabStrategy],
                   devices_per_node: int) -> bool:
     """Whether ``plan`` (a ``plan.Plan`` of ``spec``) is one of ``space``'s plans, by the rules
     the search builds the space's tasks from: its pp, the even split and no interleaving where
@@ -217,7 +214,7 @@ def decision_tree_counts(world: int, devices_per_node: int | None = None) -> dic
 
 
 
-def check_pins(options: Any, world: int, devices_per_node: int) -> None:
+def check_pins(options: SearchOptions, world: int, devices_per_node: int) -> None:
     """Pinned degrees (``options.pp``, ``tp``, ``vocab_tp``: a ``search.SearchOptions``) that no
     plan on ``world`` devices can take raise ``ValueError`` naming the option and the degrees
     that work, instead of an empty space."""

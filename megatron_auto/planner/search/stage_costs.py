@@ -11,12 +11,12 @@ these up the way ``cost_model.evaluate_plan`` does; it never re-derives a formul
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
 
 import numpy as np
 
 from ...plan import LayerStrategy, VocabStrategy
 from ..inputs.cluster_model import ClusterModel
+from ..inputs.model_spec import LayerType
 from ..cost.memory_model import MemoryCost, embedding_memory, layer_memory
 from ..cost.time_model import TimeCost, embedding_time, layer_time
 from ..cost.recompute import NONE as NONE_RECOMPUTED, module_terms
@@ -116,7 +116,7 @@ def strategy_costs(profile: LayerTypeProfile, cluster: ClusterModel,
                    in_flight: int, schedule: str, precision: str,
                    norm_grad_bytes: tuple[float, ...] = (),
                    memo: PricedStrategies | None = None,
-                   layer_type: Any = None) -> StrategyCosts:
+                   layer_type: LayerType | None = None) -> StrategyCosts:
     """Price every strategy of one layer type (``evaluate_plan``'s per-layer terms).
     ``norm_grad_bytes``: ``cost_model.sp_reduced_tensor_bytes`` of the type, all-reduced by its
     sequence-parallel strategies. ``memo``: this type's earlier prices on this cluster (the
@@ -141,7 +141,7 @@ def strategy_costs(profile: LayerTypeProfile, cluster: ClusterModel,
 def _price(profile: LayerTypeProfile, cluster: ClusterModel, s: LayerStrategy, n: int,
            microbatch_size: int, in_flight: int, schedule: str, precision: str,
            norm_grad_bytes: tuple[float, ...], memo: PricedStrategies,
-           layer_type: Any = None) -> Row:
+           layer_type: LayerType | None = None) -> Row:
     """One strategy's class and its ``_COLUMNS`` values."""
     frag = fragmentation_of(cluster)
     fused = bool(getattr(cluster, "fused_optimizer", False))

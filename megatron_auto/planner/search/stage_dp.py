@@ -29,7 +29,7 @@ repeat its last one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -53,6 +53,9 @@ class LayerOptions:
     cost: np.ndarray
     aux: np.ndarray
     cls: np.ndarray
+    # Derived in __post_init__: the strategies of each class, and the classes in that order.
+    groups: list[tuple[int, np.ndarray]] = field(init=False, repr=False, compare=False)
+    class_list: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         s = len(self.mem)

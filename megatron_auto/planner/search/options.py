@@ -1,0 +1,89 @@
+"""The search's pins and knobs (:class:`SearchOptions`) and the names they choose from: the
+spaces (``full`` and the :data:`BASELINE_SPACES` reported next to the answer) and the partition
+kinds. ``driver.search`` takes the options; ``spaces.py`` reads their pins. Pure, no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ...plan import ALL_DP_MODES, DP_MODES, SCHEDULES
+
+BASELINE_SPACES: tuple[str, ...] = ("dp", "zero3", "tp", "pp", "megatron3d", "galvatron-base")
+SPACES: tuple[str, ...] = ("full",) + BASELINE_SPACES
+PARTITIONS = ("exact", "even", "memory", "time", "bmw-paper")
+
+Progress = Callable[[int, int, float | None], None]
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """Pins and knobs. ``None`` means "search it".
+
+    ``partition``: ``exact`` searches every partition; the others pin the partition kind.
+    ``memory_step_bytes``: cell size of the bound DP (default: the budget in
+    ``driver.BOUND_CELLS`` cells); it changes only how fast the search prunes, never the answer
+    (memory is checked in bytes). ``progress``: called as
+    ``progress(tasks_done, tasks, best_samples_per_s)``; with ``show_progress`` and no callback,
+    progress goes to ``utils.progress.RestartingProgress`` (stderr, rank-agnostic: callers on
+    other ranks pass ``show_progress=False``).
+    """
+
+    pp: int | None = None
+    tp: int | None = None
+    num_microbatches: int | None = None
+    schedule: str | None = None
+    dp_modes: tuple[str, ...] = DP_MODES
+    allow_recompute: bool = True
+    module_recompute: tuple = ()  # e.g. ("selective",): per-layer choices beside none/full
+    vocab_tp: int | None = None
+    search_batch_size: bool = False
+    space: str = "full"
+    time_limit_s: float | None = None
+    # Stop once the answer is within this relative gap of the lower bound (0: prove it exact).
+    optimality_gap: float = 0.01
+    memory_step_bytes: int | None = None
+    show_progress: bool = True
+    max_tp: int | None = None
+    partition: str = "exact"
+    include_baselines: bool = True
+    progress: Progress | None = field(default=None, compare=False)
+    # Megatron sequence parallelism of tp > 1 layers: None searches it per layer, True pins it
+    # on (``--sequence-parallel``), False leaves it out.
+    sequence_parallel: bool | None = None
+    # Interleaved 1F1B: the virtual sizes searched (tasks with pp > 1, m a multiple of pp and
+    # at least one layer per chunk; every chunk split); a single value > 1 pins it
+    # (``--num-layers-per-virtual-pipeline-stage``), (1,) turns interleaving off.
+    virtual_sizes: tuple[int, ...] = (1, 2, 4)
+    # Price the winner's task under the other partition kinds too (plan.search["partitions"]);
+    # False for callers that need only the answer (it can cost more than the search).
+    report_partitions: bool = True
+
+    def validate(self) -> None:
+        def need(cond: bool, name: str, value: Any, fix: str) -> None:
+            if not cond:
+                raise ValueError(f"search option {name}={value!r}: {fix}")
+        need(self.space in SPACES, "space", self.space, f"choose one of {', '.join(SPACES)}")
+        need(self.schedule is None or self.schedule in SCHEDULES, "schedule", self.schedule,
+             f"choose one of {', '.join(SCHEDULES)} or leave it unset")
+        need(bool(self.dp_modes) and all(d in ALL_DP_MODES for d in self.dp_modes), "dp_modes",
+             self.dp_modes, f"give a non-empty subset of {ALL_DP_MODES}")
+        need(bool(self.virtual_sizes) and all(isinstance(v, int) and v >= 1
+                                              for v in self.virtual_sizes),
+             "virtual_sizes", self.virtual_sizes, "give positive integers, e.g. (1, 2, 4)")
+        need(self.partition in PARTITIONS, "partition", self.partition,
+             f"choose one of {', '.join(PARTITIONS)}")
+        for name in ("pp", "tp", "vocab_tp", "max_tp"):
+            value = getattr(self, name)
+            need(value is None or (isinstance(value, int) and value >= 1), name, value,
+                 "must be a positive integer (a divisor of the ranks it splits)")
+        need(self.num_microbatches is None or self.num_microbatches >= 1, "num_microbatches",
+             self.num_microbatches, "must be a positive integer")
+        need(self.memory_step_bytes is None or self.memory_step_bytes >= 1, "memory_step_bytes",
+             self.memory_step_bytes, "must be a positive number of bytes (e.g. 1048576)")
+        need(self.time_limit_s is None or self.time_limit_s > 0, "time_limit_s",
+             self.time_limit_s, "must be positive seconds")
+        need(0 <= self.optimality_gap < math.inf, "optimality_gap", self.optimality_gap,
+             "must be a relative gap >= 0 (e.g. 0.01; 0 proves the optimum)")
