@@ -21,12 +21,20 @@ Megatron-Core sharded key                              ours (``layers.i.`` for r
 ``decoder.layers.mlp.linear_fc1.*``                    ``mlp.linear_fc1.*``: SwiGLU rows are all
                                                        gates then all ups there, interleaved here
 ``decoder.layers.mlp.linear_fc2.*``                    ``mlp.linear_fc2.*``
+``decoder.layers.mlp.router.weight`` (MoE)             ``mlp.router.weight`` (E, h)
+``decoder.layers.mlp.experts.experts.linear_fc1.``     ``mlp.experts.linear_fc1.weight``: stacked
+``weight`` (MoE: layers, E, 2f, h)                     over the experts too; gates | ups there
+``decoder.layers.mlp.experts.experts.linear_fc2.``     ``mlp.experts.linear_fc2.weight``
+``weight`` (MoE: layers, E, h, f)
 ``decoder.final_layernorm.*``                          ``final_norm.*``
 ``output_layer.weight``                                ``output_layer.weight`` (untied only)
 ====================================================  ==========================================
 
 Both of Megatron-Core's layer specs (Transformer Engine's fused norms and the local one) save
-these keys. DCP reads and writes them here in one process (its single-process mode), so no
+these keys for a dense model; an MoE model converts when every layer is MoE, without shared
+experts, as the local spec (its ``SequentialMLP``) saves it (Transformer Engine's MoE spec keeps
+the pre-MLP norm under ``decoder.layers.pre_mlp_layernorm.*``, which is not mapped: the import
+names it as a tensor the model lacks). DCP reads and writes them here in one process (its single-process mode), so no
 Megatron-Core import is needed; ``_extra_state`` objects (Transformer Engine's FP8 metadata)
 are not read, and the export writes each as ``[None]`` (a ShardedObject's stored form: the
 list of its copies), what the local spec saves. The model
@@ -63,6 +71,9 @@ BACKEND = {"sharded_backend": "torch_dist", "sharded_backend_version": 1,
 LAYER_PREFIX = "decoder.layers."
 _EXTRA = ("self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1",
           "mlp.linear_fc2")
+#: An MoE layer's router and experts (Megatron-Core stacks the experts too: (layers, E, ...))
+ROUTER = LAYER_PREFIX + "mlp.router.weight"
+EXPERTS = LAYER_PREFIX + "mlp.experts.experts."
 
 
 def _shape_flags(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -95,7 +106,27 @@ def _shape_flags(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:
         out[LAYER_PREFIX + "self_attention.linear_proj.bias"] = ((n, h), "--disable-bias-linear")
         out[LAYER_PREFIX + "mlp.linear_fc1.bias"] = ((n, fc1), "--disable-bias-linear")
         out[LAYER_PREFIX + "mlp.linear_fc2.bias"] = ((n, h), "--disable-bias-linear")
+    if cfg.moe is not None:  # every layer's MLP is the experts (_check_model)
+        for key in [k for k in out if k.startswith(LAYER_PREFIX + "mlp.linear_fc")
+                    and "layer_norm" not in k]:
+            del out[key]
+        e, fe = cfg.moe.num_experts, cfg.moe.expert_ffn(f)
+        experts = "--num-experts/--moe-ffn-hidden-size"
+        out[ROUTER] = ((n, e, h), "--num-experts")
+        out[EXPERTS + "linear_fc1.weight"] = ((n, e, 2 * fe if cfg.activation == "swiglu"
+                                               else fe, h), experts + "/--swiglu")
+        out[EXPERTS + "linear_fc2.weight"] = ((n, e, h, fe), experts)
     return out
+
+
+def _expert_fc1_from_mcore(t: torch.Tensor) -> torch.Tensor:
+    """Experts' SwiGLU fc1 (E, 2f, h): Megatron-Core's gate rows | up rows -> interleaved."""
+    return torch.stack(t.chunk(2, dim=1), dim=2).reshape(t.shape)
+
+
+def _expert_fc1_to_mcore(t: torch.Tensor) -> torch.Tensor:
+    pairs = t.reshape(t.shape[0], t.shape[1] // 2, 2, t.shape[2])
+    return torch.cat([pairs[:, :, 0], pairs[:, :, 1]], dim=1)
 
 
 def _ours(key: str) -> str:
@@ -106,7 +137,9 @@ def _ours(key: str) -> str:
                "mlp.linear_fc1.layer_norm_bias": "pre_mlp_layernorm.bias",
                "decoder.final_layernorm.weight": "final_norm.weight",
                "decoder.final_layernorm.bias": "final_norm.bias"}
-    if key.startswith(LAYER_PREFIX):
+    if key.startswith(EXPERTS):  # ours: mlp.experts.linear_fc1.weight
+        key = "mlp.experts." + key[len(EXPERTS):]
+    elif key.startswith(LAYER_PREFIX):
         key = key[len(LAYER_PREFIX):]
     return renames.get(key, key)
 
@@ -121,10 +154,15 @@ def _check_model(cfg: ModelConfig) -> None:
     if cfg.model_type != "gpt":
         raise ConversionError(f"--model-type={cfg.model_type.upper()}: Megatron-Core "
                               f"checkpoints convert for GPT / LLaMA models only; use GPT")
-    if cfg.moe is not None:
-        raise ConversionError(f"--num-experts={cfg.moe.num_experts}: Megatron-Core MoE "
-                              f"checkpoints (decoder.layers.mlp.experts.*) do not convert yet; "
-                              f"convert a dense model")
+    moe = cfg.moe
+    if moe is not None and moe.moe_layers(cfg.num_layers) != tuple(range(cfg.num_layers)):
+        raise ConversionError(f"--moe-layer-freq={moe.layer_freq}: Megatron-Core stores dense "
+                              f"and MoE layers under other keys; only models whose every layer "
+                              f"is MoE convert")
+    if moe is not None and moe.shared_expert_intermediate_size is not None:
+        raise ConversionError(f"--moe-shared-expert-intermediate-size="
+                              f"{moe.shared_expert_intermediate_size}: shared experts do not "
+                              f"convert; convert a model without them")
 
 
 # ------------------------------------------------------------------------------- import
@@ -194,6 +232,8 @@ def read_mcore_state(path: str, cfg: ModelConfig) -> dict[str, torch.Tensor]:
                         cfg.activation == "swiglu" and "layer_norm" not in key:
                     gate, up = row.chunk(2)
                     row = merge_gate_up(gate, up)
+                elif key == EXPERTS + "linear_fc1.weight" and cfg.activation == "swiglu":
+                    row = _expert_fc1_from_mcore(row)
                 out[f"layers.{i}.{_ours(key)}"] = row.contiguous().clone()
         elif key in ("embedding.word_embeddings.weight", "output_layer.weight"):
             out[_ours(key)] = _vocab_rows(t, cfg.padded_vocab_size).contiguous()
@@ -234,6 +274,8 @@ def write_mcore_checkpoint(save_dir: str, cfg: ModelConfig, state: dict[str, tor
                 if key.startswith(LAYER_PREFIX + "mlp.linear_fc1.") and \
                         cfg.activation == "swiglu" and "layer_norm" not in key:
                     row = torch.cat(split_gate_up(row))
+                elif key == EXPERTS + "linear_fc1.weight" and cfg.activation == "swiglu":
+                    row = _expert_fc1_to_mcore(row)
                 rows.append(row.float())
             tensors[key] = torch.stack(rows).contiguous()
         else:
@@ -243,9 +285,15 @@ def write_mcore_checkpoint(save_dir: str, cfg: ModelConfig, state: dict[str, tor
     # torch_dist save stores as the pickle of a list of the object's local copies (its load
     # unpacks that list: a bare None there fails its load with a TypeError); DCP pickles a
     # tensor-free list as one object
-    for module in _EXTRA:
+    for module in _EXTRA[:2] if cfg.moe is not None else _EXTRA:
         for i in range(n):
             tensors[f"{LAYER_PREFIX}{module}._extra_state/shard_{i}_{n}"] = [None]
+    if cfg.moe is not None:  # each expert's, numbered (layer, expert) as its sequential MLP
+        e = cfg.moe.num_experts
+        for fc in ("linear_fc1", "linear_fc2"):
+            for i in range(n):
+                for j in range(e):
+                    tensors[f"{EXPERTS}{fc}._extra_state/shard_{i}.{j}_{n}.{e}"] = [None]
     path = os.path.join(out, f"iter_{iteration:07d}")
     os.makedirs(path, exist_ok=True)
     with warnings.catch_warnings():
