@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping
 
 from .families.gpt.config import MoEConfig, MoEConfigError
+from .utils.jsonfile import unknown_fields
 
 # The global batch when --global-batch-size is not given (training, --auto-parallel, the CLI);
 # here rather than in run_config.py so that the planning commands' flags need no run_config.
@@ -349,11 +350,9 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ModelConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown, known = unknown_fields(cls, data)
         if unknown:
-            raise ConfigError(
-                f"model config: unknown field(s) {unknown}; known fields are {sorted(known)}")
+            raise ConfigError(f"model config: unknown field(s) {unknown}; known fields are {known}")
         return cls(**dict(data))
 
 

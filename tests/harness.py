@@ -69,6 +69,24 @@ def plan_of(world_size, layers, *, layers_per_stage=None, num_microbatches=2, sc
                 layers=tuple(layers)).to_dict()
 
 
+def layer_and_input(config, groups, batch, *, sp, seed=None, **layer_kwargs):
+    """One ``TransformerLayer`` of ``config`` on ``groups`` (``layer_kwargs``: e.g. its
+    recompute), weights drawn N(0, 0.02) (after ``torch.manual_seed(seed)`` when given), and a
+    ``(batch, s, h)`` input that requires grad, split along the sequence under SP."""
+    from megatron_auto.models.transformer import TransformerLayer
+    from megatron_auto.parallel.mappings import scatter_to_sequence
+
+    module = TransformerLayer(config, groups, sequence_parallel=sp, **layer_kwargs)
+    if seed is not None:
+        torch.manual_seed(seed)
+    for p in module.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+    x = torch.randn(batch, config.seq_length, config.hidden_size)
+    if sp:
+        x = scatter_to_sequence(x, groups.tp_group)
+    return module, x.requires_grad_()
+
+
 def one_process_plan(num_layers: int) -> dict:
     """The reference: one rank, one micro-batch."""
     return plan_of(1, [layer()] * num_layers, num_microbatches=1)

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from dist_utils import run_distributed
-from harness import layer, plan_of, run_plans
+from harness import layer, layer_and_input, plan_of, run_plans
 from megatron_auto.plan import Plan
 from test_equivalence import CONFIG, GPT, gpt_recipe
 
@@ -31,7 +31,6 @@ VALUES = [False, "selective", ["mlp"], ["norm"], ["core_attn", "mlp", "norm"], T
 def _count_worker(rank, world_size, values, sp):
     from megatron_auto.models import transformer as tf
     from megatron_auto.parallel.context import ParallelContext
-    from megatron_auto.parallel.mappings import scatter_to_sequence
 
     calls: Counter = Counter()
 
@@ -53,16 +52,9 @@ def _count_worker(rank, world_size, values, sp):
     config = replace(CONFIG, hidden_dropout=0.1, attention_dropout=0.1)
     out = []
     for value in values:
-        module = tf.TransformerLayer(config, groups, recompute=value, sequence_parallel=sp)
+        module, x = layer_and_input(config, groups, 2, sp=sp, seed=0, recompute=value)
         for child in (module, module.self_attention, module.mlp):
             child._owner = "layer"  # one key per module kind for this layer
-        torch.manual_seed(0)
-        for p in module.parameters():
-            torch.nn.init.normal_(p, std=0.02)
-        x = torch.randn(2, CONFIG.seq_length, CONFIG.hidden_size)
-        if sp:
-            x = scatter_to_sequence(x, groups.tp_group)
-        x.requires_grad_()
         calls.clear()
         module(x).sum().backward()
         out.append({key: n for (key, _), n in calls.items()})

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from dist_utils import run_distributed
-from harness import layer, plan_of, run_plans
+from harness import layer, layer_and_input, plan_of, run_plans
 from megatron_auto.config import ModelConfig
 from megatron_auto.plan import Plan, PlanError
 from test_equivalence import CONFIG, GPT, gpt_recipe
@@ -64,9 +64,7 @@ def test_dropout_masks_are_the_same_with_and_without_sp():
 
 # ----------------------------------------------------------------------------- memory
 def _saved_bytes_worker(rank, world_size, sp):
-    from megatron_auto.models.transformer import TransformerLayer
     from megatron_auto.parallel.context import ParallelContext
-    from megatron_auto.parallel.mappings import scatter_to_sequence
     from megatron_auto.profiler.activation_meter import SavedTensorMeter
 
     config = replace(CONFIG, seq_length=64, max_position_embeddings=64, hidden_size=64,
@@ -74,13 +72,7 @@ def _saved_bytes_worker(rank, world_size, sp):
     plan = Plan.from_dict(plan_of(2, [layer(tp=2, sp=sp)] * 4, vocab_tp=2))
     ctx = ParallelContext(plan)
     groups = ctx.layer_groups(0)
-    module = TransformerLayer(config, groups, sequence_parallel=sp)
-    for p in module.parameters():
-        torch.nn.init.normal_(p, std=0.02)
-    x = torch.randn(4, config.seq_length, config.hidden_size)
-    if sp:
-        x = scatter_to_sequence(x, groups.tp_group)
-    x.requires_grad_()
+    module, x = layer_and_input(config, groups, 4, sp=sp)
     meter = SavedTensorMeter(module, exclude=[x])
     with meter:
         y = module(x)

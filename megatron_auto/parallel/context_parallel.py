@@ -10,8 +10,8 @@ attention maths that uses it is ``models/cp_attention.py``.
   caller's computation and waited for after it, so the hop overlaps one block of attention).
 - :func:`sequence_to_heads` / :func:`heads_to_sequence`: Ulysses' all-to-all from
   ``(b, heads, s/cp, d)`` (this rank's chunks, every head) to ``(b, heads/cp, s, d)`` (every
-  chunk, this rank's heads) and back, as named autograd functions (each one's backward is the
-  other's forward).
+  chunk, this rank's heads) and back, through one autograd function (each swap's backward is
+  the other's forward).
 - :func:`sequence_chunks`: this rank's two chunks of a whole-sequence tensor (token ids,
   labels, masks, position tables), the data path's share of CP.
 
@@ -106,35 +106,32 @@ def _heads_to_seq(x: torch.Tensor, group: Any, cp: int) -> torch.Tensor:
     return got.transpose(0, 1).reshape(b, cp * heads, s, d)
 
 
-class _SequenceToHeads(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any, cp: int) -> torch.Tensor:
-        ctx.group, ctx.cp = group, cp
-        return _seq_to_heads(x, group, cp)
+class _UlyssesSwap(torch.autograd.Function):
+    """One Ulysses all-to-all, ``swap`` one of :data:`_SWAPS`: forward runs the swap, backward
+    its inverse on the gradient (both are one all-to-all over the CP group)."""
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return _heads_to_seq(grad, ctx.group, ctx.cp), None, None
-
-
-class _HeadsToSequence(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any, cp: int) -> torch.Tensor:
-        ctx.group, ctx.cp = group, cp
-        return _heads_to_seq(x, group, cp)
+    def forward(ctx: Any, x: torch.Tensor, group: Any, cp: int, swap: str) -> torch.Tensor:
+        ctx.group, ctx.cp, ctx.swap = group, cp, swap
+        return _SWAPS[swap][0](x, group, cp)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return _seq_to_heads(grad, ctx.group, ctx.cp), None, None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        return _SWAPS[ctx.swap][1](grad, ctx.group, ctx.cp), None, None, None
+
+
+# swap name -> (forward, its inverse)
+_SWAPS = {"seq_to_heads": (_seq_to_heads, _heads_to_seq),
+          "heads_to_seq": (_heads_to_seq, _seq_to_heads)}
 
 
 def sequence_to_heads(x: torch.Tensor, group: Any, cp: int) -> torch.Tensor:
     """``(b, heads, s/cp, d)`` of this rank's chunks -> ``(b, heads/cp, s, d)``: CP rank ``r``
     keeps heads ``[r heads/cp, (r+1) heads/cp)``, the sequence in CP-rank order of the chunks
     (rank 0's two chunks, then rank 1's, ...). One all-to-all; backward the inverse."""
-    return x if cp == 1 else _SequenceToHeads.apply(x, group, cp)
+    return x if cp == 1 else _UlyssesSwap.apply(x, group, cp, "seq_to_heads")
 
 
 def heads_to_sequence(x: torch.Tensor, group: Any, cp: int) -> torch.Tensor:
     """The inverse of :func:`sequence_to_heads`."""
-    return x if cp == 1 else _HeadsToSequence.apply(x, group, cp)
+    return x if cp == 1 else _UlyssesSwap.apply(x, group, cp, "heads_to_seq")

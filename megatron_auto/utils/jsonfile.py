@@ -7,9 +7,10 @@ the caller's own error type so that each layer keeps its exception.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-from typing import Any
+from typing import Any, Mapping
 
 from .atomicfile import atomic_open
 
@@ -35,3 +36,10 @@ def write_json(path: str | os.PathLike, data: Any) -> None:
     with atomic_open(path) as fh:
         json.dump(data, fh, indent=2)
         fh.write("\n")
+
+
+def unknown_fields(cls: type, data: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """``(the keys of record data that name no field of dataclass cls, cls's field names)``,
+    both sorted: what a ``from_dict`` refuses, and what its message lists as known."""
+    known = sorted(f.name for f in dataclasses.fields(cls))
+    return sorted(set(data) - set(known)), known

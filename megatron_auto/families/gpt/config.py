@@ -37,6 +37,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ...utils.jsonfile import unknown_fields
+
 SCORE_FUNCTIONS = ("softmax", "sigmoid")
 
 
@@ -143,10 +145,9 @@ class MoEConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "MoEConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown, known = unknown_fields(cls, data)
         _need(not unknown, "model config moe", unknown,
-              f"unknown field(s); known fields are {sorted(known)}")
+              f"unknown field(s); known fields are {known}")
         return cls(**dict(data))
 
 

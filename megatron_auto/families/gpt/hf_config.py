@@ -52,23 +52,51 @@ def _gpt2(r: HFReader) -> None:
     r.take("attention_dropout", "attn_pdrop", float)
     r.cost_only(r.get("embd_pdrop", r.get("resid_pdrop")) == r.get("resid_pdrop"), "embd_pdrop",
                 r.get("embd_pdrop"), "the residual dropout resid_pdrop")
-    act = r.get("activation_function", "gelu_new")
-    if act in TANH_GELUS + ("gelu",):
-        r.set("openai_gelu", "activation_function", act in TANH_GELUS)
-    else:
-        r.cost_only(False, "activation_function", act, "GeLU")
-        r.set("openai_gelu", "activation_function", False)
+    _gelu(r, "activation_function", "gelu_new")
     r.cost_only(bool(r.get("scale_attn_weights", True)), "scale_attn_weights", False,
                 "attention scaled by 1/sqrt(head_dim)")
     r.cost_only(not r.get("scale_attn_by_inverse_layer_idx", False),
                 "scale_attn_by_inverse_layer_idx", True, "the same attention scale in every layer")
     r.need(not r.get("add_cross_attention", False), "add_cross_attention", True,
            "a decoder with cross-attention is not a GPT; megatron_auto has none")
-    r.set("position_embedding_type", "model_type", "learned")
-    r.set("swiglu", "activation_function", False)
+    _learned_layernorm_gelu(r, positions_key="model_type", act_key="activation_function",
+                            heads_key="n_head")
+
+
+def _transformers_shape(r: HFReader, norm_key: str) -> None:
+    """The shape keys the LLaMA-like and BERT configs of transformers name alike (layers,
+    widths, heads, vocabulary, position table), the norm epsilon (``norm_key``) and the init
+    std."""
+    for dest, key in (("num_layers", "num_hidden_layers"), ("hidden_size", "hidden_size"),
+                      ("num_attention_heads", "num_attention_heads"),
+                      ("ffn_hidden_size", "intermediate_size"), ("vocab_size", "vocab_size")):
+        r.take(dest, key)
+    _positions(r, "max_position_embeddings")
+    r.take("norm_epsilon", norm_key, float)
+    r.take("init_method_std", "initializer_range", float)
+
+
+def _gelu(r: HFReader, key: str, default: str) -> None:
+    """The GeLU of config key ``key``: exact, or the tanh approximation (``--openai-gelu``);
+    another activation is priced as GeLU (cost only)."""
+    act = r.get(key, default)
+    if act in TANH_GELUS + ("gelu",):
+        r.set("openai_gelu", key, act in TANH_GELUS)
+    else:
+        r.cost_only(False, key, act, "GeLU")
+        r.set("openai_gelu", key, False)
+
+
+def _learned_layernorm_gelu(r: HFReader, *, positions_key: str, act_key: str,
+                            heads_key: str) -> None:
+    """The flags a GPT-2 or BERT config implies (each set from the key named): learned
+    positions, a GeLU MLP, LayerNorm, biases, one key/value head per head, and the output
+    layer tied to the embedding unless ``tie_word_embeddings`` is false."""
+    r.set("position_embedding_type", positions_key, "learned")
+    r.set("swiglu", act_key, False)
     r.set("normalization", "model_type", "LayerNorm")
     r.set("disable_bias_linear", "model_type", False)
-    r.set("group_query_attention", "n_head", False)
+    r.set("group_query_attention", heads_key, False)
     r.set("untie_embeddings_and_output_weights", "tie_word_embeddings",
           not r.get("tie_word_embeddings", True))
 
@@ -92,13 +120,7 @@ def _rope(r: HFReader) -> float:
 
 
 def _llama_like(r: HFReader, kind: str) -> None:
-    for dest, key in (("num_layers", "num_hidden_layers"), ("hidden_size", "hidden_size"),
-                      ("num_attention_heads", "num_attention_heads"),
-                      ("ffn_hidden_size", "intermediate_size"), ("vocab_size", "vocab_size")):
-        r.take(dest, key)
-    _positions(r, "max_position_embeddings")
-    r.take("norm_epsilon", "rms_norm_eps", float)
-    r.take("init_method_std", "initializer_range", float)
+    _transformers_shape(r, "rms_norm_eps")
     r.take("attention_dropout", "attention_dropout", float)
     r.set("hidden_dropout", "model_type", 0.0)  # these models have no residual dropout
     act = r.get("hidden_act", "silu")
@@ -179,21 +201,10 @@ def _experts(r: HFReader) -> None:
 
 def read_encoder(r: HFReader) -> None:
     """A BERT's config -> the ``pretrain_bert.py`` model flags."""
-    for dest, key in (("num_layers", "num_hidden_layers"), ("hidden_size", "hidden_size"),
-                      ("num_attention_heads", "num_attention_heads"),
-                      ("ffn_hidden_size", "intermediate_size"), ("vocab_size", "vocab_size")):
-        r.take(dest, key)
-    _positions(r, "max_position_embeddings")
-    r.take("norm_epsilon", "layer_norm_eps", float)
-    r.take("init_method_std", "initializer_range", float)
+    _transformers_shape(r, "layer_norm_eps")
     r.take("hidden_dropout", "hidden_dropout_prob", float)
     r.take("attention_dropout", "attention_probs_dropout_prob", float)
-    act = r.get("hidden_act", "gelu")
-    if act in TANH_GELUS + ("gelu",):
-        r.set("openai_gelu", "hidden_act", act in TANH_GELUS)
-    else:
-        r.cost_only(False, "hidden_act", act, "GeLU")
-        r.set("openai_gelu", "hidden_act", False)
+    _gelu(r, "hidden_act", "gelu")
     kind = r.get("position_embedding_type", "absolute")
     r.need(kind == "absolute", "position_embedding_type", kind,
            "only absolute (learned) positions are modelled")
@@ -206,11 +217,6 @@ def read_encoder(r: HFReader) -> None:
     # and megatron-bert's) before each sublayer, with a final norm: same cost, other model
     r.cost_only(r.config["model_type"] == "megatron-bert", "model_type", r.config["model_type"],
                 "Megatron's pre-LayerNorm BERT (megatron-bert)")
-    r.set("position_embedding_type", "position_embedding_type", "learned")
-    r.set("swiglu", "hidden_act", False)
-    r.set("normalization", "model_type", "LayerNorm")
-    r.set("disable_bias_linear", "model_type", False)
-    r.set("group_query_attention", "num_attention_heads", False)
-    r.set("untie_embeddings_and_output_weights", "tie_word_embeddings",
-          not r.get("tie_word_embeddings", True))
+    _learned_layernorm_gelu(r, positions_key="position_embedding_type", act_key="hidden_act",
+                            heads_key="num_attention_heads")
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping
 
 from ...config import ConfigError, filled
+from ...utils.jsonfile import unknown_fields
 
 BACKBONES = ("vit", "swin")
 
@@ -331,11 +332,10 @@ class VisionConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "VisionConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown, known = unknown_fields(cls, data)
         if unknown:
             raise ConfigError(f"vision model config: unknown field(s) {unknown}; known fields "
-                              f"are {sorted(known)}")
+                              f"are {known}")
         return cls(**dict(data))
 
 
