@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any
-
+from ...plan import LayerStrategy
+from ..inputs.cluster_model import ClusterModel
 from ..inputs.hardware import GB
+from ..inputs.model_spec import LayerType
+from ..inputs.profile_records import LayerTypeProfile
 from .gpu_terms import NO_SCORES_BACKENDS, attention_kept_bytes
 from .memory_model import MemoryCost
 from .time_model import TimeCost
@@ -54,8 +56,8 @@ class OffloadCost:
 NONE = OffloadCost()
 
 
-def _module_bytes(module: str, profile: Any, layer_type: Any, tp: int, sp: bool,
-                  compute_bytes: int, mask_bytes: int) -> float:
+def _module_bytes(module: str, profile: LayerTypeProfile, layer_type: LayerType, tp: int,
+                  sp: bool, compute_bytes: int, mask_bytes: int) -> float:
     """Per sample: what module ``module`` saves for backward (module docstring)."""
     beta, s, h = compute_bytes, layer_type.seq_length, layer_type.hidden_size
     split = tp if sp else 1  # sequence-wise tensors outside attention under SP
@@ -77,7 +79,7 @@ def _module_bytes(module: str, profile: Any, layer_type: Any, tp: int, sp: bool,
     raise ValueError(f"offload module {module!r}: unknown")
 
 
-def _checkpoint_inputs(module: str, layer_type: Any, tp: int, sp: bool,
+def _checkpoint_inputs(module: str, layer_type: LayerType, tp: int, sp: bool,
                        compute_bytes: int) -> float:
     """Per sample: the inputs a recomputed module's checkpoint holds on the device."""
     beta, s, h = compute_bytes, layer_type.seq_length, layer_type.hidden_size
@@ -86,8 +88,9 @@ def _checkpoint_inputs(module: str, layer_type: Any, tp: int, sp: bool,
     return (1 if module == "mlp" else 2) * beta * s * h / (tp if sp else 1)
 
 
-def offload_cost(strategy: Any, profile: Any, layer_type: Any, cluster: Any, samples: float,
-                 kept_bytes: float, compute_bytes: int, mask_bytes: int) -> OffloadCost:
+def offload_cost(strategy: LayerStrategy, profile: LayerTypeProfile, layer_type: LayerType,
+                 cluster: ClusterModel, samples: float, kept_bytes: float, compute_bytes: int,
+                 mask_bytes: int) -> OffloadCost:
     """What ``strategy.offload`` moves for one micro-batch of ``samples`` samples per rank and
     the copy's seconds one way; ``kept_bytes`` is the layer's priced kept activations per
     micro-batch (``MemoryCost.activations_per_microbatch``)."""
