@@ -257,6 +257,9 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cache: Se
     def bound(task: Task, with_embedding: bool = True) -> float:
         return max(task.cheap_bound(with_embedding) / task.global_batch, floor)
 
+    def left(rest: Sequence[Task]) -> float:  # the least bound known of tasks left, unpriced
+        return min(max(bound(t, False), t.known_bound() / t.global_batch) for t in rest)
+
     def report(done: int) -> None:
         if progress:
             progress(done, len(pinned), 1 / best.value if math.isfinite(best.value) else None)
@@ -269,7 +272,7 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cache: Se
             report(base + i - len(live))  # tasks settled without branching so far
             if bound(task, False) >= best.cutoff() or _stopped(deadline, best, cache.clock):
                 best.stopped = best.stopped or bound(task, False) < best.cutoff()
-                best.prune(bound(task, False))  # the least bound of the tasks left (sorted)
+                best.prune(left([t for t, _ in group[i:]]))
                 counts.pruned += len(group) - i
                 break
             if bound(task) >= best.cutoff():
@@ -313,7 +316,7 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cache: Se
             if bound(task, False) >= best.cutoff() or _stopped(deadline, best, cache.clock):
                 # tasks left unsearched by the deadline: the answer is not proven
                 best.stopped = best.stopped or bound(task, False) < best.cutoff()
-                best.prune(bound(task, False))
+                best.prune(left([t for t, _, _ in live[i:]]))
                 counts.pruned += len(live) - i
                 break
             if bound(task) >= best.cutoff():
@@ -387,7 +390,7 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
     if reporter is not None:
         reporter.close()
     if best.plan is None:
-        if _interleaving_pinned(options):
+        if min(options.virtual_sizes) > 1:  # interleaving pinned
             raise InfeasibleError(
                 f"no interleaved plan with virtual size {options.virtual_sizes[0]} fits the "
                 f"budget of {budget / GB:.3f} GB per device; choose another "
@@ -485,10 +488,6 @@ def _keeps_pins(plan: Plan, options: SearchOptions, spec: ModelSpec, world: int,
             and any(plan_in_space(plan, sp, spec, _vocabs(
                 spec, sp, options, plan.stage_size, plan.microbatch_size, sp.rules, dpn), dpn)
                 for sp in spaces_of(options.space, options, world)))
-
-
-def _interleaving_pinned(options: SearchOptions) -> bool:
-    return min(options.virtual_sizes) > 1
 
 
 def _given(plans: Sequence[Plan], spec: ModelSpec, training: TrainingSpec,

@@ -213,8 +213,9 @@ class TaskSearch:
         return self.best.cutoff() * self.task.global_batch
 
     def _prune(self, bound: float) -> None:
-        """A branch whose bound (an iteration time) reached the threshold."""
-        self.best.prune(bound / self.task.global_batch)
+        """A branch left unsearched with its bound (an iteration time); the task's cheap bound
+        holds for it too (stronger than the walk's ``J_b`` on interleaved tasks)."""
+        self.best.prune(max(bound, self.task.known_bound()) / self.task.global_batch)
 
     def _open(self, bounds: np.ndarray, order: np.ndarray, i: int) -> None:
         """The deadline stopped the search below pick ``order[i]`` of a node: what is left of

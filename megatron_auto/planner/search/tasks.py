@@ -318,6 +318,10 @@ class Task:
         self._cheap[True] = out
         return out
 
+    def known_bound(self) -> float:
+        """The strongest ``cheap_bound`` computed so far (0 before any), pricing nothing."""
+        return max(self._cheap.values(), default=0.0)
+
     def compute_bound(self) -> float:
         """Lower bound on every plan's iteration time from the layers' compute alone.
 
