@@ -358,8 +358,8 @@ def _throughput(est: dict[str, Any]) -> str:
 
 
 HEADER = ("| case | budget | Galvatron 2.4: process s (search s) | ours: import + plan s "
-          "(search CPU s) | ratio wall (CPU) | ours proven optimal | samples/s under our "
-          "evaluator: Galvatron's plan / ours |")
+          "(search CPU s) | ratio wall (CPU) | ours proven optimal | ours: certified gap | "
+          "samples/s under our evaluator: Galvatron's plan / ours | load |")
 
 
 def main() -> None:
@@ -381,10 +381,14 @@ def main() -> None:
                              "are then printed as lower bounds)")
     parser.add_argument("--keep-galvatron", type=Path, default=None, metavar="DIR",
                         help="store Galvatron's results (times, plans) in DIR and reuse stored "
-                             "ones: re-measure ours after a change without re-running it")
+                             "ones: re-measure ours after a change without re-running it (a "
+                             "working aid: refused with --table-out, whose table runs both)")
     parser.add_argument("--table-out", type=Path, default=None, metavar="FILE",
                         help="also write the table (Markdown, with the run's load) to FILE")
     args = parser.parse_args()
+    if args.keep_galvatron and args.table_out:
+        parser.error("--keep-galvatron with --table-out: a published table measures "
+                     "Galvatron in the same run as ours; drop --keep-galvatron")
     if args.keep_galvatron:
         args.keep_galvatron.mkdir(parents=True, exist_ok=True)
     lines: list[str] = []
@@ -405,7 +409,7 @@ def main() -> None:
              f"load average {loads[0]:.1f} on {os.cpu_count()} CPUs")
         emit("")
         emit(HEADER)
-        emit("|---|---|---|---|---|---|---|")
+        emit("|---|---|---|---|---|---|---|---|---|")
         for name, case in CASES.items():
             if args.only and name != args.only:
                 continue
@@ -433,11 +437,14 @@ def main() -> None:
                 cpu_ratio = f"{more}x{g_cpu / ours_cpu:.1f}" if g_cpu == g_cpu else "n/a"
                 proven = "yes" if info.get("proven_optimal") else \
                     f"no (limit {info.get('time_limit_s', '?')} s)"
+                gap = info.get("optimality_gap")
+                gap_txt = "n/a" if gap is None else f"{gap:.2%}"
                 emit(f"| {case['label']} | {budget} GB | {g_txt}{reused} | "
                      f"{import_s:.2f} + {plan_s:.2f} = {ours_s:.2f} "
                      f"({info.get('search_cpu_s', float('nan')):.2f}) | "
                      f"{more}x{g['wall_s'] / ours_s:.1f} ({cpu_ratio}) | {proven} | "
-                     f"{_throughput(est_g)} / {_throughput(est_ours)} |")
+                     f"{gap_txt} | {_throughput(est_g)} / {_throughput(est_ours)} | "
+                     f"{loads[-1]:.1f} |")
     if args.table_out:
         note = (f"\nLoad average {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs "
                 f"during the run.\n")
