@@ -436,7 +436,8 @@ def main() -> None:
                 g_cpu = g.get("cpu_s", float("nan"))
                 cpu_ratio = f"{more}x{g_cpu / ours_cpu:.1f}" if g_cpu == g_cpu else "n/a"
                 proven = "yes" if info.get("proven_optimal") else \
-                    f"no (limit {info.get('time_limit_s', '?')} s)"
+                    f"no (limit {info.get('time_limit_s', '?')} s)" if info.get("time_limited") \
+                    else "no (gap reached)"
                 gap = info.get("optimality_gap")
                 gap_txt = "n/a" if gap is None else f"{gap:.2%}"
                 emit(f"| {case['label']} | {budget} GB | {g_txt}{reused} | "
