@@ -210,6 +210,7 @@ class TETransformerLayer(TransformerLayer):
         self.mlp = mlp
         self.hidden_dropout = config.hidden_dropout
         self.recompute = whole_layer_only(recompute, "Transformer Engine")
+        self.offload_all = False  # refused before construction (make_transformer_layer)
         self.rng = rng
         self.groups = groups
         self.fp8 = fp8_recipe(config.fp8_format) if config.fp8_format else None
