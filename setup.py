@@ -25,12 +25,16 @@ setup(
         # of skipping (version ranges we have run).
         "test": ["pytest>=9.0,<10", "tensorboard>=2.21,<3", "wandb>=0.31,<1", "matplotlib>=3.11,<4",
                  "transformers>=5.0,<6", "tqdm>=4.66,<5", "megatron-core>=0.16,<0.17",
+                 # megatron-core's dist_checkpointing save waits forever on CPU without psutil
+                 # (tests/test_mcore_checkpoint.py hung in a fresh venv; passes with it)
+                 "psutil>=5.9",
                  # .ci/run type-checks the torch-free layers (mypy.ini); pinned: a new mypy
                  # release may find new errors in unchanged code
                  "mypy==2.4.1"],
         # Megatron-Core interop: its pipeline-layout parser checks our exported flags (pure Python
-        # and torch; needs no CUDA for what we use); run with 0.16.1
-        "mcore": ["megatron-core>=0.16,<0.17"],
+        # and torch; needs no CUDA for what we use); run with 0.16.1. psutil: its torch_dist save
+        # hangs on CPU without it
+        "mcore": ["megatron-core>=0.16,<0.17", "psutil>=5.9"],
         # tools/checkpoint/convert.py (Hugging Face GPT-2 / LLaMA / Megatron-BERT); run with 5.24
         "hf": ["transformers>=5.0,<6"],
         "plots": ["matplotlib>=3.11,<4"],
