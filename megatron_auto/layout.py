@@ -480,7 +480,7 @@ def plan_group_ranks(plan: Plan) -> list[tuple[int, ...]]:
 def layer_tp_collectives(layout: Layout, stage_size: int, activation_bytes: float, *,
                          sequence_parallel: bool, norm_tensor_bytes: Sequence[float] = (),
                          row_bias_bytes: Sequence[float] = (), recompute: bool = False,
-                         recompute_modules: Collection[str] = ()
+                         recompute_modules: Collection[str] = (), mlp: bool = True
                          ) -> tuple[tuple[Collective, ...], tuple[Collective, ...]]:
     """``(forward, backward)`` TP collectives of one rank for one micro-batch of a transformer
     layer (``models/transformer.py``), on the layer's TP group.
@@ -500,6 +500,10 @@ def layer_tp_collectives(layout: Layout, stage_size: int, activation_bytes: floa
     only ``mlp`` under SP re-issues a collective, fc1's all-gather (the recompute stops after
     fc2's matmul, before its reduce-scatter; without SP fc1's input copy issues nothing); core
     attention and the norms have none. Nothing with ``tp == 1``.
+
+    ``mlp=False`` (an MoE layer without shared experts, ``models/moe.py``: its router and
+    experts are replicated over TP): the attention's pair only, one all-reduce each way; a
+    recomputing one re-runs that forward all-reduce too (the router reads its result).
     """
     if layout.tp == 1:
         return (), ()
@@ -510,6 +514,11 @@ def layer_tp_collectives(layout: Layout, stage_size: int, activation_bytes: floa
 
     forward: tuple[Collective, ...]
     backward: tuple[Collective, ...]
+    if not mlp:
+        if sequence_parallel:
+            raise ValueError("an MoE layer runs without sequence parallelism")
+        one = (c("all_reduce", activation_bytes),)
+        return one, (one if recompute else ()) + one
     if not sequence_parallel:
         forward = (c("all_reduce", activation_bytes),) * 2
         backward = (c("all_reduce", activation_bytes),) * 2

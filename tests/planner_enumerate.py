@@ -7,7 +7,10 @@ every micro-batch count ``m`` dividing the global batch, and per layer every TP 
 the stage, the heads and the FFN size, within a node and dividing it), every TP layout where it
 changes the groups (``1 < tp < stage``), every DP flavour (ddp, zero1, zero2, zero3) where there
 is more than one replica, Megatron sequence parallelism on or off where ``tp > 1`` divides the
-sequence, recompute on or off; the vocabulary every TP degree dividing the stage and the
+sequence (never on an MoE layer), recompute on or off, and on MoE layers (``LayerType.moe``)
+every expert-parallel degree (a power of two dividing the DP ranks and the experts) with the
+experts' DP flavour the layer's or, where several ranks share the experts, any other; the
+vocabulary every TP degree dividing the stage and the
 vocabulary with every DP flavour. A data-parallel degree must divide the micro-batch. Schedule
 1F1B, plain and interleaved: with ``pp > 1`` and ``m`` a multiple of ``pp`` (the interleaved
 schedule's rule) every virtual size ``v`` of ``VIRTUAL_SIZES`` (the search's default) that
@@ -58,11 +61,30 @@ def layer_choices(spec, n: int, b_m: int, devices_per_node: int, layer_type,
             continue
         for consec in ((True, False) if 1 < tp < n else (True,)):
             for mode in (dp_modes if dp > 1 else ("ddp",)):
+                moe = getattr(layer_type, "moe", None)
                 for sp in ((False, True) if tp > 1 and layer_type.seq_length % tp == 0
-                           else (False,)):
+                           and moe is None else (False,)):
                     for rc in recompute:
-                        out.append(LayerStrategy(tp=tp, dp_mode=mode, tp_consecutive=consec,
-                                                 recompute=rc, sequence_parallel=sp))
+                        for ep, expert_mode in _expert_choices(moe, dp, mode, dp_modes):
+                            out.append(LayerStrategy(
+                                tp=tp, dp_mode=mode, tp_consecutive=consec, recompute=rc,
+                                sequence_parallel=sp, ep=ep, expert_dp_mode=expert_mode))
+    return out
+
+
+def _expert_choices(moe, dp: int, mode: str, dp_modes: tuple[str, ...]) -> list[tuple]:
+    """MoE layers: every ep that is a power of two dividing the DP ranks and the experts,
+    each with the experts in the layer's DP flavour (None) or, where ``dp / ep > 1`` ranks
+    share them, in any other flavour; dense layers: ep 1 only."""
+    if moe is None:
+        return [(1, None)]
+    out = []
+    for ep in (2 ** j for j in range(dp.bit_length())):
+        if dp % ep or moe.num_experts % ep:
+            continue
+        out.append((ep, None))
+        if dp // ep > 1:
+            out += [(ep, other) for other in dp_modes if other != mode]
     return out
 
 

@@ -126,7 +126,8 @@ def layer_rows(plan: Plan, per_layer: Sequence[Mapping[str, Any]] = (),
         row = [_span(start, end), stage]
         if layer_type_names:
             row.append(layer_type_names[start])
-        row += [layer.tp, dp] + ([f"{cp} {layer.cp_mode}"] if cp > 1 else []) + [
+        row += [layer.tp, dp] + ([f"{cp} {layer.cp_mode}"] if cp > 1 else []) + (
+            [_experts_cell(layer)] if _has_experts(plan) else []) + [
                 layer.dp_mode, layout, _recompute_cell(layer.recompute)] + (
                 [offload_label(layer.offload)] if _offloads(plan) else []) + [
                 format_bytes(cost.get("memory_bytes")), format_time(fb)]
@@ -138,6 +139,18 @@ def _offloads(plan: Plan) -> bool:
     return any(layer.offload is not False for layer in plan.layers)
 
 
+def _has_experts(plan: Plan) -> bool:
+    """Whether some layer carries expert fields (the table then has an ``ep`` column)."""
+    return any(layer.ep > 1 or layer.expert_dp_mode is not None for layer in plan.layers)
+
+
+def _experts_cell(layer: Any) -> str:
+    """``ep`` and, where it differs from the layer's, the experts' DP flavour (``4 zero3``)."""
+    if layer.expert_dp_mode is None or layer.expert_dp_mode == layer.dp_mode:
+        return str(layer.ep)
+    return f"{layer.ep} {layer.expert_dp_mode}"
+
+
 def _recompute_cell(value: Any) -> str:
     """yes / no for whole layers; the granularity for module recompute (selective, mlp+norm)."""
     return ("yes" if value else "no") if isinstance(value, bool) else recompute_label(value)
@@ -146,7 +159,8 @@ def _recompute_cell(value: Any) -> str:
 def render_layers(plan: Plan, per_layer: Sequence[Mapping[str, Any]] = (),
                   layer_type_names: Sequence[str] | None = None) -> str:
     headers = ["layers", "stage"] + (["type"] if layer_type_names else []) + [
-        "tp", "dp"] + (["cp"] if plan.cp_size > 1 else []) + [
+        "tp", "dp"] + (["cp"] if plan.cp_size > 1 else []) + (
+        ["ep"] if _has_experts(plan) else []) + [
         "dp_mode", "tp layout", "recompute"] + (["offload"] if _offloads(plan) else []) + [
         "memory/layer", "fwd+bwd/microbatch"]
     return table(headers, layer_rows(plan, per_layer, layer_type_names))

@@ -1,4 +1,4 @@
-"""The GPT and BERT families: one layer type each, ``ModelConfig`` with ``model_type`` ``gpt``
+"""The GPT and BERT families: one layer type each (and one for MoE layers), ``ModelConfig`` with ``model_type`` ``gpt``
 (causal decoder, ``pretrain_gpt.py``) or ``bert`` (bidirectional encoder with token types and
 the sentence-order head, ``pretrain_bert.py``).
 
@@ -13,8 +13,8 @@ import dataclasses
 from typing import Any, Mapping
 
 from ...arguments import check_model_option_args, model_config_from_args
-from ...config import ConfigError, ModelConfig, filled
-from ...planner.inputs.model_spec import LayerType, ModelSpec
+from ...config import ModelConfig, filled
+from ...planner.inputs.model_spec import ExpertSpec, LayerType, ModelSpec
 from ..family import Family, flags_of
 from .flags import moe_flags
 from .hf_config import DECODER_MODEL_TYPES, ENCODER_MODEL_TYPES, read_decoder, read_encoder
@@ -58,21 +58,36 @@ def plan_record(config: Any, keys: tuple[str, ...]) -> dict[str, Any]:
 
 def model_spec(cfg: ModelConfig) -> ModelSpec:
     """One layer type named after the family (causal for GPT); learned positions and BERT's
-    token types count as position rows of the embedding."""
+    token types count as position rows of the embedding. An MoE model (``--num-experts``)
+    has a second type, ``<family>_moe``, for its MoE layers (``--moe-layer-freq``): the same
+    attention, shared experts as its dense MLP (width 0 without them) and the routed experts
+    in ``LayerType.moe``; the dense type only when some layer is dense."""
+    dense = LayerType(name=cfg.model_type, hidden_size=cfg.hidden_size,
+                      num_attention_heads=cfg.num_attention_heads,
+                      ffn_hidden_size=filled(cfg.ffn_hidden_size), seq_length=cfg.seq_length,
+                      count=cfg.num_layers, activation=cfg.activation, causal=cfg.causal,
+                      num_query_groups=cfg.num_query_groups or 0,
+                      add_bias_linear=cfg.add_bias_linear, normalization=cfg.normalization,
+                      add_qkv_bias=cfg.add_qkv_bias)
+    types, order = (dense,), (0,) * cfg.num_layers
     if cfg.moe is not None:
-        raise ConfigError(f"--num-experts={cfg.moe.num_experts}: the planner does not price "
-                          f"MoE layers yet; give the plan (--plan FILE or the classic layout "
-                          f"flags) instead of searching one")
-    lt = LayerType(name=cfg.model_type, hidden_size=cfg.hidden_size,
-                   num_attention_heads=cfg.num_attention_heads,
-                   ffn_hidden_size=filled(cfg.ffn_hidden_size), seq_length=cfg.seq_length,
-                   count=cfg.num_layers, activation=cfg.activation, causal=cfg.causal,
-                   num_query_groups=cfg.num_query_groups or 0,
-                   add_bias_linear=cfg.add_bias_linear, normalization=cfg.normalization,
-                   add_qkv_bias=cfg.add_qkv_bias)
+        moe_layers = set(cfg.moe.moe_layers(cfg.num_layers))
+        experts = ExpertSpec(num_experts=cfg.moe.num_experts, topk=cfg.moe.router_topk,
+                             ffn_hidden_size=cfg.expert_ffn_hidden_size,
+                             capacity_factor=cfg.moe.expert_capacity_factor or 0.0)
+        moe_type = dataclasses.replace(
+            dense, name=f"{cfg.model_type}_moe", count=len(moe_layers), moe=experts,
+            ffn_hidden_size=cfg.moe.shared_expert_intermediate_size or 0)
+        kinds = [1 if i in moe_layers else 0 for i in range(cfg.num_layers)]
+        if len(moe_layers) == cfg.num_layers:
+            types, order = (moe_type,), (0,) * cfg.num_layers
+        else:
+            types = (dataclasses.replace(dense, count=cfg.num_layers - len(moe_layers)),
+                     moe_type)
+            order = tuple(kinds)
     positions = (filled(cfg.max_position_embeddings) if cfg.position_embedding_type == "learned"
                  else 0)
-    return ModelSpec(layer_types=(lt,), layer_order=(0,) * cfg.num_layers,
+    return ModelSpec(layer_types=types, layer_order=order,
                      vocab_size=cfg.padded_vocab_size, embedding_hidden_size=cfg.hidden_size,
                      seq_length=cfg.seq_length,
                      tied_embeddings=not cfg.untie_embeddings_and_output_weights,

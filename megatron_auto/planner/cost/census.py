@@ -24,7 +24,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from ...layout import Collective, dp_size, layout_of, vocab_layout
+from ...expert_layout import expert_layout, expert_ranks
+from ...layout import Collective, dp_group_ranks, dp_size, layout_of, vocab_layout
 from ...plan import Plan
 from .estimate import chunk_moves, dp_parts, stage_collectives, step_collectives
 from .memory_model import GRAD_BYTES, vocab_parameters
@@ -54,7 +55,7 @@ def bucket_collectives(plan: Plan, spec: ModelSpec, profile: ModelProfile, preci
     reduce-scatter and parameter all-gather of one rank of ``stage``: the first is what
     ``stage_collectives`` lists, the second what the runtime issues for the same bytes."""
     shares: Counter[Collective] = Counter()
-    merged: dict[tuple[object, str, int, bool, bool], float] = {}
+    merged: dict[tuple[frozenset, str, int, bool, bool], float] = {}
     tied_alone = (profile.embedding.tied and plan.pp_size > 1
                   and stage in (0, plan.pp_size - 1))
     for key, part in dp_parts(plan, spec, profile, precision, stage):
@@ -68,8 +69,7 @@ def bucket_collectives(plan: Plan, spec: ModelSpec, profile: ModelProfile, preci
                 emb = c.nbytes * profile.embedding.split_embedding_parameters / \
                     plan.vocab.tp / _vocab_params(plan, profile, stage)
                 pieces = [(c.nbytes - emb, False), (emb, True)]
-            layout = (vocab_layout(plan.vocab.tp, plan.stage_size) if key == "vocab"
-                      else layout_of(plan.layers[key], plan.stage_size))  # type: ignore[index]
+            layout = _dp_partition(plan, key)
             for nbytes, alone in pieces:
                 if nbytes > 0:
                     k = (layout, c.kind, c.group_size, c.consecutive, alone)
@@ -79,6 +79,23 @@ def bucket_collectives(plan: Plan, spec: ModelSpec, profile: ModelProfile, preci
         calls.update(_buckets(kind, size, consecutive, nbytes, kind != "all_reduce",
                               bucket_bytes))
     return shares, calls
+
+
+def _dp_partition(plan: Plan, key: object) -> frozenset[tuple[int, ...]]:
+    """The DP groups of a ``dp_parts`` component over the stage's local ranks: the runtime's
+    buckets are per process group, and groups are shared by rank set (an MoE layer's
+    expert-DP groups may be another layout's DP groups)."""
+    n = plan.stage_size
+    local = range(n)
+    if isinstance(key, tuple):  # ("experts", i): the experts' expert-DP groups
+        s = plan.layers[key[1]]
+        grid = expert_layout(0, s.tp, s.tp_consecutive, s.ep, s.expert_tp, n)
+        return frozenset(expert_ranks(local, grid, j).expert_dp_ranks for j in local)
+    if isinstance(key, int):
+        lay = layout_of(plan.layers[key], n)
+    else:  # "vocab"
+        lay = vocab_layout(plan.vocab.tp, n, plan.cp_size)
+    return frozenset(tuple(g) for g in dp_group_ranks(local, lay.tp, lay.consecutive, lay.cp))
 
 
 def _vocab_params(plan: Plan, profile: ModelProfile, stage: int) -> float:

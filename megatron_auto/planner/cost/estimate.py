@@ -44,6 +44,8 @@ from ..inputs.profiles import ModelProfile, dropout_mask_bytes, fill_attention_d
 from ..inputs.cluster_model import ClusterModel
 from .offload import apply_offload_memory, apply_offload_time, offload_cost
 from .recompute import module_terms
+from .moe import (expert_dp_collectives, expert_dp_group, expert_parameters, has_mlp,
+                  moe_collectives, with_experts)
 
 GIB = 1024 ** 3
 # A stage whose peak is within this fraction of the budget is reported as memory-bound.
@@ -276,7 +278,8 @@ def _layer_tp(plan: Plan, spec: ModelSpec, profile: ModelProfile, i: int
                                 sequence_parallel=sp,
                                 norm_tensor_bytes=sp_reduced_tensor_bytes(spec, i) if sp else (),
                                 recompute=s.full_recompute,
-                                recompute_modules=s.recompute_modules)
+                                recompute_modules=s.recompute_modules,
+                                mlp=has_mlp(spec.layer_type(i)))
 
 
 def _layer_cp(plan: Plan, spec: ModelSpec, profile: ModelProfile, precision: str, i: int
@@ -295,17 +298,42 @@ def _layer_cp(plan: Plan, spec: ModelSpec, profile: ModelProfile, precision: str
                                     4 if precision == "fp32" else 2, recompute=reruns_attention)
 
 
-def dp_parts(plan: Plan, spec: ModelSpec, profile: ModelProfile, precision: str, stage: int
-             ) -> list[tuple[int | str, DataParallelCollectives]]:
-    """``(layer index or "vocab", its cost_time.dp_collectives)`` of every component of one
-    rank of ``stage``: its layers, then the vocab modules (first and last stage)."""
+def _layer_ep(plan: Plan, spec: ModelSpec, precision: str, i: int
+              ) -> tuple[tuple[Collective, ...], tuple[Collective, ...]]:
+    """Layer ``i``'s expert-parallel all-to-alls for one micro-batch at the mean load (none
+    for a dense layer or ``ep = 1``; ``moe.moe_collectives``)."""
+    s = plan.layers[i]
     n = plan.stage_size
-    parts: list[tuple[int | str, DataParallelCollectives]] = []
+    return moe_collectives(spec.layer_type(i), s, layout_of(s, n), n,
+                           plan.microbatch_size / (n // s.tp), 4 if precision == "fp32" else 2)
+
+
+def dp_parts(plan: Plan, spec: ModelSpec, profile: ModelProfile, precision: str, stage: int
+             ) -> list[tuple[Any, DataParallelCollectives]]:
+    """``(layer index, ("experts", layer index) or "vocab", its cost_time.dp_collectives)`` of
+    every component of one rank of ``stage``: its layers (an MoE layer's routed experts as a
+    component of their own, on the expert-DP group: ``moe.expert_dp_collectives``), then the
+    vocab modules (first and last stage)."""
+    n = plan.stage_size
+    parts: list[tuple[Any, DataParallelCollectives]] = []
     for i in plan.stage_layers(stage):
         s = plan.layers[i]
-        local = profile.layer_types[spec.layer_type(i).name].local_parameters(s.tp)
+        lt = spec.layer_type(i)
+        local = profile.layer_types[lt.name].local_parameters(s.tp)
+        layout = layout_of(s, n)
+        # the runtime makes an MoE layer's experts a unit of their own only with expert
+        # fields in the plan (models/gpt.py); otherwise they are the layer's (one FSDP2 unit;
+        # the time model prices them apart, one latency more per ZeRO-2/3 collective)
+        own_unit = lt.moe is not None and (s.ep > 1 or s.expert_dp_mode is not None)
+        if lt.moe is not None and not own_unit:
+            local += expert_parameters(lt.moe, lt)
         parts.append((i, dp_collectives(local, n // s.tp, s.dp_mode,
-                                        dp_group_consecutive(layout_of(s, n)), precision)))
+                                        dp_group_consecutive(layout), precision)))
+        if own_unit and lt.moe is not None:
+            consecutive, span = expert_dp_group(layout, s.ep, n)
+            parts.append((("experts", i), expert_dp_collectives(
+                expert_parameters(lt.moe, lt) / s.ep, n // s.tp // s.ep, s.experts_dp_mode,
+                consecutive, span, precision)))
     first, last = stage == 0, stage == plan.pp_size - 1
     if first or last:
         vtp = plan.vocab.tp
@@ -325,7 +353,9 @@ def stage_collectives(plan: Plan, spec: ModelSpec, profile: ModelProfile, precis
     (``cost_time.dp_collectives`` of every layer; the vocab modules as the runtime's units,
     ``cost_time.vocab_units``).
     With context parallelism also every layer's CP collectives
-    (``context_parallel.cp_attention_collectives``: the ring's sends, Ulysses' all-to-alls).
+    (``context_parallel.cp_attention_collectives``: the ring's sends, Ulysses' all-to-alls),
+    and with expert parallelism every MoE layer's all-to-alls (``moe.moe_collectives``, token
+    payloads at the mean load: the runtime's depend on the routing).
     Not listed here: p2p hops, the embedding's and head's TP all-reduces, the tied-embedding
     and scalar all-reduces; ``ddp`` and ``zero1`` are each layer's share of the runtime's
     buckets. ``cost.census.rank_collectives`` adds those and merges the shares into buckets."""
@@ -340,7 +370,8 @@ def stage_collectives(plan: Plan, spec: ModelSpec, profile: ModelProfile, precis
     for i in plan.stage_layers(stage):
         tp_f, tp_b = _layer_tp(plan, spec, profile, i)
         cp_f, cp_b = _layer_cp(plan, spec, profile, precision, i)
-        for c in tp_f + tp_b + cp_f + cp_b:
+        ep_f, ep_b = _layer_ep(plan, spec, precision, i)
+        for c in tp_f + tp_b + cp_f + cp_b + ep_f + ep_b:
             out[c] += m
     for _, part in dp_parts(plan, spec, profile, precision, stage):
         for c in part.forward + part.backward:
@@ -387,7 +418,7 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
     # A layer's memory and time depend only on its type and strategy here (the stage size,
     # micro-batch, schedule and precision are the plan's): priced once per pair, as the search
     # prices whole plans whose layers mostly repeat a few strategies.
-    priced: dict[tuple[str, Any], tuple[MemoryCost, TimeCost]] = {}
+    priced: dict[tuple[str, Any], tuple[MemoryCost, TimeCost, bool]] = {}
     for k in range(pp):
         first, last = k == 0, k == pp - 1
         chunks = plan.stage_chunks(k)
@@ -418,6 +449,7 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
                     mod = module_terms(lp, spec.layer_type(i), modules, s.tp, samples,
                                        training.compute_bytes,
                                        dropout_mask_bytes(cluster, training.compute_bytes))
+                    lt = spec.layer_type(i)
                     mem = layer_memory(lp, s.tp, dp, s.dp_mode, s.full_recompute, samples,
                                        first_backward_peak=gpipe, sequence_parallel=sp,
                                        cp=s.cp, cp_mode=s.cp_mode,
@@ -429,14 +461,18 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
                                    norm_grad_bytes=sp_reduced_tensor_bytes(spec, i) if sp
                                    else (), cp_mode=s.cp_mode,
                                    recompute_forward_s=mod.forward_time_s,
-                                   recompute_modules=s.recompute_modules)
+                                   recompute_modules=s.recompute_modules, mlp=has_mlp(lt))
+                    # MoE layers: the router and routed experts on top (cost/moe.py)
+                    mem, t, experts_sharded = with_experts(
+                        mem, t, lp, lt, cluster, s, layout_of(s, n), n, samples,
+                        training.precision, first_backward_peak=gpipe)
                     # Activation offload (layers[i].offload): moved to the host, copies priced
-                    off = offload_cost(s, lp, spec.layer_type(i), cluster, samples,
+                    off = offload_cost(s, lp, lt, cluster, samples,
                                        mem.activations_per_microbatch, training.compute_bytes,
                                        dropout_mask_bytes(cluster, training.compute_bytes))
                     priced[name, s] = (apply_offload_memory(mem, off),
-                                       apply_offload_time(t, off))
-                mem, t = priced[name, s]
+                                       apply_offload_time(t, off), experts_sharded)
+                mem, t, experts_sharded = priced[name, s]
                 host[j] += mem.host_per_microbatch
                 states["parameters"] += mem.parameters
                 states["gradients"] += mem.gradients_at_peak
@@ -445,7 +481,8 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
                 transient = max(transient, mem.transient)
                 step_peak += mem.step_peak
                 step_temps += mem.step_temporary
-                sharded = sharded or (s.dp_mode in ("zero2", "zero3") and dp > 1)
+                sharded = sharded or experts_sharded or (s.dp_mode in ("zero2", "zero3")
+                                                         and dp > 1)
                 chunk_total = chunk_total + t
                 layer_mems.append((i, j, mem, t))
             for move in chunk_moves(plan, spec, profile, c):
@@ -524,15 +561,18 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
         steps.append(total.optimizer)
         chunk_times.append(times if v > 1 else [c_k])
         stage_parts.append((fwd, bwd, tail, peak, breakdown, sum(counts), c_k, total.compute,
-                            total.tp_comm, total.dp_comm, moves.total, host_bytes))
+                            total.tp_comm, total.dp_comm, moves.total, host_bytes,
+                            total.ep_comm))
     pt = pipeline_time(micro, backward, tails, m, steps, step_overhead(cluster, plan.world_size),
                        virtual_size=v, fill=pipeline_fill(chunk_times) if v > 1 else None)
     stages = []
     for k, (fwd, bwd, tail, peak, breakdown, k_in, c_k, compute, tp_comm, dp_comm, moved,
-            host_bytes) in enumerate(stage_parts):
+            host_bytes, ep_comm) in enumerate(stage_parts):
         shares = {"compute": m * compute, "tp_communication": m * tp_comm,
                   "dp_communication": m * dp_comm + tail, "relayout_and_p2p": m * moved,
                   "pipeline_bubble": pt.pipeline - m * c_k, "optimizer_step": steps[k]}
+        if ep_comm:
+            shares["ep_communication"] = m * ep_comm
         stages.append(StageEstimate(
             time_s=m * c_k + tail + steps[k], microbatch_time_s=c_k, forward_time_s=fwd,
             backward_time_s=bwd, sync_tail_s=tail, peak_memory_bytes=peak,

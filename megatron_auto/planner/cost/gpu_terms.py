@@ -104,7 +104,8 @@ def layer_gemms(s: int, h: int, f: int, activation: str, tp: int,
     unless grouped-query attention), output projection, fc1 (``2f`` wide for SwiGLU), fc2."""
     fc1 = 2 * f if activation == "swiglu" else f
     qkv = h + 2 * (h if kv is None else kv)
-    return [(s, qkv // tp, h), (s, h, h // tp), (s, fc1 // tp, h), (s, h, f // tp)]
+    gemms = [(s, qkv // tp, h), (s, h, h // tp), (s, fc1 // tp, h), (s, h, f // tp)]
+    return gemms if f else gemms[:2]  # f = 0: an MoE layer without shared experts
 
 
 def elementwise_bytes(s: int, h: int, f: int, beta: int, activation: str, tp: int) -> float:

@@ -71,6 +71,7 @@ class TimeCost:
     tp_comm: float
     dp_comm: float  # ZeRO gathers and reduce-scatters per micro-batch
     optimizer: float = 0.0  # once per iteration, after every stage's backward and sync
+    ep_comm: float = 0.0  # MoE layers' expert-parallel all-to-alls per micro-batch (cost/moe.py)
 
     @property
     def microbatch(self) -> float:
@@ -231,7 +232,7 @@ def layer_time(profile: LayerTypeProfile, cluster: ClusterModel, layout: Layout,
                precision: str = "fp32", *, sequence_parallel: bool = False,
                norm_grad_bytes: Sequence[float] = (),
                recompute_forward_s: float = 0.0, recompute_modules: Collection[str] = (),
-               cp_mode: str = "ring") -> TimeCost:
+               cp_mode: str = "ring", mlp: bool = True) -> TimeCost:
     """Time of one layer for one micro-batch of ``samples`` samples per rank.
 
     Forward: compute ``F``, ZeRO-3 parameter gather overlapped with it, the TP collectives of
@@ -249,6 +250,9 @@ def layer_time(profile: LayerTypeProfile, cluster: ClusterModel, layout: Layout,
     Context parallelism (``layout.cp > 1``, ``samples`` in sample equivalents): the DP group
     is ``dp x cp = n/tp`` ranks as above, and ``context_parallel.cp_layer_time`` adds the
     attention's CP communication (``cp_mode``) left exposed and the ring's chunked attention.
+
+    ``mlp=False``: the layer has no dense MLP (an MoE layer without shared experts), so only
+    the attention's TP collectives (``layout.layer_tp_collectives``).
     """
     tp = layout.tp
     dp = stage_size // tp
@@ -262,7 +266,7 @@ def layer_time(profile: LayerTypeProfile, cluster: ClusterModel, layout: Layout,
     tp_fwd, tp_bwd = layer_tp_collectives(
         layout, stage_size, profile.tp_bytes_per_sample * samples,
         sequence_parallel=sequence_parallel and tp > 1, norm_tensor_bytes=norm_grad_bytes,
-        recompute=recompute, recompute_modules=recompute_modules)
+        recompute=recompute, recompute_modules=recompute_modules, mlp=mlp)
     tp_f = sum(collective_time(cluster, c, stage_size) for c in tp_fwd)
     tp_b = sum(collective_time(cluster, c, stage_size) for c in tp_bwd)
     local = profile.local_parameters(tp)

@@ -30,6 +30,30 @@ def _need(cond: bool, name: str, value: Any, fix: str) -> None:
 
 
 @dataclass(frozen=True)
+class ExpertSpec:
+    """The routed experts of an MoE layer type (``LayerType.moe``), as the cost model sees them
+    (``planner/cost/moe.py`` prices them): ``num_experts`` experts of width ``ffn_hidden_size``
+    (the layer's activation, no biases), ``topk`` chosen per token by a linear router of
+    ``num_experts x hidden`` weights, and ``capacity_factor`` (0: dropless; else each expert
+    takes at most that many times its even share of a sequence's assignments)."""
+
+    num_experts: int
+    topk: int
+    ffn_hidden_size: int
+    capacity_factor: float = 0.0
+
+    def __post_init__(self) -> None:
+        for attr in ("num_experts", "topk", "ffn_hidden_size"):
+            value = getattr(self, attr)
+            _need(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+                  f"moe.{attr}", value, "must be a positive integer")
+        _need(self.topk <= self.num_experts, "moe.topk", self.topk,
+              f"must be at most num_experts={self.num_experts}")
+        _need(self.capacity_factor >= 0, "moe.capacity_factor", self.capacity_factor,
+              "must be >= 0 (0: dropless)")
+
+
+@dataclass(frozen=True)
 class LayerType:
     """One kind of transformer layer: attention + MLP with the given shape.
 
@@ -53,6 +77,12 @@ class LayerType:
     that many encoder tokens (a decoder layer: query, key/value and output projections, norm);
     ``carried_seq_length`` tokens of width ``hidden_size`` travel beside the layer's own hidden
     state through every relayout and stage boundary around it (the pipeline carry).
+
+    MoE layers (``moe``, an :class:`ExpertSpec`): the MLP is replaced by routed experts (and
+    optional shared experts); ``ffn_hidden_size`` is then the shared experts' width, 0 for
+    none, and :attr:`num_parameters` counts the router (replicated over TP) but not the routed
+    experts (the cost model prices them apart: replicated over TP, split over ``ep``, in their
+    own DP flavour).
     """
 
     name: str
@@ -72,9 +102,12 @@ class LayerType:
     cross_attention_seq_length: int = 0
     carried_seq_length: int = 0
     add_qkv_bias: bool = False
+    moe: ExpertSpec | None = None
 
     def __post_init__(self) -> None:
         where = f"layer_types[{self.name!r}]"
+        _need(self.moe is None or isinstance(self.moe, ExpertSpec), f"{where}.moe", self.moe,
+              "must be an ExpertSpec or None (a dense layer)")
         _need(self.num_query_groups == 0 or (self.num_query_groups > 0 and
                                              self.num_attention_heads % self.num_query_groups == 0),
               f"{where}.num_query_groups", self.num_query_groups,
@@ -86,7 +119,11 @@ class LayerType:
             value = getattr(self, attr)
             _need(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
                   f"{where}.{attr}", value, "must be an integer >= 0 (0: not used)")
-        for attr in ("hidden_size", "num_attention_heads", "ffn_hidden_size", "seq_length", "count"):
+        positive: tuple[str, ...] = ("hidden_size", "num_attention_heads", "seq_length", "count")
+        # an MoE layer without shared experts has no dense MLP (ffn_hidden_size 0)
+        if self.moe is None or self.ffn_hidden_size != 0:
+            positive += ("ffn_hidden_size",)
+        for attr in positive:
             value = getattr(self, attr)
             _need(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
                   f"{where}.{attr}", value, "must be a positive integer")
@@ -104,14 +141,17 @@ class LayerType:
     @property
     def num_parameters(self) -> int:
         """Weights, biases and the norms of one layer (Megatron GPT/BERT layout; T5's
-        decoder adds cross-attention)."""
+        decoder adds cross-attention; an MoE layer's shared experts and router, not its routed
+        experts)."""
         h, f, kv, p = self.hidden_size, self.ffn_hidden_size, self.kv_size, self.attention_width
         bias = 1 if self.add_bias_linear else 0
         # fused QKV ((p + 2kv) x h) and output projection (h x p), with their biases
         attention = 2 * h * p + 2 * h * kv + bias * (p + h + 2 * kv)
         if self.add_qkv_bias and not bias:
             attention += p + 2 * kv
-        if self.activation == "swiglu":
+        if f == 0:  # an MoE layer without shared experts
+            mlp = 0
+        elif self.activation == "swiglu":
             mlp = 3 * h * f + bias * (2 * f + h)  # two input projections (gate, up), one output
         else:
             mlp = 2 * h * f + bias * (f + h)
@@ -125,6 +165,8 @@ class LayerType:
         if self.merge_input_hidden:
             m = self.merge_input_hidden
             extra += 4 * m * h + 2 * 4 * m  # reduction (no bias) and its norm
+        if self.moe is not None:  # the router (E x h, no bias); the experts are apart
+            extra += self.moe.num_experts * h
         return attention + mlp + norms + extra
 
     @property

@@ -273,9 +273,10 @@ def analytic_profile(spec: ModelSpec, training: TrainingSpec, cluster: ClusterMo
             kv_bytes_per_sample=float(beta * s * kv) if kv != h else 0.0,
             attention_kept_quadratic_bytes=float(quadratic),
             name=lt.name, parameter_count=lt.num_parameters,
-            # the norms (weights, LayerNorm biases) and the two row-parallel biases stay whole
+            # the norms (weights, LayerNorm biases), the two row-parallel biases and an MoE
+            # layer's router stay whole
             tp_replicated_parameter_count=(4 if lt.normalization == "layernorm" else 2) * h
-            + (2 * h if lt.add_bias_linear else 0),
+            + (2 * h if lt.add_bias_linear else 0) + (lt.moe.num_experts * h if lt.moe else 0),
             forward_time_per_sample_s=per_sample, activation_replicated_bytes=replicated,
             activation_split_bytes=split, recompute_bytes_per_sample=recompute_input,
             hidden_bytes_per_sample=beta * s * h, tp_message_bytes_per_sample=tp_message,

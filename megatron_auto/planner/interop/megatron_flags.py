@@ -30,6 +30,9 @@ a module list):
   modules (Megatron-Core's default ``core_attn`` = our ``"selective"``; ``layernorm`` is our
   ``norm``); Megatron takes no ``--recompute-method`` / ``--recompute-num-layers`` with it.
   Megatron's MoE and MLA modules have no counterpart yet and are refused.
+
+Expert parallelism: one ``--expert-model-parallel-size`` for every MoE layer (the plan's
+``model.moe`` record says which layers are MoE), the experts in the layers' DP flavour.
 """
 
 from __future__ import annotations
@@ -312,6 +315,7 @@ def to_megatron_flags(plan: Plan) -> tuple[list[str] | None, list[str]]:
     if offloaded:  # Megatron-Core's fine-grained offload flags are not mapped (yet)
         reasons.append(f"layers {_ranges(offloaded)} offload activations; no classic "
                        f"Megatron-LM flag says that per layer")
+    ep = _expert_degree(plan, reasons)
     pp = plan.pp_size
     stage_flags = _stage_flags(list(plan.pipeline.layers_per_stage), plan.virtual_size)
     recompute_flags = _recompute_flags(plan, reasons)
@@ -324,6 +328,8 @@ def to_megatron_flags(plan: Plan) -> tuple[list[str] | None, list[str]]:
     if cp > 1:
         comm = next(k for k, m in CP_COMM_TYPES.items() if m == cp_modes[0])
         flags += ["--context-parallel-size", str(cp), "--cp-comm-type", comm]
+    if ep > 1:
+        flags += ["--expert-model-parallel-size", str(ep)]
     flags += stage_flags
     if modes == ["zero1"]:
         flags.append("--use-distributed-optimizer")
@@ -334,6 +340,39 @@ def to_megatron_flags(plan: Plan) -> tuple[list[str] | None, list[str]]:
         flags.append("--sequence-parallel")
     flags += recompute_flags
     return flags, []
+
+
+def _moe_layers(plan: Plan) -> list[int] | None:
+    """The MoE layers by the plan's ``model.moe`` record (``layer_freq``: every N-th layer
+    from 0, or a 0/1 list), or None when the record names none."""
+    moe = (plan.model or {}).get("moe")
+    if not isinstance(moe, Mapping):
+        return None
+    freq = moe.get("layer_freq", 1)
+    if isinstance(freq, (list, tuple)):
+        return [i for i, x in enumerate(freq) if x]
+    return [i for i in range(plan.num_layers) if i % int(freq) == 0]
+
+
+def _expert_degree(plan: Plan, reasons: list[str]) -> int:
+    """Megatron's ``--expert-model-parallel-size``: one ep for every MoE layer, the experts in
+    the layer's DP flavour (Megatron has no separate one); reasons where the plan differs."""
+    layers = plan.layers
+    with_ep = [i for i, layer in enumerate(layers) if layer.ep > 1]
+    own = [i for i, layer in enumerate(layers)
+           if layer.expert_dp_mode not in (None, layer.dp_mode)]
+    if own:
+        reasons.append(f"layers {_ranges(own)} give the experts their own expert_dp_mode; "
+                       f"Megatron's experts take the model's data-parallel flavour")
+    if not with_ep:
+        return 1
+    eps = sorted({layers[i].ep for i in with_ep})
+    moe = _moe_layers(plan)
+    if len(eps) > 1 or (moe is not None and with_ep != moe):
+        reasons.append(f"expert parallelism differs between MoE layers (ep {eps} on layers "
+                       f"{_ranges(with_ep)}); Megatron's --expert-model-parallel-size applies "
+                       f"to every MoE layer")
+    return eps[-1]
 
 
 def _stage_flags(sizes: list[int], virtual_size: int) -> list[str]:

@@ -76,7 +76,8 @@ def spaces_of(name: str, options: SearchOptions, world: int) -> list[Space]:
     base = SpaceRules(dp_modes=tuple(options.dp_modes), allow_recompute=options.allow_recompute,
                       max_tp=options.max_tp,
                       tps=(options.tp,) if options.tp is not None else None,
-                      sequence_parallel=sp, module_recompute=tuple(options.module_recompute))
+                      sequence_parallel=sp, module_recompute=tuple(options.module_recompute),
+                      eps=(options.expert_parallel,) if options.expert_parallel else None)
     if name == "full":
         return [Space("full", base)]
     if name == "dp":

@@ -60,6 +60,9 @@ class SearchOptions:
     # Price the winner's task under the other partition kinds too (plan.search["partitions"]);
     # False for callers that need only the answer (it can cost more than the search).
     report_partitions: bool = True
+    # Expert parallelism of the MoE layers: None searches it per layer (with the experts' own
+    # DP flavour), an int pins ep on every MoE layer (``--expert-model-parallel-size``).
+    expert_parallel: int | None = None
 
     def validate(self) -> None:
         def need(cond: bool, name: str, value: Any, fix: str) -> None:
@@ -75,7 +78,7 @@ class SearchOptions:
              "virtual_sizes", self.virtual_sizes, "give positive integers, e.g. (1, 2, 4)")
         need(self.partition in PARTITIONS, "partition", self.partition,
              f"choose one of {', '.join(PARTITIONS)}")
-        for name in ("pp", "tp", "vocab_tp", "max_tp"):
+        for name in ("pp", "tp", "vocab_tp", "max_tp", "expert_parallel"):
             value = getattr(self, name)
             need(value is None or (isinstance(value, int) and value >= 1), name, value,
                  "must be a positive integer (a divisor of the ranks it splits)")

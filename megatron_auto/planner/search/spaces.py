@@ -24,6 +24,11 @@ Rules that prune the tree (each keeps the optimum, or is a runtime rule):
 5. Dominance (``stage_costs.prune_dominated``, once costs are known): a strategy of the same
    class (layout and sequence parallelism) that is no worse in every priced quantity makes
    another redundant. Exact.
+6. MoE layers only (``LayerType.moe``): ``ep`` a power of two dividing ``dp`` and the expert
+   count, and, where the expert-DP group ``dp / ep`` has more than one rank, the experts' DP
+   flavour (``expert_dp_mode``: absent = the layer's, or another of the allowed flavours);
+   no sequence parallelism (runtime rules, ``plan_experts.py``). EP never changes a layer's
+   class (its input and output layout), so dominance (5) prunes among its variants.
 
 :func:`decision_tree_counts` counts the candidates per world size and what each rule removes
 (docs/planner.md §2 prints the table; a test checks it against a brute-force count).
@@ -33,7 +38,7 @@ Restricted spaces (``options.BASELINE_SPACES``) are searched and reported next t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...plan import DP_MODES, LayerStrategy, Plan, VocabStrategy, even_partition
 from ..inputs.model_spec import LayerType, ModelSpec
@@ -63,6 +68,11 @@ class SpaceRules:
     # Module recompute values offered beside none and full (e.g. ("selective",)); empty by
     # default, so the default space is unchanged (cost/recompute.py prices them).
     module_recompute: tuple = ()
+    # Expert parallelism of MoE layers (rule 6): the ep degrees allowed (None: every power of
+    # two dividing the DP ranks and the experts; (1,) keeps the experts whole) and whether
+    # the experts' DP flavour is searched apart from the layer's.
+    eps: tuple[int, ...] | None = None
+    expert_dp_modes: bool = True
 
 
 @dataclass(frozen=True)
@@ -129,14 +139,34 @@ def layer_strategies(layer_type: LayerType, stage_size: int, microbatch_size: in
             ((False, True) + tuple(rules.module_recompute) if rules.allow_recompute
              else (False,))
         sps: tuple[bool, ...] = (False,)
-        if tp > 1 and layer_type.seq_length % tp == 0:
+        if tp > 1 and layer_type.seq_length % tp == 0 and layer_type.moe is None:
             sps = rules.sequence_parallel
         for consec in layouts:
             for mode in modes:
                 for sp in sps:
                     for recompute in recomputes:
-                        out.append(LayerStrategy(tp=tp, dp_mode=mode, tp_consecutive=consec,
-                                                 recompute=recompute, sequence_parallel=sp))
+                        base = LayerStrategy(tp=tp, dp_mode=mode, tp_consecutive=consec,
+                                             recompute=recompute, sequence_parallel=sp)
+                        out.extend(expert_variants(base, layer_type, dp, rules))
+    return out
+
+
+def expert_variants(base: LayerStrategy, layer_type: LayerType, dp: int,
+                    rules: SpaceRules) -> list[LayerStrategy]:
+    """``base`` with every expert layout rule 6 allows (``base`` alone for a dense layer):
+    ``ep`` ascending, the layer's own expert DP flavour first."""
+    if layer_type.moe is None:
+        return [base]
+    experts = layer_type.moe.num_experts
+    out: list[LayerStrategy] = []
+    ep = 1
+    while ep <= dp:
+        if dp % ep == 0 and experts % ep == 0 and (rules.eps is None or ep in rules.eps):
+            modes: tuple[str | None, ...] = (None,)
+            if dp // ep > 1 and rules.expert_dp_modes:
+                modes += tuple(m for m in rules.dp_modes if m != base.dp_mode)
+            out.extend(replace(base, ep=ep, expert_dp_mode=m) for m in modes)
+        ep *= 2
     return out
 
 
@@ -150,12 +180,14 @@ def baselines_inside(options: SearchOptions, world: int, devices_per_node: int) 
     no pinned pp, tp, vocabulary tp or Megatron-SP, ``ddp`` and ``zero3`` allowed (the dp, tp,
     pp, megatron3d and zero3 spaces use them), the plain schedule (v = 1) among the virtual
     sizes, and the baselines' TP degrees (up to ``world``, tp's and megatron3d's) within the
-    full space's TP cap (rule 4: ``max_tp``, else one node)."""
+    full space's TP cap (rule 4: ``max_tp``, else one node), no pinned ep (the baselines
+    search it on MoE layers)."""
     cap = options.max_tp if options.max_tp is not None else devices_per_node
     return (options.space == "full" and options.partition == "exact"
             and options.pp is None and options.tp is None and options.vocab_tp is None
             and not options.sequence_parallel and {"ddp", "zero3"} <= set(options.dp_modes)
-            and 1 in options.virtual_sizes and world <= cap)
+            and 1 in options.virtual_sizes and world <= cap
+            and options.expert_parallel is None)
 
 
 def plan_in_space(plan: Plan, space: Space, spec: ModelSpec, vocabs: list[VocabStrategy],

@@ -20,6 +20,7 @@ from ..inputs.model_spec import LayerType
 from ..cost.memory_model import MemoryCost, embedding_memory, layer_memory
 from ..cost.time_model import TimeCost, embedding_time, layer_time
 from ..cost.recompute import NONE as NONE_RECOMPUTED, module_terms
+from ..cost.moe import has_mlp, with_experts
 from ..inputs.profile_records import EmbeddingProfile, LayerTypeProfile
 from ..inputs.profiles import dropout_mask_bytes
 from ...layout import Layout, layout_of
@@ -108,7 +109,7 @@ class PricedStrategies:
     times, which do not depend on the micro-batches in flight, per :data:`LayerKey`."""
 
     rows: dict[StrategyKey, Row] = field(default_factory=dict)
-    layers: dict[LayerKey, tuple[MemoryCost, TimeCost]] = field(default_factory=dict)
+    layers: dict[LayerKey, tuple[MemoryCost, TimeCost, bool]] = field(default_factory=dict)
 
 
 def strategy_costs(profile: LayerTypeProfile, cluster: ClusterModel,
@@ -160,7 +161,7 @@ def _price(profile: LayerTypeProfile, cluster: ClusterModel, s: LayerStrategy, n
                 raise ValueError("module recompute strategies need the layer_type to price")
             mod = module_terms(profile, layer_type, s.recompute_modules, s.tp, samples, beta,
                                dropout_mask_bytes(cluster, beta))
-        memo.layers[key] = (
+        dense = (
             layer_memory(profile, s.tp, dp, s.dp_mode, s.full_recompute, samples,
                          first_backward_peak=schedule == "gpipe", sequence_parallel=sp,
                          released_bytes=mod.released_bytes,
@@ -169,8 +170,15 @@ def _price(profile: LayerTypeProfile, cluster: ClusterModel, s: LayerStrategy, n
                        precision, sequence_parallel=sp,
                        norm_grad_bytes=norm_grad_bytes if sp else (),
                        recompute_forward_s=mod.forward_time_s,
-                       recompute_modules=s.recompute_modules))
-    mem, t = memo.layers[key]
+                       recompute_modules=s.recompute_modules,
+                       mlp=layer_type is None or has_mlp(layer_type)))
+        if layer_type is not None:  # MoE layers: the router and routed experts on top
+            memo.layers[key] = with_experts(*dense, profile, layer_type, cluster, s, layout, n,
+                                            samples, precision,
+                                            first_backward_peak=schedule == "gpipe")
+        else:
+            memo.layers[key] = (*dense, False)
+    mem, t, experts_sharded = memo.layers[key]
     # evaluate_plan sums parameters + gradients_at_peak + optimizer states and
     # in_flight x activations per layer; persistent() is that sum (no early release here).
     return (layout, sp), (
@@ -179,7 +187,7 @@ def _price(profile: LayerTypeProfile, cluster: ClusterModel, s: LayerStrategy, n
         (1 + frag) * mem.transient, mem.step_peak,
         mem.step_peak - (mem.step_temporary if fused else 0.0),
         mem.step_temporary if fused else 0.0,
-        float(s.dp_mode in ("zero2", "zero3") and dp > 1))
+        float(experts_sharded or (s.dp_mode in ("zero2", "zero3") and dp > 1)))
 
 
 def embedding_costs(profile: EmbeddingProfile, cluster: ClusterModel, vocab: VocabStrategy,
