@@ -69,7 +69,8 @@ def model_spec(cfg: ModelConfig) -> ModelSpec:
                       num_query_groups=cfg.num_query_groups or 0,
                       add_bias_linear=cfg.add_bias_linear, normalization=cfg.normalization,
                       add_qkv_bias=cfg.add_qkv_bias)
-    types, order = (dense,), (0,) * cfg.num_layers
+    types: tuple[LayerType, ...] = (dense,)
+    order = (0,) * cfg.num_layers
     if cfg.moe is not None:
         moe_layers = set(cfg.moe.moe_layers(cfg.num_layers))
         experts = ExpertSpec(num_experts=cfg.moe.num_experts, topk=cfg.moe.router_topk,
