@@ -180,3 +180,29 @@ def census() -> Iterator[list[Call]]:
     recorder = _Recorder()
     with recorder:
         yield recorder.calls
+
+
+def gpt_step_census(config: Any, plan: Any, *, bf16: bool = False, steps: int = 2,
+                    **trainer_options: Any) -> list[list[Call]]:
+    """The census of ``steps`` training steps of a GPT trainer built for ``plan`` (constant
+    lr, seed 1234) on one fixed batch of 8 random samples: one list of calls per step."""
+    from megatron_auto.models.gpt import GPTStage
+    from megatron_auto.training.lr_scheduler import LRConfig
+    from megatron_auto.training.precision import PrecisionConfig
+    from megatron_auto.training.trainer import build_trainer, train_step
+
+    trainer = build_trainer(config, plan, lambda cfg, ctx, seed: GPTStage(cfg, ctx, seed=seed),
+                            lr_config=LRConfig(lr=1e-3, decay_style="constant"),
+                            precision=PrecisionConfig(bf16=bf16), seed=1234, **trainer_options)
+    gen = torch.Generator().manual_seed(7)
+    s = config.seq_length
+    tokens = torch.randint(0, config.vocab_size, (8, s + 1), generator=gen)
+    batch = {"tokens": tokens[:, :-1].contiguous(), "labels": tokens[:, 1:].contiguous(),
+             "loss_mask": torch.ones(8, s),
+             "position_ids": torch.arange(s).expand(8, -1).contiguous()}
+    iterations = []
+    for _ in range(steps):
+        with census() as calls:
+            train_step(trainer, batch if trainer.reads_data else None)
+        iterations.append(calls)
+    return iterations

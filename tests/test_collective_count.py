@@ -503,28 +503,10 @@ UNPRICED: tuple[tuple[str, Any, str], ...] = (
 
 
 def _census_worker(rank: int, world_size: int, plan_name: str, bf16: bool) -> list[list[Any]]:
-    from collective_census import census
-    from megatron_auto.models.gpt import GPTStage
-    from megatron_auto.training.lr_scheduler import LRConfig
-    from megatron_auto.training.precision import PrecisionConfig
-    from megatron_auto.training.trainer import build_trainer, train_step
+    from collective_census import gpt_step_census
 
-    trainer = build_trainer(CENSUS_CONFIG, CENSUS_PLANS[plan_name],
-                            lambda cfg, ctx, seed: GPTStage(cfg, ctx, seed=seed),
-                            lr_config=LRConfig(lr=1e-3, decay_style="constant"),
-                            precision=PrecisionConfig(bf16=bf16), seed=1234,
-                            **CENSUS_OPTIONS.get(plan_name, {}))
-    gen = torch.Generator().manual_seed(7)
-    s = CENSUS_CONFIG.seq_length
-    tokens = torch.randint(0, CENSUS_CONFIG.vocab_size, (8, s + 1), generator=gen)
-    batch = {"tokens": tokens[:, :-1].contiguous(), "labels": tokens[:, 1:].contiguous(),
-             "loss_mask": torch.ones(8, s), "position_ids": torch.arange(s).expand(8, -1).contiguous()}
-    iterations = []
-    for _ in range(2):
-        with census() as calls:
-            train_step(trainer, batch if trainer.reads_data else None)
-        iterations.append(calls)
-    return iterations
+    return gpt_step_census(CENSUS_CONFIG, CENSUS_PLANS[plan_name], bf16=bf16,
+                           **CENSUS_OPTIONS.get(plan_name, {}))
 
 
 def _census_key(call: Any) -> tuple[str, int, bool, float]:

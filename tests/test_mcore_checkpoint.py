@@ -132,20 +132,27 @@ def _cpu_forward_patches() -> None:
 def _load(rank, world_size, path, ids):
     """Load ``path`` into a fresh model (megatron-core's load); the local shards, and on one
     rank Megatron-Core's own logits (b, s, vocab) of ``ids``."""
+    loaded, out = load_into(_mcore_model(world_size), path, ids, world_size)
+    out.update(iteration=loaded["iteration"], checkpoint_version=loaded["checkpoint_version"])
+    return out
+
+
+def load_into(model, path, ids, world_size):
+    """megatron-core's load of ``path`` into ``model`` (strict: every key of the model, no
+    other): what it loaded, and ``{"state": local shards}`` with, on one rank, ``"logits"``
+    of ``ids`` by Megatron-Core's own forward."""
     from megatron.core import dist_checkpointing
 
-    model = _mcore_model(world_size)
     loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, path)
-    model.load_state_dict(loaded["model"])  # strict: every key of the model, no other
-    out = {"state": _local_state(model), "iteration": loaded["iteration"],
-           "checkpoint_version": loaded["checkpoint_version"]}
+    model.load_state_dict(loaded["model"])
+    out = {"state": _local_state(model)}
     if world_size == 1:
         _cpu_forward_patches()
         positions = torch.arange(ids.shape[1]).expand(ids.shape[0], -1)
         causal = torch.ones(1, 1, ids.shape[1], ids.shape[1], dtype=torch.bool).triu(1)
         with torch.no_grad():
             out["logits"] = model.eval()(ids, positions, causal)
-    return out
+    return loaded, out
 
 
 def convert_main():

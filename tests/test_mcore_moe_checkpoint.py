@@ -26,8 +26,8 @@ import torch
 
 from dist_utils import run_distributed
 from test_mcore_checkpoint import (FLAGS, HEADS, GROUPS, HIDDEN, LAYERS, REL, SEQ, VOCAB,
-                                   _cpu_forward_patches, _cpu_save_patches, _local_state,
-                                   convert_main, rel)
+                                   _cpu_save_patches, _local_state, convert_main, load_into,
+                                   rel)
 from test_mcore_checkpoint import pytestmark  # noqa: F401 - its marks and skips, here too
 
 EXPERTS, TOPK, EXPERT_FFN = 4, 2, 24
@@ -83,19 +83,7 @@ def _save(rank, world_size, save_dir):
 
 
 def _load(rank, world_size, path, ids):
-    from megatron.core import dist_checkpointing
-
-    model = _moe_model(world_size)
-    loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, path)
-    model.load_state_dict(loaded["model"])
-    out = {"state": _local_state(model)}
-    if world_size == 1:
-        _cpu_forward_patches()
-        positions = torch.arange(ids.shape[1]).expand(ids.shape[0], -1)
-        causal = torch.ones(1, 1, ids.shape[1], ids.shape[1], dtype=torch.bool).triu(1)
-        with torch.no_grad():
-            out["logits"] = model.eval()(ids, positions, causal)
-    return out
+    return load_into(_moe_model(world_size), path, ids, world_size)[1]
 
 
 def test_megatron_core_moe_checkpoint_imports_with_the_same_logits_and_exports_back(tmp_path):

@@ -21,7 +21,6 @@ from collections import Counter
 from typing import Any
 
 import pytest
-import torch
 
 from dist_utils import run_distributed
 from megatron_auto.config import ModelConfig
@@ -55,28 +54,9 @@ PLANS = {
 
 
 def _worker(rank: int, world_size: int, plan_name: str) -> list[list[Any]]:
-    from collective_census import census
-    from megatron_auto.models.gpt import GPTStage
-    from megatron_auto.training.lr_scheduler import LRConfig
-    from megatron_auto.training.precision import PrecisionConfig
-    from megatron_auto.training.trainer import build_trainer, train_step
+    from collective_census import gpt_step_census
 
-    trainer = build_trainer(CONFIG, PLANS[plan_name],
-                            lambda cfg, ctx, seed: GPTStage(cfg, ctx, seed=seed),
-                            lr_config=LRConfig(lr=1e-3, decay_style="constant"),
-                            precision=PrecisionConfig(), seed=1234)
-    gen = torch.Generator().manual_seed(7)
-    s = CONFIG.seq_length
-    tokens = torch.randint(0, CONFIG.vocab_size, (8, s + 1), generator=gen)
-    batch = {"tokens": tokens[:, :-1].contiguous(), "labels": tokens[:, 1:].contiguous(),
-             "loss_mask": torch.ones(8, s),
-             "position_ids": torch.arange(s).expand(8, -1).contiguous()}
-    iterations = []
-    for _ in range(2):
-        with census() as calls:
-            train_step(trainer, batch if trainer.reads_data else None)
-        iterations.append(calls)
-    return iterations
+    return gpt_step_census(CONFIG, PLANS[plan_name])
 
 
 def _priced(plan: Plan, stage: int) -> Counter:
