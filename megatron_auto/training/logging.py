@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 from ..run_config import LoggingConfig
 
@@ -49,7 +49,8 @@ def format_iteration_line(*, iteration: int, train_iters: int, consumed_samples:
                           lm_loss: float | None, loss_scale: float | None, grad_norm: float | None,
                           skipped_iterations: int, tokens_per_s: float,
                           tflops_per_device: float,
-                          extra_losses: Mapping[str, float] | None = None) -> str:
+                          extra_losses: Mapping[str, float] | None = None,
+                          extra_parts: Sequence[str] = ()) -> str:
     """One Megatron-style training line: ``iteration N/ M | consumed samples: ... | ...``."""
     parts = [
         f" iteration {iteration:8d}/{train_iters:8d}",
@@ -62,6 +63,7 @@ def format_iteration_line(*, iteration: int, train_iters: int, consumed_samples:
         parts.append(f"lm loss: {lm_loss:.6E}")
     for name, value in (extra_losses or {}).items():  # e.g. BERT's "mlm loss", "sop loss"
         parts.append(f"{name.replace('_', ' ')}: {value:.6E}")
+    parts.extend(extra_parts)  # e.g. MoE's "load_balancing_loss: ..." (training/moe_metrics.py)
     if loss_scale is not None:
         parts.append(f"loss scale: {loss_scale:.1f}")
     if grad_norm is not None:

@@ -50,6 +50,7 @@ from .logging import format_eval_line, format_iteration_line, get_logger, setup_
 from .metrics import (MetricsWriter, device_peak_tflops, format_prediction_line,
                       model_flops_per_token, predicted_metrics)
 from .precision import autocast_dtype
+from .moe_metrics import console_parts as moe_console_parts, window_moe_metrics
 from .timing_report import format_stage_comparison, format_timer_lines, timer_metrics
 from .trainer import (GPT_TASK, ModelProvider, NonFiniteError, TaskSpec, Trainer, build_trainer,
                       evaluate, train_step)
@@ -274,6 +275,7 @@ def _train_loop(trainer: Trainer, config: RunConfig, train_ds: Any, valid_ds: An
     peak = device_peak_tflops(ctx.device, autocast_dtype(trainer.precision) is not None)
     window: list[tuple[float, float, bool]] = []  # (loss, seconds, metered) since the last log
     window_extras: list[dict[str, float]] = []  # named extra losses (BERT) since then
+    window_moe: list[dict[str, Any]] = []  # MoE router statistics (training/moe_metrics.py)
     valid_consumed = 0
     last_saved: int | None = None
     done = 0  # iterations run by this process (a resumed run starts past 0)
@@ -305,6 +307,7 @@ def _train_loop(trainer: Trainer, config: RunConfig, train_ds: Any, valid_ds: An
         if not result.skipped:
             window.append((result.lm_loss, seconds, metered and ctx.device.type != "cuda"))
             window_extras.append(result.extra_losses)
+            window_moe.append(result.moe_metrics)
         it = trainer.iteration
         record = {"iteration": it, "lm_loss": result.lm_loss, "grad_norm": result.grad_norm,
                   "lr": result.lr, "iteration_time_s": seconds}
@@ -315,6 +318,7 @@ def _train_loop(trainer: Trainer, config: RunConfig, train_ds: Any, valid_ds: An
             mean_s = sum(timed) / len(timed) if timed else seconds
             extras = {k: sum(e[k] for e in window_extras) / len(window_extras)
                       for k in (window_extras[0] if window_extras else {})}
+            moe_window = window_moe_metrics(window_moe)
             tflops = flops_per_iter / mean_s / ctx.world_size / 1e12
             log.info(format_iteration_line(
                 iteration=it, train_iters=train_config.train_iters,
@@ -323,7 +327,8 @@ def _train_loop(trainer: Trainer, config: RunConfig, train_ds: Any, valid_ds: An
                 lm_loss=mean_loss if window else None, extra_losses=extras,
                 loss_scale=result.loss_scale if trainer.precision.fp16 else None,
                 grad_norm=result.grad_norm, skipped_iterations=trainer.skipped_iterations,
-                tokens_per_s=tokens_per_iter / mean_s, tflops_per_device=tflops))
+                tokens_per_s=tokens_per_iter / mean_s, tflops_per_device=tflops,
+                extra_parts=moe_console_parts(moe_window)))
             timer_rows = (gather_over_ranks(trainer.timers.take(), ctx.device)
                           if trainer.timers.enabled else [])  # collective: every rank logs here
             for line in format_timer_lines(timer_rows, config.logging.timing_log_option):
@@ -336,6 +341,7 @@ def _train_loop(trainer: Trainer, config: RunConfig, train_ds: Any, valid_ds: An
                        "skipped_iterations": trainer.skipped_iterations,
                        "loss_scale": result.loss_scale}
             metrics.update(extras)
+            metrics.update(moe_window)
             metrics.update(timer_metrics(timer_rows))
             if peak:
                 metrics["mfu"] = tflops / peak
@@ -352,6 +358,7 @@ def _train_loop(trainer: Trainer, config: RunConfig, train_ds: Any, valid_ds: An
             experiment_log.write(metrics)
             window.clear()
             window_extras.clear()
+            window_moe.clear()
         if valid_ds is not None and train_config.eval_iters > 0 and it % train_config.eval_interval == 0:
             batches = []
             for _ in range(train_config.eval_iters):

@@ -35,6 +35,7 @@ from ..plan import Plan
 from ..run_config import LRConfig, OptimizerConfig, PrecisionConfig
 from .data import split_microbatches
 from .lr_scheduler import lr_at, set_lr
+from .moe_metrics import moe_step_metrics
 from .precision import LossScaler, autocast_dtype, unscale_
 
 ModelProvider = Callable[[ModelConfig, ParallelContext, int], nn.Module]
@@ -117,6 +118,8 @@ class StepResult:
     lr: float
     loss_scale: float
     extra_losses: dict[str, float] = field(default_factory=dict)
+    # MoE models: the router's statistics of the step (training/moe_metrics.py), else empty
+    moe_metrics: dict[str, Any] = field(default_factory=dict)
 
 
 def build_trainer(model_config: ModelConfig, plan: Plan, model_provider: ModelProvider, *,
@@ -192,6 +195,7 @@ def train_step(trainer: Trainer, batch: dict[str, torch.Tensor] | None) -> StepR
                               schedule=trainer.plan.pipeline.schedule, total_tokens=total_tokens,
                               loss_scale=scale, autocast_dtype=autocast_dtype(trainer.precision),
                               loss_parts=parts, timers=timers)
+    moe_metrics = moe_step_metrics(trainer.stage, trainer.ctx, trainer.model_config)
     with timers("optimizer"):
         params = list(trainer.data_parallel.parameters())
         unscale_(params, scale)
@@ -217,7 +221,8 @@ def train_step(trainer: Trainer, batch: dict[str, torch.Tensor] | None) -> StepR
     trainer.iteration = iteration
     trainer.consumed_samples += trainer.plan.global_batch_size
     return StepResult(lm_loss=lm_loss, num_tokens=tokens, grad_norm=grad_norm, skipped=skipped,
-                      lr=lr, loss_scale=scale, extra_losses=_named_losses(trainer, parts))
+                      lr=lr, loss_scale=scale, extra_losses=_named_losses(trainer, parts),
+                      moe_metrics=moe_metrics)
 
 
 def _local(grad: torch.Tensor) -> torch.Tensor:
