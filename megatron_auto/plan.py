@@ -24,6 +24,7 @@ from .plan_errors import need as _need
 from .plan_experts import expert_field_error, model_expert_error
 from .plan_offload import (OffloadValue, normalize_offload, offload_layer_problem,
                            offload_model_problem, offload_parts)
+from .plan_optimizer_offload import FractionValue, fraction_dict, fraction_problem, parse_fraction
 from .plan_recompute import RecomputeValue, normalize_recompute, recompute_parts
 from .utils.jsonfile import read_json, write_json
 
@@ -190,6 +191,7 @@ class PipelineSpec:
     schedule: str = "1f1b"
     layers_per_stage: tuple[int, ...] = ()
     virtual_size: int = 1
+    optimizer_offload_fraction: FractionValue = 0.0  # host share per stage (plan_optimizer_offload)
 
     @property
     def num_chunks(self) -> int:
@@ -200,15 +202,15 @@ class PipelineSpec:
                                "layers_per_stage": list(self.layers_per_stage)}
         if self.virtual_size != 1:  # absent = 1: non-interleaved files stay as they were
             out["virtual_size"] = self.virtual_size
-        return out
+        return {**out, **fraction_dict(self.optimizer_offload_fraction)}
 
     @classmethod
     def from_dict(cls, data: Any) -> "PipelineSpec":
         _need(isinstance(data, Mapping), "pipeline", data,
               'must be an object like {"size": 2, "schedule": "1f1b", "layers_per_stage": [2, 2]}')
-        unknown = sorted(set(data) - {"size", "schedule", "layers_per_stage", "virtual_size"})
-        _need(not unknown, "pipeline.<keys>", unknown,
-              "unknown key(s); allowed: size, schedule, layers_per_stage, virtual_size")
+        keys = ("size", "schedule", "layers_per_stage", "virtual_size", "optimizer_offload_fraction")
+        unknown = sorted(set(data) - set(keys))
+        _need(not unknown, "pipeline.<keys>", unknown, f"unknown key(s); allowed: {', '.join(keys)}")
         size = _int(data, "size", "pipeline.")
         virtual = _int(data, "virtual_size", "pipeline.") if "virtual_size" in data else 1
         lps = data.get("layers_per_stage")
@@ -216,7 +218,7 @@ class PipelineSpec:
               "pipeline.layers_per_stage", lps,
               "must be a list of integers, one per stage (size * virtual_size chunks)")
         return cls(size=size, schedule=data.get("schedule", "1f1b"), layers_per_stage=tuple(lps),
-                   virtual_size=virtual)
+                   virtual_size=virtual, optimizer_offload_fraction=parse_fraction(data))
 
 
 def even_partition(num_layers: int, num_stages: int) -> tuple[int, ...]:
@@ -405,6 +407,8 @@ class Plan:
         _need(mb % (n // (vocab.tp * cp)) == 0, "vocab.tp", vocab.tp,
               f"gives dp={n // (vocab.tp * cp)} replicas, which must divide the micro-batch of "
               f"{mb} samples")
+        if (problem := fraction_problem(self)) is not None:
+            raise PlanError(problem)
         if model is not None:
             self.check_model(model)
 

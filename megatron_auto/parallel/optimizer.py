@@ -12,7 +12,7 @@ single-process reference and every plan agree.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable
 
 import torch
 from torch import nn
@@ -51,11 +51,14 @@ def param_groups(params: Iterable[nn.Parameter], names: dict[int, str],
 
 
 def build_optimizer(params: Iterable[nn.Parameter], config: OptimizerConfig, *, lr: float,
-                    named_parameters: Iterable[tuple[str, nn.Parameter]] = ()) -> torch.optim.Optimizer:
+                    named_parameters: Iterable[tuple[str, nn.Parameter]] = (),
+                    offload_fraction: float = 0.0) -> torch.optim.Optimizer:
     """AdamW over ``params`` (what ``DataParallel.parameters()`` yields).
 
     ``named_parameters`` (e.g. ``stage.named_parameters()``) supplies names for the weight-decay
-    rule; parameters without a name fall back to the shape rule.
+    rule; parameters without a name fall back to the shape rule. ``offload_fraction`` > 0 (the
+    plan's ``pipeline.optimizer_offload_fraction`` of this stage) steps that share of the
+    parameters' bytes on the host (:class:`.optimizer_offload.HostOffloadAdamW`).
     """
     params = list(params)
     names = {id(p): n for n, p in named_parameters}
@@ -63,7 +66,19 @@ def build_optimizer(params: Iterable[nn.Parameter], config: OptimizerConfig, *, 
     if not groups:
         raise ValueError("build_optimizer: no trainable parameter on this rank; every rank must "
                          "own at least one layer's shard (check the plan)")
-    kwargs = dict(lr=lr, betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps)
+    kwargs: dict[str, Any] = dict(lr=lr, betas=(config.adam_beta1, config.adam_beta2),
+                                  eps=config.adam_eps)
+    if offload_fraction > 0.0:
+        from .optimizer_offload import HostOffloadAdamW  # noqa: PLC0415 - only when offloading
+
+        return HostOffloadAdamW(groups, offload_fraction,
+                                device_optimizer=lambda g: _device_adamw(g, kwargs), **kwargs)
+    return _device_adamw(groups, kwargs)
+
+
+def _device_adamw(groups: list[dict], kwargs: dict[str, Any]) -> torch.optim.Optimizer:
+    """AdamW over ``groups`` with the kernel of the module docstring."""
+    params = [p for g in groups for p in g["params"]]
     plain_cuda = all(_is_plain(p) and p.is_cuda for p in params)
     if plain_cuda:
         try:

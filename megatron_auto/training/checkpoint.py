@@ -441,6 +441,13 @@ def _init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
             p.grad = next(grads)
 
 
+def _sync_host_masters(trainer: TrainingState) -> None:
+    """An offloaded optimizer's host master weights take the parameters just loaded."""
+    sync = getattr(trainer.optimizer, "sync_masters_from_params", None)
+    if sync is not None:
+        sync()
+
+
 def load_checkpoint(trainer: TrainingState, load_dir: str | os.PathLike, *,
                     fallback: bool = True,
                     chosen: tuple[str, dict[str, Any]] | None = None) -> int:
@@ -472,6 +479,7 @@ def load_checkpoint(trainer: TrainingState, load_dir: str | os.PathLike, *,
                               if k.startswith(f"optimizer.{piece.fqn}.")}
                   for piece in zero1.pieces}
         zero1.load_full_state(trainer.optimizer, loaded)  # the slices of the whole states
+        _sync_host_masters(trainer)
     if same_plan:
         _set_rng_state(trainer, {k: state[k] for k in rng})
     trainer.iteration = int(info["iteration"])
@@ -497,6 +505,7 @@ def _load_weights_only(trainer: TrainingState, path: str) -> int:
     chunks = {k: v for k, v in chunks.items() if k in state}
     with torch.no_grad():
         dcp.load(state, checkpoint_id=path, planner=_ChunkLoadPlanner(chunks))
+    _sync_host_masters(trainer)
     get_logger().info(f"> loaded the weights of {path} (a converted model: optimizer and data "
                       f"start fresh) in {time.perf_counter() - start:.2f} s")
     return trainer.iteration

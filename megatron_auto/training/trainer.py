@@ -29,6 +29,7 @@ from ..models.moe import moe_layers, set_aux_loss_scale
 from ..parallel.context import ParallelContext
 from ..parallel.data_parallel import DataParallel
 from ..parallel.optimizer import build_optimizer
+from ..plan_optimizer_offload import stage_fraction
 from ..parallel.pipeline import forward_backward
 from ..parallel.timers import Timers
 from ..plan import Plan
@@ -142,7 +143,9 @@ def build_trainer(model_config: ModelConfig, plan: Plan, model_provider: ModelPr
         compile_layers(stage.layers.values(), compile_backend, ctx.device)
     data_parallel = DataParallel(stage, ctx, precision=precision.name)
     optimizer = build_optimizer(data_parallel.parameters(), optimizer_config, lr=lr_config.lr,
-                                named_parameters=stage.named_parameters())
+                                named_parameters=stage.named_parameters(),
+                                offload_fraction=stage_fraction(
+                                    plan.pipeline.optimizer_offload_fraction, ctx.stage))
     data_parallel.attach_optimizer(optimizer)  # zero1: all-gather parameters after each step
     # A world-wide collective before the first pipeline transfer: NCCL requires every rank of a
     # group to take part in its first batched p2p call otherwise, which a pipeline never does.
