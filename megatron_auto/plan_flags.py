@@ -57,6 +57,11 @@ def add_parallelism_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     p.add_argument("--use-distributed-optimizer", action="store_true",
                    help="Megatron's distributed optimizer: shard the optimizer state over "
                         "data parallelism (every layer gets dp_mode zero1)")
+    p.add_argument("--optimizer-cpu-offload", action="store_true",
+                   help="keep a share of the optimizer (fp32 masters, Adam moments) in host "
+                        "memory and step it there (plan pipeline.optimizer_offload_fraction)")
+    p.add_argument("--optimizer-offload-fraction", type=float, default=None, metavar="F",
+                   help="with --optimizer-cpu-offload: the share in [0, 1] (default 1.0)")
     add_sp_and_virtual_pipeline_args(p)
     add_layout_and_fsdp_args(p)
     p.add_argument("--auto-parallel", action="store_true",
@@ -160,4 +165,21 @@ def classic_layout_from_args(args: argparse.Namespace) -> ClassicLayout:
         use_megatron_fsdp=getattr(args, "use_megatron_fsdp", False),
         data_parallel_sharding_strategy=getattr(args, "data_parallel_sharding_strategy", None),
         context_parallel_size=getattr(args, "context_parallel_size", 1),
-        cp_comm_type=getattr(args, "cp_comm_type", "p2p"))
+        cp_comm_type=getattr(args, "cp_comm_type", "p2p"),
+        optimizer_offload_fraction=optimizer_offload_from_args(args))
+
+
+def optimizer_offload_from_args(args: argparse.Namespace) -> float:
+    """Megatron's ``--optimizer-cpu-offload [--optimizer-offload-fraction F]`` as the plan's
+    share (0 without the flag; 1.0 when the fraction is not given)."""
+    fraction = getattr(args, "optimizer_offload_fraction", None)
+    if not getattr(args, "optimizer_cpu_offload", False):
+        if fraction is not None:
+            fail("--optimizer-offload-fraction", fraction,
+                 "needs --optimizer-cpu-offload; add it, or drop the fraction")
+        return 0.0
+    if fraction is None:
+        return 1.0
+    if not 0.0 <= fraction <= 1.0:
+        fail("--optimizer-offload-fraction", fraction, "must be in [0, 1] (1: the whole optimizer)")
+    return float(fraction)

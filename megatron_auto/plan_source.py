@@ -23,6 +23,8 @@ the fix.
 
 from __future__ import annotations
 
+import dataclasses
+
 from .config import ArgumentError, ModelConfig
 from .plan import Plan, PlanError
 from .planner.interop.megatron_flags import MegatronFlagError, plan_from_megatron_flags
@@ -106,5 +108,11 @@ def plan_from_classic_flags(layout: ClassicLayout, model_config: ModelConfig,
             cp_comm_type=layout.cp_comm_type)
     except MegatronFlagError as err:
         raise ArgumentError(str(err)) from None
+    if layout.optimizer_offload_fraction:
+        try:
+            plan = dataclasses.replace(plan, pipeline=dataclasses.replace(
+                plan.pipeline, optimizer_offload_fraction=layout.optimizer_offload_fraction))
+        except PlanError as err:
+            raise ArgumentError(f"--optimizer-cpu-offload: {err}") from None
     plan.validate(model_config)
     return plan

@@ -238,6 +238,7 @@ class ClassicLayout:
     data_parallel_sharding_strategy: str | None = None
     context_parallel_size: int = 1  # --context-parallel-size: every layer's cp
     cp_comm_type: str = "p2p"  # --cp-comm-type: p2p = ring, a2a = ulysses
+    optimizer_offload_fraction: float = 0.0  # --optimizer-cpu-offload / -offload-fraction
 
 
 @dataclass(frozen=True)

@@ -146,3 +146,31 @@ def test_checkpoint_continues_exactly_across_fractions(tmp_path, save, load):
     _phase(*save, 0, SPLIT, save_dir=tmp_path)
     assert_matches_reference(_phase(*load, SPLIT, STEPS, load_dir=tmp_path),
                              f"optimizer offload {save[1]['pipeline']} -> {load[1]['pipeline']}")
+
+
+# ---------------------------------------------------------------------------------- flags
+@pytest.mark.single
+def test_megatron_flags_build_the_field_and_export_writes_them():
+    import argparse
+
+    from megatron_auto.config import ArgumentError
+    from megatron_auto.plan_flags import add_parallelism_args, optimizer_offload_from_args
+    from megatron_auto.plan_source import plan_from_classic_flags
+    from megatron_auto.planner.interop.megatron_flags import to_megatron_flags
+
+    parser = add_parallelism_args(argparse.ArgumentParser())
+    assert optimizer_offload_from_args(parser.parse_args([])) == 0.0
+    assert optimizer_offload_from_args(parser.parse_args(["--optimizer-cpu-offload"])) == 1.0
+    args = parser.parse_args(["--optimizer-cpu-offload", "--optimizer-offload-fraction", "0.5"])
+    assert optimizer_offload_from_args(args) == 0.5
+    with pytest.raises(ArgumentError, match=r"--optimizer-offload-fraction=0.5: needs --optimizer-cpu-offload"):
+        optimizer_offload_from_args(parser.parse_args(["--optimizer-offload-fraction", "0.5"]))
+    with pytest.raises(ArgumentError, match=r"--optimizer-offload-fraction=2.0: must be in \[0, 1\]"):
+        optimizer_offload_from_args(parser.parse_args(
+            ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "2"]))
+    from megatron_auto.plan_flags import classic_layout_from_args
+    args.global_batch_size, args.micro_batch_size = 8, None
+    plan = plan_from_classic_flags(classic_layout_from_args(args), CONFIG, 2)
+    assert plan.pipeline.optimizer_offload_fraction == 0.5
+    flags, reasons = to_megatron_flags(plan)
+    assert not reasons and flags[-3:] == ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "0.5"]

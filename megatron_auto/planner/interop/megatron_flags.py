@@ -315,6 +315,10 @@ def to_megatron_flags(plan: Plan) -> tuple[list[str] | None, list[str]]:
     if offloaded:  # Megatron-Core's fine-grained offload flags are not mapped (yet)
         reasons.append(f"layers {_ranges(offloaded)} offload activations; no classic "
                        f"Megatron-LM flag says that per layer")
+    fraction = plan.pipeline.optimizer_offload_fraction
+    if isinstance(fraction, tuple) and len(set(fraction)) > 1:
+        reasons.append(f"pipeline.optimizer_offload_fraction differs per stage ({list(fraction)}); "
+                       f"Megatron's --optimizer-offload-fraction is one for all stages")
     ep = _expert_degree(plan, reasons)
     pp = plan.pp_size
     stage_flags = _stage_flags(list(plan.pipeline.layers_per_stage), plan.virtual_size)
@@ -339,6 +343,9 @@ def to_megatron_flags(plan: Plan) -> tuple[list[str] | None, list[str]]:
     if sp:
         flags.append("--sequence-parallel")
     flags += recompute_flags
+    share = fraction[0] if isinstance(fraction, tuple) else fraction
+    if share:
+        flags += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", repr(float(share))]
     return flags, []
 
 
