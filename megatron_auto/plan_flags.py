@@ -81,6 +81,9 @@ def add_parallelism_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
 
 def check_plan_flags(args: argparse.Namespace) -> None:
     """Refuse a layout flag typed with a value other than Megatron's next to ``--plan``."""
+    if args.plan and getattr(args, "optimizer_cpu_offload", False):
+        fail("--optimizer-cpu-offload", True, f"conflicts with --plan {args.plan}, whose "
+             f"pipeline.optimizer_offload_fraction says it; drop the flag or edit the plan")
     if args.plan:
         for flag, default in LAYOUT_DEFAULTS.items():
             value = getattr(args, flag)
@@ -128,6 +131,10 @@ def plan_source_from_args(args: argparse.Namespace) -> PlanFile | ClassicLayout 
     if args.plan:
         return PlanFile(args.plan, global_batch_size=args.global_batch_size,
                         micro_batch_size=args.micro_batch_size)
+    if args.auto_parallel and getattr(args, "optimizer_cpu_offload", False):
+        fail("--optimizer-cpu-offload", True, "the --auto-parallel search does not choose "
+             "optimizer offload yet; drop the flag, or write the plan's "
+             "pipeline.optimizer_offload_fraction and train it with --plan")
     if args.auto_parallel:
         return SearchPins(sequence_parallel=getattr(args, "sequence_parallel", False),
                           num_layers_per_virtual_pipeline_stage=getattr(

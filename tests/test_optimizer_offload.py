@@ -174,3 +174,19 @@ def test_megatron_flags_build_the_field_and_export_writes_them():
     assert plan.pipeline.optimizer_offload_fraction == 0.5
     flags, reasons = to_megatron_flags(plan)
     assert not reasons and flags[-3:] == ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "0.5"]
+
+
+@pytest.mark.single
+def test_the_flag_is_refused_where_it_would_be_ignored():
+    import argparse
+
+    from megatron_auto.config import ArgumentError
+    from megatron_auto.plan_flags import add_parallelism_args, check_plan_flags, plan_source_from_args
+
+    parser = add_parallelism_args(argparse.ArgumentParser())
+    with pytest.raises(ArgumentError, match=r"--optimizer-cpu-offload=True: conflicts with --plan p.json"):
+        check_plan_flags(parser.parse_args(["--plan", "p.json", "--optimizer-cpu-offload"]))
+    args = parser.parse_args(["--auto-parallel", "--optimizer-cpu-offload"])
+    args.global_batch_size = args.micro_batch_size = None
+    with pytest.raises(ArgumentError, match=r"--auto-parallel search does not choose optimizer offload"):
+        plan_source_from_args(args)
