@@ -83,6 +83,9 @@ def test_task_bounds_are_below_every_plan_of_the_task(world, layers, batch, m, v
             times.append(est.iteration_time_s)
             peaks.append(est.peak_memory_bytes)
     assert task.root_bound() <= min(times) * (1 + 1e-12)
+    # the mean of the J_b over the stages (the branch b = pp) on its own
+    assert task.branches[-1] == pp
+    assert float(task.future(pp)[0, 0]) + task.overhead <= min(times) * (1 + 1e-12)
     assert task.cheap_bound() <= min(times) * (1 + 1e-12)
     assert task.cheap_bound(False) <= min(times) * (1 + 1e-12)
     assert cheap_least_peak(task) <= min(peaks) * (1 + 1e-12)

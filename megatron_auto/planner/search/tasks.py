@@ -26,7 +26,11 @@ stage's chunks. Since ``max_j c_{k,j} >= C_k / v`` and ``m - 1/v >= 0``, for eve
 ``J_b = sum_k C_k / v + (m - 1/v) C_b + step_b + tail_0 + overhead`` is at most the iteration
 time (stage 0's tail is never hidden: ``T >= T_pipe + tail_0``): chunk ``c`` weighs its time by
 ``alpha = m`` if its stage is ``b`` else ``1/v``, and ``beta``, ``gamma`` by its stage as above;
-with ``v = 1`` these are the weights above. Memory per chunk position uses
+with ``v = 1`` these are the weights above. Each ``J_b`` lets the stage ``b`` be the smallest
+one; their mean over ``b``, ``sum_k C_k (1/v + (m - 1/v) / pp) + mean_b step_b + tail_0 +
+overhead``, is at most the iteration time too and cannot: interleaved tasks bound with it as
+one more branch (``b = pp``: every chunk weighs its time by ``1/v + (m - 1/v) / pp`` and its
+step by ``1/pp``). Memory per chunk position uses
 ``interleaving.chunk_in_flight``: one count vector the schedule passes through, so each
 position's bytes are at most what the stage's peak holds of that chunk.
 """
@@ -126,7 +130,8 @@ class Task:
         # partition (that module imports this one) and seeds' stage rows.
         self.least_peaks: dict[tuple[int, ...] | None, Any] = {}
         self.seed_rows: dict[Hashable, Any] = {}
-        self.branches = list(range(pp))
+        # J_b for every stage b; interleaved tasks add their mean over b (branch ``pp``).
+        self.branches = list(range(pp)) + ([pp] if self.v > 1 else [])
         self.on_new_table: Callable[[], None] | None = None  # e.g. a deadline check
 
     @functools.cached_property
@@ -276,7 +281,11 @@ class Task:
         return k % self.pp
 
     def weights(self, k: int, b: int) -> Weights:
-        """Chunk position ``k``'s weights in the bound ``J_b`` (module docstring)."""
+        """Chunk position ``k``'s weights in the bound ``J_b`` (module docstring); ``b == pp``
+        (interleaved only): the mean of the ``J_b`` over the stages."""
+        if b == self.pp:
+            return Weights(alpha=1.0 / self.v + (self.m - 1.0 / self.v) / self.pp,
+                           beta=1.0 / self.pp, gamma=1.0 if self.stage_of(k) == 0 else 0.0)
         own = self.stage_of(k) == b
         return Weights(alpha=float(self.m) if own else 1.0 / self.v, beta=1.0 if own else 0.0,
                        gamma=1.0 if self.stage_of(k) == 0 else 0.0)
