@@ -324,7 +324,11 @@ def _profile_together(rank: int, world_size: int, cfg_dict: dict) -> int:
 
 @pytest.mark.multirank
 def test_ranks_that_measure_together_pair_up_their_barriers():
-    # Every rank runs the same rounds (layer, TP-2 shard, embedding, head: 3 rounds each), so
-    # the barriers pair up and the run ends; a mismatch would hang until the test's timeout.
+    # Every rank runs the same rounds (layer, TP-2 shard, embedding, head, and the single
+    # modules: the core attention at each measured length, the MLP, a norm; 3 rounds each),
+    # so the barriers pair up and the run ends; a mismatch would hang until the test's timeout.
+    from megatron_auto.profiler.module_profiler import attention_lengths
+
     counts = run_distributed(_profile_together, 2, TINY.to_dict())
-    assert counts[0] == counts[1] == 4 * 3
+    series = 4 + len(attention_lengths(TINY.seq_length)) + 2
+    assert counts[0] == counts[1] == series * 3

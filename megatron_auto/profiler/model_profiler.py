@@ -61,6 +61,7 @@ from ..planner.inputs.profiles import ModelProfile
 from ..utils.progress import Progress
 from .activation_meter import transformer_classifier, vocab_classifier
 from .lookup import FamilyProfiler
+from .module_profiler import profile_modules
 from .measure import (MEASUREMENT_VERSION, Barrier, ModelProfilerConfig, activation_bytes,
                       autocast, device_name, embedding_profile, first_rank, init_parameters,
                       layer_type_profile, measure, measured_profile, never_split,
@@ -118,13 +119,17 @@ def _profile_model(cfg: ModelConfig, precision: str, dev: torch.device,
     lay = measure(layer, layer_run, sizes, config, dev, transformer_classifier, True,
                   set_recompute, progress=progress, barrier=barrier)
     attention_backend = sdpa_backend(layer_run(sizes[0])[0])  # the kernel the numbers are of
+    # single modules recompute in our layer only (Transformer Engine's: whole layers)
+    modules = (profile_modules(layer, cfg, sizes, config, dev, amp, barrier)
+               if isinstance(layer, TransformerLayer) else {})
     beta_bytes = activation_bytes(precision)
     layer_profile = layer_type_profile(
         cfg.model_type, layer, lay, sizes, precision,
         grad_io_bytes=2 * 4 * s * h,  # fp32 gradients of the layer's input and output (docs)
         hidden_bytes_per_sample=float(beta_bytes * s * h), attention_backend=attention_backend,
         flops_per_sample=float(2 * s * (4 * h * h + (3 if cfg.activation == "swiglu" else 2)
-                                        * h * cfg.ffn_hidden_size) + 4 * s * s * h))
+                                        * h * cfg.ffn_hidden_size) + 4 * s * s * h),
+        **modules)
     del layer
     layer_profile = _with_tp_shards(layer_profile, cfg, config, sizes, dev, amp, barrier)
 

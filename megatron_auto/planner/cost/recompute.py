@@ -15,7 +15,14 @@ What models/recompute.py does, priced per module ``m`` of a layer at TP ``t``:
   the MLP's share of the layer's FLOPs.
 - ``norm``: the checkpoint keeps the norm's input and the next projection still keeps the norm's
   output, so only the norm's statistics (a few bytes per token) are released: priced as
-  nothing released and no time. The search never prefers it; plans may still ask for it.
+  nothing released and no time, unless measured. The search never prefers it; plans may still
+  ask for it.
+
+A measured profile (profiler/module_profiler.py) carries each module's saved bytes and forward
+time per sample at tp 1 (``module_saved_bytes``, ``module_forward_time_s``); where a module has
+them they replace the analytic terms above: ``core_attn`` and ``mlp`` bytes and time split by
+``t`` (heads, FFN columns), ``norm`` on every TP rank whole. The core attention's time is then
+the measured ``attention_time`` at the layer's length.
 
 While backward rebuilds a module its released bytes exist again for that module's backward
 only: the largest module's bytes of one micro-batch are transient (a peak term).
@@ -55,18 +62,28 @@ def module_terms(profile: LayerTypeProfile, layer_type: LayerType, modules: Coll
     per_module: dict[str, float] = {}
     time = 0.0
     beta = compute_bytes
-    if "core_attn" in modules and profile.attention_backend not in NO_SCORES_BACKENDS:
+    saved, forward = profile.module_saved_bytes, profile.module_forward_time_s
+    if "core_attn" in modules and "core_attn" in saved:  # measured: split with the heads
+        per_module["core_attn"] = saved["core_attn"] / tp
+        time += profile.attention_time(layer_type.seq_length, samples, tp)
+    elif "core_attn" in modules and profile.attention_backend not in NO_SCORES_BACKENDS:
         kept = profile.attention_kept_quadratic_bytes or attention_kept_bytes(
             beta, layer_type.num_attention_heads, layer_type.seq_length,
             layer_type.attended_tokens, profile.attention_backend, mask_bytes)
         per_module["core_attn"] = kept / tp
         time += profile.attention_time(layer_type.seq_length, samples, tp)
-    if "mlp" in modules:
+    if "mlp" in modules and "mlp" in saved:  # measured: split with the FFN columns
+        per_module["mlp"] = saved["mlp"] / tp
+        time += forward.get("mlp", 0.0) * samples / tp
+    elif "mlp" in modules:
         s, f, h = layer_type.seq_length, layer_type.ffn_hidden_size, layer_type.hidden_size
         mats = 3 if layer_type.activation == "swiglu" else 2
         per_module["mlp"] = mats * beta * s * f / tp
         share = 2 * s * h * f * mats / layer_core_flops(layer_type, profile.attention_backend)
         time += share * profile.forward_time(samples, tp)
+    if "norm" in modules and "norm" in saved:  # measured: the statistics, on every TP rank
+        per_module["norm"] = saved["norm"]
+        time += forward.get("norm", 0.0) * samples
     released = sum(per_module.values())
     return ModuleRecompute(released_bytes=released * samples,
                            largest_module_bytes=max(per_module.values(), default=0.0) * samples,

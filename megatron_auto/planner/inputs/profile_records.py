@@ -16,6 +16,10 @@ from typing import Any, Mapping
 from .hardware import ATTENTION_BACKENDS
 
 
+#: The modules of a layer the profiler measures one by one (``layers[i].recompute`` names).
+PROFILED_MODULES = ("core_attn", "mlp", "norm")
+
+
 class ProfileError(ValueError):
     """A malformed profile; the message names the field, the value and the fix."""
 
@@ -72,6 +76,13 @@ class LayerTypeProfile:
     ``profiles.fill_attention_defaults``), ``kv_bytes_per_sample`` (one sample's keys in
     the compute dtype; 0: ``hidden_bytes_per_sample``) and ``attention_kept_quadratic_bytes``
     (kept bytes per sample growing with ``s^2``, which ring attention does not keep).
+
+    Module recompute reads two measured tables (profiler/module_profiler.py; empty in older
+    and analytic profiles, which then price the modules analytically: cost/recompute.py):
+    ``module_saved_bytes`` (module -> bytes per sample at tp 1 that the module saves for
+    backward beyond its own inputs, i.e. what recomputing it releases; ``norm`` counts both
+    norms) and ``module_forward_time_s`` (module -> forward seconds per sample at tp 1, what
+    recomputing it repeats), for the modules of :data:`PROFILED_MODULES`.
     """
 
     name: str
@@ -103,6 +114,8 @@ class LayerTypeProfile:
     attention_time_by_seq_length: Mapping[int, float] = field(default_factory=dict)
     kv_bytes_per_sample: float = 0.0
     attention_kept_quadratic_bytes: float = 0.0
+    module_saved_bytes: Mapping[str, float] = field(default_factory=dict)
+    module_forward_time_s: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def moved_bytes_per_sample(self) -> float:
@@ -121,6 +134,17 @@ class LayerTypeProfile:
                       "attention_time_by_seq_length"):
             object.__setattr__(self, table,
                                {int(k): float(v) for k, v in getattr(self, table).items()})
+        for table in ("module_saved_bytes", "module_forward_time_s"):
+            values = getattr(self, table)
+            need(isinstance(values, Mapping), f"layer_types.{self.name}.{table}", values,
+                 f"must map module names ({', '.join(PROFILED_MODULES)}) to numbers")
+            for module, value in values.items():
+                need(module in PROFILED_MODULES, f"layer_types.{self.name}.{table}", module,
+                     f"unknown module; choose among {', '.join(PROFILED_MODULES)}")
+                need(isinstance(value, (int, float)) and math.isfinite(value) and value >= 0,
+                     f"layer_types.{self.name}.{table}.{module}", value,
+                     "must be a finite number >= 0")
+            object.__setattr__(self, table, {str(k): float(v) for k, v in values.items()})
         where = f"layer_types.{self.name}."
         need(isinstance(self.parameter_count, int) and self.parameter_count >= 0,
              where + "parameter_count", self.parameter_count, "must be a non-negative integer")

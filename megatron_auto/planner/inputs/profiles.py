@@ -83,7 +83,8 @@ class ModelProfile:
                     str(n): v for n, v in lt.attention_time_by_seq_length.items()}
             else:
                 del d["attention_time_by_seq_length"]
-            for name in ("kv_bytes_per_sample", "attention_kept_quadratic_bytes"):
+            for name in ("kv_bytes_per_sample", "attention_kept_quadratic_bytes",
+                         "module_saved_bytes", "module_forward_time_s"):
                 if not d[name]:
                     del d[name]
             layers[key] = d
