@@ -102,12 +102,14 @@ def add_sp_and_virtual_pipeline_args(group: Any) -> None:
     group.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None,
                        metavar="N", help="interleaved 1F1B: model chunks of N layers, "
                                          "pp x v of them (needs pp > 1)")
-    group.add_argument("--context-parallel-size", type=int, default=1, metavar="CP",
+    group.add_argument("--context-parallel-size", type=int, default=None, metavar="CP",
                        help="context parallelism: every sample's sequence split over CP ranks "
-                            "(2 chunks each; --seq-length divisible by 2 x CP)")
-    group.add_argument("--cp-comm-type", default="p2p", choices=["p2p", "a2a"],
+                            "(2 chunks each; --seq-length divisible by 2 x CP; default 1, and "
+                            "with --auto-parallel the search chooses it for long sequences)")
+    group.add_argument("--cp-comm-type", default=None, choices=["p2p", "a2a"],
                        help="p2p: ring attention (keys/values around the CP group); a2a: "
-                            "Ulysses all-to-all (heads divisible by CP x TP)")
+                            "Ulysses all-to-all (heads divisible by CP x TP); default p2p, "
+                            "searched with --auto-parallel")
 
 
 def add_layout_and_fsdp_args(group: Any) -> None:
@@ -147,7 +149,8 @@ def plan_source_from_args(args: argparse.Namespace) -> PlanFile | ClassicLayout 
                           recompute_granularity=args.recompute_granularity,
                           cluster=args.cluster, memory_budget_gb=args.memory_budget_gb,
                           optimality_gap=getattr(args, "optimality_gap", None),
-                          context_parallel_size=getattr(args, "context_parallel_size", 1))
+                          context_parallel_size=getattr(args, "context_parallel_size", None),
+                          cp_comm_type=getattr(args, "cp_comm_type", None))
     return classic_layout_from_args(args)
 
 
@@ -171,8 +174,8 @@ def classic_layout_from_args(args: argparse.Namespace) -> ClassicLayout:
         pipeline_model_parallel_layout=getattr(args, "pipeline_model_parallel_layout", None),
         use_megatron_fsdp=getattr(args, "use_megatron_fsdp", False),
         data_parallel_sharding_strategy=getattr(args, "data_parallel_sharding_strategy", None),
-        context_parallel_size=getattr(args, "context_parallel_size", 1),
-        cp_comm_type=getattr(args, "cp_comm_type", "p2p"),
+        context_parallel_size=getattr(args, "context_parallel_size", None) or 1,
+        cp_comm_type=getattr(args, "cp_comm_type", None) or "p2p",
         optimizer_offload_fraction=optimizer_offload_from_args(args))
 
 

@@ -257,7 +257,8 @@ class SearchPins:
     optimality_gap: float | None = None  # --optimality-gap (None: the search's default)
     sequence_parallel: bool = False  # --sequence-parallel: SP on every layer with tp > 1
     num_layers_per_virtual_pipeline_stage: int | None = None  # pins the virtual size
-    context_parallel_size: int = 1  # --context-parallel-size (refused > 1: planner/inputs/pins)
+    context_parallel_size: int | None = None  # --context-parallel-size (None: searched)
+    cp_comm_type: str | None = None  # --cp-comm-type (None: ring and Ulysses searched)
 
     @property
     def batch(self) -> int:

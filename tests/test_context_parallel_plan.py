@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from megatron_auto.config import ArgumentError, ModelConfig
+from megatron_auto.config import ModelConfig
 from megatron_auto.plan import Plan, PlanError
 from megatron_auto.planner.interop.megatron_flags import (MegatronFlagError,
                                                           plan_from_megatron_flags,
@@ -111,12 +111,13 @@ def test_bad_cp_flags_are_one_line():
                                  context_parallel_size=4)
 
 
-def test_search_refuses_a_cp_pin_in_one_line():
+def test_cp_flags_pin_the_search_and_their_absence_searches_it():
     from megatron_auto.planner.inputs.pins import search_options
     from megatron_auto.run_config import SearchPins
-    with pytest.raises(ArgumentError, match=r"^--context-parallel-size=2: the search does not "
-                                            r"choose context parallelism yet"):
-        search_options(SearchPins(context_parallel_size=2), 8, 4)
+    pinned = search_options(SearchPins(context_parallel_size=2, cp_comm_type="a2a"), 8, 4)
+    assert (pinned.cp, pinned.cp_modes) == (2, ("ulysses",))
+    free = search_options(SearchPins(), 8, 4)
+    assert (free.cp, free.cp_modes) == (None, ("ring", "ulysses"))
 
 
 def test_explain_shows_cp_only_for_cp_plans():

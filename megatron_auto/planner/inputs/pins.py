@@ -67,15 +67,14 @@ def search_options(pins: LayoutPins, world_size: int, num_layers: int | None, *,
     ``ValueError`` for a virtual-size pin that cannot hold (both name the flag and the fix).
     The options are not validated here (the caller names its own flags in those errors)."""
     tp, pp = pins.tensor_model_parallel_size, pins.pipeline_model_parallel_size
-    cp = getattr(pins, "context_parallel_size", 1) or 1
-    if cp != 1:
-        raise ArgumentError(f"--context-parallel-size={cp}: the search does not choose context "
-                            f"parallelism yet; give the layout with the classic flags (megatron-"
-                            f"auto evaluate/explain, the pretrain scripts) or a --plan file")
+    # --context-parallel-size / --cp-comm-type typed: pinned; absent: searched (cp_space.py)
+    cp = getattr(pins, "context_parallel_size", None)
+    comm = getattr(pins, "cp_comm_type", None)
+    cp_modes = {"p2p": ("ring",), "a2a": ("ulysses",)}.get(comm or "", ("ring", "ulysses"))
     if micro_batch_size is not None and tp is not None and pp is not None:
         if global_batch_size is None:
             raise ValueError("search_options: micro_batch_size needs global_batch_size")
-        dp = world_size // (tp * pp)
+        dp = world_size // (tp * pp * (cp or 1))
         per_step = micro_batch_size * dp
         if per_step <= 0 or global_batch_size % per_step:
             raise ArgumentError(f"--micro-batch-size={micro_batch_size}: times the data-parallel "
@@ -84,7 +83,8 @@ def search_options(pins: LayoutPins, world_size: int, num_layers: int | None, *,
     virtual_sizes = pinned_virtual_sizes(pins.num_layers_per_virtual_pipeline_stage, pp,
                                          num_layers)
     options = SearchOptions(
-        pp=pp, tp=tp, num_microbatches=num_microbatches, schedule=schedule,
+        pp=pp, tp=tp, cp=cp, cp_modes=cp_modes, num_microbatches=num_microbatches,
+        schedule=schedule,
         allow_recompute=allow_recompute, search_batch_size=search_batch_size, space=space,
         time_limit_s=time_limit_s, show_progress=show_progress,
         dp_modes=("zero1",) if pins.use_distributed_optimizer else DP_MODES,

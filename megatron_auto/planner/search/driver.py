@@ -40,6 +40,7 @@ from .partition_report import REPORT_TIME_LIMIT_S, partition_report, pinned_part
 from .options import BASELINE_SPACES, SPACES, Progress, SearchOptions
 from .spaces import (Space, SpaceRules, baselines_inside, check_pins, divisors, pipeline_degrees,
                      plan_in_space, vocab_tps)
+from .cp_space import check_cp_pin, cp_degrees
 from .layer_tables import LayerTables
 from .search_cache import SearchCache, SearchClock
 from .tasks import TablesKey, Task
@@ -77,9 +78,10 @@ def spaces_of(name: str, options: SearchOptions, world: int) -> list[Space]:
                       max_tp=options.max_tp,
                       tps=(options.tp,) if options.tp is not None else None,
                       sequence_parallel=sp, module_recompute=tuple(options.module_recompute),
-                      eps=(options.expert_parallel,) if options.expert_parallel else None)
-    if name == "full":
-        return [Space("full", base)]
+                      eps=(options.expert_parallel,) if options.expert_parallel else None,
+                      cp_modes=tuple(options.cp_modes))
+    if name == "full":  # its CP degrees: cp_space.cp_degrees per stage size
+        return [Space("full", base, cps=None)]
     if name == "dp":
         return [Space(name, SpaceRules(tps=(1,), dp_modes=("ddp",), allow_recompute=False),
                       pps=(1,), vocab_tp=1, vocab_modes=("ddp",), even_split=True)]
@@ -129,8 +131,9 @@ def _vocabs(spec: ModelSpec, space: Space, options: SearchOptions, n: int, b_m: 
         # A pinned layer tp does not pin the vocabulary (that is ``vocab_tp``).
         tps = vocab_tps(spec.vocab_size, n, b_m, replace(rules, tps=None), devices_per_node)
     out = []
+    cp = rules.cp  # the task's CP degree: the vocabulary shares it
     for tp in tps:
-        if tp > n or spec.vocab_size % tp or b_m % (n // tp):
+        if tp > n // cp or (n // cp) % tp or spec.vocab_size % tp or b_m % (n // (tp * cp)):
             continue
         for mode in (("ddp",) if n // tp == 1 else modes):
             out.append(VocabStrategy(tp=tp, dp_mode=mode))
@@ -161,19 +164,24 @@ def _tasks(space: Space, spec: ModelSpec, training: TrainingSpec, cluster: Clust
                     else:
                         vs = [v for v in sorted(set(options.virtual_sizes))
                               if v == 1 or _interleaves(options, spec, pp, m, sched, v)]
-                    for vocab in _vocabs(spec, space, options, world // pp, batch // m,
-                                         space.rules, cluster.devices_per_node):
-                        base = None  # the v = 1 task: its least peak is shared
-                        for v in vs:
-                            task = Task(spec, profile, cluster, world, batch, pp, m, sched,
-                                        space.rules, vocab, budget, step, shared,
-                                        virtual_size=v, cache=cache,
-                                        sibling=base if v > 1 else None)
-                            if not task.ok:
-                                break
-                            if v == 1:
-                                base = task
-                            out.append(task)
+                    cps = space.cps if space.cps is not None else \
+                        cp_degrees(spec, world // pp, options)
+                    for cp in cps:
+                        rules = space.rules if cp == space.rules.cp else \
+                            replace(space.rules, cp=cp)
+                        for vocab in _vocabs(spec, space, options, world // pp, batch // m,
+                                             rules, cluster.devices_per_node):
+                            base = None  # the v = 1 task: its least peak is shared
+                            for v in vs:
+                                task = Task(spec, profile, cluster, world, batch, pp, m, sched,
+                                            rules, vocab, budget, step, shared,
+                                            virtual_size=v, cache=cache,
+                                            sibling=base if v > 1 else None)
+                                if not task.ok:
+                                    break
+                                if v == 1:
+                                    base = task
+                                out.append(task)
     return out
 
 
@@ -371,6 +379,7 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
         raise ValueError(f"world_size={world}: must be between 1 and the cluster's "
                          f"{cluster.world_size} devices")
     check_pins(options, world, cluster.devices_per_node)
+    check_cp_pin(options, spec, world)
     cache = SearchCache(profile, cluster)  # this search's alone (search_cache)
     clock = cache.clock
     t0, wall0 = clock(), time.monotonic()

@@ -72,7 +72,7 @@ from .tasks import Task, Weights
 TIE = 1e-9
 MEMORY_SLACK = 1e-9  # relative: our sums and evaluate_plan's may differ in the last bits
 
-NcclLayouts = frozenset[tuple[int, bool]]  # (tp, consecutive) of the layouts a stage groups
+NcclLayouts = frozenset[tuple[int, ...]]  # (tp, consecutive[, cp]) of the layouts a stage groups
 
 
 @dataclass
@@ -364,7 +364,7 @@ class TaskSearch:
         stage = task.stage_of(k)
         before = self.stage_memory[stage]
         if before is None:  # the stage's first chunk
-            ends = {(task.vocab.tp, True)} if stage in (0, task.pp - 1) else set()
+            ends = {task.vocab_nccl} if stage in (0, task.pp - 1) else set()
             before = StageMemory(persistent=0.0, transient=0.0, step_peak=0.0,
                                  layouts=frozenset(ends))
         layouts = set(before.layouts)

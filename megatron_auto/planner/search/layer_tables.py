@@ -19,7 +19,7 @@ from ..cost.estimate import sp_reduced_tensor_bytes
 from ..cost.time_model import (relayout_cost, relayout_time, sequence_parallel_switch_time,
                                stage_boundary_cost)
 from ..inputs.model_spec import ModelSpec
-from ..inputs.profiles import ModelProfile
+from ..inputs.profiles import ModelProfile, fill_attention_defaults
 from .search_cache import SearchCache
 from .spaces import SpaceRules, layer_strategies
 from .stage_costs import StrategyCosts, prune_dominated, strategy_costs
@@ -37,6 +37,9 @@ class LayerTables:
     def __init__(self, spec: ModelSpec, profile: ModelProfile, cluster: ClusterModel,
                  rules: SpaceRules, n: int, b_m: int, pp: int, schedule: str,
                  cache: SearchCache) -> None:
+        self.cp = rules.cp
+        if rules.cp > 1:  # CP prices attention by length (as evaluate_plan fills it)
+            profile = fill_attention_defaults(profile, spec)
         self.spec, self.profile, self.cluster = spec, profile, cluster
         self.cache = cache  # the search's: priced strategies per layer type
         self.n, self.b_m, self.pp, self.schedule = n, b_m, pp, schedule
@@ -63,7 +66,9 @@ class LayerTables:
     @functools.cached_property
     def nccl_layouts(self) -> list[tuple[int, bool]]:
         """Per class, the ``(tp, consecutive)`` its NCCL groups come from (``gpu_terms``)."""
-        return [(lay.tp, lay.consecutive) for lay, _ in self.layouts]
+        if self.cp == 1:
+            return [(lay.tp, lay.consecutive) for lay, _ in self.layouts]
+        return [(lay.tp, lay.consecutive, lay.cp) for lay, _ in self.layouts]  # type: ignore
 
     @functools.cached_property
     def moved(self) -> list[float]:

@@ -63,6 +63,12 @@ class SearchOptions:
     # Expert parallelism of the MoE layers: None searches it per layer (with the experts' own
     # DP flavour), an int pins ep on every MoE layer (``--expert-model-parallel-size``).
     expert_parallel: int | None = None
+    # Context parallelism (``cp_space``): None searches the degree per task (from
+    # ``cp_min_seq_length`` tokens on), an int pins it (``--context-parallel-size``); the CP
+    # modes offered per layer (``--cp-comm-type``: p2p = ring, a2a = ulysses).
+    cp: int | None = None
+    cp_modes: tuple[str, ...] = ("ring", "ulysses")
+    cp_min_seq_length: int = 8192  # cp_space.CP_MIN_SEQ_LENGTH
 
     def validate(self) -> None:
         def need(cond: bool, name: str, value: Any, fix: str) -> None:
@@ -78,6 +84,14 @@ class SearchOptions:
              "virtual_sizes", self.virtual_sizes, "give positive integers, e.g. (1, 2, 4)")
         need(self.partition in PARTITIONS, "partition", self.partition,
              f"choose one of {', '.join(PARTITIONS)}")
+        need(bool(self.cp_modes) and all(m in ("ring", "ulysses") for m in self.cp_modes),
+             "cp_modes", self.cp_modes, "give a non-empty subset of ('ring', 'ulysses')")
+        need(isinstance(self.cp_min_seq_length, int) and self.cp_min_seq_length >= 0,
+             "cp_min_seq_length", self.cp_min_seq_length,
+             "must be a number of tokens >= 0 (e.g. 8192; 0 searches CP at any length)")
+        need(self.cp is None or (isinstance(self.cp, int) and not isinstance(self.cp, bool)
+                                 and self.cp >= 1 and self.cp & (self.cp - 1) == 0),
+             "cp", self.cp, "must be a power of two (1, 2, 4, ...) or unset to search it")
         for name in ("pp", "tp", "vocab_tp", "max_tp", "expert_parallel"):
             value = getattr(self, name)
             need(value is None or (isinstance(value, int) and value >= 1), name, value,

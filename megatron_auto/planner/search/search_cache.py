@@ -58,9 +58,9 @@ class SearchCache:
         # layer type name -> its priced strategies (stage_costs)
         self.priced: dict[str, PricedStrategies] = {}
         # (stage size, pp, world, first, last, vocabulary tp) -> the fewest communicators
-        self.nccl_floors: dict[tuple[int, int, int, bool, bool, int], int] = {}
+        self.nccl_floors: dict[tuple[int, ...], int] = {}
         # (stage size, pp) -> the NCCL bytes bound of gpu_terms.search_nccl_bound
-        self.nccl_bounds: dict[tuple[int, int], float] = {}
+        self.nccl_bounds: dict[tuple[int, ...], float] = {}
         self.in_flight: InFlightMemo = {}
 
     def check(self, profile: ModelProfile, cluster: ClusterModel) -> None:

@@ -29,6 +29,10 @@ Rules that prune the tree (each keeps the optimum, or is a runtime rule):
    flavour (``expert_dp_mode``: absent = the layer's, or another of the allowed flavours);
    no sequence parallelism (runtime rules, ``plan_experts.py``). EP never changes a layer's
    class (its input and output layout), so dominance (5) prunes among its variants.
+7. Context parallelism (``cp_space``): one degree ``cp`` per task (``SpaceRules.cp``); a
+   layer's ``tp`` divides ``n / cp`` with ``dp = n / (tp cp)`` replicas, consecutive TP only
+   (strided groups do not combine with CP), SP where ``tp x cp`` divides the sequence, and its
+   CP mode among those ``cp_space.cp_modes`` allows. Runtime rules (``Plan.validate``).
 
 :func:`decision_tree_counts` counts the candidates per world size and what each rule removes
 (docs/planner.md §2 prints the table; a test checks it against a brute-force count).
@@ -42,6 +46,7 @@ from dataclasses import dataclass, replace
 
 from ...plan import DP_MODES, LayerStrategy, Plan, VocabStrategy, even_partition
 from ..inputs.model_spec import LayerType, ModelSpec
+from .cp_space import cp_modes
 from .options import SearchOptions
 
 
@@ -73,6 +78,10 @@ class SpaceRules:
     # the experts' DP flavour is searched apart from the layer's.
     eps: tuple[int, ...] | None = None
     expert_dp_modes: bool = True
+    # Context parallelism (rule 7, ``cp_space``): the task's one CP degree (every layer's and
+    # the vocabulary's) and the CP modes a layer may run under it.
+    cp: int = 1
+    cp_modes: tuple[str, ...] = ("ring",)
 
 
 @dataclass(frozen=True)
@@ -89,6 +98,9 @@ class Space:
     vocab_tp: str | int | None = None
     vocab_modes: tuple[str, ...] | None = None
     even_split: bool = False
+    # The CP degrees of its tasks: (1,) without CP, None the ones ``cp_space.cp_degrees``
+    # allows per stage size (the full space).
+    cps: tuple[int, ...] | None = (1,)
 
 
 def _allowed_tp(tp: int, rules: SpaceRules, devices_per_node: int) -> bool:
@@ -126,28 +138,35 @@ def layer_strategies(layer_type: LayerType, stage_size: int, microbatch_size: in
     SP is offered where ``tp > 1`` divides the sequence (the runtime's rule).
     """
     out: list[LayerStrategy] = []
-    for tp in divisors(stage_size):
+    cp = rules.cp
+    for tp in divisors(stage_size // cp):
         if not _allowed_tp(tp, rules, devices_per_node) or not layer_type.tp_divides(tp):
             continue
-        dp = stage_size // tp
+        dp = stage_size // (tp * cp)
         if microbatch_size % dp:
             continue
-        modes = rules.dp_modes if dp > 1 else (rules.dp_modes[:1] if "ddp" not in
-                                                rules.dp_modes else ("ddp",))
-        layouts = [True, False] if (1 < tp < stage_size and rules.allow_strided) else [True]
+        # rule 2 on the DP group, dp x cp ranks (the parameters' replicas)
+        modes = rules.dp_modes if dp * cp > 1 else (rules.dp_modes[:1] if "ddp" not in
+                                                     rules.dp_modes else ("ddp",))
+        layouts = [True, False] if (1 < tp < stage_size and rules.allow_strided
+                                    and cp == 1) else [True]
         recomputes = (True,) if rules.force_recompute else \
             ((False, True) + tuple(rules.module_recompute) if rules.allow_recompute
              else (False,))
         sps: tuple[bool, ...] = (False,)
-        if tp > 1 and layer_type.seq_length % tp == 0 and layer_type.moe is None:
+        if tp > 1 and layer_type.seq_length % (tp * cp) == 0 and layer_type.moe is None:
             sps = rules.sequence_parallel
+        cp_modes_here = cp_modes(layer_type, tp, cp, rules.cp_modes)
         for consec in layouts:
             for mode in modes:
                 for sp in sps:
                     for recompute in recomputes:
                         base = LayerStrategy(tp=tp, dp_mode=mode, tp_consecutive=consec,
                                              recompute=recompute, sequence_parallel=sp)
-                        out.extend(expert_variants(base, layer_type, dp, rules))
+                        if cp == 1:
+                            out.extend(expert_variants(base, layer_type, dp, rules))
+                        else:  # no MoE under CP (cp_space rule 2)
+                            out.extend(replace(base, cp=cp, cp_mode=m) for m in cp_modes_here)
     return out
 
 
@@ -187,7 +206,7 @@ def baselines_inside(options: SearchOptions, world: int, devices_per_node: int) 
             and options.pp is None and options.tp is None and options.vocab_tp is None
             and not options.sequence_parallel and {"ddp", "zero3"} <= set(options.dp_modes)
             and 1 in options.virtual_sizes and world <= cap
-            and options.expert_parallel is None)
+            and options.expert_parallel is None and options.cp in (None, 1))
 
 
 def plan_in_space(plan: Plan, space: Space, spec: ModelSpec, vocabs: list[VocabStrategy],
@@ -205,18 +224,22 @@ def plan_in_space(plan: Plan, space: Space, spec: ModelSpec, vocabs: list[VocabS
     if space.even_split and tuple(plan.pipeline.layers_per_stage) != even_partition(
             spec.num_layers, pp):
         return False
-    n, b_m = plan.stage_size, plan.microbatch_size
+    n, b_m, cp = plan.stage_size, plan.microbatch_size, plan.cp_size
+    if cp != 1 and (space.cps is not None and cp not in space.cps):
+        return False
+    rules = space.rules if cp == space.rules.cp else replace(space.rules, cp=cp)
     return plan.vocab in vocabs and all(
-        s in layer_strategies(spec.layer_type(i), n, b_m, space.rules, devices_per_node)
+        s in layer_strategies(spec.layer_type(i), n, b_m, rules, devices_per_node)
         for i, s in enumerate(plan.layers))
 
 
 def vocab_tps(vocab_size: int, stage_size: int, microbatch_size: int,
               rules: SpaceRules, devices_per_node: int) -> list[int]:
     """TP degrees the embedding and head may use (rules 1 and 4, on the vocabulary)."""
-    return [tp for tp in divisors(stage_size)
+    cp = rules.cp
+    return [tp for tp in divisors(stage_size // cp)
             if _allowed_tp(tp, rules, devices_per_node) and vocab_size % tp == 0
-            and microbatch_size % (stage_size // tp) == 0]
+            and microbatch_size % (stage_size // (tp * cp)) == 0]
 
 
 def decision_tree_counts(world: int, devices_per_node: int | None = None) -> dict[str, int]:

@@ -156,19 +156,22 @@ def _price(profile: LayerTypeProfile, cluster: ClusterModel, s: LayerStrategy, n
         samples = microbatch_size / dp
         beta = 4 if precision == "fp32" else 2
         mod = NONE_RECOMPUTED
-        if s.recompute_modules:
+        # ring CP keeps no scores: there is no core attention to recompute (evaluate_plan)
+        modules = s.recompute_modules - ({"core_attn"} if s.cp > 1 else set())
+        if modules:
             if layer_type is None:
                 raise ValueError("module recompute strategies need the layer_type to price")
-            mod = module_terms(profile, layer_type, s.recompute_modules, s.tp, samples, beta,
+            mod = module_terms(profile, layer_type, modules, s.tp, samples, beta,
                                dropout_mask_bytes(cluster, beta))
         dense = (
             layer_memory(profile, s.tp, dp, s.dp_mode, s.full_recompute, samples,
                          first_backward_peak=schedule == "gpipe", sequence_parallel=sp,
+                         cp=s.cp, cp_mode=s.cp_mode, compute_bytes=beta,
                          released_bytes=mod.released_bytes,
                          rebuilt_bytes=mod.largest_module_bytes),
             layer_time(profile, cluster, layout, s.dp_mode, s.full_recompute, samples, n,
                        precision, sequence_parallel=sp,
-                       norm_grad_bytes=norm_grad_bytes if sp else (),
+                       norm_grad_bytes=norm_grad_bytes if sp else (), cp_mode=s.cp_mode,
                        recompute_forward_s=mod.forward_time_s,
                        recompute_modules=s.recompute_modules,
                        mlp=layer_type is None or has_mlp(layer_type)))

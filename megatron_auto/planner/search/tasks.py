@@ -174,7 +174,7 @@ class Task:
         last layer of type ``t`` -> the head (relayouts on the vocabulary's layout)."""
         key = ("vocab_moves", t)
         if key not in self._future:
-            v = vocab_layout(self.vocab.tp, self.n)
+            v = vocab_layout(self.vocab.tp, self.n, self.rules.cp)
             mv, h = self.tables.moved[t], self.tables.hidden[t]
             cl = self.cluster
             # embedding -> first layer: its moved bytes, then entering its SP run; last layer
@@ -195,7 +195,7 @@ class Task:
         in backward, leaving one gathers in forward only)."""
         key = ("vocab_moves_backward", t)
         if key not in self._future:
-            v = vocab_layout(self.vocab.tp, self.n)
+            v = vocab_layout(self.vocab.tp, self.n, self.rules.cp)
             mv, h = self.tables.moved[t], self.tables.hidden[t]
             cl = self.cluster
             self._future[key] = (
@@ -219,15 +219,16 @@ class Task:
                 out.append(0.0)
                 continue
             end = k in (0, self.pp - 1)
+            cp = self.rules.cp
             key = (self.n, self.pp, self.world_size, k == 0, k == self.pp - 1,
-                   self.vocab.tp if end else 0)
+                   self.vocab.tp if end else 0) + ((cp,) if cp > 1 else ())
             floors = self.cache.nccl_floors
             if key not in floors:
-                vocab = {(self.vocab.tp, True)} if end else set()
+                vocab = {self.vocab_nccl} if end else set()
                 floors[key] = min(  # every rank of a stage holds as many
                     group_count(self.n, self.pp, self.world_size, k, 0,
-                                vocab | {(lay.tp, lay.consecutive)})
-                    for lay in all_layouts(self.n))
+                                vocab | {(lay.tp, lay.consecutive) + ((cp,) if cp > 1 else ())})
+                    for lay in all_layouts(self.n, cp))
             out.append(per * floors[key])
         return out
 
@@ -235,11 +236,19 @@ class Task:
     def nccl_bound(self) -> float:
         """``gpu_terms.search_nccl_bound`` of this task's stage shape: an upper bound on any
         plan's NCCL bytes per rank (O(stage size) to compute: once per shape and search)."""
-        key = (self.n, self.pp)
+        cp = self.rules.cp
+        key = (self.n, self.pp) if cp == 1 else (self.n, self.pp, cp)
         bounds = self.cache.nccl_bounds
         if key not in bounds:
-            bounds[key] = search_nccl_bound(self.cluster, self.n, self.pp)
+            bounds[key] = search_nccl_bound(self.cluster, self.n, self.pp, cp)
         return bounds[key]
+
+    @property
+    def vocab_nccl(self) -> tuple[int, ...]:
+        """The vocabulary's layout as ``gpu_terms.group_count`` takes it (with the CP degree
+        when the task has one)."""
+        cp = self.rules.cp
+        return (self.vocab.tp, True) if cp == 1 else (self.vocab.tp, True, cp)
 
     @functools.cached_property
     def least_prefix_bytes(self) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -344,10 +353,12 @@ class Task:
         (communication, sync tails, optimizer steps, embedding/head) is ``>= 0`` and left out;
         the fixed step overhead is kept. Needs no strategy table."""
         fastest = []
+        cp = self.rules.cp
         for t, lt in enumerate(self.spec.layer_types):
-            p = self.profile.layer_types[lt.name]
+            p = self.tables.profile.layer_types[lt.name]
             fastest.append(min((1.0 + p.backward_forward_ratio)
-                               * p.forward_time(self.b_m / (self.n // tp), tp)
+                               * (p.forward_time(self.b_m / (self.n // tp), tp)
+                                  + _ring_saving(p, self.b_m / (self.n // tp), tp, cp))
                                for tp in {s.tp for s in self.tables.strategies[t]}))
         least = sum(fastest[t] for t in self.spec.layer_order)
         if self.pp == 1:
@@ -520,6 +531,17 @@ class Task:
                      + self.bottleneck().g(1, lens, self.time_row(0, 0, False)))
             best = max(best, float(joint.min()))
         return best + self.overhead
+
+
+def _ring_saving(p, samples: float, tp: int, cp: int) -> float:
+    """The most ring CP can take off a layer's forward compute (``context_parallel.
+    cp_layer_time``: its chunked attention in place of the whole sequence's), <= 0; 0 without
+    CP. Keeps ``compute_bound`` a lower bound for CP tasks (Ulysses changes no compute)."""
+    if cp == 1:
+        return 0.0
+    s = p.attention_seq_length
+    return min(0.0, cp * p.attention_time(s / cp, samples * cp, tp)
+               - p.attention_time(s, samples, tp))
 
 
 def _min_plus(row, nxt: np.ndarray, k: int, num_layers: int, pp: int, max_len: int,

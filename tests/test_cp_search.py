@@ -1,0 +1,53 @@
+"""``megatron-auto plan`` with context parallelism searched (planner/search/cp_space.py): a
+LLaMA-7B-like model at 32k tokens on one 8-GPU H100 node, the CP flags as pins, bad pins."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from megatron_auto.cli import main
+
+pytestmark = pytest.mark.pure
+
+LLAMA_32K = ["--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads", "32",
+             "--ffn-hidden-size", "11008", "--seq-length", "32768",
+             "--max-position-embeddings", "32768", "--swiglu", "--normalization", "RMSNorm",
+             "--position-embedding-type", "rope", "--group-query-attention",
+             "--num-query-groups", "8", "--vocab-size", "32000", "--global-batch-size", "64",
+             "--cluster", "h100-80g-1x8"]
+
+
+def _plan(tmp_path, name, *extra):
+    out = tmp_path / f"{name}.json"
+    assert main(["plan", *LLAMA_32K, *extra, "--plan-out", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def _cp(plan):
+    return {layer.get("cp", 1) for layer in plan["layers"]}
+
+
+def test_long_sequences_get_context_parallelism_when_it_is_faster(tmp_path, capsys):
+    searched = _plan(tmp_path, "searched")
+    text = capsys.readouterr().out
+    without = _plan(tmp_path, "without", "--context-parallel-size", "1")
+    assert _cp(searched) != {1} and _cp(without) == {1}
+    # the search's certified gap (1%) cannot hide a faster plan without CP
+    assert searched["estimate"]["iteration_time_s"] < \
+        without["estimate"]["iteration_time_s"] * (1 + 0.01)
+    assert " cp " in text.splitlines()[[i for i, line in enumerate(text.splitlines())
+                                        if line.startswith("Layers:")][0] + 1] + " "
+
+
+def test_cp_flags_pin_degree_and_mode(tmp_path):
+    plan = _plan(tmp_path, "pinned", "--context-parallel-size", "2", "--cp-comm-type", "a2a")
+    assert _cp(plan) == {2}
+    assert {layer.get("cp_mode") for layer in plan["layers"]} == {"ulysses"}
+
+
+def test_a_cp_pin_that_cannot_hold_is_one_line(capsys):
+    assert main(["plan", *LLAMA_32K, "--context-parallel-size", "3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "cp=3" in err and "power of two" in err
