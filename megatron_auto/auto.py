@@ -202,7 +202,8 @@ def plan_for_run(pins: SearchPins, model_config: Any, world_size: int, *,
                        else None)
             inputs = planning_inputs(model_config, cluster, precision=precision,
                                      global_batch_size=pins.batch,
-                                     memory_budget_gb=pins.memory_budget_gb, profile=profile)
+                                     memory_budget_gb=pins.memory_budget_gb, profile=profile,
+                                     complete_profile=True)
             result = search(inputs.spec, inputs.training, cluster, inputs.profile,
                             inputs.budget_bytes, options, world_size=world_size)
             plan = Plan.from_dict({**result.plan.to_dict(), "model": model_config.to_dict()})

@@ -21,7 +21,7 @@ from .config import ArgumentError, ModelConfig
 from .families.registry import family_of
 from .planner.inputs.hardware import ClusterSpec
 from .planner.inputs.model_spec import ModelSpec, TrainingSpec
-from .planner.inputs.profiles import ModelProfile, analytic_profile
+from .planner.inputs.profiles import ModelProfile, analytic_profile, with_analytic_layer_types
 from .planner.search.driver import SearchOptions
 
 
@@ -60,11 +60,15 @@ def runtime_options(options: SearchOptions, config: Any) -> SearchOptions:
 
 def planning_inputs(config: ModelConfig, cluster: ClusterSpec, *, precision: str,
                     global_batch_size: int, memory_budget_gb: float | None = None,
-                    profile: ModelProfile | None = None) -> PlanningInputs:
+                    profile: ModelProfile | None = None,
+                    complete_profile: bool = False) -> PlanningInputs:
     """Spec, training spec, profile and per-device budget of ``config`` on ``cluster``.
 
     ``profile`` (measured or imported) must describe this model at this ``precision`` (checked,
     ``ProfileError`` naming the mismatch); ``None`` takes the analytic profile.
+    ``complete_profile``: layer types the profile lacks are derived from the analytic profile
+    on the measured clock (``profiles.with_analytic_layer_types``; ``--auto-parallel``'s
+    measured profile of an MoE model) instead of refused.
     ``memory_budget_gb`` ``None`` is the device's memory. Raises ``ArgumentError`` for a
     non-positive batch and ``ClusterError`` for a budget that leaves nothing for the model,
     both naming the flag.
@@ -77,6 +81,8 @@ def planning_inputs(config: ModelConfig, cluster: ClusterSpec, *, precision: str
     if profile is None:
         profile = analytic_profile(spec, training, cluster)
     else:
+        if complete_profile:
+            profile = with_analytic_layer_types(profile, spec, training, cluster)
         profile.check_matches(spec, precision)
     return PlanningInputs(config=config, spec=spec, training=training, cluster=cluster,
                           profile=profile, budget_bytes=budget)

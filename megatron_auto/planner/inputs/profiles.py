@@ -161,6 +161,40 @@ def fill_attention_defaults(profile: ModelProfile, spec: ModelSpec, backend: str
     return replace(profile, layer_types=layers)
 
 
+def with_analytic_layer_types(profile: ModelProfile, spec: ModelSpec, training: TrainingSpec,
+                              cluster: ClusterModel) -> ModelProfile:
+    """``profile`` with an entry for every layer type of ``spec`` it lacks, from the analytic
+    profile (bytes from shapes), its times scaled by the measured-over-analytic forward time of
+    a layer type both have, so that measured and derived layers are on one clock. The model
+    profiler measures the dense layer only (an MoE layer's experts, router and exchanges are
+    priced by cost/moe.py from the shapes and the cluster); ``--auto-parallel`` uses this for
+    them. ``metadata["analytic_layer_types"]`` names the derived entries and
+    ``metadata["analytic_time_scale"]`` the factor. Returns ``profile`` itself when complete."""
+    missing = [lt.name for lt in spec.layer_types if lt.name not in profile.layer_types]
+    if not missing:
+        return profile
+    analytic = analytic_profile(spec, training, cluster)
+    scale = 1.0
+    for name, measured in profile.layer_types.items():
+        derived = analytic.layer_types.get(name)
+        if derived is not None and derived.forward_time_per_sample_s > 0:
+            scale = measured.forward_time_per_sample_s / derived.forward_time_per_sample_s
+            break
+    layers = dict(profile.layer_types)
+    for name in missing:
+        lt = analytic.layer_types[name]
+        layers[name] = replace(
+            lt, forward_time_per_sample_s=lt.forward_time_per_sample_s * scale,
+            forward_time_constant_s=lt.forward_time_constant_s * scale,
+            forward_time_by_tp={t: (a * scale, b * scale)
+                                for t, (a, b) in lt.forward_time_by_tp.items()},
+            attention_time_by_seq_length={n: v * scale
+                                          for n, v in lt.attention_time_by_seq_length.items()})
+    metadata = {**profile.metadata, "analytic_layer_types": missing,
+                "analytic_time_scale": scale}
+    return replace(profile, layer_types=layers, metadata=metadata)
+
+
 def _build(kind: type, data: Any, where: str) -> Any:
     """Construct dataclass ``kind`` from a JSON object, naming missing/unknown/mistyped fields."""
     _need(isinstance(data, Mapping), where, data, "must be a JSON object")
