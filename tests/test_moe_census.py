@@ -86,15 +86,29 @@ def _is_tokens(key: tuple[str, int, bool, float]) -> bool:
     return key[0] == "all_to_all" and key[3] != 8 * E  # not the count exchange
 
 
+def _metrics_key(world: int) -> tuple[str, int, bool, float]:
+    """The step's MoE statistics all-reduce (training/moe_metrics.py): one float64 row of
+    E + 3 numbers per MoE layer over every rank, for the logged aux loss, z-loss and token
+    counts. Not priced: a few hundred bytes once per step, latency only (the note says so)."""
+    from megatron_auto.families.registry import model_spec
+
+    spec = model_spec(CONFIG)
+    moe_layers = sum(1 for t in spec.layer_order if spec.layer_types[t].moe)
+    return ("all_reduce", world, True, float(8 * moe_layers * (E + 3)))
+
+
 @pytest.mark.parametrize("plan_name", list(PLANS))
 def test_the_expert_parallel_step_issues_what_the_cost_model_prices(plan_name: str) -> None:
     plan = PLANS[plan_name]
     per_rank = run_distributed(_worker, plan.world_size, plan_name)
     issued_tokens = priced_tokens = 0.0
+    metrics = _metrics_key(plan.world_size)
     for rank, (first, second) in enumerate(per_rank):
         where = f"{plan_name} rank {rank}"
         assert not [c for c in second if c.kind.startswith("unknown:")], where
         issued = Counter(_key(c) for c in second)
+        assert issued[metrics] >= 1, f"{where}: no MoE statistics all-reduce {metrics}"
+        issued[metrics] -= 1  # exactly one per step is the metrics' (the rest must be priced)
         priced = _priced(plan, plan.stage_of_rank(rank))
         rest_issued = Counter({k: v for k, v in issued.items() if not _is_tokens(k)})
         rest_priced = Counter({k: v for k, v in priced.items() if not _is_tokens(k)})

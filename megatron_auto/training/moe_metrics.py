@@ -44,7 +44,7 @@ def moe_step_metrics(stage: nn.Module, ctx: ParallelContext, config: ModelConfig
                      ) -> dict[str, Any]:
     """Collective over the world: the statistics of the MoE blocks since their last
     ``reset_stats`` (see the module docstring); ``{}`` for a model without MoE."""
-    moe = config.moe
+    moe = getattr(config, "moe", None)  # the vision and T5 configs have no MoE at all
     if moe is None:
         return {}
     indices = list(config.moe_layers)
