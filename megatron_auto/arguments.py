@@ -337,6 +337,9 @@ def check_args(args: argparse.Namespace) -> None:
         _fail("--clip-grad", args.clip_grad, "must be >= 0 (0 disables clipping)")
     if (getattr(args, "optimality_gap", None) or 0) < 0:
         _fail("--optimality-gap", args.optimality_gap, "must be >= 0 (e.g. 0.01; 0 proves)")
+    cp_min = getattr(args, "cp_min_seq_length", None)
+    if cp_min is not None and cp_min < 1:
+        _fail("--cp-min-seq-length", cp_min, "must be a positive number of tokens (e.g. 256)")
     if args.weight_decay < 0:
         _fail("--weight-decay", args.weight_decay, "must be >= 0")
     if args.loss_scale is not None and not args.fp16:

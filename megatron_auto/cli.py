@@ -32,8 +32,8 @@ from .config import ModelConfig, resolve_precision
 from .families.hf_config import apply_hf_config
 from .families.registry import config_from_record, families, family_of, get_family
 from .plan import Plan
-from .plan_flags import (add_layout_and_fsdp_args, add_sp_and_virtual_pipeline_args,
-                         classic_layout_from_args)
+from .plan_flags import (add_cp_min_seq_length_arg, add_layout_and_fsdp_args,
+                         add_sp_and_virtual_pipeline_args, classic_layout_from_args)
 from .planner import report
 from .planner.inputs.hardware import GB, ClusterSpec
 from .planner.interop.megatron_flags import to_megatron_flags
@@ -493,6 +493,7 @@ def _add_plan_parser(sub: Any, fmt: Any) -> None:
     g.add_argument("--use-distributed-optimizer", action="store_true",
                    help="pin zero1 (Megatron's distributed optimizer) on every layer")
     add_sp_and_virtual_pipeline_args(g)  # pins: SP on tp > 1 layers; the virtual size
+    add_cp_min_seq_length_arg(g)
     g.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=cmd_plan)
 

@@ -76,7 +76,15 @@ def add_parallelism_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     p.add_argument("--optimality-gap", type=float, default=None, metavar="GAP",
                    help="--auto-parallel stops searching once its plan is within this relative "
                         "gap of the search's lower bound (default 0.01; 0 proves the optimum)")
+    add_cp_min_seq_length_arg(p)
     return parser
+
+
+def add_cp_min_seq_length_arg(group: Any) -> None:
+    """The planner's ``--cp-min-seq-length`` (``plan`` and ``--auto-parallel``)."""
+    group.add_argument("--cp-min-seq-length", type=int, default=None, metavar="TOKENS",
+                       help="the search tries context parallelism from this sequence length "
+                            "on (default 8192; lower it to plan cp for shorter sequences)")
 
 
 def check_plan_flags(args: argparse.Namespace) -> None:
@@ -149,6 +157,7 @@ def plan_source_from_args(args: argparse.Namespace) -> PlanFile | ClassicLayout 
                           recompute_granularity=args.recompute_granularity,
                           cluster=args.cluster, memory_budget_gb=args.memory_budget_gb,
                           optimality_gap=getattr(args, "optimality_gap", None),
+                          cp_min_seq_length=getattr(args, "cp_min_seq_length", None),
                           context_parallel_size=getattr(args, "context_parallel_size", None),
                           cp_comm_type=getattr(args, "cp_comm_type", None))
     return classic_layout_from_args(args)

@@ -259,6 +259,7 @@ class SearchPins:
     num_layers_per_virtual_pipeline_stage: int | None = None  # pins the virtual size
     context_parallel_size: int | None = None  # --context-parallel-size (None: searched)
     cp_comm_type: str | None = None  # --cp-comm-type (None: ring and Ulysses searched)
+    cp_min_seq_length: int | None = None  # --cp-min-seq-length (None: the search's 8192)
 
     @property
     def batch(self) -> int:

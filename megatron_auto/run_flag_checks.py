@@ -74,8 +74,8 @@ _TOKENIZER_FLAGS = ("tokenizer_type", "tokenizer_model", "vocab_file", "merge_fi
 
 def warn_inapplicable_flags(args: argparse.Namespace) -> None:
     """One warning per flag that is given but changes nothing in this run."""
-    for flag in ("memory_budget_gb", "cluster", "optimality_gap"):
-        if getattr(args, flag) is not None and not args.auto_parallel:
+    for flag in ("memory_budget_gb", "cluster", "optimality_gap", "cp_min_seq_length"):
+        if getattr(args, flag, None) is not None and not args.auto_parallel:
             warn_flag(f"--{flag.replace('_', '-')}={getattr(args, flag)} only guides "
                       f"--auto-parallel and is ignored without it")
     if args.mock_data:  # random token ids: the vocabulary is --vocab-size, no tokenizer is built

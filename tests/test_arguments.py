@@ -168,6 +168,8 @@ PARSE_ERRORS = [
     (["--weight-decay", "nan"], "--weight-decay=nan: must be a finite number"),
     (["--auto-parallel", "--memory-budget-gb", "inf"],
      "--memory-budget-gb=inf: must be a finite number"),
+    (["--auto-parallel", "--cp-min-seq-length", "0"],
+     "--cp-min-seq-length=0: must be a positive number of tokens"),
 ]
 
 

@@ -51,3 +51,27 @@ def test_a_cp_pin_that_cannot_hold_is_one_line(capsys):
     assert main(["plan", *LLAMA_32K, "--context-parallel-size", "3"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "cp=3" in err and "power of two" in err
+
+
+SHORT = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+         "--seq-length", "512", "--max-position-embeddings", "512", "--vocab-size", "512",
+         "--global-batch-size", "2", "--cluster", "a100-40g-1x4",
+         "--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1", "--quiet"]
+
+
+def test_cp_min_seq_length_lets_the_search_try_cp_on_shorter_sequences(tmp_path, capsys):
+    # 4 ranks, tp and pp pinned to 1, 2 samples: only cp > 1 uses every rank
+    out = tmp_path / "short.json"
+    assert main(["plan", *SHORT, "--plan-out", str(out)]) == 2  # 512 < 8192: cp 1 only
+    assert "no plan" in capsys.readouterr().err
+    assert main(["plan", *SHORT, "--cp-min-seq-length", "512", "--plan-out", str(out)]) == 0
+    assert _cp(json.loads(out.read_text())) in ({2}, {4})
+    # above the model's length the knob keeps cp out again
+    assert main(["plan", *SHORT, "--cp-min-seq-length", "1024", "--plan-out", str(out)]) == 2
+
+
+@pytest.mark.parametrize("value", ["0", "-256"])
+def test_a_bad_cp_min_seq_length_is_one_line(value, capsys):
+    assert main(["plan", *SHORT, "--cp-min-seq-length", value]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--cp-min-seq-length={value}" in err[0] and "positive" in err[0]

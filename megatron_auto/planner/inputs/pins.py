@@ -12,8 +12,10 @@ flag typed next to it) and ``megatron-auto plan`` (its parsed flags, the same na
   per layer);
 - ``--num-layers-per-virtual-pipeline-stage N`` pins the virtual size ``L / (pp N)``
   (``interleaving.pinned_virtual_sizes``; it needs the pinned pp);
-- ``--context-parallel-size`` other than 1 is refused (context parallelism is planned by the
-  classic flags or a plan file; the search does not choose it yet);
+- ``--context-parallel-size`` / ``--cp-comm-type`` pin the CP degree / mode (absent: searched);
+- ``--cp-min-seq-length N`` lowers (or raises) the sequence length from which the search tries
+  cp > 1 (``SearchOptions.cp_min_seq_length``, default ``cp_space.CP_MIN_SEQ_LENGTH``); a
+  positive number of tokens, refused otherwise;
 - ``--micro-batch-size`` (``--auto-parallel`` only) pins the micro-batch count
   ``B / (micro-batch x dp)`` when tp and pp are pinned too (they fix dp); otherwise it is not a
   pin (the caller says so to the user).
@@ -71,6 +73,8 @@ def search_options(pins: LayoutPins, world_size: int, num_layers: int | None, *,
     cp = getattr(pins, "context_parallel_size", None)
     comm = getattr(pins, "cp_comm_type", None)
     cp_modes = {"p2p": ("ring",), "a2a": ("ulysses",)}.get(comm or "", ("ring", "ulysses"))
+    cp_min = getattr(pins, "cp_min_seq_length", None)
+    check_cp_min_seq_length(cp_min)
     if micro_batch_size is not None and tp is not None and pp is not None:
         if global_batch_size is None:
             raise ValueError("search_options: micro_batch_size needs global_batch_size")
@@ -90,5 +94,17 @@ def search_options(pins: LayoutPins, world_size: int, num_layers: int | None, *,
         dp_modes=("zero1",) if pins.use_distributed_optimizer else DP_MODES,
         sequence_parallel=True if pins.sequence_parallel else None,
         virtual_sizes=virtual_sizes)
+    if cp_min is not None:
+        options = replace(options, cp_min_seq_length=cp_min)
     # no gap given: the options' default
     return options if optimality_gap is None else replace(options, optimality_gap=optimality_gap)
+
+
+def check_cp_min_seq_length(value: object) -> None:
+    """``--cp-min-seq-length``: ``None`` (the default) or a positive number of tokens; raises
+    ``ValueError`` naming the flag, the value and the fix."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or value < 1):
+        raise ValueError(f"--cp-min-seq-length={value}: must be a positive number of tokens "
+                         f"(e.g. 256 to let the search try context parallelism from 256-token "
+                         f"sequences on)")
