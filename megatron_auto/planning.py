@@ -41,9 +41,24 @@ def runtime_options(options: SearchOptions, config: Any) -> SearchOptions:
     """``options`` limited to the plans the runtime trains for ``config``: a family whose stages
     run no Megatron sequence parallelism or no interleaved schedule (T5 and the image
     classifiers: they refuse such plans) has neither searched. Raises ``ArgumentError`` when
-    the caller pinned one of them (``--sequence-parallel``, a virtual size > 1)."""
+    the caller pinned one of them (``--sequence-parallel``, a virtual size > 1).
+
+    Ring attention runs without attention dropout (``plan_cp.cp_model_problem``), so with
+    ``--attention-dropout`` > 0 the search offers CP layers Ulysses only, and keeps cp 1 when
+    ``--cp-comm-type p2p`` left it no CP mode; a pinned cp > 1 with ``p2p`` raises."""
     family = family_of(config)
     changes: dict[str, Any] = {}
+    dropout = getattr(config, "attention_dropout", 0.0) or 0.0
+    if dropout > 0 and "ring" in options.cp_modes and options.cp != 1:
+        modes = tuple(m for m in options.cp_modes if m != "ring")
+        if modes:
+            changes["cp_modes"] = modes
+        elif options.cp is not None:
+            raise ArgumentError(f"--cp-comm-type=p2p: ring attention runs without attention "
+                                f"dropout but --attention-dropout={dropout}; set "
+                                f"--attention-dropout 0 or use --cp-comm-type a2a (Ulysses)")
+        else:  # ring was the only mode asked for: no CP layer can run
+            changes["cp"] = 1
     if not family.sequence_parallel:
         if options.sequence_parallel:
             raise ArgumentError(f"--sequence-parallel: the {config.model_type} model does not "

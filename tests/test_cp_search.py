@@ -16,7 +16,7 @@ LLAMA_32K = ["--num-layers", "32", "--hidden-size", "4096", "--num-attention-hea
              "--max-position-embeddings", "32768", "--swiglu", "--normalization", "RMSNorm",
              "--position-embedding-type", "rope", "--group-query-attention",
              "--num-query-groups", "8", "--vocab-size", "32000", "--global-batch-size", "64",
-             "--cluster", "h100-80g-1x8"]
+             "--attention-dropout", "0", "--cluster", "h100-80g-1x8"]
 
 
 def _plan(tmp_path, name, *extra):
@@ -75,3 +75,48 @@ def test_a_bad_cp_min_seq_length_is_one_line(value, capsys):
     assert main(["plan", *SHORT, "--cp-min-seq-length", value]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"--cp-min-seq-length={value}" in err[0] and "positive" in err[0]
+
+
+def _check(plan_path, attention_dropout):
+    """The runtime's plan check (``Plan.check_model``, which holds ``plan_cp``'s rules) on the
+    searched plan and the model it was searched for (the plan's model record leaves dropout
+    out: it prices nothing)."""
+    from dataclasses import replace
+
+    from megatron_auto.families.registry import config_from_record
+    from megatron_auto.plan import Plan
+
+    plan = Plan.load(plan_path)
+    config = config_from_record(json.loads(plan_path.read_text())["model"])
+    plan.check_model(replace(config, attention_dropout=attention_dropout))  # PlanError if refused
+    return plan
+
+
+@pytest.mark.parametrize("extra", [[], ["--num-attention-heads", "8"]])
+def test_with_attention_dropout_the_search_offers_no_ring(tmp_path, extra):
+    # ring attention runs without attention dropout (plan_cp): only Ulysses layers may take cp
+    out = tmp_path / "dropout.json"
+    argv = ["plan", *SHORT, "--cp-min-seq-length", "512", "--attention-dropout", "0.1", *extra]
+    assert main([*argv, "--plan-out", str(out)]) == 0
+    plan = _check(out, 0.1)
+    assert {layer.cp for layer in plan.layers} != {1}
+    assert {layer.cp_mode for layer in plan.layers} == {"ulysses"}
+    # the same search without dropout takes ring here (the case above is not vacuous)
+    assert main(["plan", *SHORT, "--cp-min-seq-length", "512", "--attention-dropout", "0",
+                 *extra, "--plan-out", str(out)]) == 0
+    assert "ring" in {layer.cp_mode for layer in _check(out, 0.0).layers}
+
+
+def test_ring_pinned_with_attention_dropout_is_one_line(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    base = ["plan", *SHORT, "--cp-min-seq-length", "512", "--attention-dropout", "0.1",
+            "--cp-comm-type", "p2p", "--plan-out", str(out)]
+    assert main([*base, "--context-parallel-size", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--cp-comm-type=p2p" in err[0] and "--attention-dropout=0.1" in err[0]
+    # p2p asked for, cp left to the search: no CP layer can run, so the plan keeps cp 1
+    free = [*SHORT[:SHORT.index("--tensor-model-parallel-size")], "--quiet",
+            "--global-batch-size", "4"]
+    assert main(["plan", *free, "--cp-min-seq-length", "512", "--attention-dropout", "0.1",
+                 "--cp-comm-type", "p2p", "--plan-out", str(out)]) == 0
+    assert {layer.cp for layer in _check(out, 0.1).layers} == {1}

@@ -14,6 +14,7 @@ from megatron_auto import arguments, cli
 from megatron_auto.plan import DP_MODES
 from megatron_auto.planner.inputs.pins import search_options
 from megatron_auto.planner.search.driver import SearchOptions
+from megatron_auto.planning import runtime_options
 
 pytestmark = pytest.mark.pure
 
@@ -43,12 +44,14 @@ def _plan_options(monkeypatch, tmp_path, flags):
 
 
 def _auto_options(flags):
-    """The options of ``--auto-parallel`` with the same flags (``auto.search_options_for``
-    passes exactly this: torch-free here)."""
-    pins = arguments.parse_run_config(["--auto-parallel", *MODEL, *CLUSTER[2:], *flags]
-                                      ).plan_source
-    return search_options(pins, 8, 8, micro_batch_size=pins.micro_batch_size,
-                          global_batch_size=pins.batch, show_progress=False)
+    """The options of ``--auto-parallel`` with the same flags (``auto.plan_for_run`` passes
+    exactly this: ``search_options_for``'s options limited by ``runtime_options``, torch-free
+    here)."""
+    run = arguments.parse_run_config(["--auto-parallel", *MODEL, *CLUSTER[2:], *flags])
+    pins = run.plan_source
+    return runtime_options(search_options(pins, 8, 8, micro_batch_size=pins.micro_batch_size,
+                                          global_batch_size=pins.batch, show_progress=False),
+                           run.model)
 
 
 @pytest.mark.parametrize("chosen", [c for n in range(len(LAYOUT_FLAGS) + 1)
