@@ -139,7 +139,8 @@ def module_recompute_choices(values: list[str]) -> tuple:
 def with_host_budget(estimate: Any, host_budget_gb: float | None) -> Any:
     """``estimate`` with the host budget recorded; one line (``ValueError``) when a bad budget
     or an offload plan's host memory does not fit it (``planner/cost/offload.py``)."""
-    problem = host_budget_problem(getattr(estimate, "host_memory_bytes", 0.0), host_budget_gb)
+    problem = host_budget_problem(getattr(estimate, "host_memory_bytes", 0.0), host_budget_gb,
+                                  getattr(estimate, "host_optimizer_bytes", 0.0))
     if problem:
         raise ValueError(problem)
     if host_budget_gb is None or estimate is None:

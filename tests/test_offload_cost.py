@@ -175,3 +175,55 @@ def test_megatron_and_galvatron_exports_name_offload_as_a_reason():
     assert flags is None and "layers 0 offload activations" in " ".join(reasons)
     config, reasons = plan_to_galvatron_config(plan)
     assert config is None and "layers [0] offload activations" in " ".join(reasons)
+
+
+# ------------------------------------------------------------------------ optimizer offload
+def _optimizer_estimate(fraction, cluster=CLUSTER):
+    plan = Plan.uniform(2, 2, global_batch_size=8, num_microbatches=2, tp=2)
+    data = plan.to_dict()
+    data["pipeline"]["optimizer_offload_fraction"] = fraction
+    return evaluate_plan(Plan.from_dict(data), SPEC, TRAINING, cluster, PROFILE)
+
+
+def test_optimizer_offload_changes_nothing_at_fraction_zero():
+    plan = Plan.uniform(2, 2, global_batch_size=8, num_microbatches=2, tp=2)
+    assert _optimizer_estimate(0.0).to_dict() == evaluate_plan(
+        plan, SPEC, TRAINING, CLUSTER, PROFILE).to_dict()
+
+
+def test_optimizer_offload_host_bytes_are_sixteen_per_owned_element():
+    # one stage, ddp over dp 1 (tp 2 on 2 ranks): the rank owns every local parameter; the
+    # profile's own parameter count, not the cost model's, gives the elements
+    local = SPEC.num_layers * PROFILE.layer_types["gpt"].local_parameters(2) + \
+        PROFILE.embedding.local_embedding_parameters(2) + PROFILE.embedding.head_parameters
+    full = _optimizer_estimate(1.0)
+    assert full.host_memory_bytes == pytest.approx(16 * local)
+    assert full.host_optimizer_bytes == full.host_memory_bytes
+    assert _optimizer_estimate(0.5).host_memory_bytes == pytest.approx(8 * local)
+    # the device loses the moments (8 B per element) and keeps parameter and gradient
+    none = _optimizer_estimate(0.0)
+    assert none.stages[0].memory_breakdown["optimizer_states"] > 0
+    assert full.stages[0].memory_breakdown["optimizer_states"] == 0.0
+    assert none.peak_memory_bytes - full.peak_memory_bytes == pytest.approx(8 * local)
+
+
+def test_optimizer_offload_step_time_on_gpu_and_cpu():
+    none, half, full = (_optimizer_estimate(f) for f in (0.0, 0.5, 1.0))
+    # the preset's host AdamW and PCIe copies are slower than the device's HBM-bound step
+    assert none.iteration_time_s < half.iteration_time_s < full.iteration_time_s
+    free_host = replace(CLUSTER, host_optimizer_time_per_parameter_s=1e-30, host_link_bw=1e30)
+    assert _optimizer_estimate(1.0, free_host).iteration_time_s < none.iteration_time_s
+    # CPU (one memory: no copies priced, the host step is the device's kernel): unchanged
+    cpu = replace(CLUSTER, host_link_bw=0.0, host_optimizer_time_per_parameter_s=0.0)
+    times = {f: _optimizer_estimate(f, cpu).iteration_time_s for f in (0.0, 0.5, 1.0)}
+    assert times[0.5] == pytest.approx(times[0.0]) and times[1.0] == pytest.approx(times[0.0])
+
+
+def test_host_budget_names_the_optimizer_share():
+    problem = host_budget_problem(2.5e9, None, host_optimizer_bytes=2.5e9)
+    assert problem == ("the plan's offloaded optimizer share (pipeline.optimizer_offload_fraction) "
+                       "needs 2.50 GB of host memory per device: give --host-memory-budget-gb "
+                       "2.50 or more, or lower pipeline.optimizer_offload_fraction")
+    both = host_budget_problem(3e9, 2.0, host_optimizer_bytes=1e9)
+    assert both.startswith("--host-memory-budget-gb=2.0: the plan's offloaded activations "
+                           "(layers[i].offload) and optimizer share") and "3.00 GB" in both

@@ -21,6 +21,12 @@ exactly this quantity, so the two can be compared (``metrics`` records both).
 
 The meter must see the model and optimizer before its first iteration (``track``); optimizer
 state created during an iteration is picked up on its own.
+
+Optimizer offload (``parallel/optimizer_offload.py``): on CPU the host share's tensors are in the
+same memory and MemTracker counts those it sees (the AdamW state and masters, as optimizer
+state). They are host memory, not device memory: the meter subtracts the ones that existed when
+the iteration started (they then live through it, so they are in its peak) and reports them as
+:attr:`PeakMemoryMeter.host_bytes`. The host step's own temporaries are not separated.
 """
 
 from __future__ import annotations
@@ -171,6 +177,8 @@ class PeakMemoryMeter:
                              f"supported; pass the device the model lives on")
         self.peak_bytes = 0
         self.device_peak_bytes = 0  # CUDA: reserved peak + bytes outside the allocator
+        self.host_bytes = 0  # CPU: an offloaded optimizer's host tensors, taken out of the peak
+        self._host_at_start: set[int] = set()
         self.breakdown: dict[str, int] = {}
         self._modules: list[nn.Module] = []
         self._optimizers: list[torch.optim.Optimizer] = []
@@ -209,6 +217,8 @@ class PeakMemoryMeter:
             self._tracker.track_external(*self._pending)
             self._pending = []
         self._tracker.__enter__()
+        self._host_at_start = {_local(t).untyped_storage().data_ptr()
+                               for t in self._host_tensors()}
 
     def stop(self) -> int:
         """End the iteration; sets and returns :attr:`peak_bytes` (and :attr:`breakdown`)."""
@@ -244,11 +254,22 @@ class PeakMemoryMeter:
                 breakdown[_MEMTRACKER_KINDS[name]] += int(nbytes)
             elif name == "Total":
                 total = int(nbytes)
+        peak = total or sum(breakdown.values())
+        # the host share of an offloaded optimizer: present all iteration, not device memory
+        seen = [t for t in self._host_tensors()
+                if _local(t).untyped_storage().data_ptr() in self._host_at_start
+                and tracker._WINFO.get(_local(t).untyped_storage()) is not None]
+        self.host_bytes = min(storage_bytes(seen), breakdown["optimizer_state"])
+        breakdown["optimizer_state"] -= self.host_bytes
         self.breakdown = breakdown
-        self.peak_bytes = total or sum(breakdown.values())
+        self.peak_bytes = peak - self.host_bytes
         self.device_peak_bytes = self.peak_bytes  # no allocator cache or context on CPU
         tracker.reset_mod_stats()  # per-module stats would otherwise grow every iteration
         return self.peak_bytes
+
+    def _host_tensors(self) -> list[torch.Tensor]:
+        return [t for opt in self._optimizers if hasattr(opt, "host_tensors")
+                for t in opt.host_tensors()]
 
     def __enter__(self) -> "PeakMemoryMeter":
         self.start()

@@ -109,6 +109,16 @@ class HostOffloadAdamW(torch.optim.Optimizer):
         up = sum(p.numel() * p.element_size() for p, _ in self._host.values())
         return {"device_to_host": down, "host_to_device": up}
 
+    def host_tensors(self) -> list[torch.Tensor]:
+        """Every tensor the offloaded share keeps in host memory (masters, gradient buffers,
+        AdamW state): what a CPU memory meter must not count as device memory."""
+        out: list[torch.Tensor] = []
+        for _, master in self._host.values():
+            out += [master] + ([master.grad] if master.grad is not None else [])
+            state = self.host_optimizer.state.get(master, {}) if self.host_optimizer else {}
+            out += [v for v in state.values() if isinstance(v, torch.Tensor)]
+        return out
+
     def host_bytes(self) -> int:
         """Host memory the offloaded share holds: masters, gradient buffers and AdamW moments."""
         total = 0

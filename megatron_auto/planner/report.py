@@ -90,8 +90,12 @@ def describe_estimate(estimate: Mapping[str, Any]) -> str:
     parts.append(memory)
     host = max((s.get("host_memory_bytes", 0.0) for s in estimate.get("stages") or ()),
                default=0.0)
-    if host:  # activation offload (cost/offload.py): the host side of the memory
-        text = f"host memory {format_bytes(host)} per device (offloaded activations)"
+    if host:  # activation / optimizer offload (cost/offload.py): the host side of the memory
+        optimizer = max((s.get("host_optimizer_bytes", 0.0)
+                         for s in estimate.get("stages") or ()), default=0.0)
+        kinds = (["activations"] if host > optimizer else []) + (
+            ["optimizer share"] if optimizer else [])
+        text = f"host memory {format_bytes(host)} per device (offloaded {' and '.join(kinds)})"
         if estimate.get("host_memory_budget_bytes") is not None:
             text += f" of {format_bytes(estimate['host_memory_budget_bytes'])} host budget"
         parts.append(text)

@@ -30,9 +30,10 @@ from ...layout import (Collective, Layout, dp_group_consecutive, dp_size, layer_
                        layout_of, relayout_collectives, sequence_parallel_boundary_collectives,
                        vocab_layout)
 from ...plan import Plan
+from ...plan_optimizer_offload import stage_fraction
 from ...schedule import in_flight
 from .context_parallel import cp_attention_collectives
-from .memory_model import GRAD_BYTES, MemoryCost, embedding_memory, layer_memory
+from .memory_model import ADAM_BYTES, GRAD_BYTES, MemoryCost, embedding_memory, layer_memory
 from .time_model import (NO_MOVE, NO_TIME, DataParallelCollectives, MoveCost, TimeCost,
                          collective_time, dp_collectives,
                          embedding_time, layer_time, pipeline_time, relayout_cost,
@@ -42,7 +43,8 @@ from .interleaving import InFlightMemo, peak_activations, pipeline_fill
 from ..inputs.model_spec import ModelSpec, TrainingSpec
 from ..inputs.profiles import ModelProfile, dropout_mask_bytes, fill_attention_defaults
 from ..inputs.cluster_model import ClusterModel
-from .offload import apply_offload_memory, apply_offload_time, offload_cost
+from .offload import (apply_offload_memory, apply_offload_time, offload_cost,
+                      optimizer_offload_cost)
 from .recompute import module_terms
 from .moe import (expert_dp_collectives, expert_dp_group, expert_parameters, has_mlp,
                   moe_collectives, with_experts)
@@ -64,8 +66,10 @@ class StageEstimate:
     in_flight_microbatches: int
     num_layers: int
     binding: str = ""
-    # Offloaded activations held in host memory by each rank of the stage (cost/offload.py).
+    # Host memory each rank of the stage holds (cost/offload.py): offloaded activations and,
+    # of it, ``host_optimizer_bytes`` for the offloaded optimizer share.
     host_memory_bytes: float = 0.0
+    host_optimizer_bytes: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         out = {"time_s": self.time_s, "microbatch_time_s": self.microbatch_time_s,
@@ -76,6 +80,8 @@ class StageEstimate:
                "num_layers": self.num_layers, "binding": self.binding}
         if self.host_memory_bytes:  # absent without offload: estimates stay as they were
             out["host_memory_bytes"] = self.host_memory_bytes
+        if self.host_optimizer_bytes:
+            out["host_optimizer_bytes"] = self.host_optimizer_bytes
         return out
 
 
@@ -97,6 +103,11 @@ class Estimate:
     def host_memory_bytes(self) -> float:
         """The most host memory one rank holds for offloaded activations (any stage)."""
         return max((st.host_memory_bytes for st in self.stages), default=0.0)
+
+    @property
+    def host_optimizer_bytes(self) -> float:
+        """The most host memory one rank holds for its offloaded optimizer share."""
+        return max((st.host_optimizer_bytes for st in self.stages), default=0.0)
 
     @property
     def peak_memory_bytes(self) -> float:
@@ -533,6 +544,22 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
         step_temps += emb_mem.step_temporary
         sharded = sharded or ((first or last) and plan.vocab.dp_mode in ("zero2", "zero3")
                               and n // plan.vocab.tp > 1)
+        # Optimizer offload (pipeline.optimizer_offload_fraction, cost/offload.py): the share's
+        # moments and step temporaries leave the device, the host holds 16 B per element, and
+        # the step becomes the device's rest beside the host's share, with the copies.
+        fraction = stage_fraction(plan.pipeline.optimizer_offload_fraction, k)
+        owned = (states["optimizer_states"] + emb_mem.optimizer_states) / ADAM_BYTES
+        opt_off = optimizer_offload_cost(cluster, fraction, owned)
+        if opt_off.offloaded_elements:
+            states["optimizer_states"] *= 1.0 - fraction
+            embedding_bytes -= fraction * emb_mem.optimizer_states
+            step_peak -= fraction * (ADAM_BYTES * owned + step_temps)
+            step_temps *= 1.0 - fraction
+            host_bytes += opt_off.host_bytes
+            optimizer_step = (total.optimizer - cluster.optimizer_time_per_parameter_s * owned
+                              + opt_off.step_time_s)
+        else:
+            optimizer_step = total.optimizer
         if getattr(cluster, "fused_optimizer", False) and not sharded:
             # Fused AdamW (CUDA, every parameter a plain tensor, parallel/optimizer.py): no
             # foreach temporaries; FSDP2's DTensor shards keep the foreach kernel.
@@ -558,16 +585,16 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
         micro.append(c_k)
         backward.append(bwd + moves.backward if v == 1 else first_bwd[0])
         tails.append(tail)
-        steps.append(total.optimizer)
+        steps.append(optimizer_step)
         chunk_times.append(times if v > 1 else [c_k])
         stage_parts.append((fwd, bwd, tail, peak, breakdown, sum(counts), c_k, total.compute,
                             total.tp_comm, total.dp_comm, moves.total, host_bytes,
-                            total.ep_comm))
+                            total.ep_comm, opt_off.host_bytes))
     pt = pipeline_time(micro, backward, tails, m, steps, step_overhead(cluster, plan.world_size),
                        virtual_size=v, fill=pipeline_fill(chunk_times) if v > 1 else None)
     stages = []
     for k, (fwd, bwd, tail, peak, breakdown, k_in, c_k, compute, tp_comm, dp_comm, moved,
-            host_bytes, ep_comm) in enumerate(stage_parts):
+            host_bytes, ep_comm, host_optimizer) in enumerate(stage_parts):
         shares = {"compute": m * compute, "tp_communication": m * tp_comm,
                   "dp_communication": m * dp_comm + tail, "relayout_and_p2p": m * moved,
                   "pipeline_bubble": pt.pipeline - m * c_k, "optimizer_step": steps[k]}
@@ -578,7 +605,8 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
             backward_time_s=bwd, sync_tail_s=tail, peak_memory_bytes=peak,
             memory_breakdown=breakdown, in_flight_microbatches=k_in,
             num_layers=len(plan.stage_layers(k)),
-            binding=_binding(peak, memory_budget_bytes, shares), host_memory_bytes=host_bytes))
+            binding=_binding(peak, memory_budget_bytes, shares), host_memory_bytes=host_bytes,
+            host_optimizer_bytes=host_optimizer))
     samples_per_s = plan.global_batch_size / pt.iteration
     return Estimate(iteration_time_s=pt.iteration, samples_per_s=samples_per_s,
                     tokens_per_s=samples_per_s * spec.seq_length,

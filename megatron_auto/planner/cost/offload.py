@@ -130,23 +130,93 @@ def apply_offload_time(time: TimeCost, cost: OffloadCost) -> TimeCost:
                    backward=time.backward + cost.copy_time_s)
 
 
-def host_budget_problem(host_memory_bytes: float, host_budget_gb: float | None) -> str | None:
-    """Why a plan whose offloaded activations need ``host_memory_bytes`` per device (the most
-    of any stage) cannot run under ``--host-memory-budget-gb`` (None: not given), as one line,
-    or None. A budget must be positive and finite; a plan that offloads needs one that holds
-    it."""
+def host_budget_problem(host_memory_bytes: float, host_budget_gb: float | None,
+                        host_optimizer_bytes: float = 0.0) -> str | None:
+    """Why a plan whose offload needs ``host_memory_bytes`` per device (the most of any stage;
+    ``host_optimizer_bytes`` of it the offloaded optimizer's) cannot run under
+    ``--host-memory-budget-gb`` (None: not given), as one line, or None. A budget must be
+    positive and finite; a plan that offloads needs one that holds it."""
     if host_budget_gb is not None and not (host_budget_gb > 0 and math.isfinite(host_budget_gb)):
         return (f"--host-memory-budget-gb={host_budget_gb}: must be a positive number (GB = 1e9 "
                 f"bytes of host memory one device's rank may use)")
     if not host_memory_bytes:
         return None
     need = math.ceil(host_memory_bytes / GB * 100) / 100
+    activations = host_memory_bytes - host_optimizer_bytes > 0
+    if activations and host_optimizer_bytes:
+        what = ("offloaded activations (layers[i].offload) and optimizer share "
+                "(pipeline.optimizer_offload_fraction)")
+        fix = "offload fewer layers or modules or a smaller optimizer share"
+    elif activations:
+        what, fix = "offloaded activations", "offload fewer layers or modules"
+    else:
+        what = "offloaded optimizer share (pipeline.optimizer_offload_fraction)"
+        fix = "lower pipeline.optimizer_offload_fraction"
     if host_budget_gb is None:
-        return (f"the plan offloads activations (layers[i].offload) that need {need:.2f} GB of "
-                f"host memory per device: give --host-memory-budget-gb {need:.2f} or more, or "
-                f"set offload to false")
+        if not host_optimizer_bytes:  # the activation-only wording, as before
+            return (f"the plan offloads activations (layers[i].offload) that need {need:.2f} GB "
+                    f"of host memory per device: give --host-memory-budget-gb {need:.2f} or "
+                    f"more, or set offload to false")
+        return (f"the plan's {what} needs {need:.2f} GB of host memory per device: give "
+                f"--host-memory-budget-gb {need:.2f} or more, or {fix}")
     if host_memory_bytes > host_budget_gb * GB:
-        return (f"--host-memory-budget-gb={host_budget_gb}: the plan's offloaded activations "
-                f"need {need:.2f} GB of host memory per device; raise it to {need:.2f}, or "
-                f"offload fewer layers or modules")
+        verb = "needs" if host_optimizer_bytes else "need"
+        return (f"--host-memory-budget-gb={host_budget_gb}: the plan's {what} {verb} "
+                f"{need:.2f} GB of host memory per device; raise it to {need:.2f}, or {fix}")
     return None
+
+
+# ------------------------------------------------------------------------ optimizer offload
+#: Host bytes per offloaded element (parallel/optimizer_offload.py): the fp32 master, the fp32
+#: gradient buffer the gradient is copied into, and AdamW's two fp32 moments.
+HOST_OPTIMIZER_BYTES = 16
+#: Bytes one step moves per offloaded element each way: the fp32 gradient down, the updated
+#: fp32 parameter up.
+OPTIMIZER_COPY_BYTES = 4
+
+
+@dataclass(frozen=True)
+class OptimizerOffloadCost:
+    """What ``pipeline.optimizer_offload_fraction`` = ``fraction`` changes on one rank of a
+    stage whose optimizer owns ``owned`` elements (``optimizer_offload_cost``)."""
+
+    offloaded_elements: float = 0.0
+    host_bytes: float = 0.0
+    step_time_s: float = 0.0  # the whole step of the rank's owned elements, device + host
+
+
+def optimizer_offload_cost(cluster: ClusterModel, fraction: float, owned: float) -> \
+        OptimizerOffloadCost:
+    """The host side of a stage's optimizer step when ``fraction`` of the ``owned`` elements
+    (the AdamW elements this rank steps: every local one under ``ddp``, its slice under
+    ``zero1``) are offloaded.
+
+    The runtime (``HostOffloadAdamW``) offloads whole parameters in order while they start
+    below ``fraction`` of the bytes, so it offloads at least ``fraction x owned`` elements (at
+    most one parameter more): priced at ``fraction x owned``, the device side is on the safe
+    side and the host side exact for 0 and 1.
+
+    The device keeps the parameter (it is the fp32 master of the device path) and its gradient;
+    its AdamW moments (8 B) and the step's foreach temporary (4 B) go; the host holds
+    ``HOST_OPTIMIZER_BYTES`` per element. Step time, with ``T`` the device's step of the owned
+    elements (``optimizer_time_per_parameter_s``) and ``H`` the host's
+    (``host_optimizer_time_per_parameter_s``, 0: the device's figure): on CUDA
+    (``host_link_bw > 0``) the gradients go down first (one sync), the device's share is queued
+    and runs while the host steps, then the parameters go up:
+    ``copy + max((1 - f) T, f H) + copy``, each copy ``4 B x offloaded / host_link_bw``; on CPU
+    (one memory) nothing is copied at a price and both parts run one after the other:
+    ``(1 - f) T + f H``."""
+    if not fraction or owned <= 0:
+        return OptimizerOffloadCost()
+    offloaded = fraction * owned
+    device = cluster.optimizer_time_per_parameter_s
+    host = getattr(cluster, "host_optimizer_time_per_parameter_s", 0.0) or device
+    bandwidth = getattr(cluster, "host_link_bw", 0.0)
+    device_part, host_part = (owned - offloaded) * device, offloaded * host
+    if bandwidth:
+        copy = OPTIMIZER_COPY_BYTES * offloaded / bandwidth
+        step = 2 * copy + max(device_part, host_part)
+    else:
+        step = device_part + host_part
+    return OptimizerOffloadCost(offloaded_elements=offloaded,
+                                host_bytes=HOST_OPTIMIZER_BYTES * offloaded, step_time_s=step)

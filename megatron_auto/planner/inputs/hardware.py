@@ -115,6 +115,10 @@ class ClusterSpec:
     # activation offload's copies run at (planner/cost/offload.py). 0 = one memory (CPU) or not
     # known: the copies are not priced. Presets: PCIe x16 figures (docs/hardware.md).
     host_link_bw: float = 0.0
+    # The host's AdamW step (optimizer offload, planner/cost/offload.py): seconds per offloaded
+    # element on one device's share of the host (torch's foreach AdamW on fp32 masters).
+    # 0 = the device's ``optimizer_time_per_parameter_s`` (right on CPU: one memory, one kernel).
+    host_optimizer_time_per_parameter_s: float = 0.0
 
     def __post_init__(self) -> None:
         # Types first, so that a string in a JSON file is reported by field, not as a TypeError.
@@ -160,6 +164,7 @@ class ClusterSpec:
             _need(getattr(self, name) > 0, name, getattr(self, name), "must be positive (bytes/s)")
         for name in ("collective_latency_s", "inter_node_latency_s", "p2p_latency_s",
                      "optimizer_time_per_parameter_s", "step_overhead_s",
+                     "host_optimizer_time_per_parameter_s",
                      "zero_gather_latency_s", "zero_scatter_latency_s"):
             _need(getattr(self, name) >= 0, name, getattr(self, name), "must be >= 0 (seconds)")
         _need(self.attention_backend in ATTENTION_BACKENDS, "attention_backend",

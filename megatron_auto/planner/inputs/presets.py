@@ -53,6 +53,11 @@ FRAGMENTATION_FRACTION = 0.05
 # PCIe switch's uplink copying at once would get less, which is not modelled.
 PCIE_X16_BW = {4: 31.5 * GB, 5: 63.0 * GB}
 HOST_LINK_EFFICIENCY = 0.8
+# The host's AdamW step under optimizer offload: torch's foreach AdamW over fp32 masters on the
+# CPU cores of a node, assumed at 1e9 elements/s for the whole host (memory-bound: ~28 B of
+# traffic per element, a few passes, on a two-socket server; no measurement available), shared
+# by the node's GPUs when all of them offload at once.
+HOST_ADAM_ELEMENTS_PER_S_PER_NODE = 1e9
 
 
 @dataclass(frozen=True)
@@ -155,6 +160,8 @@ def make_cluster(gpu: str, num_nodes: int, devices_per_node: int = 8,
         f"(assumed)",
         f"host link PCIe {g.pcie_gen}.0 x16, {PCIE_X16_BW[g.pcie_gen] / GB:.1f} GB/s per "
         f"direction (spec), {HOST_LINK_EFFICIENCY:.0%} assumed achievable",
+        f"host AdamW (optimizer offload) {HOST_ADAM_ELEMENTS_PER_S_PER_NODE:.0e} elements/s per "
+        f"node shared by its {devices_per_node} devices (assumed)",
     ])
     return ClusterSpec(
         name=name or f"{gpu}-{num_nodes}x{devices_per_node}", num_nodes=num_nodes,
@@ -167,7 +174,8 @@ def make_cluster(gpu: str, num_nodes: int, devices_per_node: int = 8,
         collective_latency_s=20e-6, inter_node_latency_s=40e-6, p2p_latency_s=10e-6,
         optimizer_time_per_parameter_s=OPTIMIZER_BYTES_PER_PARAMETER / (
             MEASURED_HBM_EFFICIENCY * g.hbm_bw),
-        step_overhead_s=STEP_OVERHEAD_S, **_gpu_terms(g))
+        step_overhead_s=STEP_OVERHEAD_S, **_gpu_terms(g),
+        host_optimizer_time_per_parameter_s=devices_per_node / HOST_ADAM_ELEMENTS_PER_S_PER_NODE)
 
 
 def _gpu_terms(g: _Gpu) -> dict:
@@ -210,7 +218,8 @@ def _galvatron_a100(num_nodes: int) -> ClusterSpec:
         inter_node_latency_s=base.inter_node_latency_s, p2p_latency_s=base.p2p_latency_s,
         allreduce_busbw_table=table, p2p_bw_table=p2p_table,
         optimizer_time_per_parameter_s=base.optimizer_time_per_parameter_s,
-        step_overhead_s=base.step_overhead_s, **_gpu_terms(_GPUS["a100-40g"]))
+        step_overhead_s=base.step_overhead_s, **_gpu_terms(_GPUS["a100-40g"]),
+        host_optimizer_time_per_parameter_s=base.host_optimizer_time_per_parameter_s)
 
 
 def preset(name: str) -> ClusterSpec:
