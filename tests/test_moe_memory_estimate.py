@@ -2,7 +2,8 @@
 
 An MoE GPT (every layer MoE, 8 experts, top-2, no shared experts) trains three iterations on
 4 gloo ranks under the runtime's memory meter (``parallel/memory.py``, what ``metrics``
-reports), with ep 1 and with ep 2 (ddp experts). The
+reports), with ep 1 and with ep 2 (ddp experts), and with ep 2 and the experts in zero1, zero2
+and zero3 over their expert-DP group of 2 ranks. The
 analytic profile on a CPU cluster prices each plan (``evaluate_plan`` without a context
 reserve, the CPU meter has none). The estimate must bound every iteration's peak from above
 (up to :data:`UNDER_TOLERANCE`) and stay within :data:`OVER_TOLERANCE` of the steady-state one; and the measured peak must fall
@@ -32,13 +33,15 @@ ITERATIONS = 3
 # Measured when written (estimate / steady peak - 1): ep1 -0.16 % (16.79 MB against 16.81 MB),
 # ep2 -0.29 % (8.92 MB against 8.95 MB). The analytic profile (this model has no measured one:
 # the profiler times dense layers) misses a few small temporaries, 26 kB here, so the lower
-# bound allows UNDER_TOLERANCE. Not covered yet (open cost-model items, seen when written):
-# zero1 experts over their expert-DP group, priced 5.8 % under (6.75 MB against 7.17 MB), and
-# zero3 experts, 17 % under (5.96 MB against 7.20 MB: FSDP2's backward prefetch of the next
-# unit's gather and the whole unsharded gradient beside its shard are not counted, as for
-# dense zero3 layers).
+# bound allows UNDER_TOLERANCE. The ZeRO expert plans peak after the backward pass, when the
+# gradient sync's buffers meet the model states (estimate.evaluate_plan's after-backward peak):
+# zero1 -0.4 % (7.14 MB against 7.17 MB: gloo's reduce-scatter copies the expert bucket),
+# zero2 +4.0 % (8.71 MB against 8.38 MB), zero3 -0.9 % (7.14 MB against 7.20 MB: two FSDP2
+# units' gradient buffers, cost/moe.py fsdp_sync_bytes). Before that term they were priced
+# 5.8 % and 17 % under.
 UNDER_TOLERANCE = 0.01
 OVER_TOLERANCE = 0.05
+ZERO_TOLERANCES = (0.05, 0.10)  # (under, over) for the ZeRO expert plans: the issue's target
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,8 @@ def _plan(**layer) -> Plan:
                 layers=(LayerStrategy(**layer),) * 2)
 
 
-PLANS = {"ep1": _plan(), "ep2": _plan(ep=2)}
+PLANS = {"ep1": _plan(), "ep2": _plan(ep=2),
+         **{mode: _plan(ep=2, expert_dp_mode=mode) for mode in ("zero1", "zero2", "zero3")}}
 
 
 def _estimate(plan: Plan) -> float:
@@ -109,8 +113,10 @@ def test_the_estimate_bounds_the_measured_peak_of_expert_parallel_plans():
     report = {n: (estimates[n], measured[n], round(estimates[n] / steady[n] - 1, 4))
               for n in names}
     for name in names:
-        assert estimates[name] >= (1 - UNDER_TOLERANCE) * measured[name], report
-        assert estimates[name] <= (1 + OVER_TOLERANCE) * steady[name], report
+        under, over = (ZERO_TOLERANCES if name.startswith("zero")
+                       else (UNDER_TOLERANCE, OVER_TOLERANCE))
+        assert estimates[name] >= (1 - under) * measured[name], report
+        assert estimates[name] <= (1 + over) * steady[name], report
     # ep 2 saves what the estimate says it saves (half the experts' states), within 25 %
     saved, priced = steady["ep1"] - steady["ep2"], estimates["ep1"] - estimates["ep2"]
     assert saved > 0 and abs(saved / priced - 1) <= 0.25, (saved, priced, report)

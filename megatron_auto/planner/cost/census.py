@@ -21,86 +21,14 @@ this list kind by kind, group by group and byte for byte. It adds to
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 
-from ...expert_layout import expert_layout, expert_ranks
-from ...layout import Collective, dp_group_ranks, dp_size, layout_of, vocab_layout
+from ...layout import Collective, dp_size, vocab_layout
 from ...plan import Plan
-from .estimate import chunk_moves, dp_parts, stage_collectives, step_collectives
-from .memory_model import GRAD_BYTES, vocab_parameters
+from .estimate import bucket_collectives, chunk_moves, stage_collectives, step_collectives
 from .time_model import DDP_BUCKET_BYTES, hop_bytes, tied_embedding_collective, vocab_tp_collectives
 from ..inputs.model_spec import ModelSpec
 from ..inputs.profiles import ModelProfile
-
-
-def _buckets(kind: str, group_size: int, consecutive: bool, nbytes: float, pad: bool,
-             bucket_bytes: float) -> Counter[Collective]:
-    """The bucket calls of ``nbytes`` of one DP group's gradients (fp32 elements)."""
-    out: Counter[Collective] = Counter()
-    left = nbytes
-    for _ in range(max(1, math.ceil(nbytes / bucket_bytes))):
-        size = min(left, bucket_bytes)
-        left -= size
-        if pad:  # reduce-scatter needs equal slices: a multiple of the group in elements
-            size = math.ceil(size / GRAD_BYTES / group_size) * group_size * GRAD_BYTES
-        out[Collective(kind, group_size, consecutive, float(size))] += 1
-    return out
-
-
-def bucket_collectives(plan: Plan, spec: ModelSpec, profile: ModelProfile, precision: str,
-                       stage: int, bucket_bytes: float = DDP_BUCKET_BYTES
-                       ) -> tuple[Counter[Collective], Counter[Collective]]:
-    """``(per-layer shares, bucket calls)`` of the ``ddp`` all-reduce and the ``zero1``
-    reduce-scatter and parameter all-gather of one rank of ``stage``: the first is what
-    ``stage_collectives`` lists, the second what the runtime issues for the same bytes."""
-    shares: Counter[Collective] = Counter()
-    merged: dict[tuple[frozenset, str, int, bool, bool], float] = {}
-    tied_alone = (profile.embedding.tied and plan.pp_size > 1
-                  and stage in (0, plan.pp_size - 1))
-    for key, part in dp_parts(plan, spec, profile, precision, stage):
-        for c in part.per_iteration + part.after_step:
-            if c.kind not in ("all_reduce", "reduce_scatter", "all_gather"):
-                continue  # zero2's gather: FSDP2, per unit
-            shares[c] += 1
-            pieces = [(c.nbytes, False)]
-            if key == "vocab" and c.kind != "all_reduce" and tied_alone:
-                # zero1: the tied word embedding's own buckets (the same slices on both stages)
-                emb = c.nbytes * profile.embedding.split_embedding_parameters / \
-                    plan.vocab.tp / _vocab_params(plan, profile, stage)
-                pieces = [(c.nbytes - emb, False), (emb, True)]
-            layout = _dp_partition(plan, key)
-            for nbytes, alone in pieces:
-                if nbytes > 0:
-                    k = (layout, c.kind, c.group_size, c.consecutive, alone)
-                    merged[k] = merged.get(k, 0.0) + nbytes
-    calls: Counter[Collective] = Counter()
-    for (_, kind, size, consecutive, _), nbytes in merged.items():
-        calls.update(_buckets(kind, size, consecutive, nbytes, kind != "all_reduce",
-                              bucket_bytes))
-    return shares, calls
-
-
-def _dp_partition(plan: Plan, key: object) -> frozenset[tuple[int, ...]]:
-    """The DP groups of a ``dp_parts`` component over the stage's local ranks: the runtime's
-    buckets are per process group, and groups are shared by rank set (an MoE layer's
-    expert-DP groups may be another layout's DP groups)."""
-    n = plan.stage_size
-    local = range(n)
-    if isinstance(key, tuple):  # ("experts", i): the experts' expert-DP groups
-        s = plan.layers[key[1]]
-        grid = expert_layout(0, s.tp, s.tp_consecutive, s.ep, s.expert_tp, n)
-        return frozenset(expert_ranks(local, grid, j).expert_dp_ranks for j in local)
-    if isinstance(key, int):
-        lay = layout_of(plan.layers[key], n)
-    else:  # "vocab"
-        lay = vocab_layout(plan.vocab.tp, n, plan.cp_size)
-    return frozenset(tuple(g) for g in dp_group_ranks(local, lay.tp, lay.consecutive, lay.cp))
-
-
-def _vocab_params(plan: Plan, profile: ModelProfile, stage: int) -> float:
-    return vocab_parameters(profile.embedding, plan.vocab.tp, stage == 0,
-                            stage == plan.pp_size - 1, plan.pp_size)
 
 
 def p2p_collectives(plan: Plan, spec: ModelSpec, profile: ModelProfile,

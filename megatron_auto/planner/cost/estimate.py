@@ -22,19 +22,24 @@ micro-batches:
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ...layout import (Collective, Layout, dp_group_consecutive, dp_size, layer_tp_collectives,
+from ...expert_layout import expert_layout, expert_ranks
+from ...layout import (Collective, Layout, dp_group_consecutive, dp_group_ranks, dp_size,
+                       layer_tp_collectives,
                        layout_of, relayout_collectives, sequence_parallel_boundary_collectives,
                        vocab_layout)
 from ...plan import Plan
 from ...plan_optimizer_offload import stage_fraction
 from ...schedule import in_flight
 from .context_parallel import cp_attention_collectives
-from .memory_model import ADAM_BYTES, GRAD_BYTES, MemoryCost, embedding_memory, layer_memory
-from .time_model import (NO_MOVE, NO_TIME, DataParallelCollectives, MoveCost, TimeCost,
+from .memory_model import (ADAM_BYTES, GRAD_BYTES, MemoryCost, embedding_memory, layer_memory,
+                           vocab_parameters)
+from .time_model import (DDP_BUCKET_BYTES, NO_MOVE, NO_TIME, DataParallelCollectives,
+                         MoveCost, TimeCost,
                          collective_time, dp_collectives,
                          embedding_time, layer_time, pipeline_time, relayout_cost,
                          stage_boundary_cost, vocab_dp_collectives)
@@ -398,6 +403,91 @@ def _add_moves(a: MoveCost, b: MoveCost) -> MoveCost:
                     max(a.transient_bytes, b.transient_bytes))
 
 
+def _buckets(kind: str, group_size: int, consecutive: bool, nbytes: float, pad: bool,
+             bucket_bytes: float) -> Counter[Collective]:
+    """The bucket calls of ``nbytes`` of one DP group's gradients (fp32 elements)."""
+    out: Counter[Collective] = Counter()
+    left = nbytes
+    for _ in range(max(1, math.ceil(nbytes / bucket_bytes))):
+        size = min(left, bucket_bytes)
+        left -= size
+        if pad:  # reduce-scatter needs equal slices: a multiple of the group in elements
+            size = math.ceil(size / GRAD_BYTES / group_size) * group_size * GRAD_BYTES
+        out[Collective(kind, group_size, consecutive, float(size))] += 1
+    return out
+
+
+def bucket_collectives(plan: Plan, spec: ModelSpec, profile: ModelProfile, precision: str,
+                       stage: int, bucket_bytes: float = DDP_BUCKET_BYTES
+                       ) -> tuple[Counter[Collective], Counter[Collective]]:
+    """``(per-layer shares, bucket calls)`` of the ``ddp`` all-reduce and the ``zero1``
+    reduce-scatter and parameter all-gather of one rank of ``stage``: the first is what
+    ``stage_collectives`` lists, the second what the runtime issues for the same bytes."""
+    shares: Counter[Collective] = Counter()
+    merged: dict[tuple[frozenset, str, int, bool, bool], float] = {}
+    tied_alone = (profile.embedding.tied and plan.pp_size > 1
+                  and stage in (0, plan.pp_size - 1))
+    for key, part in dp_parts(plan, spec, profile, precision, stage):
+        for c in part.per_iteration + part.after_step:
+            if c.kind not in ("all_reduce", "reduce_scatter", "all_gather"):
+                continue  # zero2's gather: FSDP2, per unit
+            shares[c] += 1
+            pieces = [(c.nbytes, False)]
+            if key == "vocab" and c.kind != "all_reduce" and tied_alone:
+                # zero1: the tied word embedding's own buckets (the same slices on both stages)
+                emb = c.nbytes * profile.embedding.split_embedding_parameters / \
+                    plan.vocab.tp / _vocab_params(plan, profile, stage)
+                pieces = [(c.nbytes - emb, False), (emb, True)]
+            layout = _dp_partition(plan, key)
+            for nbytes, alone in pieces:
+                if nbytes > 0:
+                    k = (layout, c.kind, c.group_size, c.consecutive, alone)
+                    merged[k] = merged.get(k, 0.0) + nbytes
+    calls: Counter[Collective] = Counter()
+    for (_, kind, size, consecutive, _), nbytes in merged.items():
+        calls.update(_buckets(kind, size, consecutive, nbytes, kind != "all_reduce",
+                              bucket_bytes))
+    return shares, calls
+
+
+def _dp_partition(plan: Plan, key: object) -> frozenset[tuple[int, ...]]:
+    """The DP groups of a ``dp_parts`` component over the stage's local ranks: the runtime's
+    buckets are per process group, and groups are shared by rank set (an MoE layer's
+    expert-DP groups may be another layout's DP groups)."""
+    n = plan.stage_size
+    local = range(n)
+    if isinstance(key, tuple):  # ("experts", i): the experts' expert-DP groups
+        s = plan.layers[key[1]]
+        grid = expert_layout(0, s.tp, s.tp_consecutive, s.ep, s.expert_tp, n)
+        return frozenset(expert_ranks(local, grid, j).expert_dp_ranks for j in local)
+    if isinstance(key, int):
+        lay = layout_of(plan.layers[key], n)
+    else:  # "vocab"
+        lay = vocab_layout(plan.vocab.tp, n, plan.cp_size)
+    return frozenset(tuple(g) for g in dp_group_ranks(local, lay.tp, lay.consecutive, lay.cp))
+
+
+def _vocab_params(plan: Plan, profile: ModelProfile, stage: int) -> float:
+    return vocab_parameters(profile.embedding, plan.vocab.tp, stage == 0,
+                            stage == plan.pp_size - 1, plan.pp_size)
+
+
+def gloo_bucket_copy_bytes(plan: Plan, spec: ModelSpec, profile: ModelProfile,
+                           cluster: ClusterModel, precision: str, stage: int) -> float:
+    """On a CPU cluster (gloo), ``reduce_scatter_tensor`` copies its whole input first (measured
+    with the memory meter: one bucket's bytes beside the bucket), so the ``zero1`` gradient
+    buckets' reduce-scatter at the end of backward holds a copy of the largest bucket of
+    ``stage``; NCCL reduces in place. 0 off CPU or without ``zero1`` buckets."""
+    if not str(getattr(cluster, "device_name", "")).startswith("cpu"):
+        return 0.0
+    modes = {plan.vocab.dp_mode} | {s.dp_mode for s in plan.layers} | {
+        s.experts_dp_mode for s in plan.layers}
+    if "zero1" not in modes:
+        return 0.0
+    calls = bucket_collectives(plan, spec, profile, precision, stage)[1]
+    return max((c.nbytes for c in calls if c.kind == "reduce_scatter"), default=0.0)
+
+
 def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
                   profile: ModelProfile, memory_budget_bytes: float | None = None, *,
                   in_flight_memo: InFlightMemo | None = None) -> Estimate:
@@ -437,6 +527,7 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
         transient = 0.0
         step_peak = 0.0  # model states + the optimizer step's temporaries (activations gone)
         step_temps, sharded = 0.0, False  # foreach temporaries; any FSDP2 (DTensor) shard?
+        sync_temp = 0.0  # the largest gradient-sync buffers left at the end of backward
         total = NO_TIME  # layers, then embedding/head, one after the other
         moves = NO_MOVE  # relayouts (embedding, layers, head) and the incoming p2p hops
         kept = [0.0] * len(chunks)  # activations per micro-batch in flight, per local chunk
@@ -492,6 +583,7 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
                 transient = max(transient, mem.transient)
                 step_peak += mem.step_peak
                 step_temps += mem.step_temporary
+                sync_temp = max(sync_temp, mem.sync_transient)
                 sharded = sharded or experts_sharded or (s.dp_mode in ("zero2", "zero3")
                                                          and dp > 1)
                 chunk_total = chunk_total + t
@@ -564,6 +656,13 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
             # Fused AdamW (CUDA, every parameter a plain tensor, parallel/optimizer.py): no
             # foreach temporaries; FSDP2's DTensor shards keep the foreach kernel.
             step_peak -= step_temps
+            step_temps = 0.0
+        # After the backward pass the activations are gone and the gradient sync's buffers
+        # meet the model states, before the step's temporaries exist: the after-backward peak
+        # is the states plus the larger of the two (the optimizer_step_excess shows it).
+        sync_temp = max(sync_temp, gloo_bucket_copy_bytes(plan, spec, profile, cluster,
+                                                          training.precision, k))
+        step_peak += max(0.0, sync_temp - step_temps)
         breakdown = {**states, "activations": act, "transient": transient,
                      "embedding": embedding_bytes,
                      "context_reserve": float(cluster.memory_reserve_bytes)}

@@ -44,6 +44,12 @@ class MemoryCost:
 
     ``host_per_microbatch``: activations offloaded to host memory per micro-batch in flight
     (``cost/offload.py``), already taken out of ``activations_per_microbatch``.
+
+    ``sync_transient``: buffers of this component's gradient synchronisation that exist at the
+    end of the backward pass, when the activations are gone (an MoE layer's FSDP2 experts,
+    ``cost/moe.py``): a stage counts the largest beside its model states, with the optimizer
+    step's temporaries as the other candidate of that after-backward peak
+    (``estimate.evaluate_plan``).
     """
 
     parameters: float
@@ -56,6 +62,7 @@ class MemoryCost:
     step_temporary: float = 0.0
     held_in_backward: float = 0.0
     host_per_microbatch: float = 0.0
+    sync_transient: float = 0.0
 
     @property
     def model_states(self) -> float:
@@ -79,8 +86,10 @@ class MemoryCost:
     def persistent_bound(self, in_flight: int) -> float:
         """``persistent`` raised to cover the optimizer step too: summed over a stage's
         components it bounds ``max(backward peak, step peak)`` from above (the sum of maxima is
-        at least the maximum of sums), which the per-stage search needs, being additive."""
-        return self.persistent(in_flight) + max(0.0, self.step_peak - self.persistent(in_flight))
+        at least the maximum of sums), which the per-stage search needs, being additive; the
+        after-backward moment (``sync_transient`` in place of the step's temporaries) too."""
+        after = self.model_states + max(self.step_temporary, self.sync_transient)
+        return self.persistent(in_flight) + max(0.0, after - self.persistent(in_flight))
 
 
 def lazy_gradients(dp_mode: str, dp: int) -> bool:
