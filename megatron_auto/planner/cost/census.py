@@ -16,7 +16,8 @@ this list kind by kind, group by group and byte for byte. It adds to
   from :func:`cost_time.vocab_tp_collectives` and :func:`cost_time.tied_embedding_collective`);
 - the pipeline p2p (``cost_time.stage_boundary_cost``: one hop each way per micro-batch and
   chunk boundary, :func:`cost_time.hop_bytes`) as ``send``/``recv`` between two ranks;
-- the per-step scalar all-reduces over the world (``estimate.step_collectives``).
+- the per-step scalar all-reduces over the world (``estimate.step_collectives``), the MoE
+  statistics' row per MoE layer among them.
 """
 
 from __future__ import annotations
@@ -73,6 +74,6 @@ def rank_collectives(plan: Plan, spec: ModelSpec, profile: ModelProfile, precisi
         if tied is not None:
             out[tied] += 1
     out.update(p2p_collectives(plan, spec, profile, stage))
-    out.update(step_collectives(plan.world_size))
+    out.update(step_collectives(plan.world_size, spec))
     return +out  # drop the zero counts
 

@@ -52,7 +52,7 @@ from .offload import (apply_offload_memory, apply_offload_time, offload_cost,
                       optimizer_offload_cost)
 from .recompute import module_terms
 from .moe import (expert_dp_collectives, expert_dp_group, expert_parameters, has_mlp,
-                  moe_collectives, with_experts)
+                  metrics_collective, moe_collectives, with_experts)
 
 GIB = 1024 ** 3
 # A stage whose peak is within this fraction of the budget is reported as memory-bound.
@@ -145,22 +145,28 @@ class Estimate:
         return out
 
 
-def step_collectives(world_size: int) -> Counter[Collective]:
+def step_collectives(world_size: int, spec: ModelSpec | None = None) -> Counter[Collective]:
     """The scalar all-reduces over the world of every training step (``training/trainer.py``):
     the global gradient norm (one fp64), the skip flag (one fp32), the loss and its token count
-    (two fp64). None on one rank."""
+    (two fp64); for a model with MoE layers (``spec``) the step's MoE statistics
+    (:func:`moe.metrics_collective`). None on one rank."""
     if world_size <= 1:
         return Counter()
-    return Counter(Collective("all_reduce", world_size, True, float(nbytes))
-                   for nbytes in (8, 4, 16))
+    out = Counter(Collective("all_reduce", world_size, True, float(nbytes))
+                  for nbytes in (8, 4, 16))
+    metrics = metrics_collective(spec, world_size) if spec is not None else None
+    if metrics is not None:
+        out[metrics] += 1
+    return out
 
 
-def step_overhead(cluster: ClusterModel, world_size: int) -> float:
+def step_overhead(cluster: ClusterModel, world_size: int, spec: ModelSpec | None = None
+                  ) -> float:
     """Fixed seconds per iteration outside the layers: the optimizer step's own overhead plus
     the :func:`step_collectives`."""
     return cluster.step_overhead_s + sum(
         count * cluster.allreduce_time(c.nbytes, c.group_size, c.consecutive)
-        for c, count in step_collectives(world_size).items())
+        for c, count in step_collectives(world_size, spec).items())
 
 
 def _binding(peak: float, budget: float | None, shares: Mapping[str, float]) -> str:
@@ -689,7 +695,8 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
         stage_parts.append((fwd, bwd, tail, peak, breakdown, sum(counts), c_k, total.compute,
                             total.tp_comm, total.dp_comm, moves.total, host_bytes,
                             total.ep_comm, opt_off.host_bytes))
-    pt = pipeline_time(micro, backward, tails, m, steps, step_overhead(cluster, plan.world_size),
+    pt = pipeline_time(micro, backward, tails, m, steps,
+                       step_overhead(cluster, plan.world_size, spec),
                        virtual_size=v, fill=pipeline_fill(chunk_times) if v > 1 else None)
     stages = []
     for k, (fwd, bwd, tail, peak, breakdown, k_in, c_k, compute, tp_comm, dp_comm, moved,

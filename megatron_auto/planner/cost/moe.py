@@ -187,6 +187,17 @@ def expert_costs(profile: LayerTypeProfile, layer_type: LayerType, cluster: Any,
     return ExpertTerms(memory, time, sharded)
 
 
+def metrics_collective(spec: Any, world_size: int) -> Collective | None:
+    """The step's MoE statistics all-reduce (``training/moe_metrics.py``): one float64 row of
+    ``E + 3`` numbers (tokens per expert, balance and z-loss sums, sequences) per MoE layer of
+    the model, over every rank, once per iteration. None without MoE layers or on one rank."""
+    moe_types = [t for t in spec.layer_order if spec.layer_types[t].moe is not None]
+    if not moe_types or world_size <= 1:
+        return None
+    experts = spec.layer_types[moe_types[0]].moe.num_experts
+    return Collective("all_reduce", world_size, True, float(8 * len(moe_types) * (experts + 3)))
+
+
 def fsdp_sync_bytes(num_params: float, dp_mode: str, dp: int, compute_bytes: int) -> float:
     """Bytes FSDP2 holds for a unit of ``num_params`` local parameters at the end of the
     backward pass (``MemoryCost.sync_transient``, ``zero2``/``zero3`` over ``dp > 1``): the

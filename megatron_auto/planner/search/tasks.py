@@ -112,7 +112,7 @@ class Task:
         self.cells = max(int(self.room // step), 0)
         self.num_layers = spec.num_layers
         self.max_len = spec.num_layers - self.chunks + 1
-        self.overhead = step_overhead(cluster, world_size)
+        self.overhead = step_overhead(cluster, world_size, spec)
         # Everything but the embedding/head is the same for every vocabulary layout of a
         # (batch, pp, m, schedule): computed once, on first use, and shared through ``shared``.
         key: TablesKey = (global_batch, pp, m, schedule, rules)
