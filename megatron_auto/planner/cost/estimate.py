@@ -587,7 +587,7 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
                 states["optimizer_states"] += mem.optimizer_states
                 kept[j] += mem.activations_per_microbatch
                 transient = max(transient, mem.transient)
-                step_peak += mem.step_peak
+                step_peak += mem.model_states + mem.step_temporary  # sync: below, the largest
                 step_temps += mem.step_temporary
                 sync_temp = max(sync_temp, mem.sync_transient)
                 sharded = sharded or experts_sharded or (s.dp_mode in ("zero2", "zero3")

@@ -80,16 +80,18 @@ class MemoryCost:
 
     @property
     def step_peak(self) -> float:
-        """Bytes during the optimizer step: model states plus the step's temporaries."""
-        return self.model_states + self.step_temporary
+        """Bytes once the activations are gone: model states plus the step's temporaries or
+        the end of backward's ``sync_transient``, the larger. Summed over a stage's components
+        (the search) this bounds ``evaluate_plan``'s ``states + max(sum of temporaries,
+        largest sync_transient)`` from above; a component with ``sync_transient`` is sharded,
+        so fused AdamW's dropping of the temporaries never applies to it."""
+        return self.model_states + max(self.step_temporary, self.sync_transient)
 
     def persistent_bound(self, in_flight: int) -> float:
         """``persistent`` raised to cover the optimizer step too: summed over a stage's
         components it bounds ``max(backward peak, step peak)`` from above (the sum of maxima is
-        at least the maximum of sums), which the per-stage search needs, being additive; the
-        after-backward moment (``sync_transient`` in place of the step's temporaries) too."""
-        after = self.model_states + max(self.step_temporary, self.sync_transient)
-        return self.persistent(in_flight) + max(0.0, after - self.persistent(in_flight))
+        at least the maximum of sums), which the per-stage search needs, being additive."""
+        return self.persistent(in_flight) + max(0.0, self.step_peak - self.persistent(in_flight))
 
 
 def lazy_gradients(dp_mode: str, dp: int) -> bool:
