@@ -52,8 +52,9 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # 3: backward/forward ratio of totals, CPU micro-batch sizes 2, 4, 8; 4: TP shards timed;
 # 5: the backward transient's constant part, a weight gradient before accumulation, kept;
 # 6: sizes timed in interleaved rounds, 9 of them; 7: the layer's modules one by one and the
-# core attention at several lengths, profiler/module_profiler.py).
-MEASUREMENT_VERSION = 7
+# core attention at several lengths, profiler/module_profiler.py; 8: an MoE model's router
+# load imbalance, model_profiler.router_load_imbalance).
+MEASUREMENT_VERSION = 8
 
 #: ``run(b) -> (forward, inputs)``: ``forward()`` runs one micro-batch of ``b`` samples and
 #: returns what to back-propagate; ``inputs`` are the tensors that exist before it (not kept).

@@ -18,7 +18,10 @@ fits straight lines ``y = alpha * b + beta`` (docs/profiling.md §2):
   copies -> ``weight_copy_bytes_per_parameter``;
 - the peak during forward+backward (``parallel.memory.PeakMemoryMeter``: CUDA allocator stats or
   MemTracker on CPU) minus parameters, gradients and kept activations -> the backward scratch;
-  for the head this is the transient of the logits and the loss.
+  for the head this is the transient of the logits and the loss;
+- MoE models: the router (initialised as training does) routes the largest micro-batch's
+  random tokens -> ``moe_load_imbalance``, the busiest expert's kept assignments over the
+  mean (:func:`router_load_imbalance`), which cost/moe.py uses for the busiest EP rank.
 
 Tensor parallelism: the layer's time is also measured at every degree ``tp > 1`` of
 ``ModelProfilerConfig.tp_degrees`` (default: the powers of two up to the ranks on this machine
@@ -52,6 +55,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..models.gpt import LanguageModelEmbedding
+from ..models.moe import MoELayer, route
 from ..models.te_layers import make_transformer_layer
 from ..models.transformer import TransformerLayer, make_norm
 from ..parallel.device import resolve_device
@@ -132,6 +136,10 @@ def _profile_model(cfg: ModelConfig, precision: str, dev: torch.device,
         **modules)
     del layer
     layer_profile = _with_tp_shards(layer_profile, cfg, config, sizes, dev, amp, barrier)
+    if getattr(cfg, "moe", None) is not None:  # the router's load on the profiling batch
+        x = torch.randn(max(sizes), s, h, device=dev)
+        layer_profile = dataclasses.replace(
+            layer_profile, moe_load_imbalance=router_load_imbalance(cfg, groups, x))
 
     tied = not cfg.untie_embeddings_and_output_weights
     emb = init_parameters(LanguageModelEmbedding(cfg, groups, None, with_positions=True,
@@ -190,6 +198,19 @@ def _profile_model(cfg: ModelConfig, precision: str, dev: torch.device,
     logger.info("profiled %s layer (h=%d, s=%d) on %s in %.1f s", cfg.model_type, h, s,
                 profile.metadata["device"], profile.metadata["profile_seconds"])
     return profile
+
+
+def router_load_imbalance(cfg: ModelConfig, groups: Any, x: torch.Tensor) -> float:
+    """Most kept assignments of one expert over the mean per expert when the runtime's router
+    (``models/moe.py``: its weight initialised as training does, its routing rules) routes the
+    tokens of ``x`` (b, s, h). An untrained router: what a fresh run starts from."""
+    block = init_parameters(MoELayer(cfg, groups), cfg.init_method_std).to(x.device)
+    with torch.no_grad():
+        logits = torch.nn.functional.linear(x.float(), block.router.weight.float())
+        routing = route(logits, cfg)
+        kept = routing.experts[routing.keep]
+        counts = torch.bincount(kept.reshape(-1), minlength=block.num_experts).double()
+    return float(counts.max() / counts.mean())
 
 
 def _with_tp_shards(profile: LayerTypeProfile, cfg: ModelConfig, config: ModelProfilerConfig,

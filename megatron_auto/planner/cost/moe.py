@@ -17,9 +17,9 @@ shared experts). This module adds the rest, as the runtime runs it (``models/moe
 - Compute: ``T * k`` expert assignments per rank on average (dropless), each
   ``2 * mats * h * f`` FLOPs forward; with a capacity factor ``c`` at most ``c`` times that
   (``min(1, c)`` kept on average). Under ``ep > 1`` a rank computes what the ``ep`` ranks
-  route to its experts, and the step waits for the busiest: :data:`LOAD_IMBALANCE` times the
-  mean (a documented parameter: the max-over-mean load of a router trained with a balance
-  loss; capped by ``c``). ``ep = 1`` computes its own tokens' assignments, no imbalance.
+  route to its experts, and the step waits for the busiest: the profile's measured
+  ``moe_load_imbalance`` times the mean, or :data:`LOAD_IMBALANCE` without one (capped by
+  ``c``). ``ep = 1`` computes its own tokens' assignments, no imbalance.
 - Communication, on the EP group (``ep`` consecutive members of the layer's DP group): forward
   one ``all_to_all`` of the per-expert counts (``E`` int64) and two of the tokens (dispatch and
   combine, ``T * k * h`` elements in the compute dtype each), backward the two token exchanges
@@ -45,9 +45,10 @@ from .memory_model import (ADAM_BYTES, STEP_TEMP_BYTES, MemoryCost, lazy_gradien
 from .time_model import (DataParallelCollectives, TimeCost, _dp_times, collective_time,
                          dp_collectives, overlap, zero_slowdown)
 
-# The busiest EP rank's expert load over the mean under ep > 1 (a router trained with a
-# load-balancing loss; Switch/GShard-style training keeps it near 1.1-1.3). A parameter, not
-# measured: the profiler does not run the trained router.
+# The busiest EP rank's expert load over the mean under ep > 1 when the profile has no
+# measured one (analytic profiles): a router trained with a load-balancing loss;
+# Switch/GShard-style training keeps it near 1.1-1.3. A measured profile's
+# ``moe_load_imbalance`` (the profiler's router on its batch) replaces it.
 LOAD_IMBALANCE = 1.2
 COUNT_BYTES = 8  # the per-expert counts exchanged before the tokens: int64
 FP32 = 4
@@ -61,13 +62,16 @@ def expert_parameters(moe: ExpertSpec, layer_type: LayerType) -> int:
     return moe.num_experts * mats * layer_type.hidden_size * moe.ffn_hidden_size
 
 
-def load_factors(moe: ExpertSpec, ep: int) -> tuple[float, float]:
-    """``(mean, busiest)`` kept assignments per rank over ``T * k`` (module docstring)."""
+def load_factors(moe: ExpertSpec, ep: int, measured: float = 0.0) -> tuple[float, float]:
+    """``(mean, busiest)`` kept assignments per rank over ``T * k`` (module docstring); the
+    busiest at ``measured`` (the profile's ``moe_load_imbalance``) when given, else
+    :data:`LOAD_IMBALANCE`."""
     c = moe.capacity_factor
     mean = min(1.0, c) if c else 1.0
     if ep == 1:
         return mean, mean
-    return mean, min(LOAD_IMBALANCE, c) if c else LOAD_IMBALANCE
+    imbalance = measured if measured > 0 else LOAD_IMBALANCE
+    return mean, min(imbalance, c) if c else imbalance
 
 
 def ep_group(layout: Layout, ep: int, stage_size: int) -> tuple[bool, int]:
@@ -137,7 +141,7 @@ def expert_costs(profile: LayerTypeProfile, layer_type: LayerType, cluster: Any,
     h, f, k, e = layer_type.hidden_size, moe.ffn_hidden_size, moe.topk, moe.num_experts
     mats = 3 if layer_type.activation == "swiglu" else 2
     fc1 = (2 if mats == 3 else 1) * f
-    mean, busiest = load_factors(moe, ep)
+    mean, busiest = load_factors(moe, ep, profile.moe_load_imbalance)
     tokens = samples * layer_type.seq_length
     a_mean, a_busy = tokens * k * mean, tokens * k * busiest
     recompute = s.recompute is True

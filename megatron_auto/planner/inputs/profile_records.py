@@ -116,6 +116,10 @@ class LayerTypeProfile:
     attention_kept_quadratic_bytes: float = 0.0
     module_saved_bytes: Mapping[str, float] = field(default_factory=dict)
     module_forward_time_s: Mapping[str, float] = field(default_factory=dict)
+    # MoE: the router's measured load, most tokens of one expert over the mean per expert, on
+    # the profiling batch (profiler/model_profiler.py); 0 = not measured (cost/moe.py then
+    # uses its documented LOAD_IMBALANCE).
+    moe_load_imbalance: float = 0.0
 
     @property
     def moved_bytes_per_sample(self) -> float:
@@ -134,6 +138,9 @@ class LayerTypeProfile:
                       "attention_time_by_seq_length"):
             object.__setattr__(self, table,
                                {int(k): float(v) for k, v in getattr(self, table).items()})
+        need(self.moe_load_imbalance == 0 or self.moe_load_imbalance >= 1,
+             f"layer_types.{self.name}.moe_load_imbalance", self.moe_load_imbalance,
+             "is the busiest expert's tokens over the mean: at least 1, or 0 for not measured")
         for table in ("module_saved_bytes", "module_forward_time_s"):
             values = getattr(self, table)
             need(isinstance(values, Mapping), f"layer_types.{self.name}.{table}", values,

@@ -84,7 +84,7 @@ class ModelProfile:
             else:
                 del d["attention_time_by_seq_length"]
             for name in ("kv_bytes_per_sample", "attention_kept_quadratic_bytes",
-                         "module_saved_bytes", "module_forward_time_s"):
+                         "module_saved_bytes", "module_forward_time_s", "moe_load_imbalance"):
                 if not d[name]:
                     del d[name]
             layers[key] = d
@@ -169,7 +169,9 @@ def with_analytic_layer_types(profile: ModelProfile, spec: ModelSpec, training: 
     profiler measures the dense layer only (an MoE layer's experts, router and exchanges are
     priced by cost/moe.py from the shapes and the cluster); ``--auto-parallel`` uses this for
     them. ``metadata["analytic_layer_types"]`` names the derived entries and
-    ``metadata["analytic_time_scale"]`` the factor. Returns ``profile`` itself when complete."""
+    ``metadata["analytic_time_scale"]`` the factor; a derived MoE entry takes the router's
+    load imbalance the profiler measured (``moe_load_imbalance`` of a measured entry).
+    Returns ``profile`` itself when complete."""
     missing = [lt.name for lt in spec.layer_types if lt.name not in profile.layer_types]
     if not missing:
         return profile
@@ -181,10 +183,13 @@ def with_analytic_layer_types(profile: ModelProfile, spec: ModelSpec, training: 
             scale = measured.forward_time_per_sample_s / derived.forward_time_per_sample_s
             break
     layers = dict(profile.layer_types)
+    imbalance = max((lt.moe_load_imbalance for lt in profile.layer_types.values()), default=0.0)
+    moe_types = {lt.name for lt in spec.layer_types if lt.moe is not None}
     for name in missing:
         lt = analytic.layer_types[name]
         layers[name] = replace(
-            lt, forward_time_per_sample_s=lt.forward_time_per_sample_s * scale,
+            lt, moe_load_imbalance=imbalance if name in moe_types else 0.0,
+            forward_time_per_sample_s=lt.forward_time_per_sample_s * scale,
             forward_time_constant_s=lt.forward_time_constant_s * scale,
             forward_time_by_tp={t: (a * scale, b * scale)
                                 for t, (a, b) in lt.forward_time_by_tp.items()},
