@@ -4,7 +4,7 @@ no GPU; every number is an estimate of the same cost model).
 
     python benchmarks/bench_moe_plans.py                     # both problems
     python benchmarks/bench_moe_plans.py --only 8x8
-    python benchmarks/bench_moe_plans.py --table-out t.md    # the docs/planner.md MoE table
+    python benchmarks/bench_moe_plans.py --table-out docs/planner.md   # its MoE table, in place
 
 Problems (bf16, sequence 4096, Mixtral-8x7B's layer: h 4096, 32 heads, 8 key/value groups,
 8 experts of 14336, top-2, RMSNorm, SwiGLU, RoPE, untied 32000-row vocabulary):
@@ -35,6 +35,9 @@ from megatron_auto.planner import SearchOptions, TrainingSpec, analytic_profile,
 from megatron_auto.planner.inputs.presets import get_cluster
 
 GB = 1e9
+# --table-out into a file holding these two lines replaces what lies between them (the docs'
+# table is regenerated in place, never edited by hand); any other file is overwritten.
+BEGIN, END = "<!-- bench_moe_plans.py --table-out: begin -->", "<!-- bench_moe_plans.py: end -->"
 
 
 def mixtral(num_layers: int) -> ModelConfig:
@@ -128,7 +131,8 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=list(PROBLEMS))
     parser.add_argument("--table-out", default=None, metavar="FILE",
-                        help="write the tables as Markdown (docs/planner.md's MoE section)")
+                        help="write the tables as Markdown; in a file with the BEGIN/END "
+                             "markers (docs/planner.md's MoE section) between them")
     args = parser.parse_args()
     out = []
     for name in ([args.only] if args.only else list(PROBLEMS)):
@@ -136,7 +140,17 @@ def main() -> None:
         print("\n".join(lines), flush=True)
         out += lines + [""]
     if args.table_out:
-        Path(args.table_out).write_text("\n".join(out))
+        write_table(Path(args.table_out), "\n".join(out).rstrip("\n") + "\n")
+
+
+def write_table(path: Path, table: str) -> None:
+    """``table`` between :data:`BEGIN` and :data:`END` when ``path`` has them, else the file."""
+    text = path.read_text() if path.exists() else ""
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        path.write_text(head + BEGIN + "\n" + table + END + rest.split(END, 1)[1])
+    else:
+        path.write_text(table)
 
 
 if __name__ == "__main__":
