@@ -294,7 +294,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
                  for name, est in (getattr(result, "baselines", None) or {}).items()}
     if baselines:
         print("Against baselines (same cost model):")
-        print(report._indent(report.render_baselines(result.estimate.to_dict(), baselines)))
+        cut = (plan.search or {}).get("baselines_time_limited") or ()
+        print(report._indent(report.render_baselines(result.estimate.to_dict(), baselines,
+                                                     cut)))
     print(f"\nplan written to {args.plan_out}")
     return 0
 

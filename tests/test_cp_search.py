@@ -4,6 +4,7 @@ LLaMA-7B-like model at 32k tokens on one 8-GPU H100 node, the CP flags as pins, 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -39,6 +40,13 @@ def test_long_sequences_get_context_parallelism_when_it_is_faster(tmp_path, caps
         without["estimate"]["iteration_time_s"] * (1 + 0.01)
     assert " cp " in text.splitlines()[[i for i, line in enumerate(text.splitlines())
                                         if line.startswith("Layers:")][0] + 1] + " "
+    # the note puts the best plan without CP next to the answer (a baseline of the full
+    # space with cp 1, searched in what the limit leaves: no faster than the answer)
+    row = next(line for line in text.splitlines() if "full, cp 1" in line)
+    ratio = re.search(r" (\d+\.\d+)x ", row)
+    assert ratio is not None and float(ratio.group(1)) >= 1.0, row
+    assert "full, cp 1" in searched["search"]["baselines"]
+    assert "full, cp 1" not in without["search"]["baselines"]
 
 
 def test_cp_flags_pin_degree_and_mode(tmp_path):

@@ -255,11 +255,16 @@ def render_partitions(partitions: Mapping[str, Any]) -> str:
     return table(["partition", "layers per stage", "samples/s", "peak memory", "proven"], rows)
 
 
-def render_baselines(best: Mapping[str, Any], baselines: Mapping[str, Mapping[str, Any] | None]) -> str:
-    """Searched plan against each baseline space: throughput and speed-up, or "does not fit"."""
+def render_baselines(best: Mapping[str, Any], baselines: Mapping[str, Mapping[str, Any] | None],
+                     time_limited: Sequence[str] = ()) -> str:
+    """Searched plan against each baseline space: throughput and speed-up, or "does not fit";
+    a baseline whose search the time limit stopped (``time_limited``) is marked so (its best
+    plan found may be slower than the space's best)."""
     rows = [["searched", f"{best.get('samples_per_s', 0):.1f}", "1.00x",
              format_bytes(best.get("peak_memory_bytes"))]]
     for name, est in baselines.items():
+        if name in time_limited:
+            name = f"{name} (time limit)"
         if not est:
             rows.append([name, "-", "-", "does not fit"])
             continue

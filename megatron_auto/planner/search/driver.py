@@ -37,7 +37,7 @@ from .least_memory import cheap_least_peak, task_least_peak
 from ..inputs.model_spec import ModelSpec, TrainingSpec
 from ..inputs.profiles import ModelProfile
 from .partition_report import REPORT_TIME_LIMIT_S, partition_report, pinned_partition
-from .options import BASELINE_SPACES, SPACES, Progress, SearchOptions
+from .options import BASELINE_SPACES, NO_CP_BASELINE, SPACES, Progress, SearchOptions
 from .spaces import (Space, SpaceRules, baselines_inside, check_pins, divisors, pipeline_degrees,
                      plan_in_space, vocab_tps)
 from .cp_space import check_cp_pin, cp_degrees
@@ -82,6 +82,8 @@ def spaces_of(name: str, options: SearchOptions, world: int) -> list[Space]:
                       cp_modes=tuple(options.cp_modes))
     if name == "full":  # its CP degrees: cp_space.cp_degrees per stage size
         return [Space("full", base, cps=None)]
+    if name == NO_CP_BASELINE:  # the full space's plans without context parallelism
+        return [Space(name, base)]
     if name == "dp":
         return [Space(name, SpaceRules(tps=(1,), dp_modes=("ddp",), allow_recompute=False),
                       pps=(1,), vocab_tp=1, vocab_modes=("ddp",), even_split=True)]
@@ -421,6 +423,12 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
         floor = min(best.lower, best.value * (1 - TIE)) if inside else 0.0
         exact = inside and not best.stopped and best.lower_bound() >= best.value
         names = [n for n in BASELINE_SPACES if n != options.space]
+        # an answer with cp > 1 the search chose: the best plan without CP first, with half
+        # of what is left (the other baselines are small spaces; this one is the full space)
+        no_cp = (options.space == "full" and options.cp is None and best.plan is not None
+                 and best.plan.cp_size > 1)
+        if no_cp:
+            names.insert(0, NO_CP_BASELINE)
         for j, name in enumerate(names):
             subspaces, now = spaces_of(name, options, world), clock()
             dpn, p = cluster.devices_per_node, best.plan
@@ -430,8 +438,9 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
                     for sp in subspaces):
                 baselines[name] = best.estimate  # the optimum of a space it is a plan of
                 continue
+            share_j = 0.5 if (no_cp and j == 0) else 1 / (len(names) - j)
             found, _, _ = _run(subspaces, spec, training, cache, budget, options, world, step,
-                               now + max(0.0, end - now) / (len(names) - j), None, {},
+                               now + max(0.0, end - now) * share_j, None, {},
                                comparison=True, floor=floor)
             baselines[name] = found.estimate
             if found.stopped:

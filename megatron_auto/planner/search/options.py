@@ -13,6 +13,9 @@ from ...plan import ALL_DP_MODES, DP_MODES, SCHEDULES
 
 BASELINE_SPACES: tuple[str, ...] = ("dp", "zero3", "tp", "pp", "megatron3d", "galvatron-base")
 SPACES: tuple[str, ...] = ("full",) + BASELINE_SPACES
+# Reported next to an answer with cp > 1 that the search chose (cp not pinned): the full space
+# with context parallelism left out, the best plan without CP (not a --search-space value).
+NO_CP_BASELINE = "full, cp 1"
 PARTITIONS = ("exact", "even", "memory", "time", "bmw-paper")
 
 Progress = Callable[[int, int, float | None], None]
