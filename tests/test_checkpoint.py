@@ -38,6 +38,10 @@ PP2_ZERO3 = plan_of(4, [layer(), layer(dp_mode="zero3"), layer(dp_mode="zero2"),
                     layers_per_stage=(2, 2), vocab_dp_mode="zero3")
 # 2 ranks: TP 2 everywhere, vocab TP 2.
 TP2 = plan_of(2, [layer(tp=2)] * 4, vocab_tp=2)
+# 4 ranks, context parallelism 2 (issue 24): ring x DP 2, ring with ZeRO-3, ring x TP 2,
+# Ulysses; parameters are replicated over cp, so names and shapes match every other plan's.
+CP2 = plan_of(4, [layer(cp=2), layer(cp=2, dp_mode="zero3"), layer(cp=2, tp=2),
+                  layer(cp=2, cp_mode="ulysses")])
 
 
 def _trainer(plan_dict):
@@ -93,6 +97,8 @@ RESHARD_CASES = {
     "pp2tp2->tp2": (4, PP2_TP2, 2, TP2),
     "pp2zero3->mixed4": (4, PP2_ZERO3, 4, MIXED),
     "one->pp2zero3": (1, ONE, 4, PP2_ZERO3),
+    "cp2->one": (4, CP2, 1, ONE),
+    "pp2tp2->cp2": (4, PP2_TP2, 4, CP2),
 }
 
 
