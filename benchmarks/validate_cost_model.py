@@ -51,14 +51,15 @@ GLOBAL_BATCH = 16
 
 
 def _layer(tp: int = 1, dp: str = "ddp", consec: bool = True, rc: Any = False,
-           sp: bool = False) -> LayerStrategy:
+           sp: bool = False, cp: int = 1, cp_mode: str = "ring") -> LayerStrategy:
     return LayerStrategy(tp=tp, dp_mode=dp, tp_consecutive=consec, recompute=rc,
-                         sequence_parallel=sp)
+                         sequence_parallel=sp, cp=cp, cp_mode=cp_mode)
 
 
 def plans(world: int) -> dict[str, Plan]:
     """Named plans covering pp, tp, every DP flavour (zero1 included), strided TP, sequence
-    parallelism, recompute, both schedules and the interleaved one (virtual pipeline)."""
+    parallelism, recompute, both schedules, the interleaved one (virtual pipeline) and ring
+    context parallelism."""
     n = MODEL.num_layers
 
     def make(layers, pp=1, lps=None, m=2, schedule="1f1b", vocab=VocabStrategy(), v=1):
@@ -90,6 +91,9 @@ def plans(world: int) -> dict[str, Plan]:
                                             schedule="gpipe", vocab=VocabStrategy(tp=tp_pp)),
         "pp4-1f1b": make([_layer()] * n, pp=4, m=4),
         "pp2-interleaved-v2": make([_layer()] * n, pp=2, v=2, m=4),
+        # context parallelism (issue 24): ring attention, each rank two of four sequence
+        # chunks; the activations per rank halve, parameters and optimizer states do not
+        "cp2-ring": make([_layer(cp=2)] * n),
         "mixed-per-layer": make([_layer(tp=2), _layer(dp="zero3"), _layer(tp=world),
                                  _layer(tp=2, consec=world <= 2, dp="zero2", rc=True)],
                                 vocab=VocabStrategy(tp=2)),
