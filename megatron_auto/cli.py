@@ -105,8 +105,9 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                    help="per-device memory budget in GB = 1e9 bytes, the unit of the presets' "
                         "device memory (default: the device's memory)")
     g.add_argument("--host-memory-budget-gb", type=float, default=None, metavar="X",
-                   help="host memory one device's rank may use for offloaded activations (plan "
-                        "layers[i].offload), in GB = 1e9 bytes; needed by plans that offload")
+                   help="host memory one device's rank may use for offload, in GB = 1e9 bytes: "
+                        "plans that offload need one that holds it; given to plan, the search "
+                        "also tries optimizer offload within it")
     g.add_argument("--model-profile", default=None, metavar="FILE",
                    help="measured or imported model profile (default: analytic from the shapes)")
 
@@ -277,11 +278,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
         for field_name, flag in _OPTION_FLAGS.items():
             text = text.replace(f"search option {field_name}=", f"{flag}=")
         raise CliError(text) from None
-    if args.host_memory_budget_gb is not None:  # a bad value: one line before the search
-        with_host_budget(None, args.host_memory_budget_gb)
-        warn_flag(f"--host-memory-budget-gb={args.host_memory_budget_gb}: the search does not "
-                  f"offload activations yet; the budget applies to evaluate and explain of "
-                  f"plans that do")
     result = search(setup.spec, setup.training, setup.cluster, setup.profile, setup.budget_bytes,
                     options)
     # Record what the estimate assumed, so evaluate/explain --plan need no repeated flags.

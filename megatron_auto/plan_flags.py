@@ -73,6 +73,9 @@ def add_parallelism_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                    help="per-device memory budget for --auto-parallel (default: device memory)")
     p.add_argument("--cluster", default=None, metavar="NAME|FILE",
                    help="hardware profile for --auto-parallel (preset name or JSON file)")
+    p.add_argument("--host-memory-budget-gb", type=float, default=None, metavar="X",
+                   help="host memory per device (GB = 1e9 bytes) --auto-parallel may fill with "
+                        "an offloaded optimizer share (default: no offload)")
     p.add_argument("--optimality-gap", type=float, default=None, metavar="GAP",
                    help="--auto-parallel stops searching once its plan is within this relative "
                         "gap of the search's lower bound (default 0.01; 0 proves the optimum)")
@@ -142,9 +145,13 @@ def plan_source_from_args(args: argparse.Namespace) -> PlanFile | ClassicLayout 
         return PlanFile(args.plan, global_batch_size=args.global_batch_size,
                         micro_batch_size=args.micro_batch_size)
     if args.auto_parallel and getattr(args, "optimizer_cpu_offload", False):
-        fail("--optimizer-cpu-offload", True, "the --auto-parallel search does not choose "
-             "optimizer offload yet; drop the flag, or write the plan's "
-             "pipeline.optimizer_offload_fraction and train it with --plan")
+        fail("--optimizer-cpu-offload", True, "--auto-parallel chooses optimizer offload itself "
+             "when --host-memory-budget-gb gives it host memory; drop the flag, or write the "
+             "plan's pipeline.optimizer_offload_fraction and train it with --plan")
+    host_gb = getattr(args, "host_memory_budget_gb", None)
+    if host_gb is not None and not args.auto_parallel:
+        fail("--host-memory-budget-gb", host_gb, "only --auto-parallel reads it (the search's "
+             "host budget); drop it, or add --auto-parallel")
     if args.auto_parallel:
         return SearchPins(sequence_parallel=getattr(args, "sequence_parallel", False),
                           num_layers_per_virtual_pipeline_stage=getattr(
@@ -159,7 +166,8 @@ def plan_source_from_args(args: argparse.Namespace) -> PlanFile | ClassicLayout 
                           optimality_gap=getattr(args, "optimality_gap", None),
                           cp_min_seq_length=getattr(args, "cp_min_seq_length", None),
                           context_parallel_size=getattr(args, "context_parallel_size", None),
-                          cp_comm_type=getattr(args, "cp_comm_type", None))
+                          cp_comm_type=getattr(args, "cp_comm_type", None),
+                          host_memory_budget_gb=host_gb)
     return classic_layout_from_args(args)
 
 

@@ -260,6 +260,8 @@ class SearchPins:
     context_parallel_size: int | None = None  # --context-parallel-size (None: searched)
     cp_comm_type: str | None = None  # --cp-comm-type (None: ring and Ulysses searched)
     cp_min_seq_length: int | None = None  # --cp-min-seq-length (None: the search's 8192)
+    # --host-memory-budget-gb (None: the search offloads nothing)
+    host_memory_budget_gb: float | None = None
 
     @property
     def batch(self) -> int:

@@ -188,5 +188,35 @@ def test_the_flag_is_refused_where_it_would_be_ignored():
         check_plan_flags(parser.parse_args(["--plan", "p.json", "--optimizer-cpu-offload"]))
     args = parser.parse_args(["--auto-parallel", "--optimizer-cpu-offload"])
     args.global_batch_size = args.micro_batch_size = None
-    with pytest.raises(ArgumentError, match=r"--auto-parallel search does not choose optimizer offload"):
+    with pytest.raises(ArgumentError, match=r"--auto-parallel chooses optimizer offload itself "
+                                            r"when --host-memory-budget-gb gives it host memory"):
         plan_source_from_args(args)
+
+
+@pytest.mark.single
+def test_the_host_budget_reaches_the_auto_parallel_search():
+    import argparse
+
+    from megatron_auto.config import ArgumentError
+    from megatron_auto.plan_flags import add_parallelism_args, plan_source_from_args
+    from megatron_auto.planner.inputs.pins import search_options
+
+    parser = add_parallelism_args(argparse.ArgumentParser())
+    args = parser.parse_args(["--host-memory-budget-gb", "8"])
+    args.global_batch_size = args.micro_batch_size = None
+    with pytest.raises(ArgumentError, match=r"--host-memory-budget-gb=8.0: only --auto-parallel "
+                                            r"reads it"):
+        plan_source_from_args(args)
+    args = parser.parse_args(["--auto-parallel", "--host-memory-budget-gb", "8"])
+    args.global_batch_size = args.micro_batch_size = None
+    pins = plan_source_from_args(args)
+    assert search_options(pins, 2, 4).host_memory_budget_bytes == 8e9
+    args = parser.parse_args(["--auto-parallel"])
+    args.global_batch_size = args.micro_batch_size = None
+    assert search_options(plan_source_from_args(args), 2, 4).host_memory_budget_bytes is None
+    for bad in ("0", "-1", "inf"):
+        args = parser.parse_args(["--auto-parallel", "--host-memory-budget-gb", bad])
+        args.global_batch_size = args.micro_batch_size = None
+        with pytest.raises(ArgumentError, match=r"--host-memory-budget-gb=.*: must be a positive "
+                                                r"number"):
+            search_options(plan_source_from_args(args), 2, 4)

@@ -186,7 +186,8 @@ def interleaved_variant(plan: Plan, v: int) -> Plan | None:
     try:
         return replace(plan, layers=layers, estimate=None, search=None,
                        pipeline=PipelineSpec(size=pp, schedule="1f1b", layers_per_stage=sizes,
-                                             virtual_size=v))
+                                             virtual_size=v, optimizer_offload_fraction=plan
+                                             .pipeline.optimizer_offload_fraction))
     except PlanError:
         return None
 

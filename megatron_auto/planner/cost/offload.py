@@ -38,7 +38,7 @@ from ..inputs.hardware import GB
 from ..inputs.model_spec import LayerType
 from ..inputs.profile_records import LayerTypeProfile
 from .gpu_terms import NO_SCORES_BACKENDS, attention_kept_bytes
-from .memory_model import MemoryCost
+from .memory_model import ADAM_BYTES, MemoryCost
 from .time_model import TimeCost
 
 LSE_BYTES = 4  # fused attention kernels keep one fp32 log-sum-exp per head and token
@@ -220,3 +220,34 @@ def optimizer_offload_cost(cluster: ClusterModel, fraction: float, owned: float)
         step = device_part + host_part
     return OptimizerOffloadCost(offloaded_elements=offloaded,
                                 host_bytes=HOST_OPTIMIZER_BYTES * offloaded, step_time_s=step)
+
+
+@dataclass(frozen=True)
+class OptimizerOffloadTerms:
+    """One component's (a layer's, the embedding's) share of a stage's optimizer offload:
+    ``optimizer_offload_cost`` is linear in the owned elements, so the stage's terms are the
+    sum of its components' (what the search adds up; ``evaluate_plan`` prices the stage)."""
+
+    device_saved: float  # bytes off the persistent memory: the moments
+    step_peak_saved: float  # bytes off the optimizer-step peak: moments and foreach temporary
+    step_temporary: float  # the foreach temporary left on the device
+    optimizer_time_s: float  # the component's step
+
+
+def optimizer_offload_terms(cluster: ClusterModel, fraction: float, optimizer_states: float,
+                            step_temporary: float, optimizer_time_s: float) -> \
+        OptimizerOffloadTerms:
+    """A component with ``optimizer_states`` bytes of AdamW moments (8 B per owned element),
+    ``step_temporary`` bytes of foreach temporary and an ``optimizer_time_s`` step (the
+    device's step of its owned elements plus anything after it, e.g. zero1's all-gather) under
+    ``fraction`` offload."""
+    owned = optimizer_states / ADAM_BYTES
+    cost = optimizer_offload_cost(cluster, fraction, owned)
+    if not cost.offloaded_elements:
+        return OptimizerOffloadTerms(0.0, 0.0, step_temporary, optimizer_time_s)
+    return OptimizerOffloadTerms(
+        device_saved=fraction * optimizer_states,
+        step_peak_saved=fraction * (optimizer_states + step_temporary),
+        step_temporary=(1.0 - fraction) * step_temporary,
+        optimizer_time_s=(optimizer_time_s - cluster.optimizer_time_per_parameter_s * owned
+                          + cost.step_time_s))

@@ -27,6 +27,7 @@ docs/cli.md): the pins are read through the :class:`LayoutPins` protocol.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Protocol
 
@@ -34,6 +35,7 @@ from ...config import ArgumentError
 from ...plan import DP_MODES
 from ..cost.interleaving import pinned_virtual_sizes
 from ..search.options import SearchOptions
+from .hardware import GB
 
 
 class LayoutPins(Protocol):
@@ -96,6 +98,12 @@ def search_options(pins: LayoutPins, world_size: int, num_layers: int | None, *,
         virtual_sizes=virtual_sizes)
     if cp_min is not None:
         options = replace(options, cp_min_seq_length=cp_min)
+    host = getattr(pins, "host_memory_budget_gb", None)
+    if host is not None:  # optimizer offload enters the search (SearchOptions)
+        if not (isinstance(host, (int, float)) and 0 < host < math.inf):
+            raise ArgumentError(f"--host-memory-budget-gb={host}: must be a positive number "
+                                f"(GB = 1e9 bytes of host memory one device's rank may use)")
+        options = replace(options, host_memory_budget_bytes=host * GB)
     # no gap given: the options' default
     return options if optimality_gap is None else replace(options, optimality_gap=optimality_gap)
 

@@ -41,6 +41,7 @@ from .options import BASELINE_SPACES, NO_CP_BASELINE, SPACES, Progress, SearchOp
 from .spaces import (Space, SpaceRules, baselines_inside, check_pins, divisors, pipeline_degrees,
                      plan_in_space, vocab_tps)
 from .cp_space import check_cp_pin, cp_degrees
+from ...plan_optimizer_offload import OFFLOADABLE_DP_MODES
 from .layer_tables import LayerTables
 from .search_cache import SearchCache, SearchClock
 from .tasks import TablesKey, Task
@@ -79,7 +80,8 @@ def spaces_of(name: str, options: SearchOptions, world: int) -> list[Space]:
                       tps=(options.tp,) if options.tp is not None else None,
                       sequence_parallel=sp, module_recompute=tuple(options.module_recompute),
                       eps=(options.expert_parallel,) if options.expert_parallel else None,
-                      cp_modes=tuple(options.cp_modes))
+                      cp_modes=tuple(options.cp_modes),
+                      host_memory_budget_bytes=options.host_memory_budget_bytes)
     if name == "full":  # its CP degrees: cp_space.cp_degrees per stage size
         return [Space("full", base, cps=None)]
     if name == NO_CP_BASELINE:  # the full space's plans without context parallelism
@@ -169,21 +171,42 @@ def _tasks(space: Space, spec: ModelSpec, training: TrainingSpec, cluster: Clust
                     cps = space.cps if space.cps is not None else \
                         cp_degrees(spec, world // pp, options)
                     for cp in cps:
-                        rules = space.rules if cp == space.rules.cp else \
+                        cp_rules = space.rules if cp == space.rules.cp else \
                             replace(space.rules, cp=cp)
-                        for vocab in _vocabs(spec, space, options, world // pp, batch // m,
-                                             rules, cluster.devices_per_node):
-                            base = None  # the v = 1 task: its least peak is shared
-                            for v in vs:
-                                task = Task(spec, profile, cluster, world, batch, pp, m, sched,
-                                            rules, vocab, budget, step, shared,
-                                            virtual_size=v, cache=cache,
-                                            sibling=base if v > 1 else None)
-                                if not task.ok:
-                                    break
-                                if v == 1:
-                                    base = task
-                                out.append(task)
+                        for rules in _offload_rules(cp_rules, options):
+                            vocabs = [vocab for vocab in _vocabs(
+                                spec, space, options, world // pp, batch // m, rules,
+                                cluster.devices_per_node)
+                                if not rules.optimizer_offload
+                                or vocab.dp_mode in OFFLOADABLE_DP_MODES]
+                            for vocab in vocabs:
+                                base = None  # the v = 1 task: its least peak is shared
+                                for v in vs:
+                                    task = Task(spec, profile, cluster, world, batch, pp, m,
+                                                sched, rules, vocab, budget, step, shared,
+                                                virtual_size=v, cache=cache,
+                                                sibling=base if v > 1 else None)
+                                    if not task.ok:
+                                        break
+                                    if v == 1:
+                                        base = task
+                                    out.append(task)
+    return out
+
+
+def _offload_rules(rules: SpaceRules, options: SearchOptions) -> list[SpaceRules]:
+    """``rules`` and, when a host budget is given (``SearchOptions.host_memory_budget_bytes``),
+    its variant for each optimizer offload fraction searched: one fraction for every stage of
+    the task, its layers and vocabulary in the DP flavours the host optimizer steps (ddp,
+    zero1; ``plan_optimizer_offload``)."""
+    out = [rules]
+    if rules.host_memory_budget_bytes is None:
+        return out
+    modes = tuple(m for m in rules.dp_modes if m in OFFLOADABLE_DP_MODES)
+    if not modes:
+        return out
+    for fraction in sorted(set(options.optimizer_offload_fractions)):
+        out.append(replace(rules, optimizer_offload=float(fraction), dp_modes=modes))
     return out
 
 
@@ -455,6 +478,9 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
                 best, adopted = found, name
     chosen_plan, chosen_estimate = best.plan, best.estimate
     assert chosen_plan is not None and chosen_estimate is not None  # checked above
+    if options.host_memory_budget_bytes is not None:  # the second budget, for the record
+        chosen_estimate = replace(chosen_estimate,
+                                  host_memory_budget_bytes=options.host_memory_budget_bytes)
     tried = _virtual_size_report(chosen_plan, chosen_estimate, spec, training, cache, budget,
                                  options)
     report_s = min(REPORT_TIME_LIMIT_S, end - clock())

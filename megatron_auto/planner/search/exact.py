@@ -66,11 +66,21 @@ from ..inputs.model_spec import TrainingSpec
 from .bottleneck import Bottleneck
 from .dominance import StageDominance
 from .seeds import seed_plans
+from .spaces import SpaceRules
 from .stage_costs import StrategyCosts
 from .tasks import Task, Weights
 
 TIE = 1e-9
 MEMORY_SLACK = 1e-9  # relative: our sums and evaluate_plan's may differ in the last bits
+
+def host_fits(est: Estimate, rules: SpaceRules) -> bool:
+    """Whether a priced plan's host memory (optimizer offload, activation offload) fits the
+    task's host budget (``SpaceRules.host_memory_budget_bytes``; None: nothing offloads)."""
+    budget = rules.host_memory_budget_bytes
+    if budget is None:
+        return not est.host_memory_bytes
+    return est.host_memory_bytes <= budget * (1 + MEMORY_SLACK)
+
 
 NcclLayouts = frozenset[tuple[int, ...]]  # (tp, consecutive[, cp]) of the layouts a stage groups
 
@@ -589,12 +599,14 @@ class TaskSearch:
                     num_microbatches=task.m,
                     pipeline=PipelineSpec(size=task.pp, schedule=task.schedule,
                                           layers_per_stage=tuple(self.lengths),
-                                          virtual_size=task.v),
+                                          virtual_size=task.v,
+                                          optimizer_offload_fraction=task.rules.optimizer_offload),
                     vocab=task.vocab, layers=tuple(self.chosen),
                     model=task.spec.plan_model_record())
         est = evaluate_plan(plan, task.spec, self.training, task.cluster, task.profile,
                             task.budget, in_flight_memo=task.cache.in_flight)
         value = est.iteration_time_s / task.global_batch
-        if est.feasible and value < self.best.value * (1 - TIE):
+        feasible = est.feasible and host_fits(est, task.rules)
+        if feasible and value < self.best.value * (1 - TIE):
             self.best.value, self.best.plan, self.best.estimate = value, plan, est
-        return est.feasible
+        return feasible

@@ -38,6 +38,7 @@ class LayerTables:
                  rules: SpaceRules, n: int, b_m: int, pp: int, schedule: str,
                  cache: SearchCache) -> None:
         self.cp = rules.cp
+        self.optimizer_offload = rules.optimizer_offload
         if rules.cp > 1:  # CP prices attention by length (as evaluate_plan fills it)
             profile = fill_attention_defaults(profile, spec)
         self.spec, self.profile, self.cluster = spec, profile, cluster
@@ -175,7 +176,8 @@ class LayerTables:
             full = strategy_costs(lp, self.cluster, self.strategies[t], self.n, self.b_m, k_in,
                                   self.schedule, self.profile.precision, norm_grad_bytes=norms,
                                   memo=self.cache.priced_strategies(name),
-                                  layer_type=self.spec.layer_types[t])
+                                  layer_type=self.spec.layer_types[t],
+                                  optimizer_offload=self.optimizer_offload)
             self._costs[key] = full.take(prune_dominated(full))
         return self._costs[key]
 

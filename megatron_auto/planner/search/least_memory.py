@@ -252,7 +252,8 @@ def task_least_peak(task: Task, partition: tuple[int, ...] | None = None) -> Lea
         plan = Plan(world_size=task.world_size, global_batch_size=task.global_batch,
                     num_microbatches=task.m,
                     pipeline=PipelineSpec(size=task.pp, schedule=task.schedule,
-                                          layers_per_stage=tuple(part)),
+                                          layers_per_stage=tuple(part),
+                                          optimizer_offload_fraction=task.rules.optimizer_offload),
                     vocab=task.vocab, layers=tuple(layers), model=task.spec.plan_model_record())
         result = LeastPeak(worst, plan)
     cache[partition] = result

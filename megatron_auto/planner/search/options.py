@@ -72,6 +72,12 @@ class SearchOptions:
     cp: int | None = None
     cp_modes: tuple[str, ...] = ("ring", "ulysses")
     cp_min_seq_length: int = 8192  # cp_space.CP_MIN_SEQ_LENGTH
+    # Optimizer offload (``pipeline.optimizer_offload_fraction``): the host memory one device's
+    # rank may use (bytes; ``--host-memory-budget-gb``). None: no offload is searched. Given,
+    # every task is also searched with each fraction of ``optimizer_offload_fractions`` (one
+    # for all stages), and a plan whose host bytes exceed the budget is infeasible.
+    host_memory_budget_bytes: float | None = None
+    optimizer_offload_fractions: tuple[float, ...] = (0.5, 1.0)
 
     def validate(self) -> None:
         def need(cond: bool, name: str, value: Any, fix: str) -> None:
@@ -105,5 +111,12 @@ class SearchOptions:
              self.memory_step_bytes, "must be a positive number of bytes (e.g. 1048576)")
         need(self.time_limit_s is None or self.time_limit_s > 0, "time_limit_s",
              self.time_limit_s, "must be positive seconds")
+        need(self.host_memory_budget_bytes is None or (
+            isinstance(self.host_memory_budget_bytes, (int, float))
+            and 0 < self.host_memory_budget_bytes < math.inf), "host_memory_budget_bytes",
+             self.host_memory_budget_bytes, "must be a positive number of bytes or unset")
+        need(all(isinstance(f, (int, float)) and 0 < f <= 1
+                 for f in self.optimizer_offload_fractions), "optimizer_offload_fractions",
+             self.optimizer_offload_fractions, "give fractions in (0, 1], e.g. (0.5, 1.0)")
         need(0 <= self.optimality_gap < math.inf, "optimality_gap", self.optimality_gap,
              "must be a relative gap >= 0 (e.g. 0.01; 0 proves the optimum)")

@@ -183,7 +183,8 @@ def uniform_plans(task: Task, partition: tuple[int, ...] | None = None) -> list[
     return [Plan(world_size=task.world_size, global_batch_size=task.global_batch,
                  num_microbatches=task.m,
                  pipeline=PipelineSpec(size=task.pp, schedule=task.schedule,
-                                       layers_per_stage=part),
+                                       layers_per_stage=part,
+                                       optimizer_offload_fraction=task.rules.optimizer_offload),
                  vocab=task.vocab, layers=(s,) * task.num_layers,
                  model=task.spec.plan_model_record())
             for _, s in ranked[:UNIFORM_KEPT]]
@@ -264,8 +265,9 @@ def pair_plans(task: Task, partition: tuple[int, ...] | None = None) -> list[Pla
             else:
                 plans.append(Plan(world_size=task.world_size, global_batch_size=task.global_batch,
                                   num_microbatches=task.m,
-                                  pipeline=PipelineSpec(size=pp, schedule=task.schedule,
-                                                        layers_per_stage=part),
+                                  pipeline=PipelineSpec(
+                                      size=pp, schedule=task.schedule, layers_per_stage=part,
+                                      optimizer_offload_fraction=task.rules.optimizer_offload),
                                   vocab=task.vocab, layers=tuple(layers),
                                   model=task.spec.plan_model_record()))
     return plans
@@ -301,8 +303,10 @@ def seed_plans(task: Task, partition: tuple[int, ...] | None = None) -> list[Pla
             seen.add((tuple(part), tuple(layers)))
             plans.append(Plan(world_size=task.world_size, global_batch_size=task.global_batch,
                               num_microbatches=task.m,
-                              pipeline=PipelineSpec(size=pp, schedule=task.schedule,
-                                                    layers_per_stage=tuple(part)),
+                              pipeline=PipelineSpec(
+                                  size=pp, schedule=task.schedule,
+                                  layers_per_stage=tuple(part),
+                                  optimizer_offload_fraction=task.rules.optimizer_offload),
                               vocab=task.vocab, layers=tuple(layers),
                               model=task.spec.plan_model_record()))
     return plans

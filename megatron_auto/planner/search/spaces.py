@@ -82,6 +82,12 @@ class SpaceRules:
     # the vocabulary's) and the CP modes a layer may run under it.
     cp: int = 1
     cp_modes: tuple[str, ...] = ("ring",)
+    # Optimizer offload: the task's one ``pipeline.optimizer_offload_fraction`` (every stage's;
+    # 0 = none). A task with a fraction keeps to the DP flavours the host optimizer steps.
+    optimizer_offload: float = 0.0
+    # The host memory a rank may use (``SearchOptions.host_memory_budget_bytes``): a plan whose
+    # offload needs more is infeasible. None: no offload.
+    host_memory_budget_bytes: float | None = None
 
 
 @dataclass(frozen=True)

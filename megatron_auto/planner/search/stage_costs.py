@@ -21,6 +21,7 @@ from ..cost.memory_model import MemoryCost, embedding_memory, layer_memory
 from ..cost.time_model import TimeCost, embedding_time, layer_time
 from ..cost.recompute import NONE as NONE_RECOMPUTED, module_terms
 from ..cost.moe import has_mlp, with_experts
+from ..cost.offload import optimizer_offload_terms
 from ..inputs.profile_records import EmbeddingProfile, LayerTypeProfile
 from ..inputs.profiles import dropout_mask_bytes
 from ...layout import Layout, layout_of
@@ -117,22 +118,28 @@ def strategy_costs(profile: LayerTypeProfile, cluster: ClusterModel,
                    in_flight: int, schedule: str, precision: str,
                    norm_grad_bytes: tuple[float, ...] = (),
                    memo: PricedStrategies | None = None,
-                   layer_type: LayerType | None = None) -> StrategyCosts:
+                   layer_type: LayerType | None = None,
+                   optimizer_offload: float = 0.0) -> StrategyCosts:
     """Price every strategy of one layer type (``evaluate_plan``'s per-layer terms).
     ``norm_grad_bytes``: ``cost_model.sp_reduced_tensor_bytes`` of the type, all-reduced by its
     sequence-parallel strategies. ``memo``: this type's earlier prices on this cluster (the
     search's cache), read and extended; None prices everything afresh. ``layer_type``: the
-    ``LayerType`` the module-recompute strategies need (``cost/recompute.py``)."""
+    ``LayerType`` the module-recompute strategies need (``cost/recompute.py``).
+    ``optimizer_offload``: the task's ``pipeline.optimizer_offload_fraction`` (its terms are
+    linear in each layer's owned elements: ``cost/offload.optimizer_offload_terms``)."""
     n = stage_size
     memo = PricedStrategies() if memo is None else memo
     rows = []
     norms = tuple(norm_grad_bytes)
     for s in strategies:
         key = (s, n, microbatch_size, in_flight, schedule, precision, norms)
+        if optimizer_offload:
+            key += (optimizer_offload,)  # type: ignore[assignment]
         row = memo.rows.get(key)
         if row is None:
             row = memo.rows[key] = _price(profile, cluster, s, n, microbatch_size, in_flight,
-                                          schedule, precision, norms, memo, layer_type)
+                                          schedule, precision, norms, memo, layer_type,
+                                          optimizer_offload)
         rows.append(row)
     return StrategyCosts(strategies=tuple(strategies), layouts=tuple(r[0] for r in rows),
                          **{k: np.array([r[1][j] for r in rows], dtype=float)
@@ -142,7 +149,7 @@ def strategy_costs(profile: LayerTypeProfile, cluster: ClusterModel,
 def _price(profile: LayerTypeProfile, cluster: ClusterModel, s: LayerStrategy, n: int,
            microbatch_size: int, in_flight: int, schedule: str, precision: str,
            norm_grad_bytes: tuple[float, ...], memo: PricedStrategies,
-           layer_type: LayerType | None = None) -> Row:
+           layer_type: LayerType | None = None, optimizer_offload: float = 0.0) -> Row:
     """One strategy's class and its ``_COLUMNS`` values."""
     frag = fragmentation_of(cluster)
     fused = bool(getattr(cluster, "fused_optimizer", False))
@@ -182,22 +189,27 @@ def _price(profile: LayerTypeProfile, cluster: ClusterModel, s: LayerStrategy, n
         else:
             memo.layers[key] = (*dense, False)
     mem, t, experts_sharded = memo.layers[key]
+    off = optimizer_offload_terms(cluster, optimizer_offload, mem.optimizer_states,
+                                  mem.step_temporary, t.optimizer)
+    step_peak = mem.step_peak - off.step_peak_saved
     # evaluate_plan sums parameters + gradients_at_peak + optimizer states and
     # in_flight x activations per layer; persistent() is that sum (no early release here).
     return (layout, sp), (
-        t.forward, t.backward, t.exposed_sync, t.optimizer,
-        mem.persistent(in_flight) + frag * in_flight * mem.activations_per_microbatch,
-        (1 + frag) * mem.transient, mem.step_peak,
-        mem.step_peak - (mem.step_temporary if fused else 0.0),
-        mem.step_temporary if fused else 0.0,
+        t.forward, t.backward, t.exposed_sync, off.optimizer_time_s,
+        mem.persistent(in_flight) + frag * in_flight * mem.activations_per_microbatch
+        - off.device_saved,
+        (1 + frag) * mem.transient, step_peak,
+        step_peak - (off.step_temporary if fused else 0.0),
+        off.step_temporary if fused else 0.0,
         float(experts_sharded or (s.dp_mode in ("zero2", "zero3") and dp > 1)))
 
 
 def embedding_costs(profile: EmbeddingProfile, cluster: ClusterModel, vocab: VocabStrategy,
                     stage_size: int, microbatch_size: int, in_flight: int, schedule: str,
                     first: bool, last: bool, pp: int, seq_length: int,
-                    precision: str) -> EmbeddingCosts:
-    """Price the embedding/head of a stage (zeros when it is neither first nor last)."""
+                    precision: str, optimizer_offload: float = 0.0) -> EmbeddingCosts:
+    """Price the embedding/head of a stage (zeros when it is neither first nor last) under
+    the task's optimizer offload fraction."""
     if not (first or last):
         return EmbeddingCosts()
     dp = stage_size // vocab.tp
@@ -208,14 +220,17 @@ def embedding_costs(profile: EmbeddingProfile, cluster: ClusterModel, vocab: Voc
                        last, pp, seq_length, precision)
     frag = fragmentation_of(cluster)
     fused = bool(getattr(cluster, "fused_optimizer", False))
-    temp = mem.step_temporary if fused else 0.0
+    off = optimizer_offload_terms(cluster, optimizer_offload, mem.optimizer_states,
+                                  mem.step_temporary, t.optimizer)
+    temp = off.step_temporary if fused else 0.0
+    step_peak = mem.step_peak - off.step_peak_saved
     return EmbeddingCosts(forward=t.forward, backward=t.backward, exposed_sync=t.exposed_sync,
-                          optimizer=t.optimizer,
+                          optimizer=off.optimizer_time_s,
                           persistent=mem.persistent(in_flight)
                           + frag * (in_flight * mem.activations_per_microbatch
-                                    + mem.held_in_backward),
-                          transient=(1 + frag) * mem.transient, step_peak=mem.step_peak,
-                          step_floor=mem.step_peak - temp, step_temporary=temp,
+                                    + mem.held_in_backward) - off.device_saved,
+                          transient=(1 + frag) * mem.transient, step_peak=step_peak,
+                          step_floor=step_peak - temp, step_temporary=temp,
                           sharded=vocab.dp_mode in ("zero2", "zero3") and dp > 1)
 
 

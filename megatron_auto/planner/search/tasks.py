@@ -164,7 +164,8 @@ class Task:
             self._emb = [embedding_costs(self.profile.embedding, self.cluster, self.vocab,
                                          self.n, self.b_m, self.in_flight[k], self.schedule,
                                          k == 0, k == last, self.pp,
-                                         self.spec.seq_length, self.profile.precision)
+                                         self.spec.seq_length, self.profile.precision,
+                                         self.rules.optimizer_offload)
                          if k in (0, last)
                          else EmbeddingCosts() for k in range(self.chunks)]
         return self._emb
