@@ -92,6 +92,43 @@ def test_task_bounds_are_below_every_plan_of_the_task(world, layers, batch, m, v
     assert 0 < interleaved_least_peak(task) <= min(peaks) * (1 + 1e-12)
 
 
+@pytest.mark.parametrize("world,layers,batch,m,v", [(4, 4, 4, 2, 2), (2, 6, 4, 2, 3),
+                                                    (2, 8, 8, 4, 2)])
+def test_the_tied_bound_holds_where_memory_binds(world, layers, batch, m, v):
+    # tasks.Task.tied_bound (each stage's chunks sharing its memory) against every plan of the
+    # task (every chunk split and every strategy combination, recompute on and off), at budgets
+    # from the least peak up: at most the fastest plan that fits, and at some budget above the
+    # chunk-level bound (each chunk alone on the device), which is why the search takes it.
+    spec, training, cluster, profile = _setup(world, layers, batch)
+    pp, n = 2, world // 2
+    rules = SpaceRules(dp_modes=("ddp", "zero3"), sequence_parallel=(False,))
+    vocab = VocabStrategy(tp=1, dp_mode="ddp")
+    choices = layer_choices(spec, n, batch // m, 8, spec.layer_types[0], ("ddp", "zero3"),
+                            (False, True))
+    priced = []
+    for part in compositions(layers, pp * v):
+        pipe = PipelineSpec(size=pp, schedule="1f1b", layers_per_stage=part, virtual_size=v)
+        for combo in itertools.product(choices, repeat=layers):
+            plan = Plan(world_size=world, global_batch_size=batch, num_microbatches=m,
+                        pipeline=pipe, vocab=vocab, layers=combo,
+                        model=spec.plan_model_record())
+            est = evaluate(plan, spec, training, cluster, profile)
+            priced.append((est.iteration_time_s, est.peak_memory_bytes))
+    least = min(peak for _, peak in priced)
+    stronger = 0
+    for fraction in (1.0, 1.02, 1.1, 1.3, 2.0):
+        budget = least * fraction
+        best = min(t for t, peak in priced if peak <= budget)
+        task = Task(spec, profile, cluster, world, batch, pp, m, "1f1b", rules, vocab, budget,
+                    max(1, int((budget - cluster.memory_reserve_bytes) / 2048)), virtual_size=v)
+        tied = task.tied_bound()
+        chunked = max(float(task.future(b)[0, 0]) for b in task.branches) + task.overhead
+        assert 0 < tied <= best * (1 + 1e-12), (fraction, tied, best)
+        assert task.root_bound() == max(tied, chunked)
+        stronger += tied > chunked * (1 + 1e-9)
+    assert stronger > 0
+
+
 def test_a_time_limited_pinned_search_keeps_its_virtual_size():
     # Stopped at once (the seeds only), the pinned v = 2 answer is beaten by the plain 'pp'
     # baseline space; adopting that plan would drop the pin (baseline spaces never interleave).

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ...plan import Plan, VocabStrategy, even_partition
 from ...utils.progress import RestartingProgress
@@ -343,13 +343,25 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cache: Se
             if best.plan is not before:
                 counts.winner = task
             live.append((task, pin, False))
-        # Pass 2: branch and bound over the tasks that can fit, cheapest bound first.
+        # Pass 2: branch and bound over the tasks that can fit, cheapest bound first. The
+        # interleaved tasks' root bounds (the tied bound, tasks.Task.tied_rest) are far above
+        # their compute bounds: all of them are computed first (their tables are what the
+        # walks need anyway) and the tasks searched best-first by them, so that a deadline
+        # leaves the tasks of the weakest bounds unsearched and the certified gap reads them.
         settled = len(group) - len(live)
+        key: Callable[[Task], float] = lambda t: bound(t, False)  # what ``live`` is sorted by
+        if live and live[0][0].v > 1:
+            for task, _, _ in live:
+                if bound(task, False) >= best.cutoff() or _stopped(deadline, best, cache.clock):
+                    break
+                task.root_bound(best.cutoff() * task.global_batch)
+            key = lambda t: left([t])  # noqa: E731
+            live.sort(key=lambda x: key(x[0]))
         for i, (task, pin, check) in enumerate(live):
             report(base + settled + i)
-            if bound(task, False) >= best.cutoff() or _stopped(deadline, best, cache.clock):
+            if key(task) >= best.cutoff() or _stopped(deadline, best, cache.clock):
                 # tasks left unsearched by the deadline: the answer is not proven
-                best.stopped = best.stopped or bound(task, False) < best.cutoff()
+                best.stopped = best.stopped or key(task) < best.cutoff()
                 best.prune(left([t for t, _, _ in live[i:]]))
                 counts.pruned += len(live) - i
                 break

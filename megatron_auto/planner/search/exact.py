@@ -71,6 +71,7 @@ from .stage_costs import StrategyCosts
 from .tasks import Task, Weights
 
 TIE = 1e-9
+TIED_DEPTH = 3  # chunk positions from which the walk stops checking the tied bound
 MEMORY_SLACK = 1e-9  # relative: our sums and evaluate_plan's may differ in the last bits
 
 def host_fits(est: Estimate, rules: SpaceRules) -> bool:
@@ -304,7 +305,7 @@ class TaskSearch:
         self.task.on_new_table = self._check_deadline  # DP tables are the slow part
         self._entered = False
         try:
-            root = self.task.root_bound()
+            root = self.task.root_bound(self.threshold())
             if root >= self.threshold():
                 self._prune(root)
                 return
@@ -399,6 +400,9 @@ class TaskSearch:
         alpha, beta, gamma = self._weights[k]
         bounds = np.where(cands.keep, self._bounds(k, start, length, offset, cands, acc),
                           math.inf)
+        if cands.layers_left == 0 and k + 1 < min(self.task.chunks, TIED_DEPTH) \
+                and self.task.tied_applies():
+            self._tied(k, start + length, cands, acc, bounds)
         order = np.argsort(bounds, kind="stable")
         self._entered = True
         for i, pick in enumerate(order):
@@ -503,6 +507,24 @@ class TaskSearch:
                           + np.maximum(placed.max_step, cands.optimizer) + task.overhead
                           + self.joint.g(k + 1, start + length,
                                          np.maximum(placed.max_time, alone)))
+
+    def _tied(self, k: int, end: int, cands: Candidates, acc: np.ndarray,
+              bounds: np.ndarray) -> None:
+        """Raise ``bounds`` (in place) of the candidates closing chunk position ``k`` at layer
+        ``end`` to the tied bound of the chunks after it (``tasks.Task.tied_rest``: each
+        stage's chunks left share what is left of its memory)."""
+        live = np.nonzero(bounds < self.threshold())[0]
+        if not len(live):
+            return
+        stage = self.task.stage_of(k)
+        placed: list[tuple] = [(m.persistent, m.transient, m.step_peak) if m is not None
+                               else (0.0, 0.0, 0.0) for m in self.stage_memory]
+        placed[stage] = (cands.persistent[live], cands.transient[live], cands.step_peak[live])
+        alpha, beta, gamma = self._weights[k]
+        done = (acc[:, None] + alpha[:, None] * cands.microbatch[live][None, :]
+                + beta[:, None] * cands.optimizer[live][None, :]
+                + gamma * cands.exposed[live][None, :])
+        bounds[live] = np.maximum(bounds[live], self.task.tied_rest(k + 1, end, placed, done))
 
     def _next_layer(self, k: int, start: int, length: int, offset: int, state: StageState,
                     cands: Candidates, pick: int, acc: np.ndarray) -> None:

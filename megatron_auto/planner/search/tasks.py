@@ -72,6 +72,7 @@ class Weights:
     gamma: float
     mix: float = 1.0  # memory axis: mix * persistent + (1 - mix) * step peak
     level: int = -1  # transient bucket (strategies whose transient is at most its top); -1 all
+    moves: bool = True  # price relayouts between consecutive layers (False: the tied bound)
 
 
 # What a task's layer tables are shared by: (global batch, pp, micro-batches, schedule, rules).
@@ -338,8 +339,10 @@ class Task:
         return out
 
     def known_bound(self) -> float:
-        """The strongest ``cheap_bound`` computed so far (0 before any), pricing nothing."""
-        return max(self._cheap.values(), default=0.0)
+        """The strongest of ``cheap_bound`` and ``root_bound`` computed so far (0 before
+        any), pricing nothing."""
+        return max(max(self._cheap.values(), default=0.0), self._future.get("root", 0.0),
+                   self._future.get("tied", 0.0))
 
     def compute_bound(self) -> float:
         """Lower bound on every plan's iteration time from the layers' compute alone.
@@ -374,20 +377,29 @@ class Task:
             return -1
         return min(int(room // self.step), self.cells)
 
-    def rest(self, k: int, start: int, w: Weights) -> np.ndarray:
-        """DP table over the layers from ``start`` at stage position ``k`` (module doc)."""
+    def _window(self, start: int, span: int | None) -> tuple[int, ...]:
+        """Layer types of the ``span`` (default ``max_len``) layers from ``start``."""
+        span = self.max_len if span is None else span
         order = self.spec.layer_order
-        window = tuple(order[start:start + self.max_len]) if len(self.spec.layer_types) > 1 \
-            else (order[0],) * self.max_len
+        return tuple(order[start:start + span]) if len(self.spec.layer_types) > 1 \
+            else (order[0],) * span
+
+    def rest(self, k: int, start: int, w: Weights, span: int | None = None,
+             lead: tuple[int, ...] = ()) -> np.ndarray:
+        """DP table over the layers from ``start`` at stage position ``k`` (module doc);
+        ``span`` layers at most (default ``max_len``); the first ``len(lead)`` layers charged
+        at the in-flight counts ``lead`` instead of position ``k``'s (``tied_rest``)."""
+        window = self._window(start, span)
         k_in = self.bound_in_flight(k)
-        key = (window, k_in, w)
+        key = (window, k_in, w, lead)
         if key not in self.tables.rest:
             if self.on_new_table is not None:
                 self.on_new_table()
             opts = {}
             top = self.tables.buckets[w.level][1] if w.level >= 0 else INF
-            for t in set(window):
-                c = self.tables.costs(t, k_in)
+            flights = [lead[i] if i < len(lead) else k_in for i in range(len(window))]
+            for t, f in set(zip(window, flights)):
+                c = self.tables.costs(t, f)
                 keep = c.transient <= top
                 mixed = (w.mix * c.persistent + (1 - w.mix) * c.step_floor)[keep]
                 cost = (w.alpha * c.microbatch + w.beta * c.optimizer
@@ -396,18 +408,26 @@ class Task:
                     mixed, cost = np.array([INF]), np.array([INF])
                     cls = np.zeros(1, dtype=np.int64)
                 else:
-                    cls = self.tables.classes(t, k_in)[keep]
+                    cls = self.tables.classes(t, f)[keep]
                 mem = np.minimum(np.floor(mixed / self.step), self.cells + 1).astype(np.int64)
-                opts[t] = LayerOptions(mem=mem, cost=cost, aux=np.zeros((len(cost), 0)),
-                                       cls=cls)
-            trans = w.alpha * np.minimum.reduce([self.tables.relayout[t] for t in set(window)])
-            self.tables.rest[key] = solve_stage([opts[t] for t in window], trans,
+                if not w.moves:  # no transitions: one class, the (cells, cost) front alone
+                    mem, cost = _front(mem, cost)
+                    cls = np.zeros(len(mem), dtype=np.int64)
+                opts[t, f] = LayerOptions(mem=mem, cost=cost, aux=np.zeros((len(cost), 0)),
+                                          cls=cls)
+            if w.moves:
+                trans = w.alpha * np.minimum.reduce([self.tables.relayout[t]
+                                                     for t in set(window)])
+            else:
+                trans = np.zeros((1, 1))
+            self.tables.rest[key] = solve_stage([opts[tf] for tf in zip(window, flights)], trans,
                                                 self.cells).best
         return self.tables.rest[key]
 
     def rest_bound(self, k: int, start: int, w: Weights, count: int | np.ndarray,
                    backward: np.ndarray | float, step: np.ndarray | float,
-                   transient: np.ndarray | float) -> np.ndarray:
+                   transient: np.ndarray | float, span: int | None = None,
+                   lead: tuple[int, ...] = ()) -> np.ndarray:
         """Least weighted cost of the ``count`` layers from ``start`` (a relaxation), given
         the bytes left for the backward peak and the step peak and the largest transient so
         far (arrays over the candidates of the previous layer); inf where nothing fits.
@@ -433,7 +453,7 @@ class Task:
         needed = valid.any(axis=1)
         for mix in MIXES:
             stacked = self._rest_stack(k, start, replace(w, mix=mix, level=-1),
-                                       needed)  # (j, l, v)
+                                       needed, span, lead)  # (j, l, v)
             rows = np.minimum(count_a, stacked.shape[1]) - 1  # past the model's end: inf
             cells = np.floor((mix * room + (1 - mix) * steps) / self.step)
             got = stacked[np.arange(levels)[:, None], rows[None, :],
@@ -443,13 +463,12 @@ class Task:
         value = np.where((room >= 0) & (steps >= 0) & valid, value, INF)
         return value.min(axis=0).reshape(shape)
 
-    def _rest_stack(self, k: int, start: int, w: Weights, needed: np.ndarray) -> np.ndarray:
+    def _rest_stack(self, k: int, start: int, w: Weights, needed: np.ndarray,
+                    span: int | None = None, lead: tuple[int, ...] = ()) -> np.ndarray:
         """The ``rest`` tables of the transient buckets, stacked ``(bucket, layers, cells)``;
         a bucket's DP runs when first ``needed`` (until then its rows are inf, never read)."""
-        order = self.spec.layer_order
-        window = tuple(order[start:start + self.max_len]) if len(self.spec.layer_types) > 1 \
-            else (order[0],) * self.max_len
-        key = (window, self.bound_in_flight(k), w)
+        window = self._window(start, span)
+        key = (window, self.bound_in_flight(k), w, lead)
         cache = self.tables.rest_stacks
         if key not in cache:
             cache[key] = (np.full((len(self.tables.buckets), len(window), self.cells + 1),
@@ -457,7 +476,7 @@ class Task:
         stacked, done = cache[key]
         for j in np.nonzero(needed)[0].tolist():
             if j not in done:
-                stacked[j] = self.rest(k, start, replace(w, level=j))
+                stacked[j] = self.rest(k, start, replace(w, level=j), span, lead)
                 done.add(j)
         return stacked
 
@@ -521,17 +540,119 @@ class Task:
                 self.max_len, len(self.spec.layer_types) == 1, max(self.m - 1, 0))
         return self._future["bottleneck"]
 
-    def root_bound(self) -> float:
+    def root_bound(self, cutoff: float = INF) -> float:
         """Lower bound on the iteration time of every plan of this task: the best of the
-        ``J_b`` and, for a plain pipeline, the bottleneck bound (stage 0's row with its tail in
-        the sum, without it in the maximum, then ``G`` of the rest)."""
+        ``J_b``, for a plain pipeline the bottleneck bound (stage 0's row with its tail in the
+        sum, without it in the maximum, then ``G`` of the rest), and for an interleaved one
+        the tied bound (``tied_bound``, first: it is the cheap one, and where it reaches
+        ``cutoff`` it is returned alone). Kept: ``known_bound`` returns it once computed."""
+        if "root" in self._future:
+            return self._future["root"]
+        tied = self.tied_bound()
+        if tied >= cutoff:
+            return tied
         best = max(float(self.future(b)[0, 0]) for b in self.branches)
         if self.pp > 1 and self.v == 1:
             lens = np.arange(1, self.max_len + 1)
             joint = (self.time_row(0, 0, True)
                      + self.bottleneck().g(1, lens, self.time_row(0, 0, False)))
             best = max(best, float(joint.min()))
-        return best + self.overhead
+        out = max(best + self.overhead, tied)
+        self._future["root"] = out
+        return out
+
+    def tied_bound(self) -> float:
+        """Interleaved tasks of one layer type: ``J_b`` with each stage's ``v`` chunks sharing
+        the stage's memory (``tied_rest`` of the whole task; 0 where it does not apply)."""
+        if not self.tied_applies():
+            return 0.0
+        if "tied" not in self._future:
+            none = [(0.0, 0.0, 0.0)] * self.pp
+            self._future["tied"] = float(self.tied_rest(0, 0, none,
+                                                        np.zeros(len(self.branches))))
+        return self._future["tied"]
+
+    def tied_applies(self) -> bool:
+        return self.v > 1 and len(self.spec.layer_types) == 1
+
+    def tied_rest(self, k: int, start: int, placed: list[tuple[Any, Any, Any]],
+                  acc: np.ndarray) -> np.ndarray:
+        """Lower bound on the iteration time of every plan whose chunk positions before ``k``
+        are placed (layers ``[0, start)``; ``placed[s]``: stage ``s``'s persistent bytes,
+        largest transient and step-peak floor so far; ``acc[b]``: their exact share of each
+        ``J_b``), for interleaved tasks of one layer type (``tied_applies``). Vectorised over
+        candidates: any of ``placed``'s numbers may be an array over them, ``acc`` then
+        ``(branch, candidate)``; the result has their shape (0-d for one).
+
+        The chunk-level bound lets every chunk fill the device alone. Here a stage's chunks
+        still to place are one block of ``n`` layers (at least one per chunk, the blocks
+        summing to the layers left) under what is left of the stage's budget: its NCCL floor,
+        what it placed, its chunks' embedding/head bytes (persistent and step floors summed,
+        the largest transient) and, per layer, the bytes of a chunk's in-flight count: one layer
+        at each chunk's count but the lowest, the others at the lowest (each chunk holds a
+        layer, and a layer's bytes grow with the count, so every plan's layers cost at least
+        this; the block's order is free, relayouts being left out). In ``J_b`` the chunks of a stage share their weights, so the
+        block's weighted cost is the sum of its chunks'; relayouts are left out (chunk
+        boundaries break the block's adjacency, and they only add); the chunks' embedding/head
+        costs and incoming boundaries are added as ``stage_bound`` adds them. With one layer
+        type which layers a block holds does not matter, only how many: a DP over the block
+        sizes gives the least ``J_b``; the bound is the best ``b``."""
+        L, pp = self.num_layers, self.pp
+        acc = np.asarray(acc, dtype=float)
+        width = acc.shape[1:]  # () or (candidates,)
+        nc = int(np.prod(width)) if width else 1
+        left = L - start
+        own = [[c for c in range(k, self.chunks) if self.stage_of(c) == s] for s in range(pp)]
+        need = [len(c) for c in own]
+        span = left - sum(need) + max(need)  # the largest block a stage can hold
+        if left < sum(need):
+            return np.full(width, INF)
+        lens = np.arange(span + 1)
+        x = np.arange(left + 1)
+        take = lens[None, :] <= x[:, None]  # (x, n): a block of n within x layers
+        back = np.where(take, x[:, None] - lens[None, :], 0)
+        best = np.full(nc, -INF)
+        flat_acc = acc.reshape(len(self.branches), nc)
+        for bi, b in enumerate(self.branches):
+            nxt = np.full((left + 1, nc), INF)  # nxt[x]: least cost of the later stages on x
+            nxt[0] = 0.0
+            for s in range(pp - 1, -1, -1):
+                chunks = own[s]
+                if not chunks:
+                    continue
+                w = replace(self.weights(chunks[0], b), moves=False)
+                embs = [self.emb[c] for c in chunks]
+                fixed = sum(w.alpha * (e.microbatch + (self.tables.min_boundary if c else 0.0))
+                            + w.beta * e.optimizer + w.gamma * e.exposed_sync
+                            for c, e in zip(chunks, embs))
+                persistent, transient, step = (np.broadcast_to(np.asarray(v, dtype=float),
+                                                               (nc,)) for v in placed[s])
+                room = self.room - self.nccl_floor[s]
+                top = np.maximum(transient, max(e.transient for e in embs))
+                grid = np.ones((span, 1))
+                row = np.full((span + 1, nc), INF)
+                low = min(chunks, key=self.bound_in_flight)
+                lead = tuple(sorted((self.bound_in_flight(c) for c in chunks if c != low),
+                                    reverse=True))
+                row[1:] = self.rest_bound(  # one table length for every node: L - pp + 1
+                    low, 0, w, np.broadcast_to(lens[1:, None], (span, nc)),
+                    grid * (room - persistent - sum(e.persistent for e in embs) - top),
+                    grid * (room - step - sum(e.step_floor for e in embs)), grid * top,
+                    L - pp + 1, lead) + fixed
+                row[:need[s]] = INF
+                # cur[x] = min over n <= x of row[n] + nxt[x - n]
+                cand = np.where(take[:, :, None], row[None, :, :] + nxt[back], INF)
+                nxt = cand.min(axis=1)
+            best = np.maximum(best, flat_acc[bi] + nxt[left])
+        return (best + self.overhead).reshape(width)
+
+
+def _front(mem: np.ndarray, cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The options no other beats in both cells and cost (ties: one kept)."""
+    order = np.lexsort((cost, mem))
+    mem, cost = mem[order], cost[order]
+    keep = cost < np.minimum.accumulate(np.concatenate(([INF], cost[:-1])))
+    return mem[keep], cost[keep]
 
 
 def _ring_saving(p, samples: float, tp: int, cp: int) -> float:
