@@ -23,6 +23,7 @@ The script prints what it measured; it asserts nothing.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -36,6 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from megatron_auto.config import ModelConfig  # noqa: E402
+from megatron_auto.families.gpt.config import MoEConfig  # noqa: E402
 from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy  # noqa: E402
 from megatron_auto.planner.inputs.hardware import ClusterSpec  # noqa: E402
 from megatron_auto.planner.inputs.model_spec import TrainingSpec  # noqa: E402
@@ -48,6 +50,18 @@ MODEL = ModelConfig(num_layers=4, hidden_size=128, num_attention_heads=4, seq_le
                     max_position_embeddings=64, vocab_size=2048, hidden_dropout=0.0,
                     attention_dropout=0.0)
 GLOBAL_BATCH = 16
+# The MoE plans' model (names starting "moe-"): MODEL's shape with every other layer MoE (4
+# experts of 256, top-2, no biases, which MoE layers refuse), so that its dense layers give the
+# measured clock the derived MoE layer type runs on (profiles.with_analytic_layer_types).
+MOE_MODEL = dataclasses.replace(MODEL, add_bias_linear=False, moe=MoEConfig(
+    num_experts=4, router_topk=2, ffn_hidden_size=256, layer_freq=2))
+MOE_FLAGS = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "256",
+             "--moe-layer-freq", "2", "--disable-bias-linear"]
+
+
+def model_of(name: str) -> ModelConfig:
+    """The model a named plan trains."""
+    return MOE_MODEL if name.startswith("moe-") else MODEL
 
 
 def _layer(tp: int = 1, dp: str = "ddp", consec: bool = True, rc: Any = False,
@@ -58,8 +72,8 @@ def _layer(tp: int = 1, dp: str = "ddp", consec: bool = True, rc: Any = False,
 
 def plans(world: int) -> dict[str, Plan]:
     """Named plans covering pp, tp, every DP flavour (zero1 included), strided TP, sequence
-    parallelism, recompute, both schedules, the interleaved one (virtual pipeline) and ring
-    context parallelism."""
+    parallelism, recompute, both schedules, the interleaved one (virtual pipeline), ring
+    context parallelism and an expert-parallel plan of :data:`MOE_MODEL` (``moe-``)."""
     n = MODEL.num_layers
 
     def make(layers, pp=1, lps=None, m=2, schedule="1f1b", vocab=VocabStrategy(), v=1):
@@ -97,6 +111,10 @@ def plans(world: int) -> dict[str, Plan]:
         "mixed-per-layer": make([_layer(tp=2), _layer(dp="zero3"), _layer(tp=world),
                                  _layer(tp=2, consec=world <= 2, dp="zero2", rc=True)],
                                 vocab=VocabStrategy(tp=2)),
+        # MOE_MODEL (layers 0 and 2 MoE): experts split over 2 ranks, their states over the
+        # expert-DP group in zero1 where it has ranks (world 4); dense layers ddp
+        "moe-ep2": make([LayerStrategy(ep=2, expert_dp_mode="zero1" if world >= 4 else None),
+                         _layer()] * (n // 2)) if world % 2 == 0 else None,
     }
     seen, unique = set(), {}
     for name, plan in out.items():  # drop plans this world makes identical (tp2 = tp<world>)
@@ -120,7 +138,7 @@ def torchrun(nproc: int, args: list[str], env: dict[str, str]) -> subprocess.Com
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
 
 
-def auto_parallel_profile(nproc: int, cache_dir: Path):
+def auto_parallel_profile(nproc: int, cache_dir: Path, model: ModelConfig = MODEL):
     """The profile the ``--auto-parallel`` run measured (every rank at once, the TP shards up
     to ``nproc`` included), read from its cache. Looking it up with a lone process's default
     settings would miss it (the key holds the TP degrees timed, none on a lone process) and
@@ -134,18 +152,18 @@ def auto_parallel_profile(nproc: int, cache_dir: Path):
     degrees = []
     for k in range(1, nproc.bit_length()):
         try:
-            MODEL.check_tensor_parallel(1 << k)
+            model.check_tensor_parallel(1 << k)
             degrees.append(1 << k)
         except ValueError:
             pass
     config = ModelProfilerConfig(tp_degrees=tuple(degrees) or None)
-    key = profile_cache_key(MODEL, "fp32", torch.device("cpu"), config)
+    key = profile_cache_key(model, "fp32", torch.device("cpu"), config)
     return profile_cache.load_cached(key, cache_dir)
 
 
-def model_flags() -> list[str]:
-    m = MODEL
-    return ["--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden_size),
+def model_flags(m: ModelConfig = MODEL) -> list[str]:
+    extra = MOE_FLAGS if m.moe is not None else []
+    return extra + ["--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden_size),
             "--num-attention-heads", str(m.num_attention_heads), "--seq-length",
             str(m.seq_length), "--max-position-embeddings", str(m.max_position_embeddings),
             "--vocab-size", str(m.vocab_size), "--hidden-dropout", "0", "--attention-dropout",
@@ -204,19 +222,38 @@ def main() -> int:
         return 1
     spec = model_spec(MODEL)
     training = TrainingSpec(global_batch_size=GLOBAL_BATCH, precision="fp32")
+    chosen = {name: plan for name, plan in plans(args.nproc).items()
+              if not args.only or name in args.only}
+    priced_by = {MODEL.model_type: (spec, profile)}
+    if any(model_of(name) is MOE_MODEL for name in chosen):
+        # the MoE model measured as --auto-parallel measures it (its dense layer and router),
+        # the MoE layer type derived as --auto-parallel derives it
+        from megatron_auto.planner.inputs.profiles import with_analytic_layer_types  # noqa
+
+        proc = torchrun(args.nproc, ["pretrain_gpt.py", "--mock-data", *model_flags(MOE_MODEL),
+                                     "--auto-parallel", "--cluster", str(cluster_file),
+                                     "--global-batch-size", str(GLOBAL_BATCH),
+                                     "--train-iters", "1"], env)
+        moe_profile = auto_parallel_profile(args.nproc, work / "cache", MOE_MODEL)
+        if proc.returncode or moe_profile is None:
+            print(proc.stdout[-3000:], proc.stderr[-3000:])
+            return 1
+        moe_spec = model_spec(MOE_MODEL)
+        priced_by["moe"] = (moe_spec, with_analytic_layer_types(moe_profile, moe_spec,
+                                                                training, cluster))
 
     rows, runs = [], []
-    for name, plan in plans(args.nproc).items():
-        if args.only and name not in args.only:
-            continue
-        est = evaluate(plan, spec, training, cluster, profile)
+    for name, plan in chosen.items():
+        model = model_of(name)
+        plan_spec, plan_profile = priced_by["moe" if model is MOE_MODEL else model.model_type]
+        est = evaluate(plan, plan_spec, training, cluster, plan_profile)
         plan = Plan.from_dict({**plan.to_dict(), "estimate": est.to_dict(),
-                               "model": MODEL.to_dict()})
+                               "model": model.to_dict()})
         plan_file = work / f"{name}.json"
         metrics_file = work / f"{name}.jsonl"
         plan.save(plan_file)
         load = _load()  # the machine's load while this plan trains: shared CPUs swing 3-5x
-        proc = torchrun(args.nproc, ["pretrain_gpt.py", "--mock-data", *model_flags(),
+        proc = torchrun(args.nproc, ["pretrain_gpt.py", "--mock-data", *model_flags(model),
                                      "--plan", str(plan_file), "--train-iters",
                                      str(args.iters), "--log-interval", "1", "--lr", "1e-4",
                                      "--timing-log-level", "1",
@@ -233,7 +270,8 @@ def main() -> int:
         pred_mem = max(s.peak_memory_bytes for s in est.stages)
         rows.append((name, pred_mem, measured_mem, pred_time, measured_time, load))
         (work / f"{name}.load").write_text(load)
-        runs.append((name, load_run(metrics_file, plan_file, skip_iterations=2)))
+        if model is MODEL:  # the calibration below fits the dense model's runs
+            runs.append((name, load_run(metrics_file, plan_file, skip_iterations=2)))
         print(f"{name:22s} memory predicted {pred_mem / 2**20:8.1f} MiB measured "
               f"{measured_mem / 2**20:8.1f} MiB ({_err(pred_mem, measured_mem)}) | time "
               f"predicted {pred_time * 1e3:8.1f} ms measured {measured_time * 1e3:8.1f} ms "
@@ -284,7 +322,8 @@ def markdown_table(rows, nproc: int, iters: int | None, profile_load: str) -> st
 def reprice(work: Path, table_out: str | None) -> int:
     """Price every plan of a finished run's work dir again with the current cost model,
     against the iteration times and peaks that run measured (same rules as a fresh run)."""
-    from megatron_auto.planner.inputs.profiles import ModelProfile  # noqa: PLC0415
+    from megatron_auto.planner.inputs.profiles import (ModelProfile,  # noqa: PLC0415
+                                                       with_analytic_layer_types)
 
     cluster = ClusterSpec.load(work / "cluster.json")
     profiles = sorted((work / "cache").glob("*.json"))
@@ -293,9 +332,14 @@ def reprice(work: Path, table_out: str | None) -> int:
         return 2
     # The --auto-parallel run's profile: the one with the TP shards timed (a run made before
     # auto_parallel_profile also holds a second one, measured alone by the script itself).
-    profile = max((ModelProfile.load(f) for f in profiles),
-                  key=lambda p: len(p.layer_types["gpt"].forward_time_by_tp))
-    spec = model_spec(MODEL)
+    # (an MoE model's profile records its router's load imbalance; the dense one's none)
+    loaded = [ModelProfile.load(f) for f in profiles]
+    by_model = {}
+    for model in (MODEL, MOE_MODEL):
+        mine = [p for p in loaded
+                if (p.layer_types["gpt"].moe_load_imbalance > 0) == (model.moe is not None)]
+        if mine:
+            by_model[id(model)] = max(mine, key=lambda p: len(p.layer_types["gpt"].forward_time_by_tp))
     training = TrainingSpec(global_batch_size=GLOBAL_BATCH, precision="fp32")
     rows = []
     order = list(plans(cluster.world_size))
@@ -306,6 +350,9 @@ def reprice(work: Path, table_out: str | None) -> int:
         later = records[2:] or records
         measured_time = statistics.median(r["iteration_time_s"] for r in later)
         measured_mem = max((r.get("peak_memory_bytes") or 0) for r in records)
+        model = model_of(metrics_file.stem)
+        spec = model_spec(model)
+        profile = with_analytic_layer_types(by_model[id(model)], spec, training, cluster)
         est = evaluate(plan, spec, training, cluster, profile)
         pred_mem = max(s.peak_memory_bytes for s in est.stages)
         load_file = work / f"{metrics_file.stem}.load"
