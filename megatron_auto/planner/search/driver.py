@@ -444,8 +444,18 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
                 f"--num-layers-per-virtual-pipeline-stage or drop it", None)
         # Interleaving never lowers the least peak (infeasible.interleaved_least_peak): the minimum
         # is the plain tasks'.
-        raise infeasible_error(options.space, world, budget,
-                          [(t, pin) for t, pin in tasks if t.v == 1], training)
+        err = infeasible_error(options.space, world, budget,
+                               [(t, pin) for t, pin in tasks if t.v == 1], training)
+        if (options.space == "full" and options.cp is None
+                and spec.seq_length < options.cp_min_seq_length
+                and len(cp_degrees(spec, world, replace(options, cp_min_seq_length=0))) > 1):
+            # context parallelism was left out by the length threshold alone: say so
+            err = InfeasibleError(
+                f"{err}; context parallelism was not tried (the sequence of "
+                f"{spec.seq_length} tokens is below --cp-min-seq-length="
+                f"{options.cp_min_seq_length}): give --cp-min-seq-length {spec.seq_length} "
+                f"to search it", err.min_memory_bytes)
+        raise err
     assert best.estimate is not None and (winner is not None or incumbents)
     baselines: dict[str, Estimate | None] = {}
     baselines_cut: list[str] = []
