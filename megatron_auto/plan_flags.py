@@ -31,7 +31,8 @@ LAYOUT_DEFAULTS = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_siz
                    "decoder_last_pipeline_num_layers": None, "sequence_parallel": False,
                    "num_layers_per_virtual_pipeline_stage": None,
                    "pipeline_model_parallel_layout": None, "use_megatron_fsdp": False,
-                   "data_parallel_sharding_strategy": None}
+                   "data_parallel_sharding_strategy": None, "context_parallel_size": 1,
+                   "expert_model_parallel_size": 1}
 
 
 def fail(flag: str, value: object, fix: str) -> NoReturn:
@@ -97,7 +98,7 @@ def check_plan_flags(args: argparse.Namespace) -> None:
              f"pipeline.optimizer_offload_fraction says it; drop the flag or edit the plan")
     if args.plan:
         for flag, default in LAYOUT_DEFAULTS.items():
-            value = getattr(args, flag)
+            value = getattr(args, flag, None)
             if value is not None and value != default:
                 fail("--" + flag.replace("_", "-"), value,
                      f"conflicts with --plan {args.plan}, which sets the layout (tp, pp, dp "
@@ -121,6 +122,10 @@ def add_sp_and_virtual_pipeline_args(group: Any) -> None:
                        help="p2p: ring attention (keys/values around the CP group); a2a: "
                             "Ulysses all-to-all (heads divisible by CP x TP); default p2p, "
                             "searched with --auto-parallel")
+    group.add_argument("--expert-model-parallel-size", type=int, default=None, metavar="EP",
+                       help="MoE layers: the experts split over EP of each layer's "
+                            "data-parallel ranks (default 1; with --auto-parallel searched "
+                            "per MoE layer, a typed value pins it)")
 
 
 def add_layout_and_fsdp_args(group: Any) -> None:
@@ -167,6 +172,8 @@ def plan_source_from_args(args: argparse.Namespace) -> PlanFile | ClassicLayout 
                           cp_min_seq_length=getattr(args, "cp_min_seq_length", None),
                           context_parallel_size=getattr(args, "context_parallel_size", None),
                           cp_comm_type=getattr(args, "cp_comm_type", None),
+                          expert_model_parallel_size=getattr(
+                              args, "expert_model_parallel_size", None),
                           host_memory_budget_gb=host_gb)
     return classic_layout_from_args(args)
 
@@ -193,6 +200,7 @@ def classic_layout_from_args(args: argparse.Namespace) -> ClassicLayout:
         data_parallel_sharding_strategy=getattr(args, "data_parallel_sharding_strategy", None),
         context_parallel_size=getattr(args, "context_parallel_size", None) or 1,
         cp_comm_type=getattr(args, "cp_comm_type", None) or "p2p",
+        expert_model_parallel_size=getattr(args, "expert_model_parallel_size", None) or 1,
         optimizer_offload_fraction=optimizer_offload_from_args(args))
 
 

@@ -105,7 +105,9 @@ def plan_from_classic_flags(layout: ClassicLayout, model_config: ModelConfig,
             use_megatron_fsdp=layout.use_megatron_fsdp,
             data_parallel_sharding_strategy=layout.data_parallel_sharding_strategy,
             context_parallel_size=layout.context_parallel_size,
-            cp_comm_type=layout.cp_comm_type)
+            cp_comm_type=layout.cp_comm_type,
+            expert_model_parallel_size=layout.expert_model_parallel_size,
+            moe_layers=sorted(getattr(model_config, "moe_layers", None) or ()))
     except MegatronFlagError as err:
         raise ArgumentError(str(err)) from None
     if layout.optimizer_offload_fraction:

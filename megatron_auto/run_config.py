@@ -238,6 +238,7 @@ class ClassicLayout:
     data_parallel_sharding_strategy: str | None = None
     context_parallel_size: int = 1  # --context-parallel-size: every layer's cp
     cp_comm_type: str = "p2p"  # --cp-comm-type: p2p = ring, a2a = ulysses
+    expert_model_parallel_size: int = 1  # --expert-model-parallel-size: every MoE layer's ep
     optimizer_offload_fraction: float = 0.0  # --optimizer-cpu-offload / -offload-fraction
 
 
@@ -260,6 +261,8 @@ class SearchPins:
     context_parallel_size: int | None = None  # --context-parallel-size (None: searched)
     cp_comm_type: str | None = None  # --cp-comm-type (None: ring and Ulysses searched)
     cp_min_seq_length: int | None = None  # --cp-min-seq-length (None: the search's 8192)
+    # --expert-model-parallel-size (None: every MoE layer's ep searched)
+    expert_model_parallel_size: int | None = None
     # --host-memory-budget-gb (None: the search offloads nothing)
     host_memory_budget_gb: float | None = None
 

@@ -4,9 +4,9 @@ a :class:`~megatron_auto.families.gpt.config.MoEConfig`.
 Model flags: ``--num-experts`` (absent: a dense model), ``--moe-router-topk``,
 ``--moe-ffn-hidden-size``, ``--moe-layer-freq``, ``--moe-shared-expert-intermediate-size``,
 ``--moe-aux-loss-coeff``, ``--moe-z-loss-coeff``, ``--moe-expert-capacity-factor``,
-``--moe-router-score-function``, ``--moe-router-pre-softmax``. Layout flags (a uniform plan,
-``planner/interop/megatron_flags.py``): ``--expert-model-parallel-size`` and
-``--expert-tensor-parallel-size`` (default: ``--tensor-model-parallel-size``, Megatron's).
+``--moe-router-score-function``, ``--moe-router-pre-softmax``. The layout flag
+``--expert-model-parallel-size`` sits with the other layout flags (``plan_flags.py``; the
+uniform plan: ``planner/interop/megatron_flags.py``).
 """
 
 from __future__ import annotations
@@ -49,16 +49,6 @@ def add_moe_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     g.add_argument("--moe-router-pre-softmax", action="store_true", default=None,
                    help="softmax over all experts before the top-k (Switch)")
     return parser
-
-
-def add_moe_layout_args(group: Any) -> None:
-    """``--expert-model-parallel-size`` and ``--expert-tensor-parallel-size`` (a classic plan's
-    expert layout; a typed value pins it for ``--auto-parallel``)."""
-    group.add_argument("--expert-model-parallel-size", type=int, default=None,
-                       help="experts split over this many data-parallel ranks (default 1)")
-    group.add_argument("--expert-tensor-parallel-size", type=int, default=None,
-                       help="tensor parallelism of the experts (default: "
-                            "--tensor-model-parallel-size)")
 
 
 def moe_config_from_args(args: argparse.Namespace) -> MoEConfig | None:

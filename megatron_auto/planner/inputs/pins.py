@@ -98,6 +98,12 @@ def search_options(pins: LayoutPins, world_size: int, num_layers: int | None, *,
         virtual_sizes=virtual_sizes)
     if cp_min is not None:
         options = replace(options, cp_min_seq_length=cp_min)
+    ep = getattr(pins, "expert_model_parallel_size", None)
+    if ep is not None:  # --expert-model-parallel-size typed: every MoE layer's ep pinned
+        if not (isinstance(ep, int) and ep >= 1 and ep & (ep - 1) == 0):
+            raise ArgumentError(f"--expert-model-parallel-size={ep}: must be a power of two "
+                                f"(the experts split over that many data-parallel ranks)")
+        options = replace(options, expert_parallel=ep)
     host = getattr(pins, "host_memory_budget_gb", None)
     if host is not None:  # optimizer offload enters the search (SearchOptions)
         if not (isinstance(host, (int, float)) and 0 < host < math.inf):

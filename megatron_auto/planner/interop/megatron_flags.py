@@ -115,11 +115,14 @@ def plan_from_megatron_flags(
         pipeline_model_parallel_layout: str | None = None,
         use_megatron_fsdp: bool = False, data_parallel_sharding_strategy: str | None = None,
         model: Mapping[str, Any] | None = None, context_parallel_size: int = 1,
-        cp_comm_type: str = "p2p") -> Plan:
+        cp_comm_type: str = "p2p", expert_model_parallel_size: int = 1,
+        moe_layers: Sequence[int] = ()) -> Plan:
     """The uniform plan a classic Megatron flag set describes.
 
     ``num_microbatches = global_batch_size / (micro_batch_size * dp)`` with
     ``dp = world_size / (tp * pp * cp)``; every divisibility is checked with the flag named.
+    ``expert_model_parallel_size``: the ``ep`` of every layer of ``moe_layers`` (the model's MoE
+    layers), which must divide the data-parallel size.
     """
     tp, pp, cp = tensor_model_parallel_size, pipeline_model_parallel_size, context_parallel_size
     if cp_comm_type not in CP_COMM_TYPES:
@@ -128,6 +131,7 @@ def plan_from_megatron_flags(
                                 f"choose one of them")
     for flag, value in (("--tensor-model-parallel-size", tp), ("--pipeline-model-parallel-size", pp),
                         ("--context-parallel-size", cp),
+                        ("--expert-model-parallel-size", expert_model_parallel_size),
                         ("--micro-batch-size", micro_batch_size),
                         ("--global-batch-size", global_batch_size)):
         if not isinstance(value, int) or value < 1:
@@ -139,6 +143,14 @@ def plan_from_megatron_flags(
             f"{tp * pp * cp} must divide the world size {world_size}; choose degrees whose "
             f"product divides it")
     dp = world_size // (tp * pp * cp)
+    ep = expert_model_parallel_size
+    if ep > 1 and not moe_layers:
+        raise MegatronFlagError(f"--expert-model-parallel-size={ep}: the model has no MoE layers "
+                                f"(--num-experts); drop the flag or add --num-experts")
+    if ep > 1 and (dp % ep or ep & (ep - 1)):
+        raise MegatronFlagError(f"--expert-model-parallel-size={ep}: must be a power of two "
+                                f"dividing the data-parallel size {dp} (world {world_size} / "
+                                f"(tp {tp} x pp {pp} x cp {cp})); choose a divisor of {dp}")
     if global_batch_size % (micro_batch_size * dp):
         raise MegatronFlagError(
             f"--global-batch-size={global_batch_size}: must be a multiple of --micro-batch-size="
@@ -230,6 +242,9 @@ def plan_from_megatron_flags(
                             cp=cp, cp_mode=CP_COMM_TYPES[cp_comm_type] if cp > 1 else "ring")
     except PlanError as err:
         raise MegatronFlagError(f"classic flags give an invalid plan: {err}") from None
+    if ep > 1:
+        plan = replace(plan, layers=tuple(replace(layer, ep=ep) if i in set(moe_layers)
+                                          else layer for i, layer in enumerate(plan.layers)))
     return replace(plan, search={"source": "megatron-flags", "notes": notes})
 
 
