@@ -107,7 +107,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--host-memory-budget-gb", type=float, default=None, metavar="X",
                    help="host memory one device's rank may use for offload, in GB = 1e9 bytes: "
                         "plans that offload need one that holds it; given to plan, the search "
-                        "also tries optimizer offload within it")
+                        "also tries optimizer and activation offload within it")
     g.add_argument("--model-profile", default=None, metavar="FILE",
                    help="measured or imported model profile (default: analytic from the shapes)")
 

@@ -76,7 +76,7 @@ def add_parallelism_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                    help="hardware profile for --auto-parallel (preset name or JSON file)")
     p.add_argument("--host-memory-budget-gb", type=float, default=None, metavar="X",
                    help="host memory per device (GB = 1e9 bytes) --auto-parallel may fill with "
-                        "an offloaded optimizer share (default: no offload)")
+                        "offloaded optimizer state and activations (default: no offload)")
     p.add_argument("--optimality-gap", type=float, default=None, metavar="GAP",
                    help="--auto-parallel stops searching once its plan is within this relative "
                         "gap of the search's lower bound (default 0.01; 0 proves the optimum)")

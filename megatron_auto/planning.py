@@ -70,6 +70,8 @@ def runtime_options(options: SearchOptions, config: Any) -> SearchOptions:
                                 f"{config.model_type} model runs only non-interleaved "
                                 f"schedules; drop the flag")
         changes["virtual_sizes"] = (1,)
+    if not getattr(config, "runs_module_recompute", True) and options.activation_offload:
+        changes["activation_offload"] = False  # its layers refuse layers[i].offload
     return dataclasses.replace(options, **changes) if changes else options
 
 

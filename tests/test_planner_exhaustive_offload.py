@@ -1,10 +1,11 @@
-"""Optimizer offload as a dimension of the exact search, proven by enumeration.
+"""Optimizer and activation offload as dimensions of the exact search, proven by enumeration.
 
 Every plan of a tiny 2-rank space is written out here independently of the search's strategy
 code (pipeline degree, partition, micro-batch count, interleaving, per layer every TP degree
-with its DP ranks dividing the micro-batch, ``ddp``/``zero1``, SP where it divides the sequence;
-the vocabulary's TP and flavour) at each ``pipeline.optimizer_offload_fraction`` the search
-offers (0, 1/2, 1, one for every stage), priced by ``evaluate``. A plan is feasible when its
+with its DP ranks dividing the micro-batch, ``ddp``/``zero1``, SP where it divides the sequence,
+activation offload (``offload`` false or true); the vocabulary's TP and flavour) at each
+``pipeline.optimizer_offload_fraction`` the search offers (0, 1/2, 1, one for every stage),
+priced by ``evaluate``. ("Offloads" below: any optimizer fraction or any layer offloading.) A plan is feasible when its
 device peak fits the budget and its host bytes the host budget. At several budgets the search
 (host budget given, gap 0) must return the enumerated optimum; at some the optimum offloads and
 at another it does not, so a search without the dimension fails here. Without a host budget the
@@ -53,7 +54,9 @@ def _layer_choices(lt: LayerType, n: int, b_m: int) -> list[LayerStrategy]:
             continue
         for mode in (DP_MODES if n // tp > 1 else ("ddp",)):
             for sp in ((False, True) if tp > 1 and SEQ % tp == 0 else (False,)):
-                out.append(LayerStrategy(tp=tp, dp_mode=mode, sequence_parallel=sp))
+                for offload in (False, True):  # activation offload (no layer recomputes here)
+                    out.append(LayerStrategy(tp=tp, dp_mode=mode, sequence_parallel=sp,
+                                             offload=offload))
     return out
 
 
@@ -92,7 +95,7 @@ def priced():
     for plan in _every_plan(spec):
         e = evaluate(plan, spec, training, cluster, profile)
         out.append((e.iteration_time_s, e.peak_memory_bytes, e.host_memory_bytes,
-                    _fraction(plan)))
+                    _fraction(plan) + any(s.offload for s in plan.layers)))
     assert len(out) > 100
     return out
 
@@ -103,11 +106,12 @@ def _options(host: float | None) -> SearchOptions:
                          include_baselines=False, report_partitions=False)
 
 
-@pytest.mark.parametrize("host_share", [1.0, 0.5])
+@pytest.mark.parametrize("host_share", [1.0, 0.5, 0.05])
 def test_search_with_offload_returns_the_enumerated_optimum(priced, host_share):
     _, spec, training, cluster, profile = _instance()
     # host_share 1: room for every plan's host bytes; 1/2: fraction 1 of the biggest stage
-    # does not fit, so the host budget itself decides some answers
+    # does not fit, so the host budget itself decides some answers; 1/20: room for offloaded
+    # activations only
     host = host_share * max(h for _, _, h, _ in priced)
     least = min(p for _, p, h, _ in priced if h <= host)
     chosen = []
@@ -120,9 +124,11 @@ def test_search_with_offload_returns_the_enumerated_optimum(priced, host_share):
         assert result.estimate.peak_memory_bytes <= budget
         assert result.estimate.host_memory_bytes <= host
         assert result.estimate.iteration_time_s == pytest.approx(best_time, rel=1e-9), factor
-        chosen.append(_fraction(result.plan))
-    # the dimension matters: the tightest budget's optimum offloads, a loose one's does not
-    assert chosen[0] > 0 and chosen[-1] == 0, chosen
+        chosen.append((_fraction(result.plan), any(s.offload for s in result.plan.layers)))
+    # the dimensions matter: the tightest budget's optimum offloads, a loose one's does not
+    assert any(chosen[0]) and not any(chosen[-1]), chosen
+    if host_share == 1.0:  # both kinds are chosen somewhere, activation offload on its own too
+        assert any(f > 0 for f, _ in chosen) and (0.0, True) in chosen, chosen
 
 
 def test_without_a_host_budget_nothing_is_offloaded(priced):

@@ -81,7 +81,9 @@ def spaces_of(name: str, options: SearchOptions, world: int) -> list[Space]:
                       sequence_parallel=sp, module_recompute=tuple(options.module_recompute),
                       eps=(options.expert_parallel,) if options.expert_parallel else None,
                       cp_modes=tuple(options.cp_modes),
-                      host_memory_budget_bytes=options.host_memory_budget_bytes)
+                      host_memory_budget_bytes=options.host_memory_budget_bytes,
+                      activation_offload=(options.host_memory_budget_bytes is not None
+                                          and options.activation_offload))
     if name == "full":  # its CP degrees: cp_space.cp_degrees per stage size
         return [Space("full", base, cps=None)]
     if name == NO_CP_BASELINE:  # the full space's plans without context parallelism

@@ -78,6 +78,9 @@ class SearchOptions:
     # for all stages), and a plan whose host bytes exceed the budget is infeasible.
     host_memory_budget_bytes: float | None = None
     optimizer_offload_fractions: tuple[float, ...] = (0.5, 1.0)
+    # With a host budget, also offer every layer that does not recompute ``offload: true``
+    # (its saved activations in host memory, cost/offload.py).
+    activation_offload: bool = True
 
     def validate(self) -> None:
         def need(cond: bool, name: str, value: Any, fix: str) -> None:

@@ -88,6 +88,8 @@ class SpaceRules:
     # The host memory a rank may use (``SearchOptions.host_memory_budget_bytes``): a plan whose
     # offload needs more is infeasible. None: no offload.
     host_memory_budget_bytes: float | None = None
+    # ``layers[i].offload = true`` offered beside each strategy that recomputes nothing.
+    activation_offload: bool = False
 
 
 @dataclass(frozen=True)
@@ -169,10 +171,14 @@ def layer_strategies(layer_type: LayerType, stage_size: int, microbatch_size: in
                     for recompute in recomputes:
                         base = LayerStrategy(tp=tp, dp_mode=mode, tp_consecutive=consec,
                                              recompute=recompute, sequence_parallel=sp)
-                        if cp == 1:
-                            out.extend(expert_variants(base, layer_type, dp, rules))
-                        else:  # no MoE under CP (cp_space rule 2)
-                            out.extend(replace(base, cp=cp, cp_mode=m) for m in cp_modes_here)
+                        offloads = [False] + ([True] if rules.activation_offload
+                                              and recompute is False else [])
+                        for offload in offloads:
+                            b = replace(base, offload=True) if offload else base
+                            if cp == 1:
+                                out.extend(expert_variants(b, layer_type, dp, rules))
+                            else:  # no MoE under CP (cp_space rule 2)
+                                out.extend(replace(b, cp=cp, cp_mode=m) for m in cp_modes_here)
     return out
 
 

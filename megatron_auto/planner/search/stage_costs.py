@@ -21,7 +21,8 @@ from ..cost.memory_model import MemoryCost, embedding_memory, layer_memory
 from ..cost.time_model import TimeCost, embedding_time, layer_time
 from ..cost.recompute import NONE as NONE_RECOMPUTED, module_terms
 from ..cost.moe import has_mlp, with_experts
-from ..cost.offload import optimizer_offload_terms
+from ..cost.offload import (apply_offload_memory, apply_offload_time, offload_cost,
+                            optimizer_offload_terms)
 from ..inputs.profile_records import EmbeddingProfile, LayerTypeProfile
 from ..inputs.profiles import dropout_mask_bytes
 from ...layout import Layout, layout_of
@@ -55,6 +56,8 @@ class StrategyCosts:
     step_floor: np.ndarray
     step_temporary: np.ndarray
     sharded: np.ndarray
+    # host bytes at this position's micro-batches in flight (activation offload)
+    host: np.ndarray
 
     @property
     def microbatch(self) -> np.ndarray:
@@ -94,7 +97,7 @@ class EmbeddingCosts:
 
 
 _COLUMNS = ("forward", "backward", "exposed_sync", "optimizer", "persistent", "transient",
-            "step_peak", "step_floor", "step_temporary", "sharded")
+            "step_peak", "step_floor", "step_temporary", "sharded", "host")
 
 # A strategy's key: (strategy, stage size, micro-batch size, in flight, schedule, precision,
 # SP-reduced norm bytes); its layer terms' key leaves out the micro-batches in flight.
@@ -183,10 +186,17 @@ def _price(profile: LayerTypeProfile, cluster: ClusterModel, s: LayerStrategy, n
                        recompute_modules=s.recompute_modules,
                        mlp=layer_type is None or has_mlp(layer_type)))
         if layer_type is not None:  # MoE layers: the router and routed experts on top
-            memo.layers[key] = with_experts(*dense, profile, layer_type, cluster, s, layout, n,
-                                            samples, precision,
-                                            first_backward_peak=schedule == "gpipe")
+            priced = with_experts(*dense, profile, layer_type, cluster, s, layout, n, samples,
+                                  precision, first_backward_peak=schedule == "gpipe")
+            # activation offload (layers[i].offload), as evaluate_plan prices it
+            moved = offload_cost(s, profile, layer_type, cluster, samples,
+                                 priced[0].activations_per_microbatch, beta,
+                                 dropout_mask_bytes(cluster, beta))
+            memo.layers[key] = (apply_offload_memory(priced[0], moved),
+                                apply_offload_time(priced[1], moved), priced[2])
         else:
+            if s.offload is not False:
+                raise ValueError("activation offload strategies need the layer_type to price")
             memo.layers[key] = (*dense, False)
     mem, t, experts_sharded = memo.layers[key]
     off = optimizer_offload_terms(cluster, optimizer_offload, mem.optimizer_states,
@@ -201,7 +211,8 @@ def _price(profile: LayerTypeProfile, cluster: ClusterModel, s: LayerStrategy, n
         (1 + frag) * mem.transient, step_peak,
         step_peak - (off.step_temporary if fused else 0.0),
         off.step_temporary if fused else 0.0,
-        float(experts_sharded or (s.dp_mode in ("zero2", "zero3") and dp > 1)))
+        float(experts_sharded or (s.dp_mode in ("zero2", "zero3") and dp > 1)),
+        in_flight * mem.host_per_microbatch)
 
 
 def embedding_costs(profile: EmbeddingProfile, cluster: ClusterModel, vocab: VocabStrategy,
@@ -244,7 +255,8 @@ def prune_dominated(costs: StrategyCosts) -> np.ndarray:
     parallelism) dominates (rule 5).
 
     ``j`` dominates ``i`` when it is no worse in every quantity: forward, backward, exposed sync,
-    optimizer step, persistent, transient and step-peak memory, and both are sharded or both
+    optimizer step, persistent, transient and step-peak memory, host bytes (activation
+    offload: the host budget is a second constraint), and both are sharded or both
     not (a sharded layer makes fused AdamW keep its temporaries for the whole stage). Exact: the iteration time of
     ``cost_time.pipeline_time`` does not decrease when a stage's forward, backward, tail or step
     grows (a longer backward hides more of a later stage's tail, but lengthens the pipeline by
@@ -252,8 +264,8 @@ def prune_dominated(costs: StrategyCosts) -> np.ndarray:
     only on the class. Ties keep the first.
     """
     keys = np.stack([costs.forward, costs.backward, costs.exposed_sync, costs.optimizer,
-                     costs.persistent, costs.transient, costs.step_peak, costs.step_floor],
-                    axis=1)  # (s, q)
+                     costs.persistent, costs.transient, costs.step_peak, costs.step_floor,
+                     costs.host], axis=1)  # (s, q)
     n = len(costs)
     codes = {(lay, sh): c for c, (lay, sh) in
              enumerate(sorted(set(zip(costs.layouts, costs.sharded.tolist()))))}
