@@ -2,8 +2,9 @@
 kept out of plan.py (which raises what these return as ``PlanError``). Pure, no torch.
 
 Only MoE layers may carry ``ep`` / ``expert_tp`` above 1 (the model says which layers are MoE);
-``ep`` must divide the layer's data-parallel ranks and the expert count; an MoE layer runs
-without sequence parallelism, and an expert-parallel one without context parallelism.
+``ep`` must divide the layer's data-parallel ranks and the expert count, ``expert_tp`` the
+layer's ``tp`` and the expert width; an MoE layer runs without sequence parallelism, and one
+with expert fields without context parallelism.
 """
 
 from __future__ import annotations
@@ -24,17 +25,19 @@ def expert_field_error(layer: Any, where: str, dp: int) -> str | None:
         return (f"plan field {where}.ep={layer.ep}: must be a power of two dividing the layer's "
                 f"{dp} data-parallel ranks (the experts are split over ep of them); use a "
                 f"divisor of {dp}, or change tp")
-    if layer.expert_tp != 1:
-        return (f"plan field {where}.expert_tp={layer.expert_tp}: expert tensor parallelism is "
-                f"not implemented yet (the experts are replicated over the layer's TP ranks); "
-                f"set it to 1")
+    if not (_power_of_two(layer.expert_tp) and layer.tp % layer.expert_tp == 0):
+        return (f"plan field {where}.expert_tp={layer.expert_tp}: must be a power of two "
+                f"dividing the layer's tp={layer.tp} (each expert is split over expert_tp of "
+                f"its TP ranks); use a divisor of {layer.tp}, or raise tp")
     if layer.expert_dp_mode is not None and layer.expert_dp_mode not in _DP_MODES:
         return (f"plan field {where}.expert_dp_mode={layer.expert_dp_mode}: choose one of "
                 f"{', '.join(_DP_MODES)} (absent: the layer's dp_mode)")
-    expert_fields = layer.ep != 1 or layer.expert_dp_mode is not None
+    expert_fields = (layer.ep != 1 or layer.expert_tp != 1
+                     or layer.expert_dp_mode is not None)
     if expert_fields and layer.cp > 1:
         return (f"plan field {where}.cp={layer.cp}: an expert-parallel layer runs without "
-                f"context parallelism; set cp to 1, or ep to 1 and drop expert_dp_mode")
+                f"context parallelism; set cp to 1, or ep and expert_tp to 1 and drop "
+                f"expert_dp_mode")
     if expert_fields and layer.sequence_parallel:
         return (f"plan field {where}.sequence_parallel=True: an MoE layer runs without "
                 f"sequence parallelism; set it to false")

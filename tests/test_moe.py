@@ -213,7 +213,7 @@ def _plan_with(ep: int = 1, *, layer: int = 0, tp: int = 1, world: int = 4, **fi
     (lambda: _plan_with(ep=3), "layers[0].ep=3"),  # not a power of two dividing dp=4
     (lambda: _plan_with(ep=4, tp=2), "layers[0].ep=4"),  # dp is 2 at tp 2
     (lambda: _plan_with(ep=2, layer=1), "layers[1].ep=2"),  # layer 1 is dense
-    (lambda: _plan_with(expert_tp=2, tp=2), "layers[0].expert_tp=2"),
+    (lambda: _plan_with(expert_tp=4, tp=2), "layers[0].expert_tp=4"),  # above tp
     (lambda: _plan_with(ep=2, expert_dp_mode="zero4"), "layers[0].expert_dp_mode=zero4"),
 ])
 def test_bad_expert_fields_fail_in_one_line(make, field):
@@ -232,3 +232,30 @@ def test_ep_must_divide_the_experts():
                                         r"--num-experts=6"):
         _plan_with(ep=4).validate(config)
     _plan_with(ep=2).validate(config)  # 6 experts over 2 ranks: fine
+
+
+def test_expert_weights_are_split_on_two_dims_inside_the_ep_chunk():
+    """The shard description the init, gathering and checkpoints read: an ep 2 x expert_tp 2
+    expert weight is EP chunk ``ep_rank`` of dim 0, then expert-TP chunk of dim 1 (fc1) / 2
+    (fc2); the local shapes are the global ones divided accordingly."""
+    from megatron_auto.models.init import collect_shard_specs, global_shape, shard_tensor
+    from megatron_auto.parallel.context import ExpertGroups
+
+    config = make_config(layer_freq=2, activation="swiglu")
+    groups = ExpertGroups(layout=None, ep_group="ep", ep_rank=1, ep_size=2, ep_ranks=(0, 1),
+                          dp=None, expert_tp_group="etp", expert_tp_rank=1, expert_tp_size=2,
+                          expert_tp_ranks=(0, 1))
+    one = one_rank_groups()
+    block = MoELayer(config, one, expert_groups=groups)
+    specs = collect_shard_specs(block)
+    e, f, h = config.moe.num_experts, config.expert_ffn_hidden_size, config.hidden_size
+    fc1, fc2 = specs["experts.linear_fc1.weight"], specs["experts.linear_fc2.weight"]
+    assert (fc1.dim, fc1.tp_size, fc1.tp_rank, fc1.tp_group) == (0, 2, 1, "ep")
+    assert (fc1.inner.dim, fc1.inner.tp_size, fc1.inner.tp_rank) == (1, 2, 1)
+    assert (fc2.dim, fc2.inner.dim, fc2.inner.tp_group) == (0, 2, "etp")
+    assert tuple(block.experts.linear_fc1.weight.shape) == (e // 2, 2 * f // 2, h)
+    assert tuple(block.experts.linear_fc2.weight.shape) == (e // 2, h, f // 2)
+    assert global_shape(block.experts.linear_fc1.weight.shape, fc1) == [e, 2 * f, h]
+    full = torch.arange(e * 2 * f * h, dtype=torch.float32).view(e, 2 * f, h)
+    # experts 2..3 (EP rank 1), rows f..2f-1 (expert-TP rank 1): whole (gate, up) pairs
+    assert torch.equal(shard_tensor(full, fc1), full[e // 2:, f:, :])

@@ -111,7 +111,8 @@ class TransformerStage(PipelineStage):
         self._moe_layers = set(getattr(config, "moe_layers", ()))
         self._expert_groups = {i: ctx.expert_groups(i) for i in self.layer_ids
                                if i in self._moe_layers
-                               and (plan.layers[i].ep > 1 or plan.layers[i].expert_dp_mode)}
+                               and (plan.layers[i].ep > 1 or plan.layers[i].expert_tp > 1
+                                    or plan.layers[i].expert_dp_mode)}
         self.layers = nn.ModuleDict({
             str(i): make_transformer_layer(config, self._layer_groups[i], rng=self.rng,
                                            causal=self.causal,

@@ -8,7 +8,10 @@ projections of a residual branch (``linear_proj``, ``linear_fc2``) N(0, std/sqrt
 matrix N(0, std).
 
 Which parameters are sharded, and how, is read from the modules themselves: a tensor-parallel
-module carries ``tp_shard_dims`` ({param name: dim}) and its ``tp_group/tp_size/tp_rank``.
+module carries ``tp_shard_dims`` ({param name: dim}) and its ``tp_group/tp_size/tp_rank``. A
+module may shard a second dimension over a second group (an MoE layer's experts: EP on dim 0,
+expert TP on dim 1 or 2) with ``inner_shard_dims`` and ``inner_group/inner_size/inner_rank``:
+the chunk of the first split is cut again along the second dimension (:attr:`ShardSpec.inner`).
 :func:`collect_shard_specs` records that per FQN once (before FSDP2 may wrap the parameters), and
 :func:`gather_full_state` uses it to rebuild full tensors for equivalence tests and checkpoints.
 """
@@ -33,34 +36,74 @@ SCALED_INIT_SUFFIXES = ("linear_proj.weight", "linear_fc2.weight")
 
 @dataclass(frozen=True)
 class ShardSpec:
-    """Parameter ``fqn`` is the contiguous chunk ``tp_rank`` (of ``tp_size``) along ``dim``."""
+    """Parameter ``fqn`` is the contiguous chunk ``tp_rank`` (of ``tp_size``) along ``dim``;
+    with ``inner``, that chunk is cut again: this rank holds chunk ``inner.tp_rank`` of it
+    along ``inner.dim`` (another dimension, over ``inner.tp_group``)."""
 
     dim: int
     tp_size: int
     tp_rank: int
     tp_group: Any
+    inner: "ShardSpec | None" = None
+
+    def splits(self) -> list["ShardSpec"]:
+        """The one-dimensional splits, outer first (each with ``inner`` None)."""
+        outer = ShardSpec(self.dim, self.tp_size, self.tp_rank, self.tp_group)
+        return [outer] + (self.inner.splits() if self.inner is not None else [])
+
+
+def _module_split(module: nn.Module, pname: str, prefix: str) -> ShardSpec | None:
+    """The split of ``module.<pname>`` its ``<prefix>shard_dims`` names (None: not split there,
+    or over one rank)."""
+    dims = getattr(module, f"{prefix}shard_dims", None) or {}
+    size = getattr(module, f"{prefix}size", 1)
+    if pname not in dims or size == 1:
+        return None
+    return ShardSpec(dims[pname], size, getattr(module, f"{prefix}rank"),
+                     getattr(module, f"{prefix}group"))
 
 
 def collect_shard_specs(root: nn.Module) -> dict[str, ShardSpec]:
-    """FQN -> :class:`ShardSpec` for every TP-sharded parameter under ``root`` (tp_size > 1)."""
+    """FQN -> :class:`ShardSpec` for every sharded parameter under ``root`` (``tp_shard_dims``
+    with tp_size > 1, and/or ``inner_shard_dims`` with inner_size > 1)."""
     specs: dict[str, ShardSpec] = {}
     for mod_name, module in root.named_modules():
-        dims = getattr(module, "tp_shard_dims", None)
-        if not dims or getattr(module, "tp_size", 1) == 1:
-            continue
-        for pname, dim in dims.items():
+        names = set(getattr(module, "tp_shard_dims", None) or {})
+        names |= set(getattr(module, "inner_shard_dims", None) or {})
+        for pname in sorted(names):
             if getattr(module, pname, None) is None:
                 continue
+            outer = _module_split(module, pname, "tp_")
+            inner = _module_split(module, pname, "inner_")
+            if outer is None and inner is None:
+                continue
+            if outer is not None and inner is not None and outer.dim == inner.dim:
+                raise ValueError(f"{mod_name}.{pname}: the two splits must use different "
+                                 f"dimensions (both use dim {outer.dim})")
             fqn = f"{mod_name}.{pname}" if mod_name else pname
-            specs[fqn] = ShardSpec(dim, module.tp_size, module.tp_rank, module.tp_group)
+            if outer is None:
+                assert inner is not None
+                specs[fqn] = inner
+            else:
+                specs[fqn] = ShardSpec(outer.dim, outer.tp_size, outer.tp_rank, outer.tp_group,
+                                       inner)
     return specs
+
+
+def global_shape(local: torch.Size | tuple[int, ...] | list[int], spec: ShardSpec | None
+                 ) -> list[int]:
+    """The global shape of a parameter whose local shard has shape ``local``."""
+    shape = list(local)
+    for split in (spec.splits() if spec is not None else []):
+        shape[split.dim] *= split.tp_size
+    return shape
 
 
 def shard_tensor(full: torch.Tensor, spec: ShardSpec | None) -> torch.Tensor:
     """This rank's chunk of ``full`` (the tensor itself when unsharded)."""
-    if spec is None:
-        return full
-    return full.chunk(spec.tp_size, dim=spec.dim)[spec.tp_rank]
+    for split in (spec.splits() if spec is not None else []):
+        full = full.chunk(split.tp_size, dim=split.dim)[split.tp_rank]
+    return full
 
 
 def _norm_param_fqns(root: nn.Module) -> set[str]:
@@ -96,9 +139,7 @@ def init_parameters(root: nn.Module, config: ModelConfig, seed: int,
     norms = _norm_param_fqns(root)
     for fqn, param in root.named_parameters():
         spec = specs.get(fqn)
-        shape = list(param.shape)
-        if spec is not None:
-            shape[spec.dim] *= spec.tp_size
+        shape = global_shape(param.shape, spec)
         full = full_initial_value(fqn, tuple(shape), config, seed, is_norm=fqn in norms)
         param.copy_(shard_tensor(full, spec))
 
@@ -117,7 +158,7 @@ def gather_full_state(stage: nn.Module, ctx: Any = None, *, grads: bool = False
                       ) -> dict[str, torch.Tensor]:
     """FQN -> full global tensor (fp32 CPU copy) of every parameter (or gradient) this rank holds.
 
-    Collective over each TP group (every member must call it, same order). Parameters without a
+    Collective over each TP group and inner split group (every member must call it, same order). Parameters without a
     gradient are skipped when ``grads`` is True. ``ctx`` is accepted for symmetry with other
     runtime helpers; the shard layout comes from ``stage.shard_specs`` (or the modules).
     """
@@ -131,7 +172,9 @@ def gather_full_state(stage: nn.Module, ctx: Any = None, *, grads: bool = False
             continue
         local = _local_value(value)
         spec = specs.get(fqn)
-        if spec is not None and spec.tp_size > 1 and dist.is_initialized():
-            local = all_gather_dim(local, spec.tp_group, dim=spec.dim)
+        if spec is not None and dist.is_initialized():
+            for split in reversed(spec.splits()):  # the inner split first
+                if split.tp_size > 1:
+                    local = all_gather_dim(local, split.tp_group, dim=split.dim)
         out[fqn] = local.float().cpu().clone()
     return out

@@ -11,9 +11,11 @@ Parameters (plan-independent names and global shapes, ``E`` experts, width ``f``
 interleaved ``gate_0, up_0, gate_1, ...`` as the dense MLP's) or (E, f, h) for GELU;
 ``experts.linear_fc2.weight`` (E, h, f); the shared experts are a dense MLP of width
 ``shared_expert_intermediate_size`` under ``shared_experts.`` (TP-split like the MLP). An
-expert has no biases. The router and the routed experts are replicated on the layer's TP
-ranks (each computes the same thing from the same replicated tokens), so their gradients need
-no TP reduction, as the norms' do not.
+expert has no biases. The router is replicated on the layer's TP ranks (each computes the same
+thing from the same replicated tokens), so its gradient needs no TP reduction, as the norms'
+does not. The routed experts are too with ``expert_tp = 1``; with ``expert_tp > 1`` each
+expert is split over ``expert_tp`` members of the TP group (fc1's output rows, fc2's input
+columns: :class:`GroupedExperts`), and the ``tp / expert_tp`` such groups are replicas.
 
 Routing runs in fp32 (outside autocast): ties and near-ties in the top-k must not depend on the
 compute dtype. The experts run as grouped matmuls over the tokens sorted by expert
@@ -42,6 +44,7 @@ from torch import nn
 from ..config import ModelConfig
 from ..parallel.context import ExpertGroups, LayerGroups
 from ..parallel.expert_parallel import ExpertParallelDispatch
+from ..parallel.mappings import copy_to_tensor_parallel, reduce_from_tensor_parallel
 from .transformer import MLP
 
 # Dispatch of the sorted tokens to the experts and back: ``(x_sorted, counts) -> y_sorted``
@@ -107,17 +110,25 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) 
 class GroupedExperts(nn.Module):
     """``E_local`` routed experts (SwiGLU or GELU MLPs without biases) run as grouped matmuls."""
 
-    def __init__(self, config: ModelConfig, num_local_experts: int, ffn: int) -> None:
+    def __init__(self, config: ModelConfig, num_local_experts: int, ffn: int,
+                 expert_tp_group: Any = None) -> None:
         super().__init__()
         h = config.hidden_size
         self.swiglu = config.activation == "swiglu"
         self.gelu_approximate = "tanh" if config.openai_gelu else "none"
         self.num_local_experts = num_local_experts
+        # expert TP (``ffn`` is then this rank's share of the width): fc1's output rows and
+        # fc2's input columns are split, the input copied into and fc2's output summed out of
+        # the expert-TP group, a column- and a row-parallel linear as the dense MLP's
+        self.expert_tp_group = expert_tp_group
         self.linear_fc1 = ExpertWeight(num_local_experts, 2 * ffn if self.swiglu else ffn, h)
         self.linear_fc2 = ExpertWeight(num_local_experts, h, ffn)
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """``x`` (N, h) sorted by local expert, ``counts`` (E_local,) rows each -> (N, h)."""
+        group = self.expert_tp_group
+        if group is not None:
+            x = copy_to_tensor_parallel(x, group)
         w1, w2 = self.linear_fc1.weight, self.linear_fc2.weight
         if x.dtype != w1.dtype and torch.is_autocast_enabled(x.device.type):
             # autocast does not cover the private grouped GEMM: cast the weights as it would
@@ -128,7 +139,8 @@ class GroupedExperts(nn.Module):
             y = F.silu(y[..., 0]) * y[..., 1]
         else:
             y = F.gelu(y, approximate=self.gelu_approximate)
-        return grouped_linear(y, w2, counts)
+        y = grouped_linear(y, w2, counts)
+        return y if group is None else reduce_from_tensor_parallel(y, group)
 
 
 class _AttachAuxLoss(torch.autograd.Function):
@@ -226,8 +238,10 @@ class MoELayer(nn.Module):
         self.router = nn.Module()
         self.router.weight = nn.Parameter(torch.empty(moe.num_experts, config.hidden_size))
         ep = 1 if expert_groups is None else expert_groups.ep_size
-        self.experts = GroupedExperts(config, moe.num_experts // ep,
-                                      config.expert_ffn_hidden_size)
+        etp = 1 if expert_groups is None else expert_groups.expert_tp_size
+        self.experts = GroupedExperts(
+            config, moe.num_experts // ep, config.expert_ffn_hidden_size // etp,
+            expert_groups.expert_tp_group if expert_groups is not None and etp > 1 else None)
         dispatch: Dispatch = local_dispatch
         if expert_groups is not None:
             # the experts' own data-parallel groups (DataParallel reads them) and, with ep > 1,
@@ -239,6 +253,14 @@ class MoELayer(nn.Module):
                     weight.tp_shard_dims = {"weight": 0}
                     weight.tp_size, weight.tp_rank = ep, expert_groups.ep_rank
                     weight.tp_group = expert_groups.ep_group
+            if etp > 1:
+                # expert-TP shards of each expert, inside the EP chunk: fc1's rows (dim 1; a
+                # contiguous chunk of the interleaved SwiGLU rows keeps every (gate, up) pair
+                # together, as the dense column-parallel split does), fc2's columns (dim 2)
+                for weight, dim in ((self.experts.linear_fc1, 1), (self.experts.linear_fc2, 2)):
+                    weight.inner_shard_dims = {"weight": dim}
+                    weight.inner_size, weight.inner_rank = etp, expert_groups.expert_tp_rank
+                    weight.inner_group = expert_groups.expert_tp_group
         self.shared_experts = (MLP(config, groups,
                                    ffn_hidden_size=moe.shared_expert_intermediate_size)
                                if moe.shared_expert_intermediate_size else None)

@@ -253,6 +253,13 @@ class ExpertGroups:
     ep_size: int
     ep_ranks: tuple[int, ...]
     dp: LayerGroups  # the experts' data-parallel groups: expert-DP, with the layer's TP fields
+    # expert TP: each expert split over these ``expert_tp_size`` members of the layer's TP
+    # group; ``expert_replica`` numbers the tp / expert_tp groups computing the same thing
+    expert_tp_group: Any = None
+    expert_tp_rank: int = 0
+    expert_tp_size: int = 1
+    expert_tp_ranks: tuple[int, ...] = ()
+    expert_replica: int = 0
 
 
 def build_expert_groups(ctx: Any, layer: int) -> ExpertGroups:
@@ -271,4 +278,9 @@ def build_expert_groups(ctx: Any, layer: int) -> ExpertGroups:
                      dp_size=len(mine.expert_dp_ranks), dp_ranks=list(mine.expert_dp_ranks),
                      device_type=groups.device_type)
     return ExpertGroups(layout=lay, ep_group=ctx.group(mine.ep_ranks), ep_rank=mine.ep_rank,
-                        ep_size=len(mine.ep_ranks), ep_ranks=mine.ep_ranks, dp=dp)
+                        ep_size=len(mine.ep_ranks), ep_ranks=mine.ep_ranks, dp=dp,
+                        expert_tp_group=ctx.group(mine.expert_tp_ranks),
+                        expert_tp_rank=mine.expert_tp_rank,
+                        expert_tp_size=len(mine.expert_tp_ranks),
+                        expert_tp_ranks=mine.expert_tp_ranks,
+                        expert_replica=mine.expert_replica)

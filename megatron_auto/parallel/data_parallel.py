@@ -239,8 +239,14 @@ class DataParallel:
         groups = unit.groups
         if self._tied and fqn == TIED_EMBEDDING_FQN and not self.ctx.is_first_stage:
             return False  # the last stage's copy: the first stage counts it
-        if getattr(unit.module, "expert_groups", None) is not None:
-            tp_sharded = False  # EP shards, but replicated over the layer's TP ranks
+        experts = getattr(unit.module, "expert_groups", None)
+        if experts is not None:
+            # EP (and expert-TP) shards, replicated over the tp / expert_tp expert-TP groups
+            # of the layer's TP group: replica 0 counts them (its expert_tp members each
+            # count their own shard)
+            if experts.expert_replica != 0:
+                return False
+            tp_sharded = True
         if groups.tp_size > 1 and not tp_sharded and groups.tp_rank != 0:
             return False  # TP-replicated (norm weights, row-parallel bias): once per TP group
         if unit.dp_mode == "ddp" and groups.dp_size > 1 and groups.dp_rank != 0:

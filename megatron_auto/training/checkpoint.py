@@ -10,7 +10,8 @@ Layout (Megatron's)::
 What DCP holds, keyed by plan-independent names (docs/design.md §4):
 
 - ``model.<fqn>``: every parameter as its GLOBAL tensor. Each rank contributes the rectangular
-  chunk it holds: a TP shard (``stage.shard_specs``: chunk ``tp_rank`` along ``dim``), further cut
+  chunk it holds: a TP shard (``stage.shard_specs``: chunk ``tp_rank`` along ``dim``; an expert
+  weight under EP and expert TP is cut along two dimensions), further cut
   by FSDP2 along dim 0 for ``zero2``/``zero3`` layers, or the whole tensor. Replicas (``ddp``
   ranks, the tied word-embedding copy of the last stage) offer the same chunk under the same
   key and DCP's save planner keeps one of them, so every element is written once.
@@ -110,7 +111,8 @@ def _chunk(value: torch.Tensor, spec: Any) -> tuple[torch.Tensor, list[int], lis
 
     ``value`` is a parameter or optimizer state: plain (the whole TP-local tensor) or an FSDP2
     DTensor (a dim-0 chunk of the TP-local tensor). ``spec`` is the parameter's TP
-    :class:`~megatron_auto.models.init.ShardSpec` (None when not TP-sharded).
+    :class:`~megatron_auto.models.init.ShardSpec` (None when not TP-sharded); a two-dimensional
+    one (an expert weight under EP and expert TP) offsets both dimensions.
     """
     if isinstance(value, DTensor):
         chunk, = value.__create_chunk_list__()  # DCP's own description of the DTensor shard
@@ -118,9 +120,10 @@ def _chunk(value: torch.Tensor, spec: Any) -> tuple[torch.Tensor, list[int], lis
     else:
         local, offsets = value, [0] * value.dim()
     shape = list(value.shape)  # the TP-local global shape
-    if spec is not None and spec.tp_size > 1:
-        offsets[spec.dim] += spec.tp_rank * shape[spec.dim]
-        shape[spec.dim] *= spec.tp_size
+    # outer split last: an inner chunk's offset is within the outer chunk (other dimension)
+    for split in reversed(spec.splits() if spec is not None else []):
+        offsets[split.dim] += split.tp_rank * shape[split.dim]
+        shape[split.dim] *= split.tp_size
     return local.detach(), offsets, shape
 
 

@@ -1,0 +1,98 @@
+"""Expert tensor parallelism (``expert_tp > 1``) trains like one process, and its checkpoints
+reshard to and from plans without it.
+
+Each expert's fc1 is split over ``expert_tp`` members of the layer's TP group along its output
+rows (a contiguous chunk of SwiGLU's interleaved rows) and fc2 along its input columns, inside
+the EP split of the experts. The harness of tests/test_moe_equivalence.py: fp32, dropout off,
+three AdamW steps, losses relative 1e-5, gradient norms 1e-4, every parameter ``rtol 1e-5,
+atol 1e-6``, and the MoE statistics (assignments per expert, auxiliary-loss sums) equal to one
+process. Plans on 4 ranks: tp 2 with expert_tp 2 (ep 1); ep 2 x tp 2 x expert_tp 2 with
+recompute; tp 4 with expert_tp 2 (two expert-TP replicas per TP group: only replica 0 counts
+the experts in the gradient norm, which a double count would change); expert_tp 2 with ZeRO-1
+experts over their expert-DP group. SwiGLU (top-2, shared experts) and GELU (top-1, capacity).
+
+Checkpoints (tests/test_moe_checkpoint.py's recipe): saved after 2 of 4 steps, loaded under
+another plan, the last two steps equal the uninterrupted one-process run: expert_tp 2 -> one
+process, ep 2 x expert_tp 2 -> ep 2 x expert_tp 1, one process -> ep 2 x expert_tp 2 with ZeRO-3
+experts in a ZeRO-1 layer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import pytest
+
+from harness import Trained, assert_same_training, layer, plan_of, run_phase
+from test_moe_checkpoint import MOE_CKPT, ONE, SPLIT, STEPS as CKPT_STEPS
+from test_moe_equivalence import CONFIGS, MODELS, moe_layers, summed_stats
+
+pytestmark = pytest.mark.multirank
+
+TP2 = plan_of(4, [layer(tp=2)] * 4, vocab_tp=2)
+ETP_PLANS = {  # (base plan, fields of the MoE layers)
+    "tp2-etp2": (TP2, dict(expert_tp=2)),
+    "ep2-tp2-etp2-recompute": (plan_of(4, [layer(tp=2, recompute=True)] * 4, vocab_tp=2),
+                               dict(ep=2, expert_tp=2)),
+    "tp4-etp2": (plan_of(4, [layer(tp=4)] * 4, vocab_tp=4), dict(expert_tp=2)),
+    "tp2-etp2-experts-zero1": (TP2, dict(expert_tp=2, expert_dp_mode="zero1")),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _four_rank(name: str) -> dict[str, Trained]:
+    plans = {k: moe_layers(base, name, **fields) for k, (base, fields) in ETP_PLANS.items()}
+    return MODELS[name].run_named(4, plans)
+
+
+@pytest.mark.parametrize("model", list(CONFIGS))
+@pytest.mark.parametrize("plan", list(ETP_PLANS))
+def test_expert_tp_plan_matches_one_process(model, plan):
+    trained = _four_rank(model)[plan]
+    MODELS[model].check(trained, plan)
+    stats, ref_stats = summed_stats(trained), summed_stats(MODELS[model].reference())
+    assert [sorted(s) for s in stats] == [sorted(s) for s in ref_stats]
+    for step, (got, want) in enumerate(zip(stats, ref_stats)):
+        for index, values in want.items():
+            assert got[index]["tokens_per_expert"].tolist() == \
+                values["tokens_per_expert"].tolist(), (model, plan, step)
+            for key in ("balance_sum", "z_sum"):
+                assert abs(got[index][key].item() - values[key].item()) <= \
+                    1e-5 * abs(values[key].item()) + 1e-9, (model, plan, step, key)
+
+
+# ------------------------------------------------------------------------------ checkpoints
+_CONFIG = MOE_CKPT.config
+
+
+def _experts(plan: dict, **fields) -> dict:
+    out = dict(plan, layers=[dict(x) for x in plan["layers"]])
+    for i in _CONFIG.moe_layers:
+        out["layers"][i].update(fields)
+    return out
+
+
+ETP2 = _experts(TP2, expert_tp=2)
+EP2_ETP2 = _experts(TP2, ep=2, expert_tp=2)
+EP2 = _experts(TP2, ep=2)
+EP2_ETP2_ZERO = _experts(plan_of(4, [layer(tp=2, dp_mode="zero1")] * 4, vocab_tp=2),
+                         ep=2, expert_tp=2, expert_dp_mode="zero3")
+CKPT_CASES = {
+    "etp2->one": (4, ETP2, 1, ONE),
+    "ep2-etp2->ep2-etp1": (4, EP2_ETP2, 4, EP2),
+    "one->ep2-etp2-zero1-layer-zero3-experts": (1, ONE, 4, EP2_ETP2_ZERO),
+}
+_REF: dict[str, Trained] = {}
+
+
+@pytest.mark.parametrize("name", list(CKPT_CASES))
+def test_expert_tp_checkpoint_reshards(tmp_path, name):
+    save_world, save_plan, load_world, load_plan = CKPT_CASES[name]
+    if "ref" not in _REF:
+        _REF["ref"] = run_phase(MOE_CKPT, 1, ONE, 0, CKPT_STEPS)
+    run_phase(MOE_CKPT, save_world, save_plan, 0, SPLIT, save_dir=tmp_path)
+    resumed = run_phase(MOE_CKPT, load_world, load_plan, SPLIT, CKPT_STEPS, load_dir=tmp_path)
+    assert tuple(resumed.state["layers.0.mlp.experts.linear_fc1.weight"].shape) == (
+        _CONFIG.moe.num_experts, 2 * _CONFIG.expert_ffn_hidden_size, _CONFIG.hidden_size)
+    assert_same_training(_REF["ref"], resumed, name)
