@@ -107,6 +107,7 @@ def plan_from_classic_flags(layout: ClassicLayout, model_config: ModelConfig,
             context_parallel_size=layout.context_parallel_size,
             cp_comm_type=layout.cp_comm_type,
             expert_model_parallel_size=layout.expert_model_parallel_size,
+            expert_tensor_parallel_size=layout.expert_tensor_parallel_size,
             moe_layers=sorted(getattr(model_config, "moe_layers", None) or ()))
     except MegatronFlagError as err:
         raise ArgumentError(str(err)) from None

@@ -239,6 +239,7 @@ class ClassicLayout:
     context_parallel_size: int = 1  # --context-parallel-size: every layer's cp
     cp_comm_type: str = "p2p"  # --cp-comm-type: p2p = ring, a2a = ulysses
     expert_model_parallel_size: int = 1  # --expert-model-parallel-size: every MoE layer's ep
+    expert_tensor_parallel_size: int = 1  # --expert-tensor-parallel-size: every MoE layer's
     optimizer_offload_fraction: float = 0.0  # --optimizer-cpu-offload / -offload-fraction
 
 

@@ -96,3 +96,38 @@ def test_expert_tp_checkpoint_reshards(tmp_path, name):
     assert tuple(resumed.state["layers.0.mlp.experts.linear_fc1.weight"].shape) == (
         _CONFIG.moe.num_experts, 2 * _CONFIG.expert_ffn_hidden_size, _CONFIG.hidden_size)
     assert_same_training(_REF["ref"], resumed, name)
+
+
+# ------------------------------------------------------------------------------ the flag
+def test_pretrain_gpt_trains_expert_tp2_like_one_process(tmp_path):
+    """``--tensor-model-parallel-size 2 --expert-tensor-parallel-size 2`` on 2 gloo ranks."""
+    from harness import metrics_losses, run_main
+    from test_moe_flags import MODEL
+
+    from megatron_auto.plan import Plan
+
+    losses = {}
+    for world, extra in ((1, []), (2, ["--tensor-model-parallel-size", "2",
+                                       "--expert-tensor-parallel-size", "2"])):
+        metrics = tmp_path / f"m{world}.jsonl"
+        plan_out = tmp_path / f"plan{world}.json"
+        assert run_main("pretrain_gpt", world, [*MODEL, *extra, "--metrics-file",
+                                                str(metrics), "--plan-out", str(plan_out)],
+                        env={"MEGATRON_AUTO_CACHE": str(tmp_path / "cache")}) == [0] * world
+        losses[world] = metrics_losses(metrics)
+    # the MoE layer (0 of 2, --moe-layer-freq 2) ran with expert TP 2, the dense one without
+    trained = Plan.load(tmp_path / "plan2.json")
+    assert [(la.tp, la.expert_tp) for la in trained.layers] == [(2, 2), (2, 1)]
+    assert sorted(losses[2]) == [1, 2, 3]
+    for it, loss in losses[1].items():
+        assert losses[2][it] == pytest.approx(loss, rel=1e-5)
+
+
+def test_auto_parallel_refuses_the_flag(capfd):
+    from harness import assert_one_error_line
+    from test_moe_flags import MODEL
+
+    assert_one_error_line("pretrain_gpt", [*MODEL, "--auto-parallel",
+                                           "--expert-tensor-parallel-size", "2"],
+                          "error: --expert-tensor-parallel-size=2: --auto-parallel does not "
+                          "search expert TP yet", capfd)

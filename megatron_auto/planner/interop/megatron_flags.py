@@ -31,8 +31,11 @@ a module list):
   ``norm``); Megatron takes no ``--recompute-method`` / ``--recompute-num-layers`` with it.
   Megatron's MoE and MLA modules have no counterpart yet and are refused.
 
-Expert parallelism: one ``--expert-model-parallel-size`` for every MoE layer (the plan's
-``model.moe`` record says which layers are MoE), the experts in the layers' DP flavour.
+Expert parallelism: one ``--expert-model-parallel-size`` and one
+``--expert-tensor-parallel-size`` for every MoE layer (the plan's ``model.moe`` record says
+which layers are MoE), the experts in the layers' DP flavour. Our expert TP defaults to 1 (the
+experts replicated over TP), Megatron's to ``--tensor-model-parallel-size``: the export writes
+the flag whenever the two differ.
 """
 
 from __future__ import annotations
@@ -116,13 +119,15 @@ def plan_from_megatron_flags(
         use_megatron_fsdp: bool = False, data_parallel_sharding_strategy: str | None = None,
         model: Mapping[str, Any] | None = None, context_parallel_size: int = 1,
         cp_comm_type: str = "p2p", expert_model_parallel_size: int = 1,
-        moe_layers: Sequence[int] = ()) -> Plan:
+        moe_layers: Sequence[int] = (), expert_tensor_parallel_size: int = 1) -> Plan:
     """The uniform plan a classic Megatron flag set describes.
 
     ``num_microbatches = global_batch_size / (micro_batch_size * dp)`` with
     ``dp = world_size / (tp * pp * cp)``; every divisibility is checked with the flag named.
     ``expert_model_parallel_size``: the ``ep`` of every layer of ``moe_layers`` (the model's MoE
-    layers), which must divide the data-parallel size.
+    layers), which must divide the data-parallel size; ``expert_tensor_parallel_size`` their
+    ``expert_tp``, which must divide ``tp`` (default 1, the experts replicated over TP, where
+    Megatron's default is ``tp``).
     """
     tp, pp, cp = tensor_model_parallel_size, pipeline_model_parallel_size, context_parallel_size
     if cp_comm_type not in CP_COMM_TYPES:
@@ -132,6 +137,7 @@ def plan_from_megatron_flags(
     for flag, value in (("--tensor-model-parallel-size", tp), ("--pipeline-model-parallel-size", pp),
                         ("--context-parallel-size", cp),
                         ("--expert-model-parallel-size", expert_model_parallel_size),
+                        ("--expert-tensor-parallel-size", expert_tensor_parallel_size),
                         ("--micro-batch-size", micro_batch_size),
                         ("--global-batch-size", global_batch_size)):
         if not isinstance(value, int) or value < 1:
@@ -151,6 +157,15 @@ def plan_from_megatron_flags(
         raise MegatronFlagError(f"--expert-model-parallel-size={ep}: must be a power of two "
                                 f"dividing the data-parallel size {dp} (world {world_size} / "
                                 f"(tp {tp} x pp {pp} x cp {cp})); choose a divisor of {dp}")
+    etp = expert_tensor_parallel_size
+    if etp > 1 and not moe_layers:
+        raise MegatronFlagError(f"--expert-tensor-parallel-size={etp}: the model has no MoE "
+                                f"layers (--num-experts); drop the flag or add --num-experts")
+    if etp > 1 and (tp % etp or etp & (etp - 1)):
+        raise MegatronFlagError(f"--expert-tensor-parallel-size={etp}: must be a power of two "
+                                f"dividing --tensor-model-parallel-size={tp} (each expert is "
+                                f"split over that many of a layer's TP ranks); choose a divisor "
+                                f"of {tp}")
     if global_batch_size % (micro_batch_size * dp):
         raise MegatronFlagError(
             f"--global-batch-size={global_batch_size}: must be a multiple of --micro-batch-size="
@@ -242,9 +257,10 @@ def plan_from_megatron_flags(
                             cp=cp, cp_mode=CP_COMM_TYPES[cp_comm_type] if cp > 1 else "ring")
     except PlanError as err:
         raise MegatronFlagError(f"classic flags give an invalid plan: {err}") from None
-    if ep > 1:
-        plan = replace(plan, layers=tuple(replace(layer, ep=ep) if i in set(moe_layers)
-                                          else layer for i, layer in enumerate(plan.layers)))
+    if ep > 1 or etp > 1:
+        plan = replace(plan, layers=tuple(replace(layer, ep=ep, expert_tp=etp)
+                                          if i in set(moe_layers) else layer
+                                          for i, layer in enumerate(plan.layers)))
     return replace(plan, search={"source": "megatron-flags", "notes": notes})
 
 
@@ -335,6 +351,7 @@ def to_megatron_flags(plan: Plan) -> tuple[list[str] | None, list[str]]:
         reasons.append(f"pipeline.optimizer_offload_fraction differs per stage ({list(fraction)}); "
                        f"Megatron's --optimizer-offload-fraction is one for all stages")
     ep = _expert_degree(plan, reasons)
+    etp = _expert_tp_degree(plan, reasons)
     pp = plan.pp_size
     stage_flags = _stage_flags(list(plan.pipeline.layers_per_stage), plan.virtual_size)
     recompute_flags = _recompute_flags(plan, reasons)
@@ -349,6 +366,8 @@ def to_megatron_flags(plan: Plan) -> tuple[list[str] | None, list[str]]:
         flags += ["--context-parallel-size", str(cp), "--cp-comm-type", comm]
     if ep > 1:
         flags += ["--expert-model-parallel-size", str(ep)]
+    if etp is not None and etp != tp:  # Megatron's default expert TP is the layers' tp
+        flags += ["--expert-tensor-parallel-size", str(etp)]
     flags += stage_flags
     if modes == ["zero1"]:
         flags.append("--use-distributed-optimizer")
@@ -395,6 +414,23 @@ def _expert_degree(plan: Plan, reasons: list[str]) -> int:
                        f"{_ranges(with_ep)}); Megatron's --expert-model-parallel-size applies "
                        f"to every MoE layer")
     return eps[-1]
+
+
+def _expert_tp_degree(plan: Plan, reasons: list[str]) -> int | None:
+    """Megatron's ``--expert-tensor-parallel-size``: one expert_tp for every MoE layer (None:
+    the plan names no MoE layer, nor any expert_tp above 1); reasons where the plan differs."""
+    moe = _moe_layers(plan)
+    layers = plan.layers
+    with_etp = [i for i, layer in enumerate(layers) if layer.expert_tp > 1]
+    where = moe if moe else with_etp
+    if not where:
+        return None
+    etps = sorted({layers[i].expert_tp for i in where})
+    if len(etps) > 1 or (moe and any(i not in moe for i in with_etp)):
+        reasons.append(f"expert tensor parallelism differs between MoE layers (expert_tp {etps} "
+                       f"on layers {_ranges(where)}); Megatron's --expert-tensor-parallel-size "
+                       f"applies to every MoE layer")
+    return etps[-1]
 
 
 def _stage_flags(sizes: list[int], virtual_size: int) -> list[str]:
