@@ -9,12 +9,13 @@ atol 1e-6``, and the MoE statistics (assignments per expert, auxiliary-loss sums
 process. Plans on 4 ranks: tp 2 with expert_tp 2 (ep 1); ep 2 x tp 2 x expert_tp 2 with
 recompute; tp 4 with expert_tp 2 (two expert-TP replicas per TP group: only replica 0 counts
 the experts in the gradient norm, which a double count would change); expert_tp 2 with ZeRO-1
-experts over their expert-DP group. SwiGLU (top-2, shared experts) and GELU (top-1, capacity).
+and with ZeRO-3 experts over their expert-DP group. SwiGLU (top-2, shared experts) and GELU (top-1, capacity).
 
 Checkpoints (tests/test_moe_checkpoint.py's recipe): saved after 2 of 4 steps, loaded under
 another plan, the last two steps equal the uninterrupted one-process run: expert_tp 2 -> one
 process, ep 2 x expert_tp 2 -> ep 2 x expert_tp 1, one process -> ep 2 x expert_tp 2 with ZeRO-3
-experts in a ZeRO-1 layer.
+experts in a ZeRO-1 layer, expert_tp 2 with ZeRO-3 experts over 2 expert-DP ranks (FSDP2
+shards of the expert-TP shards) -> ep 2 x expert_tp 2.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ ETP_PLANS = {  # (base plan, fields of the MoE layers)
                                dict(ep=2, expert_tp=2)),
     "tp4-etp2": (plan_of(4, [layer(tp=4)] * 4, vocab_tp=4), dict(expert_tp=2)),
     "tp2-etp2-experts-zero1": (TP2, dict(expert_tp=2, expert_dp_mode="zero1")),
+    "tp2-etp2-experts-zero3": (TP2, dict(expert_tp=2, expert_dp_mode="zero3")),
 }
 
 
@@ -82,6 +84,9 @@ CKPT_CASES = {
     "etp2->one": (4, ETP2, 1, ONE),
     "ep2-etp2->ep2-etp1": (4, EP2_ETP2, 4, EP2),
     "one->ep2-etp2-zero1-layer-zero3-experts": (1, ONE, 4, EP2_ETP2_ZERO),
+    # FSDP2 shards of expert-TP shards (expert-DP 2): both dims and the DTensor's offsets
+    "etp2-zero3-experts->ep2-etp2": (4, _experts(TP2, expert_tp=2, expert_dp_mode="zero3"),
+                                     4, EP2_ETP2),
 }
 _REF: dict[str, Trained] = {}
 
@@ -131,3 +136,23 @@ def test_auto_parallel_refuses_the_flag(capfd):
                                            "--expert-tensor-parallel-size", "2"],
                           "error: --expert-tensor-parallel-size=2: --auto-parallel does not "
                           "search expert TP yet", capfd)
+
+
+# ------------------------------------------------------------------------------ memory
+def test_expert_memory_per_rank_halves_from_expert_tp1_to_expert_tp2():
+    """tests/test_moe_memory.py's meter on 2 ranks at tp 2: the routed experts' parameters and
+    AdamW moments per rank with expert_tp 2 are exactly half of expert_tp 1's (replicated over
+    TP); the rest of the model is unchanged."""
+    from dist_utils import run_distributed
+    from test_moe_memory import MODEL, _worker
+
+    base = plan_of(2, [layer(tp=2)] * 4, vocab_tp=2)
+    plans = [base, moe_layers(base, MODEL, expert_tp=2)]
+    per_rank = run_distributed(_worker, 2, plans, CONFIGS[MODEL].to_dict())
+    config = CONFIGS[MODEL]
+    h, f, e = config.hidden_size, config.expert_ffn_hidden_size, config.moe.num_experts
+    full = len(config.moe_layers) * e * 3 * h * f * 4 * 3  # SwiGLU, fp32, param + 2 moments
+    for etp1, etp2 in per_rank:
+        assert etp1["experts"] == full
+        assert etp2["experts"] * 2 == etp1["experts"]
+        assert etp2["dense"] == etp1["dense"]
