@@ -161,11 +161,6 @@ def plan_source_from_args(args: argparse.Namespace) -> PlanFile | ClassicLayout 
     if host_gb is not None and not args.auto_parallel:
         fail("--host-memory-budget-gb", host_gb, "only --auto-parallel reads it (the search's "
              "host budget); drop it, or add --auto-parallel")
-    etp = getattr(args, "expert_tensor_parallel_size", None)
-    if args.auto_parallel and etp not in (None, 1):
-        fail("--expert-tensor-parallel-size", etp, "--auto-parallel does not search expert TP "
-             "yet (its plans keep expert_tp 1); drop the flag, or train a uniform plan with "
-             "the classic flags or a plan file with expert_tp")
     if args.auto_parallel:
         return SearchPins(sequence_parallel=getattr(args, "sequence_parallel", False),
                           num_layers_per_virtual_pipeline_stage=getattr(
@@ -183,6 +178,8 @@ def plan_source_from_args(args: argparse.Namespace) -> PlanFile | ClassicLayout 
                           cp_comm_type=getattr(args, "cp_comm_type", None),
                           expert_model_parallel_size=getattr(
                               args, "expert_model_parallel_size", None),
+                          expert_tensor_parallel_size=getattr(
+                              args, "expert_tensor_parallel_size", None),
                           host_memory_budget_gb=host_gb)
     return classic_layout_from_args(args)
 

@@ -264,6 +264,7 @@ class SearchPins:
     cp_min_seq_length: int | None = None  # --cp-min-seq-length (None: the search's 8192)
     # --expert-model-parallel-size (None: every MoE layer's ep searched)
     expert_model_parallel_size: int | None = None
+    expert_tensor_parallel_size: int | None = None  # --expert-tensor-parallel-size (searched)
     # --host-memory-budget-gb (None: the search offloads nothing)
     host_memory_budget_gb: float | None = None
 

@@ -65,26 +65,33 @@ def layer_choices(spec, n: int, b_m: int, devices_per_node: int, layer_type,
                 for sp in ((False, True) if tp > 1 and layer_type.seq_length % tp == 0
                            and moe is None else (False,)):
                     for rc in recompute:
-                        for ep, expert_mode in _expert_choices(moe, dp, mode, dp_modes):
+                        for ep, etp, expert_mode in _expert_choices(moe, tp, dp, mode,
+                                                                    dp_modes):
                             out.append(LayerStrategy(
                                 tp=tp, dp_mode=mode, tp_consecutive=consec, recompute=rc,
-                                sequence_parallel=sp, ep=ep, expert_dp_mode=expert_mode))
+                                sequence_parallel=sp, ep=ep, expert_tp=etp,
+                                expert_dp_mode=expert_mode))
     return out
 
 
-def _expert_choices(moe, dp: int, mode: str, dp_modes: tuple[str, ...]) -> list[tuple]:
+def _expert_choices(moe, tp: int, dp: int, mode: str, dp_modes: tuple[str, ...]
+                    ) -> list[tuple]:
     """MoE layers: every ep that is a power of two dividing the DP ranks and the experts,
-    each with the experts in the layer's DP flavour (None) or, where ``dp / ep > 1`` ranks
-    share them, in any other flavour; dense layers: ep 1 only."""
+    times every expert TP that is a power of two dividing the layer's tp and the expert
+    width, each with the experts in the layer's DP flavour (None) or, where ``dp / ep > 1``
+    ranks share them, in any other flavour; dense layers: (1, 1, None) only."""
     if moe is None:
-        return [(1, None)]
+        return [(1, 1, None)]
     out = []
     for ep in (2 ** j for j in range(dp.bit_length())):
         if dp % ep or moe.num_experts % ep:
             continue
-        out.append((ep, None))
-        if dp // ep > 1:
-            out += [(ep, other) for other in dp_modes if other != mode]
+        for etp in (2 ** j for j in range(tp.bit_length())):
+            if tp % etp or moe.ffn_hidden_size % etp:
+                continue
+            out.append((ep, etp, None))
+            if dp // ep > 1:
+                out += [(ep, etp, other) for other in dp_modes if other != mode]
     return out
 
 

@@ -20,7 +20,6 @@ shards of the expert-TP shards) -> ep 2 x expert_tp 2.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import pytest
@@ -128,14 +127,21 @@ def test_pretrain_gpt_trains_expert_tp2_like_one_process(tmp_path):
         assert losses[2][it] == pytest.approx(loss, rel=1e-5)
 
 
-def test_auto_parallel_refuses_the_flag(capfd):
-    from harness import assert_one_error_line
+def test_auto_parallel_takes_the_flag_as_a_pin(tmp_path):
+    # --auto-parallel searches expert TP per MoE layer; a typed value pins it (and the search
+    # prices it: planner/cost/moe.py)
+    from megatron_auto.plan import Plan
+    from harness import run_main
     from test_moe_flags import MODEL
 
-    assert_one_error_line("pretrain_gpt", [*MODEL, "--auto-parallel",
-                                           "--expert-tensor-parallel-size", "2"],
-                          "error: --expert-tensor-parallel-size=2: --auto-parallel does not "
-                          "search expert TP yet", capfd)
+    plan_out = tmp_path / "plan.json"
+    argv = [*MODEL, "--auto-parallel", "--tensor-model-parallel-size", "2",
+            "--expert-tensor-parallel-size", "2", "--plan-out", str(plan_out)]
+    assert run_main("pretrain_gpt", 2, argv,
+                    env={"MEGATRON_AUTO_CACHE": str(tmp_path / "cache")}) == [0, 0]
+    plan = Plan.load(plan_out)
+    moe = [layer for i, layer in enumerate(plan.layers) if i % 2 == 0]  # --moe-layer-freq 2
+    assert moe and all(layer.tp == 2 and layer.expert_tp == 2 for layer in moe)
 
 
 # ------------------------------------------------------------------------------ memory

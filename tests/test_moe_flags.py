@@ -114,3 +114,20 @@ def test_next_to_a_plan_file_the_flag_is_refused(tmp_path, capfd):
     assert_one_error_line("pretrain_gpt", [*MODEL, "--plan", str(path),
                                            "--expert-model-parallel-size", "2"],
                           f"error: --expert-model-parallel-size=2: conflicts with --plan", capfd)
+
+
+def test_a_typed_expert_tp_pins_the_search():
+    import argparse
+
+    from megatron_auto.planner.inputs.pins import search_options
+
+    pins = argparse.Namespace(tensor_model_parallel_size=None, pipeline_model_parallel_size=None,
+                              use_distributed_optimizer=False, sequence_parallel=False,
+                              num_layers_per_virtual_pipeline_stage=None,
+                              expert_tensor_parallel_size=2)
+    assert search_options(pins, 4, 2).expert_tensor_parallel == 2
+    pins.expert_tensor_parallel_size = None
+    assert search_options(pins, 4, 2).expert_tensor_parallel is None
+    pins.expert_tensor_parallel_size = 3
+    with pytest.raises(ValueError, match="--expert-tensor-parallel-size=3: must be a power of"):
+        search_options(pins, 4, 2)

@@ -1,8 +1,9 @@
 """Expert parallelism as a search dimension against exhaustive enumeration: every plan of tiny
-MoE instances (``planner_enumerate``, which writes out ``ep`` and ``expert_dp_mode`` on the MoE
-layers itself) is priced with ``evaluate`` and the search must return the optimum, at budgets
+MoE instances (``planner_enumerate``, which writes out ``ep``, ``expert_tp`` and
+``expert_dp_mode`` on the MoE layers itself) is priced with ``evaluate`` and the search must return the optimum, at budgets
 from the least peak up; the instances are chosen so that the optimum takes ``ep > 1`` at some
-budget and ``ep = 1`` at another (the dimension is not vacuous)."""
+budget and ``ep = 1`` at another, and the same for ``expert_tp`` (the dimensions are not
+vacuous)."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def _instance(case):
                               recompute=(False,)):
             est = evaluate(plan, spec, training, cluster, profile)
             priced.append((est.iteration_time_s, est.peak_memory_bytes,
-                           max(s.ep for s in plan.layers)))
+                           max(s.ep for s in plan.layers), max(s.expert_tp for s in plan.layers)))
         _CACHE[case] = spec, training, cluster, profile, priced
     return _CACHE[case]
 
@@ -74,11 +75,11 @@ def _options(**kw):
 def test_search_equals_the_enumerated_optimum_with_ep(case):
     spec, training, cluster, profile, priced = _instance(case)
     assert len(priced) <= 2 * 10 ** 5
-    assert any(ep > 1 for _, _, ep in priced)
-    least = min(peak for _, peak, _ in priced)
+    assert any(ep > 1 for _, _, ep, _ in priced)
+    least = min(peak for _, peak, _, _ in priced)
     for fraction in BUDGET_FRACTIONS:
         budget = int(math.ceil(least * fraction))
-        best = min(t for t, peak, _ in priced if peak <= budget)
+        best = min(t for t, peak, _, _ in priced if peak <= budget)
         for baselines in (False, True):
             result = search(spec, training, cluster, profile, budget,
                             _options(include_baselines=baselines))
@@ -94,12 +95,15 @@ def test_search_equals_the_enumerated_optimum_with_ep(case):
 def test_the_instances_choose_ep_at_some_budget_and_not_at_another():
     # The optimum's ep over the budgets: both ep > 1 and ep = 1 occur, so the search must
     # really weigh the dimension (memory against all-to-all time).
-    seen = set()
+    seen, seen_etp = set(), set()
     for case in INSTANCES:
         _, _, _, _, priced = _instance(case)
-        least = min(peak for _, peak, _ in priced)
+        least = min(peak for _, peak, _, _ in priced)
         for fraction in BUDGET_FRACTIONS:
             budget = least * fraction
-            best = min((t, ep) for t, peak, ep in priced if peak <= budget)
+            best = min((t, ep, etp) for t, peak, ep, etp in priced if peak <= budget)
             seen.add(best[1] > 1)
+            seen_etp.add(best[2] > 1)
     assert seen == {True, False}
+    # and expert TP (the experts split over the layer's TP ranks) likewise
+    assert seen_etp == {True, False}

@@ -213,3 +213,75 @@ def test_the_search_pins_ep_and_otherwise_chooses_it_per_layer():
             assert eps[pin] == {pin}
     with pytest.raises(ValueError, match=r"^search option expert_parallel=0: "):
         SearchOptions(expert_parallel=0).validate()
+
+
+def _etp_costs(etp, ep=1, tp=2, n=4):
+    spec = model_spec(_config())
+    lt = spec.layer_types[0]
+    cluster = make_cluster("a100-40g", 1, n)
+    training = TrainingSpec(8, "fp32")
+    profile = analytic_profile(spec, training, cluster).layer_types[lt.name]
+    s = LayerStrategy(tp=tp, ep=ep, expert_tp=etp)
+    return lt, cost_moe.expert_costs(profile, lt, cluster, s, make_layout(tp, True, n), n, 2.0,
+                                     "fp32")
+
+
+def test_expert_tp_splits_the_experts_and_adds_an_all_reduce_each_way():
+    lt, one = _etp_costs(1)
+    _, two = _etp_costs(2)
+    experts = cost_moe.expert_parameters(lt.moe, lt)
+
+    def states(c):
+        return c.memory.parameters + c.memory.gradients + c.memory.optimizer_states
+    assert states(one) == pytest.approx(16 * experts)  # ddp, replicated over the TP ranks
+    assert states(two) == pytest.approx(16 * experts / 2)
+    assert two.memory.activations_per_microbatch < one.memory.activations_per_microbatch
+    assert two.time.compute < one.time.compute  # half of every expert's matmuls
+    layout = make_layout(2, True, 4)
+    tokens = 1.0 * S * K * H * 4  # one sample's assignments' hidden states, fp32
+    fwd, bwd = cost_moe.moe_collectives(lt, LayerStrategy(tp=2, expert_tp=2), layout, 4, 1.0, 4)
+    assert [(c.kind, c.group_size, c.nbytes, c.consecutive) for c in fwd + bwd] == \
+        [("all_reduce", 2, tokens, True)] * 2
+    # with EP: between the dispatch and the combine, and between the two backward exchanges
+    fwd, bwd = cost_moe.moe_collectives(lt, LayerStrategy(tp=2, ep=2, expert_tp=2),
+                                        make_layout(2, True, 8), 8, 1.0, 4)
+    assert [c.kind for c in fwd] == ["all_to_all", "all_to_all", "all_reduce", "all_to_all"]
+    assert [c.kind for c in bwd] == ["all_to_all", "all_reduce", "all_to_all"]
+    # a strided TP layout: the expert-TP members are dp apart
+    strided = cost_moe.moe_collectives(lt, LayerStrategy(tp=4, expert_tp=2, tp_consecutive=False),
+                                       make_layout(4, False, 8), 8, 1.0, 4)[0][0]
+    assert (strided.consecutive, strided.span) == (False, 4)
+
+
+def test_the_space_offers_expert_tp_within_the_layer_tp():
+    moe = model_spec(_config()).layer_types[0]
+    rules = SpaceRules()
+    strategies = layer_strategies(moe, 8, 8, rules, 8)
+    assert {s.expert_tp for s in strategies if s.tp == 1} == {1}
+    assert {s.expert_tp for s in strategies if s.tp == 4} == {1, 2, 4}
+    pinned = layer_strategies(moe, 8, 8, SpaceRules(expert_tps=(1,)), 8)
+    assert {s.expert_tp for s in pinned} == {1}
+
+
+def test_explain_shows_expert_tp():
+    text = render_layers(_plan([LayerStrategy(tp=2, expert_tp=2), LayerStrategy(tp=2)]))
+    header, _, first, second = text.splitlines()[:4]
+    assert "ep" in header.split()
+    assert "1 x2" in first and "x2" not in second
+
+
+def test_the_search_pins_expert_tp():
+    from megatron_auto.planner import SearchOptions, search
+
+    spec = model_spec(_config(layers=2))
+    training = TrainingSpec(8, "fp32")
+    cluster = dataclasses.replace(make_cluster("a100-40g", 1, 4), memory_reserve_bytes=10 ** 5,
+                                  device_memory_bytes=10 ** 8)
+    profile = analytic_profile(spec, training, cluster)
+    options = dict(show_progress=False, include_baselines=False, report_partitions=False, tp=4)
+    for pin in (1, 2, 4):
+        result = search(spec, training, cluster, profile, 10 ** 8,
+                        SearchOptions(expert_tensor_parallel=pin, **options))
+        assert {s.expert_tp for s in result.plan.layers} == {pin}
+    with pytest.raises(ValueError, match=r"^search option expert_tensor_parallel=0: "):
+        SearchOptions(expert_tensor_parallel=0).validate()

@@ -145,14 +145,17 @@ def _offloads(plan: Plan) -> bool:
 
 def _has_experts(plan: Plan) -> bool:
     """Whether some layer carries expert fields (the table then has an ``ep`` column)."""
-    return any(layer.ep > 1 or layer.expert_dp_mode is not None for layer in plan.layers)
+    return any(layer.ep > 1 or layer.expert_tp > 1 or layer.expert_dp_mode is not None
+               for layer in plan.layers)
 
 
 def _experts_cell(layer: Any) -> str:
-    """``ep`` and, where it differs from the layer's, the experts' DP flavour (``4 zero3``)."""
+    """``ep``, ``xN`` for an expert TP of N, and where it differs from the layer's, the
+    experts' DP flavour (``4 zero3``, ``2 x2``)."""
+    out = str(layer.ep) + (f" x{layer.expert_tp}" if layer.expert_tp > 1 else "")
     if layer.expert_dp_mode is None or layer.expert_dp_mode == layer.dp_mode:
-        return str(layer.ep)
-    return f"{layer.ep} {layer.expert_dp_mode}"
+        return out
+    return f"{out} {layer.expert_dp_mode}"
 
 
 def _recompute_cell(value: Any) -> str:

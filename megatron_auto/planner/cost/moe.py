@@ -25,6 +25,14 @@ shared experts). This module adds the rest, as the runtime runs it (``models/moe
   combine, ``T * k * h`` elements in the compute dtype each), backward the two token exchanges
   reversed; not overlapped (the experts wait for their tokens). Full recompute re-runs the
   forward's three. The busiest rank's bytes set the time.
+- Expert TP (``expert_tp = t > 1``, ``expert_layout``: ``t`` consecutive members of the layer's
+  TP group, which hold the same tokens): each expert's fc1 rows and fc2 columns are split over
+  the ``t`` ranks, so a rank computes ``1/t`` of every assignment's expert FLOPs, holds ``1/t``
+  of the experts' parameters and of their fc1/activation outputs. The partial fc2 outputs of
+  the tokens the rank's experts received are all-reduced over the expert-TP group in forward,
+  the experts' input gradients in backward (one ``all_reduce`` of ``T * k * h`` elements each
+  way, the busiest rank's bytes; full recompute re-runs the forward's). The EP exchanges are
+  the same on every member (each moves the same tokens).
 - Memory: the experts' model states (``memory_model.model_states`` over the expert-DP
   group), the kept activations per assignment (the experts' input, fc1 output, activation
   output and the output the combine weights multiply) and per token (the router's fp32 input,
@@ -100,18 +108,36 @@ def moe_collectives(layer_type: LayerType, strategy: Any, layout: Layout, stage_
     full recompute repeats the forward's in backward. Token bytes at ``load`` times ``T * k``
     assignments (default: the mean, :func:`load_factors`)."""
     moe = layer_type.moe
-    ep = strategy.ep
-    if moe is None or ep == 1:
+    ep, etp = strategy.ep, strategy.expert_tp
+    if moe is None or (ep == 1 and etp == 1):
         return (), ()
-    consecutive, span = ep_group(layout, ep, stage_size)
     factor = load_factors(moe, ep)[0] if load is None else load
     tokens = samples * layer_type.seq_length * moe.topk * factor
-    payload = tokens * layer_type.hidden_size * compute_bytes
-    counts = Collective("all_to_all", ep, consecutive, float(COUNT_BYTES * moe.num_experts), span)
-    moved = Collective("all_to_all", ep, consecutive, float(payload), span)
-    forward = (counts, moved, moved)
-    backward = (moved, moved)
+    payload = float(tokens * layer_type.hidden_size * compute_bytes)
+    forward: tuple[Collective, ...] = ()
+    backward: tuple[Collective, ...] = ()
+    if ep > 1:
+        consecutive, span = ep_group(layout, ep, stage_size)
+        counts = Collective("all_to_all", ep, consecutive, float(COUNT_BYTES * moe.num_experts),
+                            span)
+        moved = Collective("all_to_all", ep, consecutive, payload, span)
+        forward, backward = (counts, moved, moved), (moved, moved)
+    if etp > 1:  # between the dispatch and the combine: the experts' output, their input grad
+        adjacent, spread = expert_tp_group(layout, etp, stage_size)
+        reduce = Collective("all_reduce", etp, adjacent, payload, spread)
+        forward = forward[:2] + (reduce,) + forward[2:]
+        backward = backward[:1] + (reduce,) + backward[1:]
     return forward, (forward if strategy.recompute is True else ()) + backward
+
+
+def expert_tp_group(layout: Layout, etp: int, stage_size: int) -> tuple[bool, int]:
+    """``(consecutive, span)`` of an expert-TP group (``expert_layout``: ``etp`` consecutive
+    members of the layer's TP group): adjacent ranks under a consecutive TP layout, else members
+    ``dp`` apart over ``etp * dp`` adjacent ranks (the stage when ``etp`` is the whole TP)."""
+    if layout.consecutive:
+        return True, 0
+    dp = stage_size // layout.tp
+    return False, (0 if etp == layout.tp else etp * dp)
 
 
 @dataclass(frozen=True)
@@ -134,7 +160,7 @@ def expert_costs(profile: LayerTypeProfile, layer_type: LayerType, cluster: Any,
     moe = layer_type.moe
     assert moe is not None, "expert_costs prices MoE layer types only"
     s = strategy
-    n, tp, ep = stage_size, layout.tp, s.ep
+    n, tp, ep, etp = stage_size, layout.tp, s.ep, s.expert_tp
     dp = n // tp
     edp = dp // ep
     beta = 4 if precision == "fp32" else 2
@@ -147,7 +173,7 @@ def expert_costs(profile: LayerTypeProfile, layer_type: LayerType, cluster: Any,
     recompute = s.recompute is True
     # ----------------------------------------------------------------- time
     rate = cluster.flops(precision)
-    fwd = (a_busy * 2 * mats * h * f / rate + tokens * 2 * h * e / cluster.flops("fp32")
+    fwd = (a_busy * 2 * mats * h * f / etp / rate + tokens * 2 * h * e / cluster.flops("fp32")
            + MOE_CALL_OVERHEAD_S)
     hbm = float(getattr(cluster, "hbm_bandwidth", 0.0))
     if hbm > 0:  # the token gather before and the weighted index_add after the experts
@@ -157,7 +183,7 @@ def expert_costs(profile: LayerTypeProfile, layer_type: LayerType, cluster: Any,
     fwd_c, bwd_c = moe_collectives(layer_type, s, layout, n, samples, beta, load=busiest)
     a2a_f = sum(collective_time(cluster, c, n) for c in fwd_c)
     a2a_b = sum(collective_time(cluster, c, n) for c in bwd_c)
-    local_e = expert_parameters(moe, layer_type) / ep
+    local_e = expert_parameters(moe, layer_type) / (ep * etp)
     e_consec, e_span = expert_dp_group(layout, ep, n)
     cs = expert_dp_collectives(local_e, edp, s.experts_dp_mode, e_consec, e_span, precision)
     gather, scatter, allreduce, regather, after_step = _dp_times(
@@ -175,10 +201,10 @@ def expert_costs(profile: LayerTypeProfile, layer_type: LayerType, cluster: Any,
     copies = profile.weight_copy_bytes_per_parameter * local_e
     # per assignment: experts' input, fc1 output, activation output (fc2 input) on the
     # computing rank; the returned output the combine weights multiply on the routing rank
-    kept = (beta * (h + fc1 + f) * a_busy + beta * h * a_mean
+    kept = (beta * (h + (fc1 + f) / etp) * a_busy + beta * h * a_mean
             + FP32 * (h + 2 * e) * tokens + copies)
     # backward: the fc1 output's gradient and the exchanged token gradients (in and out)
-    scratch = beta * (fc1 + 2 * h) * a_busy + (2 * beta * h * a_busy if ep > 1 else 0.0)
+    scratch = beta * (fc1 / etp + 2 * h) * a_busy + (2 * beta * h * a_busy if ep > 1 else 0.0)
     transient = scratch + states_transient + (kept if recompute else 0.0)
     keep = 0.0 if recompute else kept
     step_temp = STEP_TEMP_BYTES * optim / ADAM_BYTES

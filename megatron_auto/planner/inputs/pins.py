@@ -104,6 +104,12 @@ def search_options(pins: LayoutPins, world_size: int, num_layers: int | None, *,
             raise ArgumentError(f"--expert-model-parallel-size={ep}: must be a power of two "
                                 f"(the experts split over that many data-parallel ranks)")
         options = replace(options, expert_parallel=ep)
+    etp = getattr(pins, "expert_tensor_parallel_size", None)
+    if etp is not None:  # --expert-tensor-parallel-size typed: every MoE layer's pinned
+        if not (isinstance(etp, int) and etp >= 1 and etp & (etp - 1) == 0):
+            raise ArgumentError(f"--expert-tensor-parallel-size={etp}: must be a power of two "
+                                f"dividing the layers' tp (1 replicates the experts)")
+        options = replace(options, expert_tensor_parallel=etp)
     host = getattr(pins, "host_memory_budget_gb", None)
     if host is not None:  # optimizer offload enters the search (SearchOptions)
         if not (isinstance(host, (int, float)) and 0 < host < math.inf):

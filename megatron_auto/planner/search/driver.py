@@ -80,6 +80,8 @@ def spaces_of(name: str, options: SearchOptions, world: int) -> list[Space]:
                       tps=(options.tp,) if options.tp is not None else None,
                       sequence_parallel=sp, module_recompute=tuple(options.module_recompute),
                       eps=(options.expert_parallel,) if options.expert_parallel else None,
+                      expert_tps=((options.expert_tensor_parallel,)
+                                  if options.expert_tensor_parallel else None),
                       cp_modes=tuple(options.cp_modes),
                       host_memory_budget_bytes=options.host_memory_budget_bytes,
                       activation_offload=(options.host_memory_budget_bytes is not None

@@ -66,6 +66,9 @@ class SearchOptions:
     # Expert parallelism of the MoE layers: None searches it per layer (with the experts' own
     # DP flavour), an int pins ep on every MoE layer (``--expert-model-parallel-size``).
     expert_parallel: int | None = None
+    # Expert TP of the MoE layers: None searches it per layer (powers of two dividing the
+    # layer's tp), an int pins it on every MoE layer (``--expert-tensor-parallel-size``).
+    expert_tensor_parallel: int | None = None
     # Context parallelism (``cp_space``): None searches the degree per task (from
     # ``cp_min_seq_length`` tokens on), an int pins it (``--context-parallel-size``); the CP
     # modes offered per layer (``--cp-comm-type``: p2p = ring, a2a = ulysses).
@@ -104,7 +107,8 @@ class SearchOptions:
         need(self.cp is None or (isinstance(self.cp, int) and not isinstance(self.cp, bool)
                                  and self.cp >= 1 and self.cp & (self.cp - 1) == 0),
              "cp", self.cp, "must be a power of two (1, 2, 4, ...) or unset to search it")
-        for name in ("pp", "tp", "vocab_tp", "max_tp", "expert_parallel"):
+        for name in ("pp", "tp", "vocab_tp", "max_tp", "expert_parallel",
+                     "expert_tensor_parallel"):
             value = getattr(self, name)
             need(value is None or (isinstance(value, int) and value >= 1), name, value,
                  "must be a positive integer (a divisor of the ranks it splits)")

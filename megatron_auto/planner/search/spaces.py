@@ -78,6 +78,9 @@ class SpaceRules:
     # the experts' DP flavour is searched apart from the layer's.
     eps: tuple[int, ...] | None = None
     expert_dp_modes: bool = True
+    # Expert TP of MoE layers: the degrees allowed (None: every power of two dividing the
+    # layer's tp and the expert width; (1,) keeps the experts whole on each TP rank).
+    expert_tps: tuple[int, ...] | None = None
     # Context parallelism (rule 7, ``cp_space``): the task's one CP degree (every layer's and
     # the vocabulary's) and the CP modes a layer may run under it.
     cp: int = 1
@@ -185,20 +188,27 @@ def layer_strategies(layer_type: LayerType, stage_size: int, microbatch_size: in
 def expert_variants(base: LayerStrategy, layer_type: LayerType, dp: int,
                     rules: SpaceRules) -> list[LayerStrategy]:
     """``base`` with every expert layout rule 6 allows (``base`` alone for a dense layer):
-    ``ep`` ascending, the layer's own expert DP flavour first."""
+    ``ep`` ascending, then ``expert_tp`` ascending (powers of two dividing the layer's tp and
+    the expert width), the layer's own expert DP flavour first."""
     if layer_type.moe is None:
         return [base]
-    experts = layer_type.moe.num_experts
+    experts, width = layer_type.moe.num_experts, layer_type.moe.ffn_hidden_size
+    etps = [t for t in _powers_of_two(base.tp) if base.tp % t == 0 and width % t == 0
+            and (rules.expert_tps is None or t in rules.expert_tps)]
     out: list[LayerStrategy] = []
-    ep = 1
-    while ep <= dp:
+    for ep in _powers_of_two(dp):
         if dp % ep == 0 and experts % ep == 0 and (rules.eps is None or ep in rules.eps):
             modes: tuple[str | None, ...] = (None,)
             if dp // ep > 1 and rules.expert_dp_modes:
                 modes += tuple(m for m in rules.dp_modes if m != base.dp_mode)
-            out.extend(replace(base, ep=ep, expert_dp_mode=m) for m in modes)
-        ep *= 2
+            out.extend(replace(base, ep=ep, expert_tp=t, expert_dp_mode=m)
+                       for t in etps for m in modes)
     return out
+
+
+def _powers_of_two(n: int) -> list[int]:
+    """1, 2, 4, ... up to ``n``."""
+    return [2 ** j for j in range(n.bit_length())]
 
 
 def baselines_inside(options: SearchOptions, world: int, devices_per_node: int) -> bool:
@@ -211,14 +221,15 @@ def baselines_inside(options: SearchOptions, world: int, devices_per_node: int) 
     no pinned pp, tp, vocabulary tp or Megatron-SP, ``ddp`` and ``zero3`` allowed (the dp, tp,
     pp, megatron3d and zero3 spaces use them), the plain schedule (v = 1) among the virtual
     sizes, and the baselines' TP degrees (up to ``world``, tp's and megatron3d's) within the
-    full space's TP cap (rule 4: ``max_tp``, else one node), no pinned ep (the baselines
-    search it on MoE layers)."""
+    full space's TP cap (rule 4: ``max_tp``, else one node), no pinned ep or expert TP (the
+    baselines search them on MoE layers)."""
     cap = options.max_tp if options.max_tp is not None else devices_per_node
     return (options.space == "full" and options.partition == "exact"
             and options.pp is None and options.tp is None and options.vocab_tp is None
             and not options.sequence_parallel and {"ddp", "zero3"} <= set(options.dp_modes)
             and 1 in options.virtual_sizes and world <= cap
-            and options.expert_parallel is None and options.cp in (None, 1))
+            and options.expert_parallel is None and options.expert_tensor_parallel is None
+            and options.cp in (None, 1))
 
 
 def plan_in_space(plan: Plan, space: Space, spec: ModelSpec, vocabs: list[VocabStrategy],
