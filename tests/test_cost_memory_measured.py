@@ -50,7 +50,9 @@ def _plan_estimate(plan: Plan, profile) -> tuple[float, ...]:
     return tuple(s.peak_memory_bytes for s in estimate.stages)
 
 
-def _peaks(rank, world_size, plan_dict):
+def metered_steps(plan_dict):
+    """This rank's meter peak of each of ``ITERATIONS`` steps of ``GPT`` under the plan, with
+    the trainer and the meter (for callers that read more of them)."""
     import pretrain_gpt
     from megatron_auto import data
     from megatron_auto.parallel.memory import PeakMemoryMeter
@@ -68,7 +70,11 @@ def _peaks(rank, world_size, plan_dict):
         with meter:
             train_step(trainer, batch)
         peaks.append(meter.peak_bytes)
-    return peaks
+    return peaks, trainer, meter
+
+
+def _peaks(rank, world_size, plan_dict):
+    return metered_steps(plan_dict)[0]
 
 
 @pytest.fixture(scope="module")

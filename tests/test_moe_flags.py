@@ -65,22 +65,24 @@ def test_the_export_writes_it_back():
     assert flags[i + 1] == "2"
 
 
-def test_a_typed_value_pins_the_search():
+@pytest.mark.parametrize("flag,option", [("expert_model_parallel_size", "expert_parallel"),
+                                         ("expert_tensor_parallel_size",
+                                          "expert_tensor_parallel")])
+def test_a_typed_value_pins_the_search(flag, option):
     import argparse
 
     from megatron_auto.planner.inputs.pins import search_options
 
     pins = argparse.Namespace(tensor_model_parallel_size=None, pipeline_model_parallel_size=None,
                               use_distributed_optimizer=False, sequence_parallel=False,
-                              num_layers_per_virtual_pipeline_stage=None,
-                              expert_model_parallel_size=2)
-    assert search_options(pins, 4, 2).expert_parallel == 2
-    pins.expert_model_parallel_size = None
-    assert search_options(pins, 4, 2).expert_parallel is None
-    pins.expert_model_parallel_size = 3
-    with pytest.raises(ValueError, match="--expert-model-parallel-size=3: must be a power of"):
+                              num_layers_per_virtual_pipeline_stage=None, **{flag: 2})
+    assert getattr(search_options(pins, 4, 2), option) == 2
+    setattr(pins, flag, None)
+    assert getattr(search_options(pins, 4, 2), option) is None
+    setattr(pins, flag, 3)
+    name = "--" + flag.replace("_", "-")
+    with pytest.raises(ValueError, match=f"{name}=3: must be a power of"):
         search_options(pins, 4, 2)
-
 
 def test_pretrain_gpt_trains_ep2_like_one_process(tmp_path):
     losses = {}
@@ -113,21 +115,4 @@ def test_next_to_a_plan_file_the_flag_is_refused(tmp_path, capfd):
     plan.save(path)
     assert_one_error_line("pretrain_gpt", [*MODEL, "--plan", str(path),
                                            "--expert-model-parallel-size", "2"],
-                          f"error: --expert-model-parallel-size=2: conflicts with --plan", capfd)
-
-
-def test_a_typed_expert_tp_pins_the_search():
-    import argparse
-
-    from megatron_auto.planner.inputs.pins import search_options
-
-    pins = argparse.Namespace(tensor_model_parallel_size=None, pipeline_model_parallel_size=None,
-                              use_distributed_optimizer=False, sequence_parallel=False,
-                              num_layers_per_virtual_pipeline_stage=None,
-                              expert_tensor_parallel_size=2)
-    assert search_options(pins, 4, 2).expert_tensor_parallel == 2
-    pins.expert_tensor_parallel_size = None
-    assert search_options(pins, 4, 2).expert_tensor_parallel is None
-    pins.expert_tensor_parallel_size = 3
-    with pytest.raises(ValueError, match="--expert-tensor-parallel-size=3: must be a power of"):
-        search_options(pins, 4, 2)
+                          "error: --expert-model-parallel-size=2: conflicts with --plan", capfd)

@@ -19,7 +19,7 @@ import torch
 
 from dist_utils import run_distributed
 from megatron_auto.plan import Plan
-from test_cost_memory_measured import GLOBAL_BATCH, GPT, ITERATIONS, _plan_estimate
+from test_cost_memory_measured import GLOBAL_BATCH, GPT, _plan_estimate, metered_steps
 
 pytestmark = pytest.mark.multirank
 
@@ -35,23 +35,7 @@ def _plan(vocab_dp_mode: str, fraction: float) -> Plan:
 
 
 def _run(rank, world_size, plan_dict):
-    import pretrain_gpt
-    from megatron_auto import data
-    from megatron_auto.parallel.memory import PeakMemoryMeter
-    from megatron_auto.training.data import collate
-    from megatron_auto.training.trainer import build_trainer, train_step
-
-    plan = Plan.from_dict(plan_dict)
-    trainer = build_trainer(GPT, plan, pretrain_gpt.model_provider)
-    meter = PeakMemoryMeter("cpu", trainer.stage, trainer.optimizer)
-    n = plan.global_batch_size
-    dataset = data.MockGPTDataset(GPT.vocab_size, GPT.seq_length, n * ITERATIONS, 1)
-    peaks = []
-    for it in range(ITERATIONS):
-        batch = collate([dataset[i] for i in range(it * n, (it + 1) * n)])
-        with meter:
-            train_step(trainer, batch)
-        peaks.append(meter.peak_bytes)
+    peaks, trainer, meter = metered_steps(plan_dict)
     opt = trainer.optimizer
     host = opt.host_bytes() if hasattr(opt, "host_bytes") else 0
     largest = max(p.numel() for g in opt.param_groups for p in g["params"])
