@@ -304,9 +304,13 @@ class Plan:
         return self.chunk_layer_range(stage)
 
     def chunk_of_layer(self, layer: int) -> int:
-        for chunk in range(self.num_chunks):
-            if layer in self.chunk_layer_range(chunk):
+        # one pass over the chunk sizes (the evaluator asks for every layer of every stage:
+        # a range per chunk each time made pricing a 96-layer, 16-stage plan quadratic)
+        start = 0
+        for chunk, size in enumerate(self.pipeline.layers_per_stage):
+            if start <= layer < start + size:
                 return chunk
+            start += size
         raise IndexError(f"layer {layer} out of range for a {self.num_layers}-layer plan")
 
     def stage_of_layer(self, layer: int) -> int:

@@ -29,7 +29,7 @@ from typing import Any, Mapping
 
 from ...expert_layout import expert_layout, expert_ranks
 from ...layout import (Collective, Layout, dp_group_consecutive, dp_group_ranks, dp_size,
-                       layer_tp_collectives,
+                       layer_tp_collectives, plan_stage_layouts,
                        layout_of, relayout_collectives, sequence_parallel_boundary_collectives,
                        vocab_layout)
 from ...plan import Plan
@@ -526,6 +526,9 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
     # micro-batch, schedule and precision are the plan's): priced once per pair, as the search
     # prices whole plans whose layers mostly repeat a few strategies.
     priced: dict[tuple[str, Any], tuple[MemoryCost, TimeCost, bool]] = {}
+    communicator_bytes = getattr(cluster, "nccl_communicator_bytes", 0.0)
+    # every stage's NCCL groups come from one list of the plan's layouts: built once
+    layouts = plan_stage_layouts(plan) if communicator_bytes > 0 else None
     for k in range(pp):
         first, last = k == 0, k == pp - 1
         chunks = plan.stage_chunks(k)
@@ -672,7 +675,7 @@ def evaluate_plan(plan: Plan, spec: ModelSpec, training: TrainingSpec, cluster: 
         breakdown = {**states, "activations": act, "transient": transient,
                      "embedding": embedding_bytes,
                      "context_reserve": float(cluster.memory_reserve_bytes)}
-        nccl = stage_nccl_bytes(plan, k, getattr(cluster, "nccl_communicator_bytes", 0.0))
+        nccl = stage_nccl_bytes(plan, k, communicator_bytes, layouts)
         frag = fragmentation_bytes(getattr(cluster, "fragmentation_fraction", 0.0),
                                    act + transient + k_emb * emb_mem.activations_per_microbatch)
         if nccl:  # outside the caching allocator, for the whole run: in both peaks

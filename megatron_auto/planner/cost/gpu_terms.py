@@ -27,7 +27,7 @@ without GPU fields prices exactly as before.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from ...plan import Plan
 from ...layout import Layout, all_layouts, plan_group_ranks, plan_stage_layouts
@@ -184,10 +184,13 @@ def _local_group_keys(j: int, n: int, tp: int, consecutive: bool,
     return [g for g in groups if g[2] > 1]
 
 
-def _stage_layouts(plan: Plan, stage: int) -> set[Layout]:
+def _stage_layouts(plan: Plan, stage: int, layouts: Sequence[Any] | None = None
+                   ) -> set[Layout]:
     """The layouts a rank of ``stage`` makes groups for (``layout.plan_stage_layouts``, the
-    runtime's list): the stage's layers, each received layout, the vocab on the end stages."""
-    return {lay.layout for lay in plan_stage_layouts(plan) if lay.stage == stage}
+    runtime's list, or ``layouts`` when the caller computed it once for every stage): the
+    stage's layers, each received layout, the vocab on the end stages."""
+    every = plan_stage_layouts(plan) if layouts is None else layouts
+    return {lay.layout for lay in every if lay.stage == stage}
 
 
 def group_count(n: int, pp: int, world: int, stage: int, j: int,
@@ -221,17 +224,19 @@ def nccl_bytes(plan: Plan, rank: int, communicator_bytes: float) -> float:
                                             rank - stage * n, _stage_layouts(plan, stage))
 
 
-def stage_nccl_bytes(plan: Plan, stage: int, communicator_bytes: float) -> float:
+def stage_nccl_bytes(plan: Plan, stage: int, communicator_bytes: float,
+                     layouts: Sequence[Any] | None = None) -> float:
     """The most NCCL memory any rank of ``stage`` holds. Every rank of a stage holds the same
     number of groups: two progressions of :func:`_local_group_keys` coincide under a condition
     on the degrees alone (a TP block of ``a`` and a DP block of ``n / b`` when ``a = n / b``,
     likewise for the strided pair), never on the index, and the p2p peers and the embedding
     pair are one per stage neighbour; so local index 0 stands for all (the test compares every
-    rank with ``rank_process_groups``)."""
+    rank with ``rank_process_groups``). ``layouts``: ``layout.plan_stage_layouts(plan)`` when
+    the caller prices every stage (it is the whole plan's list)."""
     if communicator_bytes <= 0:
         return 0.0
     return communicator_bytes * group_count(plan.stage_size, plan.pp_size, plan.world_size,
-                                            stage, 0, _stage_layouts(plan, stage))
+                                            stage, 0, _stage_layouts(plan, stage, layouts))
 
 
 def fragmentation_bytes(fraction: float, dynamic_bytes: float) -> float:
