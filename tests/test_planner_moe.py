@@ -195,7 +195,8 @@ def test_explain_shows_ep():
     assert "ep" not in render_layers(_plan([LayerStrategy()] * 2)).splitlines()[0].split()
 
 
-def test_the_search_pins_ep_and_otherwise_chooses_it_per_layer():
+def _search_moe(**options):
+    """The search's answer for a 2-layer MoE model on 4 devices, 100 MB each."""
     from megatron_auto.planner import SearchOptions, search
 
     spec = model_spec(_config(layers=2))
@@ -203,11 +204,17 @@ def test_the_search_pins_ep_and_otherwise_chooses_it_per_layer():
     cluster = dataclasses.replace(make_cluster("a100-40g", 1, 4), memory_reserve_bytes=10 ** 5,
                                   device_memory_bytes=10 ** 8)
     profile = analytic_profile(spec, training, cluster)
-    options = dict(show_progress=False, include_baselines=False, report_partitions=False)
+    return search(spec, training, cluster, profile, 10 ** 8,
+                  SearchOptions(show_progress=False, include_baselines=False,
+                                report_partitions=False, **options))
+
+
+def test_the_search_pins_ep_and_otherwise_chooses_it_per_layer():
+    from megatron_auto.planner import SearchOptions
+
     eps = {}
     for pin in (1, 2, 4, None):
-        result = search(spec, training, cluster, profile, 10 ** 8,
-                        SearchOptions(expert_parallel=pin, **options))
+        result = _search_moe(expert_parallel=pin)
         eps[pin] = {s.ep for s in result.plan.layers}
         if pin is not None:
             assert eps[pin] == {pin}
@@ -271,17 +278,10 @@ def test_explain_shows_expert_tp():
 
 
 def test_the_search_pins_expert_tp():
-    from megatron_auto.planner import SearchOptions, search
+    from megatron_auto.planner import SearchOptions
 
-    spec = model_spec(_config(layers=2))
-    training = TrainingSpec(8, "fp32")
-    cluster = dataclasses.replace(make_cluster("a100-40g", 1, 4), memory_reserve_bytes=10 ** 5,
-                                  device_memory_bytes=10 ** 8)
-    profile = analytic_profile(spec, training, cluster)
-    options = dict(show_progress=False, include_baselines=False, report_partitions=False, tp=4)
     for pin in (1, 2, 4):
-        result = search(spec, training, cluster, profile, 10 ** 8,
-                        SearchOptions(expert_tensor_parallel=pin, **options))
+        result = _search_moe(expert_tensor_parallel=pin, tp=4)
         assert {s.expert_tp for s in result.plan.layers} == {pin}
     with pytest.raises(ValueError, match=r"^search option expert_tensor_parallel=0: "):
         SearchOptions(expert_tensor_parallel=0).validate()

@@ -149,23 +149,13 @@ def plan_from_megatron_flags(
             f"{tp * pp * cp} must divide the world size {world_size}; choose degrees whose "
             f"product divides it")
     dp = world_size // (tp * pp * cp)
-    ep = expert_model_parallel_size
-    if ep > 1 and not moe_layers:
-        raise MegatronFlagError(f"--expert-model-parallel-size={ep}: the model has no MoE layers "
-                                f"(--num-experts); drop the flag or add --num-experts")
-    if ep > 1 and (dp % ep or ep & (ep - 1)):
-        raise MegatronFlagError(f"--expert-model-parallel-size={ep}: must be a power of two "
-                                f"dividing the data-parallel size {dp} (world {world_size} / "
-                                f"(tp {tp} x pp {pp} x cp {cp})); choose a divisor of {dp}")
-    etp = expert_tensor_parallel_size
-    if etp > 1 and not moe_layers:
-        raise MegatronFlagError(f"--expert-tensor-parallel-size={etp}: the model has no MoE "
-                                f"layers (--num-experts); drop the flag or add --num-experts")
-    if etp > 1 and (tp % etp or etp & (etp - 1)):
-        raise MegatronFlagError(f"--expert-tensor-parallel-size={etp}: must be a power of two "
-                                f"dividing --tensor-model-parallel-size={tp} (each expert is "
-                                f"split over that many of a layer's TP ranks); choose a divisor "
-                                f"of {tp}")
+    ep, etp = expert_model_parallel_size, expert_tensor_parallel_size
+    _check_expert_degree("--expert-model-parallel-size", ep, dp, moe_layers,
+                         f"the data-parallel size {dp} (world {world_size} / (tp {tp} x pp "
+                         f"{pp} x cp {cp}))")
+    _check_expert_degree("--expert-tensor-parallel-size", etp, tp, moe_layers,
+                         f"--tensor-model-parallel-size={tp} (each expert is split over that "
+                         f"many of a layer's TP ranks)")
     if global_batch_size % (micro_batch_size * dp):
         raise MegatronFlagError(
             f"--global-batch-size={global_batch_size}: must be a multiple of --micro-batch-size="
@@ -262,6 +252,20 @@ def plan_from_megatron_flags(
                                           if i in set(moe_layers) else layer
                                           for i, layer in enumerate(plan.layers)))
     return replace(plan, search={"source": "megatron-flags", "notes": notes})
+
+
+def _check_expert_degree(flag: str, value: int, ranks: int, moe_layers: Sequence[int],
+                         what: str) -> None:
+    """An expert layout flag above 1: the model must have MoE layers and ``value`` be a power
+    of two dividing ``ranks`` (``what`` names them in the message)."""
+    if value <= 1:
+        return
+    if not moe_layers:
+        raise MegatronFlagError(f"{flag}={value}: the model has no MoE layers (--num-experts); "
+                                f"drop the flag or add --num-experts")
+    if ranks % value or value & (value - 1):
+        raise MegatronFlagError(f"{flag}={value}: must be a power of two dividing {what}; "
+                                f"choose a divisor of {ranks}")
 
 
 def _selective_modules(modules: Sequence[str] | None, method: str | None,

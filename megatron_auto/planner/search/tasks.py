@@ -50,6 +50,7 @@ from ..cost.estimate import in_flight, step_overhead
 from .bottleneck import Bottleneck
 from ..cost.time_model import relayout_cost, sequence_parallel_switch_time
 from .stage_dp import LayerOptions, solve_stage
+from .tied import tied_rest
 from ..cost.gpu_terms import group_count, search_nccl_bound
 from ..cost.interleaving import chunk_in_flight
 from .layer_tables import LayerTables
@@ -577,74 +578,9 @@ class Task:
 
     def tied_rest(self, k: int, start: int, placed: list[tuple[Any, Any, Any]],
                   acc: np.ndarray) -> np.ndarray:
-        """Lower bound on the iteration time of every plan whose chunk positions before ``k``
-        are placed (layers ``[0, start)``; ``placed[s]``: stage ``s``'s persistent bytes,
-        largest transient and step-peak floor so far; ``acc[b]``: their exact share of each
-        ``J_b``), for interleaved tasks of one layer type (``tied_applies``). Vectorised over
-        candidates: any of ``placed``'s numbers may be an array over them, ``acc`` then
-        ``(branch, candidate)``; the result has their shape (0-d for one).
-
-        The chunk-level bound lets every chunk fill the device alone. Here a stage's chunks
-        still to place are one block of ``n`` layers (at least one per chunk, the blocks
-        summing to the layers left) under what is left of the stage's budget: its NCCL floor,
-        what it placed, its chunks' embedding/head bytes (persistent and step floors summed,
-        the largest transient) and, per layer, the bytes of a chunk's in-flight count: one layer
-        at each chunk's count but the lowest, the others at the lowest (each chunk holds a
-        layer, and a layer's bytes grow with the count, so every plan's layers cost at least
-        this; the block's order is free, relayouts being left out). In ``J_b`` the chunks of a stage share their weights, so the
-        block's weighted cost is the sum of its chunks'; relayouts are left out (chunk
-        boundaries break the block's adjacency, and they only add); the chunks' embedding/head
-        costs and incoming boundaries are added as ``stage_bound`` adds them. With one layer
-        type which layers a block holds does not matter, only how many: a DP over the block
-        sizes gives the least ``J_b``; the bound is the best ``b``."""
-        L, pp = self.num_layers, self.pp
-        acc = np.asarray(acc, dtype=float)
-        width = acc.shape[1:]  # () or (candidates,)
-        nc = int(np.prod(width)) if width else 1
-        left = L - start
-        own = [[c for c in range(k, self.chunks) if self.stage_of(c) == s] for s in range(pp)]
-        need = [len(c) for c in own]
-        span = left - sum(need) + max(need)  # the largest block a stage can hold
-        if left < sum(need):
-            return np.full(width, INF)
-        lens = np.arange(span + 1)
-        x = np.arange(left + 1)
-        take = lens[None, :] <= x[:, None]  # (x, n): a block of n within x layers
-        back = np.where(take, x[:, None] - lens[None, :], 0)
-        best = np.full(nc, -INF)
-        flat_acc = acc.reshape(len(self.branches), nc)
-        for bi, b in enumerate(self.branches):
-            nxt = np.full((left + 1, nc), INF)  # nxt[x]: least cost of the later stages on x
-            nxt[0] = 0.0
-            for s in range(pp - 1, -1, -1):
-                chunks = own[s]
-                if not chunks:
-                    continue
-                w = replace(self.weights(chunks[0], b), moves=False)
-                embs = [self.emb[c] for c in chunks]
-                fixed = sum(w.alpha * (e.microbatch + (self.tables.min_boundary if c else 0.0))
-                            + w.beta * e.optimizer + w.gamma * e.exposed_sync
-                            for c, e in zip(chunks, embs))
-                persistent, transient, step = (np.broadcast_to(np.asarray(v, dtype=float),
-                                                               (nc,)) for v in placed[s])
-                room = self.room - self.nccl_floor[s]
-                top = np.maximum(transient, max(e.transient for e in embs))
-                grid = np.ones((span, 1))
-                row = np.full((span + 1, nc), INF)
-                low = min(chunks, key=self.bound_in_flight)
-                lead = tuple(sorted((self.bound_in_flight(c) for c in chunks if c != low),
-                                    reverse=True))
-                row[1:] = self.rest_bound(  # one table length for every node: L - pp + 1
-                    low, 0, w, np.broadcast_to(lens[1:, None], (span, nc)),
-                    grid * (room - persistent - sum(e.persistent for e in embs) - top),
-                    grid * (room - step - sum(e.step_floor for e in embs)), grid * top,
-                    L - pp + 1, lead) + fixed
-                row[:need[s]] = INF
-                # cur[x] = min over n <= x of row[n] + nxt[x - n]
-                cand = np.where(take[:, :, None], row[None, :, :] + nxt[back], INF)
-                nxt = cand.min(axis=1)
-            best = np.maximum(best, flat_acc[bi] + nxt[left])
-        return (best + self.overhead).reshape(width)
+        """``tied.tied_rest`` of this task: the bound of every plan whose chunk positions
+        before ``k`` are placed, each stage's chunks left sharing what is left of its memory."""
+        return tied_rest(self, k, start, placed, acc)
 
 
 def _front(mem: np.ndarray, cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
