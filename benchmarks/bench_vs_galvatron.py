@@ -7,6 +7,7 @@
         # offline: Galvatron from a local sdist (or its unpacked directory), no package index
         # for it (also GALVATRON_SOURCE=...); --wheels DIR for numpy/scipy/tqdm/pybind11
     python benchmarks/bench_vs_galvatron.py --table-out table.md   # the docs/planner.md §8 table
+    python benchmarks/bench_vs_galvatron.py --galvatron-spaces default   # one Galvatron space
 
 What runs:
 
@@ -16,21 +17,28 @@ What runs:
    --no-index``), plus numpy, scipy, tqdm and pybind11 (from ``--wheels DIR`` with
    ``--no-index``, else the configured index). Its search modules import without torch or
    apex when the heavy package ``__init__`` files are bypassed, which the driver below does.
-2. Per case and memory budget, Galvatron's ``GalvatronSearchEngine`` searches in its own
+2. Per case, memory budget and Galvatron space, Galvatron's ``GalvatronSearchEngine`` searches
+   (freshly, every run: nothing of Galvatron's is stored or reused) in its own
    process on its shipped profiles of the model (``models/<model>/configs``) and hardware
    (``profile_hardware/hardware_configs``), batch size fixed (``--settle_bsz``). Where 2.4's
    own reader cannot read a file it ships in an older layout (LLaMA's and GPT's flat memory
    records, GPT's one-value time record, no ``sp_time`` file for 2 nodes), the values are
-   re-keyed into the layout 2.4 reads (same numbers); see ``_stage_for_galvatron``.
+   re-keyed into the layout 2.4 reads (same numbers); see ``_stage_for_galvatron``. Its two
+   spaces (``GALVATRON_SPACES``): its default, vocab TP searched and TP placement consecutive
+   and non-consecutive, and the smaller one with ``--disable_vtp 1 --disable_tp_consec 1``.
 3. Ours, on the *unmodified* shipped files: ``megatron-auto import-galvatron`` (profile and
-   cluster) then ``megatron-auto plan``, each a whole command in its own process.
+   cluster) then ``megatron-auto plan``, each a whole command in its own process, run again
+   next to each Galvatron search. ``plan`` has no pin of the vocabulary's TP degree or of the
+   TP layout, so ours searches its full space next to either Galvatron space (a superset of
+   both: neither row is a same-space comparison).
 4. Both plans are priced by our evaluator (``megatron-auto evaluate --json``) with the same
    imported profile, cluster and budget.
 
-Printed per case: Galvatron's time (whole process, and its search alone), ours (import + plan,
-whole commands), the ratio of wall times and of CPU times (the children's user + system
-seconds: on a shared machine the wall ratio moves with the load, the CPU ratio much less), and
-both plans' throughput under our cost model. Budgets are
+Printed per case and space: Galvatron's time (whole process, and its search alone), ours
+(import + plan, whole commands), the ratio of wall times and of CPU times (the children's user
++ system seconds: on a shared machine the wall ratio moves with the load, the CPU ratio much
+less), both plans' throughput under our cost model, our certified gap (``plan.search
+["optimality_gap"]``) and the load average before Galvatron's search and after ours. Budgets are
 Galvatron's GB (2**30 bytes); ours gets the same bytes. Galvatron silently keeps 20 % of any
 budget over 20 GB for its allocator, so its plans at 24+ GB are searched in 80 % of the budget
 (our evaluator prices them against the full budget). Timing is for a shared 2-core machine:
@@ -56,6 +64,16 @@ from megatron_auto.planner.interop.galvatron_files import read_computation
 REPO = Path(__file__).resolve().parents[1]
 GIB = 2**30
 GALVATRON = "hetu-galvatron==2.4.0"
+
+# Galvatron's two spaces per case: its default (vocab TP searched, TP placement consecutive and
+# non-consecutive) and the smaller one without both (``--disable_vtp 1`` pins the embedding and
+# head to tp 1, ``--disable_tp_consec 1`` drops the non-consecutive TP layouts). Ours cannot be
+# restricted alike from ``megatron-auto plan`` (no pin of the vocabulary's tp or of the TP
+# layout), so ours searches its full space in both rows: a superset of either Galvatron space.
+GALVATRON_SPACES: dict[str, list[str]] = {
+    "default": [],
+    "no vtp, consec": ["--disable_vtp", "1", "--disable_tp_consec", "1"],
+}
 
 # The cases of issue 11 item 7: model directory in Galvatron's package, its file-name model
 # tag, the layer configuration its engine takes, its time/memory profile modes for those files,
@@ -230,14 +248,16 @@ def _stage_for_galvatron(case: dict[str, Any], files: dict[str, Path], dest: Pat
 
 
 def run_galvatron(python: Path, case: dict[str, Any], staged: dict[str, str], budget: int,
-                  work: Path, keep: Path | None, timeout: float | None) -> dict[str, Any]:
+                  work: Path, keep: Path | None, timeout: float | None,
+                  space: str = "default") -> dict[str, Any]:
     """Galvatron's search in its own process; with ``keep``, its result (times and plan) is
     stored there and a stored one is reused (its time does not depend on our code). Stopped
     after ``timeout`` seconds, its time is only a lower bound (``timed_out``)."""
-    record = keep / f"{case['dir']}_{budget}GB.json" if keep else None
+    tag = "" if space == "default" else "_" + "".join(c for c in space if c.isalnum())
+    record = keep / f"{case['dir']}_{budget}GB{tag}.json" if keep else None
     if record is not None and record.exists():
         return {**json.loads(record.read_text()), "reused": True}
-    out = work / f"galvatron_out_{budget}"
+    out = work / f"galvatron_out_{budget}{tag}"
     out.mkdir()
     argv = ["--num_nodes", str(case["nodes"]), "--num_gpus_per_node", str(case["gpus"]),
             "--memory_constraint", str(budget), "--settle_bsz", str(case["batch"]),
@@ -248,10 +268,10 @@ def run_galvatron(python: Path, case: dict[str, Any], staged: dict[str, str], bu
             staged["configs"], "--allreduce_bandwidth_config_path", staged["hardware"],
             "--p2p_bandwidth_config_path", staged["hardware"], "--overlap_coe_path",
             staged["hardware"], "--sp_time_path", staged["hardware"], "--output_config_path",
-            str(out), "--log_dir", str(work / "galvatron_logs")]
+            str(out), "--log_dir", str(work / "galvatron_logs"), *GALVATRON_SPACES[space]]
     if case["sequence_parallel"]:
         argv.append("--sequence_parallel")
-    spec = work / f"case_{budget}.json"
+    spec = work / f"case_{budget}{tag}.json"
     spec.write_text(json.dumps({"argv": argv, "path": str(work), "layers": case["layers"],
                                 "tag": case["tag"], "model_type": case.get("model_type", "gpt"),
                                 "model_args": {"hidden_size": case["layers"][0]["hidden_size"],
@@ -269,9 +289,9 @@ def run_galvatron(python: Path, case: dict[str, Any], staged: dict[str, str], bu
         line = [ln for ln in proc.stdout.splitlines() if ln.startswith("GALVATRON_RESULT ")][-1]
         result = {"wall_s": wall, "cpu_s": _children_cpu() - c0,
                   **json.loads(line.split(" ", 1)[1])}
-    if record is not None:
+    if record is not None and keep is not None:
         if result["config"]:
-            kept = keep / f"{case['dir']}_{budget}GB_{Path(result['config']).name}"
+            kept = keep / f"{case['dir']}_{budget}GB{tag}_{Path(result['config']).name}"
             shutil.copy(result["config"], kept)
             result["config"] = str(kept)
         record.write_text(json.dumps(result, indent=1))
@@ -357,9 +377,9 @@ def _throughput(est: dict[str, Any]) -> str:
     return f"{est['samples_per_s']:.2f}{fits}"
 
 
-HEADER = ("| case | budget | Galvatron 2.4: process s (search s) | ours: import + plan s "
-          "(search CPU s) | ratio wall (CPU) | ours proven optimal | ours: certified gap | "
-          "samples/s under our evaluator: Galvatron's plan / ours | load |")
+HEADER = ("| case | budget | Galvatron's space | Galvatron 2.4: process s (search s) | "
+          "ours: import + plan s (search CPU s) | ratio wall (CPU) | ours proven optimal | "
+          "ours: certified gap | samples/s under our evaluator: Galvatron's plan / ours | load before-after |")
 
 
 def main() -> None:
@@ -383,6 +403,10 @@ def main() -> None:
                         help="store Galvatron's results (times, plans) in DIR and reuse stored "
                              "ones: re-measure ours after a change without re-running it (a "
                              "working aid: refused with --table-out, whose table runs both)")
+    parser.add_argument("--galvatron-spaces", nargs="+", choices=list(GALVATRON_SPACES),
+                        default=list(GALVATRON_SPACES), metavar="SPACE",
+                        help="Galvatron's spaces to run, each against ours: "
+                             + ", ".join(repr(k) for k in GALVATRON_SPACES) + " (default: both)")
     parser.add_argument("--table-out", type=Path, default=None, metavar="FILE",
                         help="also write the table (Markdown, with the run's load) to FILE")
     args = parser.parse_args()
@@ -409,7 +433,7 @@ def main() -> None:
              f"load average {loads[0]:.1f} on {os.cpu_count()} CPUs")
         emit("")
         emit(HEADER)
-        emit("|---|---|---|---|---|---|---|---|---|")
+        emit("|---|---|---|---|---|---|---|---|---|---|")
         for name, case in CASES.items():
             if args.only and name != args.only:
                 continue
@@ -418,17 +442,19 @@ def main() -> None:
             files = shipped_files(root, case)
             staged = _stage_for_galvatron(case, files, work / "staged")
             import_s, import_cpu, profile, cluster = import_ours(case, files, work)
-            for budget in [b for b in case["budgets"] if not args.budgets or b in args.budgets]:
+            budgets = [b for b in case["budgets"] if not args.budgets or b in args.budgets]
+            for budget, space in [(b, sp) for b in budgets for sp in args.galvatron_spaces]:
+                load_before = os.getloadavg()[0]
                 g = run_galvatron(python, case, staged, budget, work, args.keep_galvatron,
-                                  args.galvatron_timeout)
+                                  args.galvatron_timeout, space)
                 plan_s, plan_cpu, info, plan = plan_ours(case, profile, cluster, budget, work)
-                loads.append(os.getloadavg()[0])
                 ours_s, ours_cpu = import_s + plan_s, import_cpu + plan_cpu
                 est_ours = evaluate_ours(case, profile, cluster, budget, ["--plan", str(plan)])
                 est_g = (evaluate_ours(case, profile, cluster, budget,
                                        ["--galvatron-config", g["config"]])
                          if g["config"] else {"error": "stopped" if g.get("timed_out")
                                               else "Galvatron found no plan"})
+                loads += [load_before, os.getloadavg()[0]]
                 reused = " stored" if g.get("reused") else ""
                 more = "> " if g.get("timed_out") else ""
                 g_txt = (f"> {g['wall_s']:.0f} (stopped)" if more
@@ -440,12 +466,12 @@ def main() -> None:
                     else "no (gap reached)"
                 gap = info.get("optimality_gap")
                 gap_txt = "n/a" if gap is None else f"{gap:.2%}"
-                emit(f"| {case['label']} | {budget} GB | {g_txt}{reused} | "
+                emit(f"| {case['label']} | {budget} GB | {space} | {g_txt}{reused} | "
                      f"{import_s:.2f} + {plan_s:.2f} = {ours_s:.2f} "
                      f"({info.get('search_cpu_s', float('nan')):.2f}) | "
                      f"{more}x{g['wall_s'] / ours_s:.1f} ({cpu_ratio}) | {proven} | "
                      f"{gap_txt} | {_throughput(est_g)} / {_throughput(est_ours)} | "
-                     f"{loads[-1]:.1f} |")
+                     f"{load_before:.1f}-{loads[-1]:.1f} |")
     if args.table_out:
         note = (f"\nLoad average {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs "
                 f"during the run.\n")
