@@ -13,7 +13,8 @@ from megatron_auto.cli import main
 from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy
 from megatron_auto.planner import SearchOptions, TrainingSpec, analytic_profile, search
 from megatron_auto.families.registry import model_spec
-from megatron_auto.planner.cost.estimate import evaluate_plan, stage_moves
+from megatron_auto.planner.cost.estimate import evaluate_plan
+from megatron_auto.planner.cost.moves import stage_moves
 from megatron_auto.planner.inputs.presets import get_cluster
 from megatron_auto.families.t5.config import T5Config
 

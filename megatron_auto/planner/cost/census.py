@@ -26,7 +26,8 @@ from collections import Counter
 
 from ...layout import Collective, dp_size, vocab_layout
 from ...plan import Plan
-from .estimate import bucket_collectives, chunk_moves, stage_collectives, step_collectives
+from .estimate import bucket_collectives, stage_collectives, step_collectives
+from .moves import chunk_moves
 from .time_model import DDP_BUCKET_BYTES, hop_bytes, tied_embedding_collective, vocab_tp_collectives
 from ..inputs.model_spec import ModelSpec
 from ..inputs.profiles import ModelProfile

@@ -28,21 +28,19 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ...expert_layout import expert_layout, expert_ranks
-from ...layout import (Collective, Layout, dp_group_consecutive, dp_group_ranks, dp_size,
+from ...layout import (Collective, dp_group_consecutive, dp_group_ranks, dp_size,
                        layer_tp_collectives, plan_stage_layouts,
-                       layout_of, relayout_collectives, sequence_parallel_boundary_collectives,
-                       vocab_layout)
+                       layout_of, relayout_collectives, vocab_layout)
 from ...plan import Plan
 from ...plan_optimizer_offload import stage_fraction
 from ...schedule import in_flight
 from .context_parallel import cp_attention_collectives
 from .memory_model import (ADAM_BYTES, GRAD_BYTES, MemoryCost, embedding_memory, layer_memory,
                            vocab_parameters)
+from .moves import chunk_moves, move_cost, sp_boundary, sp_reduced_tensor_bytes, stage_moves
 from .time_model import (DDP_BUCKET_BYTES, NO_MOVE, NO_TIME, DataParallelCollectives,
-                         MoveCost, TimeCost,
-                         collective_time, dp_collectives,
-                         embedding_time, layer_time, pipeline_time, relayout_cost,
-                         stage_boundary_cost, vocab_dp_collectives)
+                         MoveCost, TimeCost, dp_collectives, embedding_time, layer_time,
+                         pipeline_time, vocab_dp_collectives)
 from .gpu_terms import fragmentation_bytes, stage_nccl_bytes
 from .interleaving import InFlightMemo, peak_activations, pipeline_fill
 from ..inputs.model_spec import ModelSpec, TrainingSpec
@@ -177,118 +175,6 @@ def _binding(peak: float, budget: float | None, shares: Mapping[str, float]) -> 
     return max(shares, key=lambda k: shares[k])
 
 
-@dataclass(frozen=True)
-class Move:
-    """One move of a micro-batch's activation on a stage, from layout ``old`` to ``new``
-    (``bytes_per_sample`` each); ``hop``: it first crosses the p2p hop from the previous stage
-    (``old`` is then the previous chunk's last layer layout). Sequence parallelism:
-    ``leave_sp``: ``old`` is a run of SP layers that ends here (all-gather the sequence over its
-    TP group first; with ``old == new`` that is all the move does, before a stage's send);
-    ``enter_sp``: ``new`` starts a run of SP layers (keep this rank's positions; backward
-    all-gathers the gradient). ``models/gpt.py`` ``run_layers`` makes exactly these moves."""
-
-    old: Layout
-    new: Layout
-    bytes_per_sample: float
-    hop: bool = False
-    leave_sp: bool = False
-    enter_sp: bool = False
-    sp_bytes_per_sample: float = 0.0  # what the SP boundaries gather (0: bytes_per_sample)
-
-
-def chunk_moves(plan: Plan, spec: ModelSpec, profile: ModelProfile, chunk: int) -> list[Move]:
-    """Every move the runtime makes for model chunk ``chunk`` per micro-batch, in forward order:
-    embedding -> first layer (chunk 0) or the hop from the previous chunk's stage, layer ->
-    layer, then last layer -> final norm and head (last chunk, on the vocab layout) or, when
-    the chunk ends on an SP layer, the all-gather of the sequence before the send.
-    ``bytes_per_sample`` is the layer's ``moved_bytes_per_sample`` on the layer side (the
-    receiving layer between two; its hidden state and, for T5, the carry beside it), into the
-    head the last layer's hidden state; the SP boundaries move the hidden state alone."""
-    n = plan.stage_size
-    vocab = vocab_layout(plan.vocab.tp, n, plan.cp_size)
-    ids = list(plan.chunk_layer_range(chunk))
-
-    def bps(i: int) -> float:
-        return profile.layer_types[spec.layer_type(i).name].moved_bytes_per_sample
-
-    def lay(i: int) -> Layout:
-        return layout_of(plan.layers[i], n)
-
-    def sp(i: int) -> bool:
-        return plan.layers[i].sequence_parallel and plan.layers[i].tp > 1
-
-    def hidden(i: int) -> float:
-        return profile.layer_types[spec.layer_type(i).name].hidden_bytes_per_sample
-
-    if chunk == 0:
-        out = [Move(vocab, lay(ids[0]), bps(ids[0]), enter_sp=sp(ids[0]),
-                    sp_bytes_per_sample=hidden(ids[0]))]
-    else:
-        out = [Move(lay(ids[0] - 1), lay(ids[0]), bps(ids[0]), hop=True, enter_sp=sp(ids[0]),
-                    sp_bytes_per_sample=hidden(ids[0]))]
-    for i in ids[1:]:
-        # consecutive SP layers of one layout pass their sequence chunks straight on
-        same_run = sp(i - 1) and sp(i) and lay(i - 1) == lay(i)
-        out.append(Move(lay(i - 1), lay(i), bps(i), leave_sp=sp(i - 1) and not same_run,
-                        enter_sp=sp(i) and not same_run, sp_bytes_per_sample=hidden(i)))
-    if chunk == plan.num_chunks - 1:  # only the hidden state goes on to the head
-        out.append(Move(lay(ids[-1]), vocab, hidden(ids[-1]), leave_sp=sp(ids[-1])))
-    elif sp(ids[-1]):
-        out.append(Move(lay(ids[-1]), lay(ids[-1]), bps(ids[-1]), leave_sp=True,
-                        sp_bytes_per_sample=hidden(ids[-1])))
-    return out
-
-
-def stage_moves(plan: Plan, spec: ModelSpec, profile: ModelProfile, stage: int) -> list[Move]:
-    """:func:`chunk_moves` of every chunk of ``stage`` (one unless interleaved)."""
-    return [m for c in plan.stage_chunks(stage) for m in chunk_moves(plan, spec, profile, c)]
-
-
-def _sp_boundary(move: Move, plan: Plan) -> tuple[tuple[Collective, ...], tuple[Collective, ...]]:
-    """``(forward, backward)`` SP boundary collectives of a move (``layout.py``'s description)."""
-    n, b_m = plan.stage_size, plan.microbatch_size
-    per_sample = move.sp_bytes_per_sample or move.bytes_per_sample
-    forward: tuple[Collective, ...] = ()
-    backward: tuple[Collective, ...] = ()
-    if move.leave_sp:
-        f, b = sequence_parallel_boundary_collectives(
-            move.old, b_m / dp_size(move.old, n) * per_sample, entering=False)
-        forward, backward = forward + f, backward + b
-    if move.enter_sp:
-        f, b = sequence_parallel_boundary_collectives(
-            move.new, b_m / dp_size(move.new, n) * per_sample, entering=True)
-        forward, backward = forward + f, backward + b
-    return forward, backward
-
-
-def move_cost(cluster: ClusterModel, move: Move, plan: Plan) -> MoveCost:
-    """``cost_time.relayout_cost`` of a move, or ``stage_boundary_cost`` when it hops, plus its
-    SP boundary all-gathers (the gathered sequence counts as transient)."""
-    n, b_m = plan.stage_size, plan.microbatch_size
-    if move.hop:
-        cost = stage_boundary_cost(cluster, move.old, move.new, b_m, move.bytes_per_sample, n,
-                                   plan.pp_size)
-    else:
-        cost = relayout_cost(cluster, move.old, move.new, b_m, move.bytes_per_sample, n)
-    forward, backward = _sp_boundary(move, plan)
-    if not forward and not backward:
-        return cost
-    price = lambda cs: sum(collective_time(cluster, c, n) for c in cs)  # noqa: E731
-    gathered = max(c.nbytes for c in forward + backward)
-    return MoveCost(cost.forward + price(forward), cost.backward + price(backward),
-                    max(cost.transient_bytes, gathered))
-
-
-def sp_reduced_tensor_bytes(spec: ModelSpec, layer: int) -> tuple[float, ...]:
-    """Gradient bytes of the tensors an SP layer all-reduces over its TP group in backward
-    (``models/transformer.py``): the two norms' weights (and LayerNorm biases) and the two
-    row-parallel biases, fp32 gradients of ``h`` elements each."""
-    lt = spec.layer_type(layer)
-    norms = 4 if lt.normalization == "layernorm" else 2
-    biases = 2 if lt.add_bias_linear else 0
-    return (float(GRAD_BYTES * lt.hidden_size),) * (norms + biases)
-
-
 def _layer_tp(plan: Plan, spec: ModelSpec, profile: ModelProfile, i: int
               ) -> tuple[tuple[Collective, ...], tuple[Collective, ...]]:
     s = plan.layers[i]
@@ -386,7 +272,7 @@ def stage_collectives(plan: Plan, spec: ModelSpec, profile: ModelProfile, precis
     for move in stage_moves(plan, spec, profile, stage):
         forward, backward = relayout_collectives(move.old, move.new, n,
                                                  plan.microbatch_size * move.bytes_per_sample)
-        sp_f, sp_b = _sp_boundary(move, plan)
+        sp_f, sp_b = sp_boundary(move, plan)
         for c in forward + backward + sp_f + sp_b:
             out[c] += m
     for i in plan.stage_layers(stage):

@@ -15,7 +15,7 @@ from typing import Any, Hashable
 import numpy as np
 
 from ..inputs.cluster_model import ClusterModel
-from ..cost.estimate import sp_reduced_tensor_bytes
+from ..cost.moves import sp_reduced_tensor_bytes
 from ..cost.time_model import (relayout_cost, relayout_time, sequence_parallel_switch_time,
                                stage_boundary_cost)
 from ..inputs.model_spec import ModelSpec
@@ -60,7 +60,7 @@ class LayerTables:
     @functools.cached_property
     def layouts(self) -> list[tuple[Layout, bool]]:
         """The classes: a layout and whether the layer runs sequence parallelism (the
-        transitions depend on both, ``estimate.chunk_moves``), sorted."""
+        transitions depend on both, ``moves.chunk_moves``), sorted."""
         return sorted({(layout_of(s, self.n), s.sequence_parallel and s.tp > 1)
                        for group in self.strategies for s in group})
 
