@@ -22,10 +22,10 @@ from .plan_cp import cp_model_problem
 from .plan_errors import PlanError
 from .plan_errors import need as _need
 from .plan_experts import expert_field_error, model_expert_error
-from .plan_offload import (OffloadValue, normalize_offload, offload_layer_problem,
-                           offload_model_problem, offload_parts)
+from .plan_layer import LayerStrategy, VocabStrategy, int_field
+from .plan_offload import offload_layer_problem, offload_model_problem
 from .plan_optimizer_offload import FractionValue, fraction_dict, fraction_problem, parse_fraction
-from .plan_recompute import RecomputeValue, normalize_recompute, recompute_parts
+from .plan_recompute import RecomputeValue, normalize_recompute
 from .utils.jsonfile import read_json, write_json
 
 PLAN_FORMAT = "megatron_auto.plan"
@@ -38,9 +38,6 @@ SCHEDULES = ("1f1b", "gpipe")
 # Context-parallel attention: ``ring`` passes keys and values around the CP group (Megatron's
 # ``--cp-comm-type p2p``), ``ulysses`` all-to-alls from sequence- to head-sharded (``a2a``).
 CP_MODES = ("ring", "ulysses")
-# The keys of a ``layers[i]`` entry.
-LAYER_KEYS = ("tp", "dp_mode", "tp_consecutive", "recompute", "sequence_parallel", "cp",
-              "cp_mode", "ep", "expert_tp", "expert_dp_mode", "offload")
 
 
 def _is_power_of_two(n: int) -> bool:
@@ -49,133 +46,6 @@ def _is_power_of_two(n: int) -> bool:
 
 def _is_positive_int(n: object) -> bool:
     return isinstance(n, int) and not isinstance(n, bool) and n >= 1
-
-
-def _int(data: Mapping[str, Any], key: str, where: str) -> int:
-    if key not in data:
-        raise PlanError(f"plan field {where}{key} is missing: add it (an integer)")
-    value = data[key]
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise PlanError(f"plan field {where}{key}={value!r}: must be an integer")
-    return value
-
-
-@dataclass(frozen=True)
-class LayerStrategy:
-    """How one transformer layer is parallelised inside its pipeline stage."""
-
-    tp: int = 1
-    dp_mode: str = "ddp"
-    tp_consecutive: bool = True
-    # bool (whole layer or nothing), "selective" or a tuple of RECOMPUTE_MODULES: always the
-    # canonical form of normalize_recompute (the constructor converts).
-    recompute: RecomputeValue = False
-    # Megatron-SP over this layer's TP group (needs tp > 1): norms, dropout and residuals keep
-    # the activation split along the sequence.
-    sequence_parallel: bool = False
-    # Context parallelism: the sequence split over ``cp`` ranks (one degree per plan) and the
-    # attention's communication (CP_MODES; may differ per layer).
-    cp: int = 1
-    cp_mode: str = "ring"
-    # MoE layers only (docs/design.md §4): the experts split over ``ep`` ranks of the layer's
-    # DP group, each expert TP-split over ``expert_tp`` ranks of its TP group, the expert
-    # parameters' DP flavour over the expert-DP group (dp / ep ranks); None: ``dp_mode``.
-    ep: int = 1
-    expert_tp: int = 1
-    expert_dp_mode: str | None = None
-    # Activation offload (plan_offload.py): False, True (all saved activations) or a tuple of
-    # OFFLOAD_MODULES; always canonical (the constructor converts).
-    offload: OffloadValue = False
-
-    @property
-    def experts_dp_mode(self) -> str:
-        """The expert parameters' DP flavour (``expert_dp_mode``, default the layer's)."""
-        return self.dp_mode if self.expert_dp_mode is None else self.expert_dp_mode
-
-    def __post_init__(self) -> None:
-        if self.recompute is not True and self.recompute is not False:
-            object.__setattr__(self, "recompute", normalize_recompute(self.recompute))
-        if self.offload is not True and self.offload is not False:
-            object.__setattr__(self, "offload", normalize_offload(self.offload))
-
-    @property
-    def full_recompute(self) -> bool:
-        """The whole layer re-runs in backward (keeps only its input)."""
-        return self.recompute is True
-
-    @property
-    def recompute_modules(self) -> frozenset[str]:
-        """The modules recomputed on their own (empty for none and for full)."""
-        return recompute_parts(self.recompute)[1]
-
-    @property
-    def offload_modules(self) -> frozenset[str]:
-        """The modules whose saved activations are offloaded on their own (empty for none and
-        for the whole layer)."""
-        return offload_parts(self.offload)[1]
-
-    def to_dict(self) -> dict[str, Any]:
-        recompute = self.recompute if not isinstance(self.recompute, tuple) \
-            else list(self.recompute)
-        out: dict[str, Any] = {"tp": self.tp, "dp_mode": self.dp_mode,
-                               "tp_consecutive": self.tp_consecutive, "recompute": recompute}
-        if self.sequence_parallel:  # absent = false: files without SP stay as they were
-            out["sequence_parallel"] = True
-        if self.cp != 1:  # absent = 1 / "ring": files without CP stay as they were
-            out["cp"] = self.cp
-        if self.cp_mode != "ring":
-            out["cp_mode"] = self.cp_mode
-        if self.ep != 1:  # the expert fields likewise: absent at their defaults
-            out["ep"] = self.ep
-        if self.expert_tp != 1:
-            out["expert_tp"] = self.expert_tp
-        if self.expert_dp_mode is not None:
-            out["expert_dp_mode"] = self.expert_dp_mode
-        if self.offload is not False:  # absent = false: files without offload stay as they were
-            out["offload"] = self.offload if self.offload is True else list(self.offload)
-        return out
-
-    @classmethod
-    def from_dict(cls, data: Any, where: str = "layers[?].") -> "LayerStrategy":
-        if not isinstance(data, Mapping):
-            raise PlanError(f"plan field {where[:-1]}={data!r}: must be an object like "
-                            '{"tp": 1, "dp_mode": "ddp", "tp_consecutive": true, "recompute": false}')
-        unknown = sorted(set(data) - set(LAYER_KEYS))
-        _need(not unknown, where + "<keys>", unknown,
-              f"unknown key(s); allowed: {', '.join(LAYER_KEYS)}")
-        tp = _int(data, "tp", where) if "tp" in data else 1
-        dp_mode = data.get("dp_mode", "ddp")
-        consec = data.get("tp_consecutive", True)
-        recompute = normalize_recompute(data.get("recompute", False), where + "recompute")
-        sp = data.get("sequence_parallel", False)
-        _need(isinstance(consec, bool), where + "tp_consecutive", consec, "must be true or false")
-        _need(isinstance(sp, bool), where + "sequence_parallel", sp, "must be true or false")
-        cp = _int(data, "cp", where) if "cp" in data else 1
-        cp_mode = data.get("cp_mode", "ring")
-        ep = _int(data, "ep", where) if "ep" in data else 1
-        expert_tp = _int(data, "expert_tp", where) if "expert_tp" in data else 1
-        return cls(tp=tp, dp_mode=dp_mode, tp_consecutive=consec, recompute=recompute,
-                   sequence_parallel=sp, cp=cp, cp_mode=cp_mode, ep=ep, expert_tp=expert_tp,
-                   expert_dp_mode=data.get("expert_dp_mode"), offload=normalize_offload(data.get("offload", False), where + "offload"))
-
-
-@dataclass(frozen=True)
-class VocabStrategy:
-    """Layout of the embedding and LM head (first and last stage)."""
-
-    tp: int = 1
-    dp_mode: str = "ddp"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"tp": self.tp, "dp_mode": self.dp_mode}
-
-    @classmethod
-    def from_dict(cls, data: Any) -> "VocabStrategy":
-        _need(isinstance(data, Mapping), "vocab", data, 'must be an object like {"tp": 1, "dp_mode": "ddp"}')
-        unknown = sorted(set(data) - {"tp", "dp_mode"})
-        _need(not unknown, "vocab.<keys>", unknown, "unknown key(s); allowed: tp, dp_mode")
-        tp = _int(data, "tp", "vocab.") if "tp" in data else 1
-        return cls(tp=tp, dp_mode=data.get("dp_mode", "ddp"))
 
 
 @dataclass(frozen=True)
@@ -211,8 +81,8 @@ class PipelineSpec:
         keys = ("size", "schedule", "layers_per_stage", "virtual_size", "optimizer_offload_fraction")
         unknown = sorted(set(data) - set(keys))
         _need(not unknown, "pipeline.<keys>", unknown, f"unknown key(s); allowed: {', '.join(keys)}")
-        size = _int(data, "size", "pipeline.")
-        virtual = _int(data, "virtual_size", "pipeline.") if "virtual_size" in data else 1
+        size = int_field(data, "size", "pipeline.")
+        virtual = int_field(data, "virtual_size", "pipeline.") if "virtual_size" in data else 1
         lps = data.get("layers_per_stage")
         _need(isinstance(lps, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in lps),
               "pipeline.layers_per_stage", lps,
@@ -579,9 +449,9 @@ class Plan:
         layers = data.get("layers")
         _need(isinstance(layers, list), "layers", layers, "must be a list with one object per layer")
         return cls(
-            world_size=_int(data, "world_size", ""),
-            global_batch_size=_int(data, "global_batch_size", ""),
-            num_microbatches=_int(data, "num_microbatches", ""),
+            world_size=int_field(data, "world_size", ""),
+            global_batch_size=int_field(data, "global_batch_size", ""),
+            num_microbatches=int_field(data, "num_microbatches", ""),
             pipeline=PipelineSpec.from_dict(data.get("pipeline")),
             vocab=VocabStrategy.from_dict(data.get("vocab", {"tp": 1, "dp_mode": "ddp"})),
             layers=tuple(LayerStrategy.from_dict(x, f"layers[{i}].") for i, x in enumerate(layers)),

@@ -55,7 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 TOP_LEVEL_LAYERS = {
     "plan": "base", "plan_cp": "base", "layout": "base", "schedule": "base", "config": "base",
     "plan_experts": "base", "plan_recompute": "base", "plan_errors": "base",
-    "plan_offload": "base", "plan_optimizer_offload": "base",
+    "plan_offload": "base", "plan_optimizer_offload": "base", "plan_layer": "base",
     "expert_layout": "base",
     "run_config": "base",
     "planning": "plan_inputs", "plan_source": "plan_inputs",
