@@ -54,7 +54,7 @@ def _layer_choices(lt: LayerType, n: int, b_m: int) -> list[LayerStrategy]:
             continue
         for mode in (DP_MODES if n // tp > 1 else ("ddp",)):
             for sp in ((False, True) if tp > 1 and SEQ % tp == 0 else (False,)):
-                for offload in (False, True):  # activation offload (no layer recomputes here)
+                for offload in (False, True, ("core_attn",), ("mlp",)):  # no layer recomputes
                     out.append(LayerStrategy(tp=tp, dp_mode=mode, sequence_parallel=sp,
                                              offload=offload))
     return out

@@ -45,6 +45,7 @@ import math
 from dataclasses import dataclass, replace
 
 from ...plan import DP_MODES, LayerStrategy, Plan, VocabStrategy, even_partition
+from ...plan_offload import OffloadValue, offload_layer_problem
 from ..inputs.model_spec import LayerType, ModelSpec
 from .cp_space import cp_modes
 from .options import SearchOptions
@@ -174,14 +175,39 @@ def layer_strategies(layer_type: LayerType, stage_size: int, microbatch_size: in
                     for recompute in recomputes:
                         base = LayerStrategy(tp=tp, dp_mode=mode, tp_consecutive=consec,
                                              recompute=recompute, sequence_parallel=sp)
-                        offloads = [False] + ([True] if rules.activation_offload
-                                              and recompute is False else [])
-                        for offload in offloads:
-                            b = replace(base, offload=True) if offload else base
+                        for offload in offload_choices(base, layer_type, rules):
+                            b = replace(base, offload=offload) if offload else base
                             if cp == 1:
                                 out.extend(expert_variants(b, layer_type, dp, rules))
                             else:  # no MoE under CP (cp_space rule 2)
                                 out.extend(replace(b, cp=cp, cp_mode=m) for m in cp_modes_here)
+    return out
+
+
+# The module lists offered beside ``offload: true`` (docs/planner.md §11): the two modules that
+# save most in cost/offload.py's terms, each alone: ``mlp`` (beta s (h + 2 f), 9 beta s h at
+# f = 4h) and ``core_attn`` (q, k, v, the output and the kernel's kept bytes, >= 4 beta s h);
+# ``norm`` (2 beta s h) frees least and is not offered.
+OFFLOAD_MODULE_CHOICES: tuple[tuple[str, ...], ...] = (("core_attn",), ("mlp",))
+
+
+def offload_choices(base: LayerStrategy, layer_type: LayerType,
+                    rules: SpaceRules) -> list[OffloadValue]:
+    """The ``offload`` values offered with ``base`` (its recompute fixed): false; with a host
+    budget (``rules.activation_offload``) true where nothing is recomputed, and each of
+    :data:`OFFLOAD_MODULE_CHOICES` that ``plan_offload.offload_layer_problem`` allows (none
+    under full recompute, no module also recomputed, no ``mlp`` on an MoE layer)."""
+    out: list[OffloadValue] = [False]
+    if not rules.activation_offload:
+        return out
+    if base.recompute is False:
+        out.append(True)
+    for modules in OFFLOAD_MODULE_CHOICES:
+        if layer_type.moe is not None and "mlp" in modules:
+            continue
+        if offload_layer_problem(modules, base.full_recompute, base.recompute_modules,
+                                 "layers[?]") is None:
+            out.append(modules)
     return out
 
 
