@@ -143,12 +143,13 @@ def main() -> None:
         write_table(Path(args.table_out), "\n".join(out).rstrip("\n") + "\n")
 
 
-def write_table(path: Path, table: str) -> None:
-    """``table`` between :data:`BEGIN` and :data:`END` when ``path`` has them, else the file."""
+def write_table(path: Path, table: str, begin: str = BEGIN, end: str = END) -> None:
+    """``table`` between the ``begin`` and ``end`` lines when ``path`` has them, else the file
+    (other benchmarks pass their own markers)."""
     text = path.read_text() if path.exists() else ""
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        path.write_text(head + BEGIN + "\n" + table + END + rest.split(END, 1)[1])
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        path.write_text(head + begin + "\n" + table + end + rest.split(end, 1)[1])
     else:
         path.write_text(table)
 

@@ -23,7 +23,7 @@ from test_planner_exhaustive import BUDGET_FRACTIONS, INSTANCES, _id, _options, 
 pytestmark = [pytest.mark.pure, pytest.mark.exhaustive]
 
 GAPS = (0.0, 0.01, 0.05, 0.5)
-REL = 1e-9  # the search's ties (exact.TIE) and the last bits of the sums
+REL = 1e-9  # the search's ties (walk_state.TIE) and the last bits of the sums
 
 
 def _certified(result, best: float, allowed: float) -> float:

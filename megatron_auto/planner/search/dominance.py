@@ -26,7 +26,8 @@ of NCCL layouts, are completed by the same layers alike. The stage's time, forwa
 (``C - B``), exposed tail and step are the partial sums plus the rest's, and its peaks are
 sums and maxima of the partial ones with the rest's; so a partial stage at least another in
 time per micro-batch, optimizer step, exposed sync, forward part, persistent bytes, largest
-transient and step-peak bytes is cut. Both rules are checked by the exhaustive tests (the
+transient, step-peak bytes and offloaded host bytes is cut (the host bytes: a completion that
+fits the host budget after the one may not after the other). Both rules are checked by the exhaustive tests (the
 search with them equals the enumerated optimum) and the first on ``pipeline_time`` directly
 (tests/test_planner_exact_bottleneck.py).
 """

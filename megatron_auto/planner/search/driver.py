@@ -30,7 +30,8 @@ from ...plan import Plan, VocabStrategy, even_partition
 from ...utils.progress import RestartingProgress
 from ..inputs.cluster_model import ClusterModel
 from ..cost.estimate import Estimate, evaluate_plan
-from .exact import MEMORY_SLACK, TIE, Incumbent, TaskSearch
+from .exact import TaskSearch
+from .walk_state import MEMORY_SLACK, TIE, Incumbent
 from .infeasible import InfeasibleError, infeasible_error, interleaved_least_peak
 from ..cost.interleaving import interleaved_variant
 from .least_memory import cheap_least_peak, task_least_peak

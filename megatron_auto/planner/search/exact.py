@@ -16,7 +16,11 @@ Why nothing better is pruned (each argument is tested by enumeration, tests/test
   later stages over every partition (``Task.future``).
 - Memory: a branch is cut only when the bytes already placed plus the least bytes the remaining
   layers can add exceed the budget, for the backward peak and the optimizer-step peak alike
-  (``evaluate_plan``'s two peaks), with the same per-layer terms.
+  (``evaluate_plan``'s two peaks), with the same per-layer terms. With a host budget
+  (``SpaceRules.host_memory_budget_bytes``) a plain task's branch is also cut once its stage's
+  offloaded activations pass it: they only grow with the stage's later layers, and
+  ``evaluate_plan`` adds the optimizer's offloaded share on top (interleaved tasks charge the
+  chunks at the schedule's peak mix, so only their leaves are checked).
 - Symmetry: two adjacent layers of one type and one layout can swap strategies without changing
   any sum, maximum or transition, so within such a run strategy indices never decrease.
 - Ties: a branch whose bound is within ``TIE`` of the best is cut (the answer is optimal to
@@ -44,144 +48,40 @@ Interleaved tasks (``task.v > 1``): the walk is over the ``pp v`` model chunks i
   ``v`` chunks per stage (``interleaving.interleaved_variant``); leaves are priced by
   ``evaluate_plan`` as for ``v = 1``.
 
-The walk's state is named: :class:`Placed` (the stages placed so far, as the bounds and the
-stage dominance read them), :class:`StageState` (the running sums of the stage being built),
-:class:`StageMemory` (what an interleaved stage's earlier chunks placed) and, per layer,
-:class:`Candidates` (the stage's sums extended by each strategy of the layer).
+The walk's state is named (module ``walk_state``, with the incumbent): :class:`Placed` (the
+stages placed so far, as the bounds and the stage dominance read them), :class:`StageState`
+(the running sums of the stage being built), :class:`StageMemory` (what an interleaved stage's
+earlier chunks placed) and, per layer, :class:`Candidates` (the stage's sums extended by each
+strategy of the layer).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
 from ...plan import LayerStrategy, PipelineSpec, Plan
-from ..cost.estimate import Estimate, evaluate_plan
+from ..cost.estimate import evaluate_plan
 from ..cost.gpu_terms import group_count
 from ..cost.interleaving import interleaved_variant
 from ..inputs.model_spec import TrainingSpec
 from .bottleneck import Bottleneck
 from .dominance import StageDominance
 from .seeds import seed_plans
-from .spaces import SpaceRules
-from .stage_costs import StrategyCosts
 from .tasks import Task, Weights
 
-TIE = 1e-9
+from .walk_state import (MEMORY_SLACK, TIE, Candidates, Incumbent, NcclLayouts, Placed,
+                         StageMemory, StageState, host_fits)
+
 TIED_DEPTH = 3  # chunk positions from which the walk stops checking the tied bound
-MEMORY_SLACK = 1e-9  # relative: our sums and evaluate_plan's may differ in the last bits
-
-def host_fits(est: Estimate, rules: SpaceRules) -> bool:
-    """Whether a priced plan's host memory (optimizer offload, activation offload) fits the
-    task's host budget (``SpaceRules.host_memory_budget_bytes``; None: nothing offloads)."""
-    budget = rules.host_memory_budget_bytes
-    if budget is None:
-        return not est.host_memory_bytes
-    return est.host_memory_bytes <= budget * (1 + MEMORY_SLACK)
-
-
-NcclLayouts = frozenset[tuple[int, ...]]  # (tp, consecutive[, cp]) of the layouts a stage groups
-
-
-@dataclass
-class Incumbent:
-    """The best plan found so far across tasks; ``value`` is seconds per sample."""
-
-    value: float = math.inf
-    plan: Plan | None = None
-    estimate: Estimate | None = None
-    nodes: int = 0
-    leaves: int = 0
-    stopped: bool = False  # the deadline cut the search short: the answer is not proven
-    # A comparison (a baseline space) stops at the deadline even without a plan; the answer's
-    # search goes on until it has one (a task whose least-memory plan fits gives one at once).
-    comparison: bool = False
-    # The certified gap: a set of plans is pruned once its bound times (1 + gap) reaches the
-    # incumbent, and ``lower`` keeps the least bound (seconds per sample) of every set left
-    # unsearched below the incumbent of its time, by the gap or by the deadline.
-    gap: float = 0.0
-    lower: float = math.inf
-
-    def cutoff(self) -> float:
-        """Seconds per sample a set of plans must be bounded below to be searched."""
-        return self.value * (1 - TIE) / (1 + self.gap)
-
-    def prune(self, bound: float) -> None:
-        """Plans bounded below by ``bound`` (seconds per sample) are left unsearched; bounds
-        within ``TIE`` of the incumbent or above are ties or worse (it only falls)."""
-        if bound < self.value * (1 - TIE):
-            self.lower = min(self.lower, bound)
-
-    def lower_bound(self) -> float:
-        """Seconds per sample no plan of the searched tasks is below (up to ``TIE``)."""
-        return min(self.value, self.lower)
+# Cut a branch as soon as its stage's offloaded activations pass the host budget (False: only
+# the leaf checks, as before; benchmarks/bench_host_cut.py measures both in one run).
+EARLY_HOST_CUT = True
 
 
 class _Stopped(Exception):
     pass
-
-
-class Placed(NamedTuple):
-    """The stages placed so far (their times per micro-batch ``C``, backward parts ``B``, sync
-    tails and optimizer steps), as the bounds and the stage dominance read them."""
-
-    sum_time: float = 0.0  # sum C (stage dominance)
-    sum_time_tail: float = 0.0  # sum C + tail_0 (the bottleneck bound's sum)
-    max_time: float = 0.0  # max C
-    sum_backward: float = 0.0  # sum B
-    exposed: float = -math.inf  # E = max_k (tail_k - sum_{j<k} B_j)
-    max_step: float = 0.0  # the largest optimizer step
-
-    def dominance_state(self) -> np.ndarray:
-        """What ``dominance.StageDominance`` compares (its module docstring)."""
-        return StageDominance.state(self.sum_time, self.max_time, self.sum_backward,
-                                    self.exposed, self.max_step)
-
-
-class StageMemory(NamedTuple):
-    """What an interleaved stage's earlier chunks placed, carried into its next chunk."""
-
-    persistent: float
-    transient: float  # the largest so far
-    step_peak: float
-    layouts: NcclLayouts
-
-
-class StageState(NamedTuple):
-    """Exact running sums of the stage being built (``evaluate_plan``'s terms)."""
-
-    microbatch: float  # seconds per micro-batch, moves included
-    optimizer: float
-    exposed: float  # exposed sync tail
-    persistent: float  # bytes
-    transient: float  # the largest transient so far
-    step_peak: float  # the step peak's floor (bytes)
-    last_class: int  # the last layer's class, type and strategy index (-1: none yet)
-    last_type: int
-    last_index: int
-    layouts: NcclLayouts  # layouts the stage's NCCL groups come from so far
-    backward: float = 0.0  # the stage's backward part (stage dominance only)
-
-
-class Candidates(NamedTuple):
-    """One layer's candidate strategies: the stage's running sums extended by each (arrays
-    over the candidates ``s``), and which of them the memory cut and the symmetry rule keep."""
-
-    costs: StrategyCosts
-    classes: np.ndarray
-    layers_left: int  # layers of the chunk still to place after this one
-    limit: np.ndarray | float  # the bytes the stage may hold, less its NCCL floor
-    microbatch: np.ndarray
-    backward: np.ndarray | None  # None without stage dominance
-    optimizer: np.ndarray
-    exposed: np.ndarray
-    persistent: np.ndarray
-    transient: np.ndarray
-    step_peak: np.ndarray
-    keep: np.ndarray  # bool: fits the memory cut and passes the symmetry rule
 
 
 class TaskSearch:
@@ -196,6 +96,11 @@ class TaskSearch:
         self.partition = partition
         self._entered = True  # the node being searched has begun its picks (``_open``)
         self.limit = task.budget * (1 + MEMORY_SLACK) - task.cluster.memory_reserve_bytes
+        # The host cut (module docstring): plain tasks only, where a stage's offloaded bytes are
+        # its layers' rows at the stage's own in-flight count, as evaluate_plan sums them.
+        host = task.rules.host_memory_budget_bytes
+        self.host_limit = host * (1 + MEMORY_SLACK) if host is not None and task.v == 1 \
+            and EARLY_HOST_CUT else math.inf
         self.chosen: list[LayerStrategy] = []
         self.lengths: list[int] = []
         self.incoming: int | None = None  # class of the layer ending the previous chunk
@@ -463,13 +368,16 @@ class TaskSearch:
         keep = ((persistent + transient + least_persistent[end] - least_persistent[after]
                  <= limit)
                 & (step_peak + least_step[end] - least_step[after] <= limit))
+        host = state.host + costs.host
+        if self.host_limit < math.inf:  # the host cut: offloaded bytes only grow
+            keep &= host <= self.host_limit
         if offset > 0 and state.last_type == layer_type:  # symmetry: indices never decrease
             keep &= (classes != state.last_class) | (np.arange(len(costs)) >= state.last_index)
         return Candidates(costs=costs, classes=classes, layers_left=left, limit=limit,
                           microbatch=microbatch, backward=backward,
                           optimizer=state.optimizer + costs.optimizer,
                           exposed=state.exposed + costs.exposed_sync, persistent=persistent,
-                          transient=transient, step_peak=step_peak, keep=keep)
+                          transient=transient, step_peak=step_peak, keep=keep, host=host)
 
     def _bounds(self, k: int, start: int, length: int, offset: int, cands: Candidates,
                 acc: np.ndarray) -> np.ndarray:
@@ -538,7 +446,7 @@ class TaskSearch:
                 np.array([cands.microbatch[pick], cands.optimizer[pick], cands.exposed[pick],
                           cands.microbatch[pick] - backward[pick] if backward is not None
                           else 0.0, cands.persistent[pick], cands.transient[pick],
-                          cands.step_peak[pick]])):
+                          cands.step_peak[pick], cands.host[pick]])):
             return
         self._layer(k, start, length, offset + 1, StageState(
             microbatch=float(cands.microbatch[pick]), optimizer=float(cands.optimizer[pick]),
@@ -546,7 +454,8 @@ class TaskSearch:
             transient=float(cands.transient[pick]), step_peak=float(cands.step_peak[pick]),
             last_class=cls, last_type=self.task.spec.layer_order[start + offset],
             last_index=pick, layouts=layouts,
-            backward=float(backward[pick]) if backward is not None else 0.0), acc)
+            backward=float(backward[pick]) if backward is not None else 0.0,
+            host=float(cands.host[pick])), acc)
 
     def _next_chunk(self, k: int, start: int, length: int, state: StageState,
                     cands: Candidates, pick: int, done: np.ndarray) -> None:

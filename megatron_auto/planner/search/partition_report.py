@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from .exact import Incumbent, TaskSearch
+from .exact import TaskSearch
+from .walk_state import Incumbent
 from .least_memory import stage_least
 from ..inputs.model_spec import TrainingSpec
 from .partition import bmw_paper, even, memory_balanced, min_max_partition
