@@ -16,12 +16,12 @@ pytestmark = pytest.mark.multirank
 
 
 def test_tiny_grid_runs_end_to_end_and_resumes(tmp_path, capsys):
-    argv = ["reproduce", "--run", "--models", "gpt-tiny,bert-tiny", "--budgets", "4",
+    argv = ["reproduce", "--run", "--models", "gpt-tiny,bert-tiny", "--budgets", "2,4",
             "--methods", "ddp,zero3,ours", "--nproc-per-node", "2", "--run-iters", "3",
             "--out", str(tmp_path), "--no-plots", "--quiet"]
     assert main(argv) == 0
     records = list(ResultsFile(tmp_path / "results.jsonl").all())
-    assert len(records) == 2 * 1 * 3
+    assert len(records) == 2 * 2 * 3
     for r in records:
         assert r["status"] == "ok", r
         meas = r["measured"]
