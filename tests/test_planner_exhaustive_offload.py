@@ -4,8 +4,8 @@ Every plan of a tiny 2-rank space is written out here independently of the searc
 code (pipeline degree, partition, micro-batch count, interleaving, per layer every TP degree
 with its DP ranks dividing the micro-batch, ``ddp``/``zero1``, SP where it divides the sequence,
 activation offload (``offload`` false or true); the vocabulary's TP and flavour) at each
-``pipeline.optimizer_offload_fraction`` the search offers (0, 1/2, 1, one for every stage),
-priced by ``evaluate``. ("Offloads" below: any optimizer fraction or any layer offloading.) A plan is feasible when its
+``pipeline.optimizer_offload_fraction`` the search offers (0, 1/2, 1: per stage on a plain
+pipeline, one for every stage of an interleaved one), priced by ``evaluate``. ("Offloads" below: any optimizer fraction or any layer offloading.) A plan is feasible when its
 device peak fits the budget and its host bytes the host budget. At several budgets the search
 (host budget given, gap 0) must return the enumerated optimum; at some the optimum offloads and
 at another it does not, so a search without the dimension fails here. Without a host budget the
@@ -73,7 +73,11 @@ def _every_plan(spec):
                       for mode in (DP_MODES if n // tp > 1 else ("ddp",))]
             for v in virtual_sizes(LAYERS, pp, m):
                 for part in compositions(LAYERS, pp * v):
-                    for fraction in FRACTIONS:
+                    # per stage on a plain pipeline (search/mixed_offload.py), one for every
+                    # stage of an interleaved one
+                    fractions = itertools.product(FRACTIONS, repeat=pp) if pp > 1 and v == 1 \
+                        else FRACTIONS
+                    for fraction in fractions:
                         pipe = PipelineSpec(size=pp, schedule="1f1b", layers_per_stage=part,
                                             virtual_size=v, optimizer_offload_fraction=fraction)
                         for layers in itertools.product(choices, repeat=LAYERS):

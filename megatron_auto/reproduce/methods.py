@@ -80,7 +80,7 @@ def in_space(plan: Plan, spec: ModelSpec, method: Method, devices_per_node: int)
     pp, n = pipe.size, plan.stage_size
     if pipe.virtual_size > 1 and (pipe.schedule != "1f1b" or pp == 1
                                   or plan.num_microbatches % pp):
-        return False  # the search's interleaved tasks (search._interleaves)
+        return False  # the search's interleaved tasks (task_list.interleaves)
     b_m = plan.global_batch_size // plan.num_microbatches
     for space in spaces_of(method.space, options, world):
         if space.pps is not None and pp not in space.pps:

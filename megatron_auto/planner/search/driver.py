@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
-from ...plan import Plan, VocabStrategy, even_partition
+from ...plan import Plan, even_partition
 from ...utils.progress import RestartingProgress
 from ..inputs.cluster_model import ClusterModel
 from ..cost.estimate import Estimate, evaluate_plan
@@ -39,13 +39,12 @@ from ..inputs.model_spec import ModelSpec, TrainingSpec
 from ..inputs.profiles import ModelProfile
 from .partition_report import REPORT_TIME_LIMIT_S, partition_report, pinned_partition
 from .options import BASELINE_SPACES, NO_CP_BASELINE, SPACES, Progress, SearchOptions
-from .spaces import (Space, SpaceRules, baselines_inside, check_pins, divisors, pipeline_degrees,
-                     plan_in_space, vocab_tps)
+from .spaces import Space, SpaceRules, baselines_inside, check_pins, divisors, plan_in_space
 from .cp_space import check_cp_pin, cp_degrees
-from ...plan_optimizer_offload import OFFLOADABLE_DP_MODES
-from .layer_tables import LayerTables
 from .search_cache import SearchCache, SearchClock
-from .tasks import TablesKey, Task
+from .mixed_offload import MixedOffloadTask
+from .task_list import build_tasks, vocabs
+from .tasks import Task
 
 
 GB = 1e9
@@ -120,110 +119,6 @@ def spaces_of(name: str, options: SearchOptions, world: int) -> list[Space]:
     raise ValueError(f"search option space={name!r}: choose one of {', '.join(SPACES)}")
 
 
-def _batches(training: TrainingSpec, options: SearchOptions) -> list[int]:
-    b = training.global_batch_size
-    if not options.search_batch_size:
-        return [b]
-    return sorted({b * 2 ** j // 8 for j in range(0, 7) if (b * 2 ** j) % 8 == 0})
-
-
-def _vocabs(spec: ModelSpec, space: Space, options: SearchOptions, n: int, b_m: int,
-            rules: SpaceRules, devices_per_node: int) -> list[VocabStrategy]:
-    modes = space.vocab_modes or tuple(options.dp_modes)
-    if space.vocab_tp == "layer":
-        tps = list(rules.tps or ())
-    elif isinstance(space.vocab_tp, int):
-        tps = [space.vocab_tp]
-    elif options.vocab_tp is not None:
-        tps = [options.vocab_tp]
-    else:
-        # A pinned layer tp does not pin the vocabulary (that is ``vocab_tp``).
-        tps = vocab_tps(spec.vocab_size, n, b_m, replace(rules, tps=None), devices_per_node)
-    out = []
-    cp = rules.cp  # the task's CP degree: the vocabulary shares it
-    for tp in tps:
-        if tp > n // cp or (n // cp) % tp or spec.vocab_size % tp or b_m % (n // (tp * cp)):
-            continue
-        for mode in (("ddp",) if n // tp == 1 else modes):
-            out.append(VocabStrategy(tp=tp, dp_mode=mode))
-    return out
-
-
-def _tasks(space: Space, spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
-           profile: ModelProfile, budget: float, options: SearchOptions, world: int,
-           step: int, cache: SearchCache) -> list[Task]:
-    schedules = [options.schedule] if options.schedule else ["1f1b"]
-    pps = space.pps or tuple(pipeline_degrees(world, cluster.devices_per_node, spec.num_layers))
-    if options.pp is not None and space.pps is None:
-        pps = tuple(p for p in pps if p == options.pp)
-    out = []
-    shared: dict[TablesKey, LayerTables] = {}  # a space's tasks share layer tables
-    for batch in _batches(training, options):
-        for pp in pps:
-            if pp > spec.num_layers or world % pp:
-                continue
-            ms = [options.num_microbatches] if options.num_microbatches else \
-                [d for d in range(1, batch + 1) if batch % d == 0]
-            for m in ms:
-                if batch % m:
-                    continue
-                for sched in schedules:
-                    if space.even_split or space.pps is not None:
-                        vs = [1]  # a baseline space keeps its own rules: no interleaving
-                    else:
-                        vs = [v for v in sorted(set(options.virtual_sizes))
-                              if v == 1 or _interleaves(options, spec, pp, m, sched, v)]
-                    cps = space.cps if space.cps is not None else \
-                        cp_degrees(spec, world // pp, options)
-                    for cp in cps:
-                        cp_rules = space.rules if cp == space.rules.cp else \
-                            replace(space.rules, cp=cp)
-                        for rules in _offload_rules(cp_rules, options):
-                            vocabs = [vocab for vocab in _vocabs(
-                                spec, space, options, world // pp, batch // m, rules,
-                                cluster.devices_per_node)
-                                if not rules.optimizer_offload
-                                or vocab.dp_mode in OFFLOADABLE_DP_MODES]
-                            for vocab in vocabs:
-                                base = None  # the v = 1 task: its least peak is shared
-                                for v in vs:
-                                    task = Task(spec, profile, cluster, world, batch, pp, m,
-                                                sched, rules, vocab, budget, step, shared,
-                                                virtual_size=v, cache=cache,
-                                                sibling=base if v > 1 else None)
-                                    if not task.ok:
-                                        break
-                                    if v == 1:
-                                        base = task
-                                    out.append(task)
-    return out
-
-
-def _offload_rules(rules: SpaceRules, options: SearchOptions) -> list[SpaceRules]:
-    """``rules`` and, when a host budget is given (``SearchOptions.host_memory_budget_bytes``),
-    its variant for each optimizer offload fraction searched: one fraction for every stage of
-    the task, its layers and vocabulary in the DP flavours the host optimizer steps (ddp,
-    zero1; ``plan_optimizer_offload``)."""
-    out = [rules]
-    if rules.host_memory_budget_bytes is None:
-        return out
-    modes = tuple(m for m in rules.dp_modes if m in OFFLOADABLE_DP_MODES)
-    if not modes:
-        return out
-    for fraction in sorted(set(options.optimizer_offload_fractions)):
-        out.append(replace(rules, optimizer_offload=float(fraction), dp_modes=modes))
-    return out
-
-
-def _interleaves(options: SearchOptions, spec: ModelSpec, pp: int, m: int, schedule: str,
-                 v: int) -> bool:
-    """Whether tasks with virtual size ``v > 1`` exist: pp > 1, m a multiple of pp (the
-    schedule's rule), 1F1B, at least one layer per chunk, and every partition or the even one
-    searched (the other partition kinds are defined for contiguous stages)."""
-    return (pp > 1 and m % pp == 0 and schedule == "1f1b" and pp * v <= spec.num_layers
-            and options.partition in ("exact", "even"))
-
-
 def _partition_pin(task: Task, space: Space, options: SearchOptions) -> tuple[int, ...] | None:
     kind = "even" if space.even_split else options.partition
     if kind == "exact":
@@ -276,8 +171,8 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cache: Se
     tasks = []
     keys: dict[int, float] = {}
     for sp in spaces:
-        for t in _tasks(sp, spec, training, cache.cluster, cache.profile, budget, options,
-                        world, step, cache):
+        for t in build_tasks(sp, spec, training, cache.cluster, cache.profile, budget,
+                             options, world, step, cache):
             # Setup prices every layer table once (the bound below); a comparison stops here
             # too when the deadline passes (the answer's search needs every task).
             if comparison and cache.clock() > deadline:
@@ -353,9 +248,10 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cache: Se
         # their compute bounds: all of them are computed first (their tables are what the
         # walks need anyway) and the tasks searched best-first by them, so that a deadline
         # leaves the tasks of the weakest bounds unsearched and the certified gap reads them.
+        # The per-stage offload tasks, searched last, likewise.
         settled = len(group) - len(live)
         key: Callable[[Task], float] = lambda t: bound(t, False)  # what ``live`` is sorted by
-        if live and live[0][0].v > 1:
+        if live and (live[0][0].v > 1 or isinstance(live[0][0], MixedOffloadTask)):
             for task, _, _ in live:
                 if bound(task, False) >= best.cutoff() or _stopped(deadline, best, cache.clock):
                     break
@@ -383,8 +279,13 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cache: Se
                 counts.winner = task
         counts.done += len(group)
 
-    passes([x for x in pinned if x[0].v == 1])
+    # The per-stage offload tasks last (mixed_offload): they hold every plan of their uniform
+    # variants and more, with weaker bounds, so the answer of the other tasks is found first
+    # and a deadline never leaves it worse than a search without them.
+    mixed = [isinstance(x[0], MixedOffloadTask) for x in pinned]
+    passes([x for x, mix in zip(pinned, mixed) if x[0].v == 1 and not mix])
     passes([x for x in pinned if x[0].v > 1])
+    passes([x for x, mix in zip(pinned, mixed) if mix])
     report(len(pinned))
     stats["tasks"] = stats.get("tasks", 0) + len(tasks)
     stats["pruned"] = stats.get("pruned", 0) + counts.pruned
@@ -483,7 +384,7 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
             subspaces, now = spaces_of(name, options, world), clock()
             dpn, p = cluster.devices_per_node, best.plan
             assert p is not None  # the full space's answer, or an adopted baseline's plan
-            if exact and any(plan_in_space(p, sp, spec, _vocabs(
+            if exact and any(plan_in_space(p, sp, spec, vocabs(
                     spec, sp, options, p.stage_size, p.microbatch_size, sp.rules, dpn), dpn)
                     for sp in subspaces):
                 baselines[name] = best.estimate  # the optimum of a space it is a plan of
@@ -557,7 +458,7 @@ def _keeps_pins(plan: Plan, options: SearchOptions, spec: ModelSpec, world: int,
             and plan.virtual_size in options.virtual_sizes
             and options.num_microbatches in (None, plan.num_microbatches)
             and options.schedule in (None, plan.pipeline.schedule)
-            and any(plan_in_space(plan, sp, spec, _vocabs(
+            and any(plan_in_space(plan, sp, spec, vocabs(
                 spec, sp, options, plan.stage_size, plan.microbatch_size, sp.rules, dpn), dpn)
                 for sp in spaces_of(options.space, options, world)))
 

@@ -48,6 +48,12 @@ Interleaved tasks (``task.v > 1``): the walk is over the ``pp v`` model chunks i
   ``v`` chunks per stage (``interleaving.interleaved_variant``); leaves are priced by
   ``evaluate_plan`` as for ``v = 1``.
 
+Per-stage optimizer offload (``mixed_offload.MixedOffloadTask``): a stage start picks a variant
+(a uniform task at one fraction) with its length, both sorted by one bound; the stage's layers
+are priced by that variant (``cur``) and the leaf's field lists the picks. The partial-stage
+dominance keys on the variant (its layers' candidates differ); the placed-stage dominance does
+not need to (later stages do not depend on earlier fractions).
+
 The walk's state is named (module ``walk_state``, with the incumbent): :class:`Placed` (the
 stages placed so far, as the bounds and the stage dominance read them), :class:`StageState`
 (the running sums of the stage being built), :class:`StageMemory` (what an interleaved stage's
@@ -62,12 +68,14 @@ import math
 import numpy as np
 
 from ...plan import LayerStrategy, PipelineSpec, Plan
+from ...plan_optimizer_offload import FractionValue
 from ..cost.estimate import evaluate_plan
 from ..cost.gpu_terms import group_count
 from ..cost.interleaving import interleaved_variant
 from ..inputs.model_spec import TrainingSpec
 from .bottleneck import Bottleneck
 from .dominance import StageDominance
+from .mixed_offload import MixedOffloadTask, stage_variants
 from .seeds import seed_plans
 from .tasks import Task, Weights
 
@@ -103,6 +111,10 @@ class TaskSearch:
             and EARLY_HOST_CUT else math.inf
         self.chosen: list[LayerStrategy] = []
         self.lengths: list[int] = []
+        # Per-stage optimizer offload (mixed_offload): the task pricing the stage being built,
+        # and the variant each placed stage took (a uniform task is its only variant).
+        self.cur: Task = task
+        self.picks: list[int] = []
         self.incoming: int | None = None  # class of the layer ending the previous chunk
         self.placed = Placed()
         # Interleaved: the memory a stage's earlier chunks placed, carried into its next chunk.
@@ -149,9 +161,11 @@ class TaskSearch:
         search's. True if one of them fits the budget. Interleaved tasks take the incumbent
         and (while there is none) the seeds of their non-interleaved sibling, each cut into
         ``v`` chunks per stage (``interleaving.interleaved_variant``)."""
-        self.task.on_new_table = self._check_deadline
         fits = False
         task = self.task
+        if isinstance(task, MixedOffloadTask):
+            return fits  # its variants are seeded as tasks of their own (mixed_offload)
+        self.task.on_new_table = self._check_deadline
         try:
             if task.v == 1:
                 plans = seed_plans(task, self.partition)
@@ -177,7 +191,7 @@ class TaskSearch:
         """Price a complete plan of this task (e.g. the least-memory one) as a candidate;
         True if it fits the budget."""
         self.chosen, self.lengths = list(plan.layers), list(plan.pipeline.layers_per_stage)
-        fits = self._leaf()
+        fits = self._leaf(plan.pipeline.optimizer_offload_fraction)
         self.chosen, self.lengths = [], []
         return fits
 
@@ -191,7 +205,8 @@ class TaskSearch:
         self.placed = Placed()
         self.dominance = StageDominance() if self.task.v == 1 and self.task.pp > 1 else None
         task = self.task
-        if task.v == 1 and (self.partition is not None or task.pp == 1):
+        if task.v == 1 and (self.partition is not None or task.pp == 1) \
+                and not isinstance(task, MixedOffloadTask):
             if all(len(task.costs(k, i)) == 1 for k in range(task.pp)
                    for i in range(task.num_layers)):
                 # One strategy per layer and one partition: the task has one plan.
@@ -241,19 +256,14 @@ class TaskSearch:
             lengths = [num_layers - start] if num_layers - start in lengths else []
         if not lengths:
             return
-        rows = np.stack([task.stage_bound(k, start, b) for b in task.branches])  # (br, len)
         lens = np.array(lengths)
-        bounds = (acc[:, None] + rows[:, lens - 1]
-                  + self.futures[:, k + 1, start + lens]).max(axis=0) + task.overhead
-        if self.joint is not None:
-            placed = self.placed
-            with_tail = task.time_row(k, start, k == 0)[lens - 1]
-            alone = task.time_row(k, start, False)[lens - 1]
-            bounds = np.maximum(bounds, placed.sum_time_tail + with_tail + placed.max_step
-                                + task.overhead
-                                + self.joint.g(k + 1, start + lens,
-                                               np.maximum(placed.max_time, alone)))
-        outer = self.inner
+        # Per variant (mixed_offload; one for a uniform task), the bound of each length.
+        variants = stage_variants(task, k)
+        bounds = np.concatenate([self._length_bounds(k, start, lens, var, acc)
+                                 for _, var in variants])
+        which = np.repeat(np.arange(len(variants)), len(lens))
+        lens = np.tile(lens, len(variants))
+        outer, cur = self.inner, self.cur
         # partial stages of this call (same earlier stages, same start): dominance.py
         self.inner = StageDominance() if task.v == 1 else None
         order = np.argsort(bounds, kind="stable")
@@ -262,21 +272,44 @@ class TaskSearch:
             if bounds[pick] >= self.threshold() or not np.isfinite(bounds[pick]):
                 self._prune(float(bounds[pick]))
                 break
+            j, self.cur = variants[which[pick]]
             self.lengths.append(int(lens[pick]))
+            self.picks.append(j)
             self._entered = False
             try:
                 self._layer(k, start, int(lens[pick]), 0, self._first_state(k), acc)
             except _Stopped:
                 self._open(bounds, order, i)
                 raise
+            finally:
+                self.cur = cur
             self.lengths.pop()
+            self.picks.pop()
         self.inner = outer
+
+    def _length_bounds(self, k: int, start: int, lens: np.ndarray, var: Task,
+                       acc: np.ndarray) -> np.ndarray:
+        """The bound of chunk position ``k`` from ``start`` at each length of ``lens``, its
+        layers priced by ``var`` (the task itself, or a per-stage offload variant)."""
+        task = self.task
+        rows = np.stack([var.stage_bound(k, start, b) for b in task.branches])  # (br, len)
+        bounds = (acc[:, None] + rows[:, lens - 1]
+                  + self.futures[:, k + 1, start + lens]).max(axis=0) + task.overhead
+        if self.joint is not None:
+            placed = self.placed
+            with_tail = var.time_row(k, start, k == 0)[lens - 1]
+            alone = var.time_row(k, start, False)[lens - 1]
+            bounds = np.maximum(bounds, placed.sum_time_tail + with_tail + placed.max_step
+                                + task.overhead
+                                + self.joint.g(k + 1, start + lens,
+                                               np.maximum(placed.max_time, alone)))
+        return bounds
 
     def _first_state(self, k: int) -> StageState:
         """The running sums of chunk position ``k`` before its first layer: its embedding/head,
         and (interleaved) what its stage's earlier chunks placed."""
         task = self.task
-        emb = task.emb[k]
+        emb = self.cur.emb[k]
         stage = task.stage_of(k)
         before = self.stage_memory[stage]
         if before is None:  # the stage's first chunk
@@ -336,24 +369,24 @@ class TaskSearch:
         """The stage's sums with each candidate of layer ``start + offset``: its own costs, the
         moves into it (from the previous layer, the previous chunk or the embedding) and, after a
         chunk's last layer, out of it (into the head, or leaving its SP run before the hop)."""
-        task = self.task
+        task, cur = self.task, self.cur  # cur: the stage's costs (mixed_offload)
         layer = start + offset
         layer_type = task.spec.layer_order[layer]
-        costs = task.costs(k, layer)
-        classes = task.classes(k, layer)
+        costs = cur.costs(k, layer)
+        classes = cur.classes(k, layer)
         # NCCL communicators grow with the set of layouts a stage uses (gpu_terms): the layouts
         # so far plus the candidate's give a floor for every plan below (0 where not modelled).
         limit = self.limit - self._nccl(task.stage_of(k), state.layouts, classes)
         left = length - offset - 1
-        tables = task.tables
+        tables = cur.tables
         if offset > 0:
             moves = tables.relayout[layer_type][state.last_class, classes]
         elif self.incoming is not None:
             moves = tables.boundary[layer_type][self.incoming, classes]
         else:
-            moves = task.vocab_moves(layer_type)[0][classes]  # embedding -> first layer
+            moves = cur.vocab_moves(layer_type)[0][classes]  # embedding -> first layer
         if left == 0 and k == task.chunks - 1:
-            moves = moves + task.vocab_moves(layer_type)[1][classes]  # last layer -> head
+            moves = moves + cur.vocab_moves(layer_type)[1][classes]  # last layer -> head
         elif left == 0:
             moves = moves + tables.sp_leave[layer_type][classes]  # SP run ends before the hop
         microbatch = state.microbatch + costs.microbatch + moves
@@ -363,7 +396,7 @@ class TaskSearch:
         transient = np.maximum(state.transient, costs.transient)
         step_peak = state.step_peak + costs.step_floor
         # the memory cut: the bytes placed and the least the chunk's later layers add
-        least_persistent, least_step = task.least_prefix_bytes[k]
+        least_persistent, least_step = cur.least_prefix_bytes[k]
         after, end = layer + 1, layer + 1 + left  # the chunk's later layers: [after, end)
         keep = ((persistent + transient + least_persistent[end] - least_persistent[after]
                  <= limit)
@@ -394,8 +427,8 @@ class TaskSearch:
         step_room = cands.limit - cands.step_peak
         if left > 0:
             for rows, w in self._pairs[k]:
-                share[rows] += task.rest_bound(k, layer + 1, w, left, backward_room, step_room,
-                                               cands.transient)[None, :]
+                share[rows] += self.cur.rest_bound(k, layer + 1, w, left, backward_room,
+                                                   step_room, cands.transient)[None, :]
         future = self.futures[:, k + 1, start + length][:, None]
         bounds = (acc[:, None] + share + future).max(axis=0) + task.overhead
         if self.joint is None:
@@ -406,9 +439,10 @@ class TaskSearch:
         placed = self.placed
         with_tail, alone = cands.microbatch + gamma * cands.exposed, cands.microbatch
         if left > 0:
-            with_tail = with_tail + task.rest_bound(k, layer + 1, Weights(1.0, 0.0, gamma), left,
-                                                    backward_room, step_room, cands.transient)
-            alone = with_tail if not gamma else alone + task.rest_bound(
+            with_tail = with_tail + self.cur.rest_bound(
+                k, layer + 1, Weights(1.0, 0.0, gamma), left, backward_room, step_room,
+                cands.transient)
+            alone = with_tail if not gamma else alone + self.cur.rest_bound(
                 k, layer + 1, Weights(1.0, 0.0, 0.0), left, backward_room, step_room,
                 cands.transient)
         return np.maximum(bounds, placed.sum_time_tail + with_tail
@@ -442,7 +476,7 @@ class TaskSearch:
         layouts = state.layouts | {self.task.tables.nccl_layouts[cls]}
         backward = cands.backward
         if self.inner is not None and not self.inner.admit(
-                (length, offset + 1, cls, pick, layouts),
+                (self.picks[-1] if self.picks else 0, length, offset + 1, cls, pick, layouts),
                 np.array([cands.microbatch[pick], cands.optimizer[pick], cands.exposed[pick],
                           cands.microbatch[pick] - backward[pick] if backward is not None
                           else 0.0, cands.persistent[pick], cands.transient[pick],
@@ -495,16 +529,16 @@ class TaskSearch:
                         state: StageState, classes: np.ndarray) -> np.ndarray:
         """The backward part of the moves ``_candidates`` charges (the same moves: into the
         layer, and after the chunk's last layer into the head)."""
-        task = self.task
-        relayout, boundary = task.tables.backward_moves
+        task, cur = self.task, self.cur
+        relayout, boundary = cur.tables.backward_moves
         if offset > 0:
             out = relayout[layer_type][state.last_class, classes]
         elif self.incoming is not None:
             out = boundary[layer_type][self.incoming, classes]
         else:
-            out = task.vocab_moves_backward(layer_type)[0][classes]
+            out = cur.vocab_moves_backward(layer_type)[0][classes]
         if left == 0 and k == task.chunks - 1:
-            out = out + task.vocab_moves_backward(layer_type)[1][classes]
+            out = out + cur.vocab_moves_backward(layer_type)[1][classes]
         return out
 
     def _nccl(self, k: int, layouts: NcclLayouts, classes: np.ndarray) -> np.ndarray | float:
@@ -523,15 +557,20 @@ class TaskSearch:
             out[classes == c] = known[key]
         return out
 
-    def _leaf(self) -> bool:
+    def _leaf(self, fraction: FractionValue | None = None) -> bool:
+        """Price the plan ``chosen``/``lengths`` (and ``picks``, or the ``fraction`` given:
+        its optimizer offload) and keep it if it is the best that fits."""
         task = self.task
+        if fraction is None:
+            fraction = task.field(self.picks) if isinstance(task, MixedOffloadTask) \
+                else task.rules.optimizer_offload
         self.best.leaves += 1
         plan = Plan(world_size=task.world_size, global_batch_size=task.global_batch,
                     num_microbatches=task.m,
                     pipeline=PipelineSpec(size=task.pp, schedule=task.schedule,
                                           layers_per_stage=tuple(self.lengths),
                                           virtual_size=task.v,
-                                          optimizer_offload_fraction=task.rules.optimizer_offload),
+                                          optimizer_offload_fraction=fraction),
                     vocab=task.vocab, layers=tuple(self.chosen),
                     model=task.spec.plan_model_record())
         est = evaluate_plan(plan, task.spec, self.training, task.cluster, task.profile,

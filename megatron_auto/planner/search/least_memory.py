@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...plan import LayerStrategy, PipelineSpec, Plan
+from .mixed_offload import MixedOffloadTask, stage_variants
 from .partition import min_max_partition
 from .tasks import Task
 
@@ -199,16 +200,24 @@ def _rebuild(task: Task, k: int, start: int, length: int, tau: float, plain: boo
 def cheap_least_peak(task: Task) -> float:
     """A lower bound on the task's least peak that needs no front: every layer at its least
     persistent bytes (at the fewest micro-batches in flight of any stage), spread perfectly over
-    the stages, plus the least transient and the reserve; or the embedding/head stage alone."""
+    the stages, plus the least transient and the reserve; or the embedding/head stage alone.
+    Per-stage offload tasks (mixed_offload): each term the least over the variants."""
     k_min = min(task.in_flight)
     order = task.spec.layer_order
-    least = [task.tables.costs(t, k_min) for t in range(len(task.spec.layer_types))]
-    spread = sum(float(least[order[i]].persistent.min()) for i in range(task.num_layers))
-    transient = min(float(c.transient.min()) for c in least)
-    ends = max(max(e.persistent + max(e.transient, transient), e.step_floor)
-               for e in (task.emb[0], task.emb[-1]))
+    variants = task.variants if isinstance(task, MixedOffloadTask) else [task]
+    types = range(len(task.spec.layer_types))
+    persistent = [min(float(v.tables.costs(t, k_min).persistent.min()) for v in variants)
+                  for t in types]
+    spread = sum(persistent[order[i]] for i in range(task.num_layers))
+    transient = min(float(v.tables.costs(t, k_min).transient.min())
+                    for v in variants for t in types)
+
+    def end(k: int) -> float:
+        return min(max(e.persistent + max(e.transient, transient), e.step_floor)
+                   for e in (v.emb[k] for _, v in stage_variants(task, k)))
+
     return (float(task.cluster.memory_reserve_bytes) + min(task.nccl_floor)
-            + max(spread / task.pp + transient, ends))
+            + max(spread / task.pp + transient, end(0), end(task.chunks - 1)))
 
 
 @dataclass(frozen=True)
@@ -226,12 +235,18 @@ def task_least_peak(task: Task, partition: tuple[int, ...] | None = None) -> Lea
     if partition in cache:
         return cache[partition]
     single = len(task.spec.layer_types) == 1
+    # per (stage, start): the least over the stage's variants (mixed_offload; a uniform task
+    # is its only one) per length, and per length the variant, its task and level reaching it
     rows: dict[tuple[int, int], tuple[np.ndarray, list]] = {}
 
     def row(k: int, start: int) -> np.ndarray:
         key = (k, 0 if single else start)
         if key not in rows:
-            rows[key] = stage_least(task, k, key[1])
+            found = [(j, var) + stage_least(var, k, key[1]) for j, var in stage_variants(task, k)]
+            values = np.stack([f[2] for f in found])
+            best = values.argmin(axis=0)
+            rows[key] = (values.min(axis=0), [found[b][:2] + (found[b][3][ln],)
+                                              for ln, b in enumerate(best.tolist())])
         return rows[key][0]
 
     part = partition
@@ -242,18 +257,21 @@ def task_least_peak(task: Task, partition: tuple[int, ...] | None = None) -> Lea
     if part is None:
         result = LeastPeak(math.inf, None)
     else:
-        worst, start, layers = 0.0, 0, []
+        worst, start, layers, picks = 0.0, 0, [], []
         for k, length in enumerate(part):
             value = float(row(k, start)[length - 1])
             worst = max(worst, value)
-            tau, plain = rows[(k, 0 if single else start)][1][length - 1]
-            layers.extend(_rebuild(task, k, start, length, tau, plain))
+            j, var, (tau, plain) = rows[(k, 0 if single else start)][1][length - 1]
+            layers.extend(_rebuild(var, k, start, length, tau, plain))
+            picks.append(j)
             start += length
+        fraction = task.field(picks) if isinstance(task, MixedOffloadTask) \
+            else task.rules.optimizer_offload
         plan = Plan(world_size=task.world_size, global_batch_size=task.global_batch,
                     num_microbatches=task.m,
                     pipeline=PipelineSpec(size=task.pp, schedule=task.schedule,
                                           layers_per_stage=tuple(part),
-                                          optimizer_offload_fraction=task.rules.optimizer_offload),
+                                          optimizer_offload_fraction=fraction),
                     vocab=task.vocab, layers=tuple(layers), model=task.spec.plan_model_record())
         result = LeastPeak(worst, plan)
     cache[partition] = result

@@ -78,9 +78,11 @@ class SearchOptions:
     # Optimizer offload (``pipeline.optimizer_offload_fraction``): the host memory one device's
     # rank may use (bytes; ``--host-memory-budget-gb``). None: no offload is searched. Given,
     # every task is also searched with each fraction of ``optimizer_offload_fractions`` (one
-    # for all stages), and a plan whose host bytes exceed the budget is infeasible.
+    # for all stages and, with ``per_stage_offload``, each stage its own: mixed_offload), and a
+    # plan whose host bytes exceed the budget is infeasible.
     host_memory_budget_bytes: float | None = None
     optimizer_offload_fractions: tuple[float, ...] = (0.5, 1.0)
+    per_stage_offload: bool = True
     # With a host budget, also offer every layer that does not recompute ``offload: true``
     # (its saved activations in host memory, cost/offload.py).
     activation_offload: bool = True
@@ -118,6 +120,8 @@ class SearchOptions:
              self.memory_step_bytes, "must be a positive number of bytes (e.g. 1048576)")
         need(self.time_limit_s is None or self.time_limit_s > 0, "time_limit_s",
              self.time_limit_s, "must be positive seconds")
+        need(isinstance(self.per_stage_offload, bool), "per_stage_offload",
+             self.per_stage_offload, "give True or False")
         need(self.host_memory_budget_bytes is None or (
             isinstance(self.host_memory_budget_bytes, (int, float))
             and 0 < self.host_memory_budget_bytes < math.inf), "host_memory_budget_bytes",

@@ -263,7 +263,7 @@ def plan_in_space(plan: Plan, space: Space, spec: ModelSpec, vocabs: list[VocabS
     """Whether ``plan`` (a ``plan.Plan`` of ``spec``) is one of ``space``'s plans, by the rules
     the search builds the space's tasks from: its pp, the even split and no interleaving where
     the space asks for them, its vocabulary layout among ``vocabs`` (those the space allows at
-    the plan's stage size and micro-batch, ``search._vocabs``) and every layer's strategy among
+    the plan's stage size and micro-batch, ``task_list.vocabs``) and every layer's strategy among
     ``layer_strategies``. Batch, micro-batch count and schedule are the caller's to match."""
     pp = plan.pp_size
     if space.pps is not None and pp not in space.pps:
