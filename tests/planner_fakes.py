@@ -80,3 +80,24 @@ def round_profile(precision: str = "bf16") -> ModelProfile:
         head_transient_split_bytes=80.0)
     return ModelProfile(layer_types={"gpt": layer}, embedding=emb, precision=precision,
                         source="measured")
+
+
+def tiny_gpt(world: int, layers: int, batch: int, *, hidden: int = 256, heads: int = 4,
+             ffn: int = 1024, seq: int = 16, vocab: int = 256) -> tuple:
+    """``(spec, training, cluster, profile)`` of the offload enumeration tests: an fp32 GPT of
+    ``layers`` layers on ``world`` A100-40G devices of 1 GB each (100 kB reserve, 5 kB per NCCL
+    communicator), priced by the analytic profile."""
+    import dataclasses
+
+    from megatron_auto.planner import ModelSpec, TrainingSpec, analytic_profile
+    from megatron_auto.planner.inputs.model_spec import LayerType
+    from megatron_auto.planner.inputs.presets import make_cluster
+
+    lt = LayerType(name="gpt", hidden_size=hidden, num_attention_heads=heads,
+                   ffn_hidden_size=ffn, seq_length=seq, count=layers)
+    spec = ModelSpec(layer_types=(lt,), layer_order=(0,) * layers, vocab_size=vocab,
+                     embedding_hidden_size=hidden, seq_length=seq, name="gpt")
+    training = TrainingSpec(batch, "fp32")
+    cluster = dataclasses.replace(make_cluster("a100-40g", 1, world), memory_reserve_bytes=10 ** 5,
+                                  device_memory_bytes=10 ** 9, nccl_communicator_bytes=5e3)
+    return spec, training, cluster, analytic_profile(spec, training, cluster)

@@ -14,18 +14,17 @@ search offloads nothing (the default space is unchanged).
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 
 import pytest
 
 from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy
-from megatron_auto.planner import ModelSpec, SearchOptions, TrainingSpec, analytic_profile
+from megatron_auto.planner import SearchOptions
 from megatron_auto.planner import evaluate, search
 from megatron_auto.planner.inputs.model_spec import LayerType
-from megatron_auto.planner.inputs.presets import make_cluster
 from planner_enumerate import _divisors, compositions, virtual_sizes
+from planner_fakes import tiny_gpt
 
 pytestmark = pytest.mark.pure
 
@@ -37,14 +36,8 @@ FACTORS = (1.0, 1.1, 1.3, 1.6, 2.0, 4.0)
 
 def _instance():
     # parameters dominate (h 256, f 1024, 16 tokens): the optimizer's moments are worth moving
-    lt = LayerType(name="gpt", hidden_size=256, num_attention_heads=4, ffn_hidden_size=1024,
-                   seq_length=SEQ, count=LAYERS)
-    spec = ModelSpec(layer_types=(lt,), layer_order=(0,) * LAYERS, vocab_size=256,
-                     embedding_hidden_size=256, seq_length=SEQ, name="gpt")
-    training = TrainingSpec(BATCH, "fp32")
-    cluster = dataclasses.replace(make_cluster("a100-40g", 1, WORLD), memory_reserve_bytes=10 ** 5,
-                                  device_memory_bytes=10 ** 9, nccl_communicator_bytes=5e3)
-    return lt, spec, training, cluster, analytic_profile(spec, training, cluster)
+    spec, training, cluster, profile = tiny_gpt(WORLD, LAYERS, BATCH, seq=SEQ)
+    return spec.layer_types[0], spec, training, cluster, profile
 
 
 def _layer_choices(lt: LayerType, n: int, b_m: int) -> list[LayerStrategy]:

@@ -12,18 +12,16 @@ Four layers: a stage's host bytes pass the budget before its last layer, where t
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 
 import pytest
 
 from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy
-from megatron_auto.planner import ModelSpec, SearchOptions, TrainingSpec, analytic_profile
+from megatron_auto.planner import SearchOptions
 from megatron_auto.planner import evaluate, search
-from megatron_auto.planner.inputs.model_spec import LayerType
-from megatron_auto.planner.inputs.presets import make_cluster
 from megatron_auto.planner.search import exact
+from planner_fakes import tiny_gpt
 
 pytestmark = pytest.mark.pure
 
@@ -35,14 +33,7 @@ FACTORS = (1.0, 1.02, 1.05, 1.6)
 
 
 def _instance():
-    lt = LayerType(name="gpt", hidden_size=256, num_attention_heads=4, ffn_hidden_size=1024,
-                   seq_length=SEQ, count=LAYERS)
-    spec = ModelSpec(layer_types=(lt,), layer_order=(0,) * LAYERS, vocab_size=256,
-                     embedding_hidden_size=256, seq_length=SEQ, name="gpt")
-    training = TrainingSpec(BATCH, "fp32")
-    cluster = dataclasses.replace(make_cluster("a100-40g", 1, 1), memory_reserve_bytes=10 ** 5,
-                                  device_memory_bytes=10 ** 9, nccl_communicator_bytes=5e3)
-    return spec, training, cluster, analytic_profile(spec, training, cluster)
+    return tiny_gpt(1, LAYERS, BATCH, seq=SEQ)
 
 
 def _price_all():

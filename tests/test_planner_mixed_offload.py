@@ -22,16 +22,15 @@ import pytest
 
 from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy
 from megatron_auto.plan_optimizer_offload import fraction_problem
-from megatron_auto.planner import ModelSpec, SearchOptions, TrainingSpec, analytic_profile
+from megatron_auto.planner import SearchOptions
 from megatron_auto.planner import InfeasibleError, evaluate, search
-from megatron_auto.planner.inputs.model_spec import LayerType
-from megatron_auto.planner.inputs.presets import make_cluster
 from megatron_auto.planner.search import task_list
 from megatron_auto.planner.search.driver import spaces_of
 from megatron_auto.planner.search.mixed_offload import MixedOffloadTask
 from megatron_auto.planner.search.least_memory import cheap_least_peak, task_least_peak
 from megatron_auto.planner.search.search_cache import SearchCache
 from planner_enumerate import compositions
+from planner_fakes import tiny_gpt
 
 pytestmark = pytest.mark.pure
 
@@ -42,15 +41,7 @@ FACTORS = (1.0, 1.02, 1.05, 1.1, 1.5)
 
 
 def _instance():
-    lt = LayerType(name="gpt", hidden_size=64, num_attention_heads=4, ffn_hidden_size=256,
-                   seq_length=SEQ, count=LAYERS)
-    spec = ModelSpec(layer_types=(lt,), layer_order=(0,) * LAYERS, vocab_size=128,
-                     embedding_hidden_size=64, seq_length=SEQ, name="gpt")
-    training = TrainingSpec(BATCH, "fp32")
-    cluster = dataclasses.replace(make_cluster("a100-40g", 1, WORLD),
-                                  memory_reserve_bytes=10 ** 5, device_memory_bytes=10 ** 9,
-                                  nccl_communicator_bytes=5e3)
-    return spec, training, cluster, analytic_profile(spec, training, cluster)
+    return tiny_gpt(WORLD, LAYERS, BATCH, hidden=64, ffn=256, seq=SEQ, vocab=128)
 
 
 @pytest.fixture(scope="module")
@@ -143,11 +134,8 @@ def test_without_the_mixed_tasks_the_search_misses_those_optima(priced):
 def test_the_mixed_task_keeps_offload_off_the_ends_a_vocabulary_cannot_offload():
     """A zero3 vocabulary (FSDP2 shards the host optimizer does not step): only the middle
     stage of a three-stage task may offload; every stage of a ddp vocabulary may."""
-    spec, training, cluster, profile = _instance()
-    cluster = dataclasses.replace(make_cluster("a100-40g", 1, 6), memory_reserve_bytes=10 ** 5,
-                                  device_memory_bytes=10 ** 9, nccl_communicator_bytes=5e3)
-    training = TrainingSpec(6, "fp32")
-    profile = analytic_profile(spec, training, cluster)
+    spec, training, cluster, profile = tiny_gpt(6, LAYERS, 6, hidden=64, ffn=256, seq=SEQ,
+                                                vocab=128)
     options = dataclasses.replace(_options(1e9), dp_modes=("ddp", "zero3"))
     tasks = task_list.build_tasks(spaces_of("full", options, 6)[0], spec, training, cluster,
                                   profile, 1e9, options, 6, 10 ** 6,
