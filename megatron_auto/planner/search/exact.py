@@ -74,6 +74,7 @@ from ..cost.gpu_terms import group_count
 from ..cost.interleaving import interleaved_variant
 from ..inputs.model_spec import TrainingSpec
 from .bottleneck import Bottleneck
+from . import partition_bound as partition_bounds
 from .dominance import StageDominance
 from .mixed_offload import MixedOffloadTask, stage_variants
 from .seeds import seed_plans
@@ -86,6 +87,10 @@ TIED_DEPTH = 3  # chunk positions from which the walk stops checking the tied bo
 # Cut a branch as soon as its stage's offloaded activations pass the host budget (False: only
 # the leaf checks, as before; benchmarks/bench_host_cut.py measures both in one run).
 EARLY_HOST_CUT = True
+# At every stage start of a plain task, cut the node when the partition bound of the stages
+# left reaches the incumbent (partition_bound.py), visiting at most STAGE_NODE_LIMIT partitions.
+STAGE_PARTITION_BOUND = True
+STAGE_NODE_LIMIT = 200
 
 
 class _Stopped(Exception):
@@ -256,6 +261,14 @@ class TaskSearch:
             lengths = [num_layers - start] if num_layers - start in lengths else []
         if not lengths:
             return
+        if k > 0 and self.partition is None and task.v == 1 and partition_bounds.ENABLED \
+                and STAGE_PARTITION_BOUND:
+            # the partition bound of the stages left below this node (partition_bound.py)
+            cut = self.threshold() - task.overhead
+            rest = partition_bounds.partition_bound(task, cut, k, start, acc, STAGE_NODE_LIMIT)
+            if rest >= cut:
+                self._prune(rest + task.overhead)
+                return
         lens = np.array(lengths)
         # Per variant (mixed_offload; one for a uniform task), the bound of each length.
         variants = stage_variants(task, k)

@@ -1,0 +1,98 @@
+"""The root bound with and without the partition bound (``search/partition_bound.py``), in the
+same run, on the same inputs (analytic profiles, no GPU).
+
+    python benchmarks/bench_partition_bound.py
+    python benchmarks/bench_partition_bound.py --repeats 3 --time-limit 30
+    python benchmarks/bench_partition_bound.py --table-out docs/planner.md   # its table, in place
+
+Each case is searched once per setting per repeat (alternating which goes first) with the
+given time limit (CPU seconds) and optimality gap; the table shows, per setting, the least
+CPU seconds, the answer's samples/s and the certified gap the search reports. Where both
+prove their answer (gap at or below the one asked) the answers must agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from bench_moe_plans import write_table
+
+from megatron_auto.planner import ModelSpec, SearchOptions, TrainingSpec, analytic_profile, search
+from megatron_auto.planner.inputs.presets import get_cluster
+from megatron_auto.planner.search import partition_bound
+
+GB = 1e9
+BEGIN = "<!-- bench_partition_bound.py --table-out: begin -->"
+END = "<!-- bench_partition_bound.py: end -->"
+
+GPT_6_7B = ModelSpec.uniform(32, 4096, 32, 1024, 50304, name="gpt")
+GPT_1_5B = ModelSpec.uniform(48, 1600, 32, 1024, 50304, name="gpt-1.5b")
+BERT = ModelSpec.uniform(24, 1024, 16, 512, 30592, name="bert", causal=False)
+
+# (label, spec, batch, cluster, budget GB, host GB or None, pinned pp or None): the search's
+# reference cases, and a 6.7B GPT on one node with the pipeline pinned to 4 stages (as
+# ``--pipeline-model-parallel-size 4`` without interleaving pins it), without and with a host
+# budget (then activation offload and per-stage optimizer offload are searched too)
+CASES = [
+    ("BERT-Large 8xA100-40G", BERT, 64, "a100-40g-1x8", 8, None, None),
+    ("GPT-1.5B 16xA100-40G", GPT_1_5B, 128, "a100-40g-2x8", 40, None, None),
+    ("GPT 6.7B 8xA100-40G, pp 4", GPT_6_7B, 32, "a100-40g-1x8", 20, None, 4),
+    ("GPT 6.7B 8xA100-40G, pp 4", GPT_6_7B, 32, "a100-40g-1x8", 16, 64, 4),
+    ("GPT 6.7B 8xA100-40G, pp 4", GPT_6_7B, 32, "a100-40g-1x8", 14, 64, 4),
+]
+
+
+def _search(case, limit: float, gap: float):
+    _, spec, batch, cluster_name, budget, host, pp = case
+    training, cluster = TrainingSpec(batch), get_cluster(cluster_name)
+    profile = analytic_profile(spec, training, cluster)
+    options = SearchOptions(show_progress=False, include_baselines=False,
+                            report_partitions=False, time_limit_s=limit, optimality_gap=gap,
+                            host_memory_budget_bytes=host * GB if host else None, pp=pp,
+                            virtual_sizes=(1,) if pp else (1, 2, 4))
+    t0 = time.process_time()
+    result = search(spec, training, cluster, profile, int(budget * GB), options)
+    return time.process_time() - t0, result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--time-limit", type=float, default=30.0)
+    parser.add_argument("--gap", type=float, default=0.01)
+    parser.add_argument("--table-out", type=Path, default=None)
+    args = parser.parse_args()
+    lines = [f"Time limit {args.time_limit:g} CPU s, optimality gap {args.gap:g}; least CPU s "
+             f"of {args.repeats}.", "",
+             "| case | GB | host GB | CPU s with / without | samples/s with / without "
+             "| gap with / without | speed-up |", "|---|---|---|---|---|---|---|"]
+    for case in CASES:
+        best: dict[bool, tuple[float, object]] = {}
+        for r in range(args.repeats):
+            for enabled in ((True, False) if r % 2 == 0 else (False, True)):
+                partition_bound.ENABLED = enabled
+                seconds, result = _search(case, args.time_limit, args.gap)
+                if enabled not in best or seconds < best[enabled][0]:
+                    best[enabled] = (seconds, result)
+        partition_bound.ENABLED = True
+        (s_on, on), (s_off, off) = best[True], best[False]
+        g_on, g_off = on.plan.search["optimality_gap"], off.plan.search["optimality_gap"]
+        if g_on <= args.gap and g_off <= args.gap:
+            worst = max(on.estimate.samples_per_s, off.estimate.samples_per_s)
+            assert min(on.estimate.samples_per_s, off.estimate.samples_per_s) >= worst * (
+                1 - args.gap) / (1 + 1e-9), case[0]
+        row = (f"| {case[0]} | {case[4]} | {case[5] or '-'} | {s_on:.2f} / {s_off:.2f} | {on.estimate.samples_per_s:.3f} / "
+               f"{off.estimate.samples_per_s:.3f} | {100 * g_on:.2f}% / {100 * g_off:.2f}% | "
+               f"{s_off / s_on:.2f}x |")
+        print(row, flush=True)
+        lines.append(row)
+    table = "\n".join(lines) + "\n"
+    if args.table_out:
+        write_table(args.table_out, table, BEGIN, END)
+
+
+if __name__ == "__main__":
+    main()
