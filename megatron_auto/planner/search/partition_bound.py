@@ -21,12 +21,23 @@ found or the ``cutoff``), which stops after ``NODE_LIMIT`` nodes and then claims
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from .tasks import Task
+
+class Task(Protocol):
+    """What the bound reads of a ``tasks.Task`` (which imports this module)."""
+
+    num_layers: int
+    chunks: int
+    max_len: int
+    spec: Any
+    branches: list[int]
+
+    def future(self, b: int) -> np.ndarray: ...
+
+    def stage_bound(self, k: int, start: int, b: int) -> np.ndarray: ...
 
 #: Partition nodes the bound may visit before it gives up (0 returned: no claim).
 NODE_LIMIT = 4000
