@@ -18,15 +18,14 @@ not fit).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import time
 from pathlib import Path
 
 from bench_moe_plans import write_table
+from search_ab import tiny_gpt
 
 from megatron_auto.planner import ModelSpec, SearchOptions, TrainingSpec, analytic_profile, search
-from megatron_auto.planner.inputs.model_spec import LayerType
-from megatron_auto.planner.inputs.presets import get_cluster, make_cluster
+from megatron_auto.planner.inputs.presets import get_cluster
 from megatron_auto.planner.search import exact
 
 GB = 1e9
@@ -38,13 +37,7 @@ BEGIN, END = "<!-- bench_host_cut.py --table-out: begin -->", "<!-- bench_host_c
 def _tiny():
     """One device, four small GPT layers, a 1 GB device (tests/test_planner_host_cut.py's
     instance): parameters and activations both matter, so offload is chosen somewhere."""
-    lt = LayerType(name="gpt", hidden_size=256, num_attention_heads=4, ffn_hidden_size=1024,
-                   seq_length=16, count=4)
-    spec = ModelSpec(layer_types=(lt,), layer_order=(0,) * 4, vocab_size=256,
-                     embedding_hidden_size=256, seq_length=16, name="gpt")
-    cluster = dataclasses.replace(make_cluster("a100-40g", 1, 1), memory_reserve_bytes=10 ** 5,
-                                  device_memory_bytes=10 ** 9, nccl_communicator_bytes=5e3)
-    return spec, TrainingSpec(2, "fp32"), cluster
+    return tiny_gpt(1, 4, 2)
 
 
 def _bert():

@@ -15,17 +15,14 @@ so where both are proven its answer is never slower.
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import time
-from pathlib import Path
 
 from bench_moe_plans import write_table
+from search_ab import least_of, parse_args, tiny_gpt
 
 from megatron_auto.planner import (InfeasibleError, ModelSpec, SearchOptions, TrainingSpec,
                                    analytic_profile, search)
-from megatron_auto.planner.inputs.model_spec import LayerType
-from megatron_auto.planner.inputs.presets import get_cluster, make_cluster
+from megatron_auto.planner.inputs.presets import get_cluster
 
 GB = 1e9
 BEGIN = "<!-- bench_mixed_offload.py --table-out: begin -->"
@@ -35,13 +32,7 @@ END = "<!-- bench_mixed_offload.py: end -->"
 def _three_stage():
     """tests/test_planner_mixed_offload.py's instance: three 1 GB devices, a four-layer GPT
     whose activations dominate (stage 0 binds, the last stage owns the most state)."""
-    lt = LayerType(name="gpt", hidden_size=64, num_attention_heads=4, ffn_hidden_size=256,
-                   seq_length=256, count=4)
-    spec = ModelSpec(layer_types=(lt,), layer_order=(0,) * 4, vocab_size=128,
-                     embedding_hidden_size=64, seq_length=256, name="gpt")
-    cluster = dataclasses.replace(make_cluster("a100-40g", 1, 3), memory_reserve_bytes=10 ** 5,
-                                  device_memory_bytes=10 ** 9, nccl_communicator_bytes=5e3)
-    return spec, TrainingSpec(3, "fp32"), cluster
+    return tiny_gpt(3, 4, 3, hidden=64, ffn=256, seq=256, vocab=128)
 
 
 def _gpt(layers, hidden, heads, seq, batch, cluster):
@@ -97,25 +88,16 @@ def _fractions(plan) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--time-limit", type=float, default=30.0)
-    parser.add_argument("--gap", type=float, default=0.01)
-    parser.add_argument("--table-out", type=Path, default=None)
-    args = parser.parse_args()
+    args = parse_args(__doc__)
     lines = [f"Time limit {args.time_limit:g} CPU s, optimality gap {args.gap:g}; least CPU s "
              f"of {args.repeats}.", "",
              "| case | GB | host GB | CPU s per-stage / uniform | samples/s per-stage / uniform "
              "| fractions per-stage / uniform | gap per-stage / uniform |",
              "|---|---|---|---|---|---|---|"]
     for case in CASES:
-        best: dict[bool, tuple[float, object]] = {}
-        for r in range(args.repeats):
-            for per_stage in ((True, False) if r % 2 == 0 else (False, True)):
-                seconds, result = _search(case, per_stage, args.time_limit, args.gap)
-                if per_stage not in best or seconds < best[per_stage][0]:
-                    best[per_stage] = (seconds, result)
+        best = least_of(args.repeats, (True, False),
+                        lambda per_stage, case=case: _search(case, per_stage, args.time_limit,
+                                                             args.gap))
         (s_on, on), (s_off, off) = best[True], best[False]
         if on is not None and off is not None and on.plan.search["optimality_gap"] == 0 \
                 and off.plan.search["optimality_gap"] == 0:  # both proven: never slower

@@ -13,11 +13,10 @@ prove their answer (gap at or below the one asked) the answers must agree.
 
 from __future__ import annotations
 
-import argparse
 import time
-from pathlib import Path
 
 from bench_moe_plans import write_table
+from search_ab import least_of, parse_args
 
 from megatron_auto.planner import ModelSpec, SearchOptions, TrainingSpec, analytic_profile, search
 from megatron_auto.planner.inputs.presets import get_cluster
@@ -58,25 +57,17 @@ def _search(case, limit: float, gap: float):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--time-limit", type=float, default=30.0)
-    parser.add_argument("--gap", type=float, default=0.01)
-    parser.add_argument("--table-out", type=Path, default=None)
-    args = parser.parse_args()
+    args = parse_args(__doc__)
     lines = [f"Time limit {args.time_limit:g} CPU s, optimality gap {args.gap:g}; least CPU s "
              f"of {args.repeats}.", "",
              "| case | GB | host GB | CPU s with / without | samples/s with / without "
              "| gap with / without | speed-up |", "|---|---|---|---|---|---|---|"]
     for case in CASES:
-        best: dict[bool, tuple[float, object]] = {}
-        for r in range(args.repeats):
-            for enabled in ((True, False) if r % 2 == 0 else (False, True)):
-                partition_bound.ENABLED = enabled
-                seconds, result = _search(case, args.time_limit, args.gap)
-                if enabled not in best or seconds < best[enabled][0]:
-                    best[enabled] = (seconds, result)
+        def run(enabled: bool, case=case):
+            partition_bound.ENABLED = enabled
+            return _search(case, args.time_limit, args.gap)
+
+        best = least_of(args.repeats, (True, False), run)
         partition_bound.ENABLED = True
         (s_on, on), (s_off, off) = best[True], best[False]
         g_on, g_off = on.plan.search["optimality_gap"], off.plan.search["optimality_gap"]
@@ -84,8 +75,8 @@ def main() -> None:
             worst = max(on.estimate.samples_per_s, off.estimate.samples_per_s)
             assert min(on.estimate.samples_per_s, off.estimate.samples_per_s) >= worst * (
                 1 - args.gap) / (1 + 1e-9), case[0]
-        row = (f"| {case[0]} | {case[4]} | {case[5] or '-'} | {s_on:.2f} / {s_off:.2f} | {on.estimate.samples_per_s:.3f} / "
-               f"{off.estimate.samples_per_s:.3f} | {100 * g_on:.2f}% / {100 * g_off:.2f}% | "
+        row = (f"| {case[0]} | {case[4]} | {case[5] or '-'} | {s_on:.2f} / {s_off:.2f} | "
+               f"{on.estimate.samples_per_s:.3f} / {off.estimate.samples_per_s:.3f} | {100 * g_on:.2f}% / {100 * g_off:.2f}% | "
                f"{s_off / s_on:.2f}x |")
         print(row, flush=True)
         lines.append(row)
