@@ -139,12 +139,14 @@ def test_a_time_limited_pinned_search_keeps_its_virtual_size(monkeypatch):
     from planner_fakes import FakeCluster, round_profile
 
     from megatron_auto.planner import SearchOptions, search
-    from megatron_auto.planner.search import driver, partition_bound
+    from megatron_auto.planner.search import driver, lagrange_bound, partition_bound
 
     monkeypatch.setattr(driver, "MAIN_SHARE", 1e-12)
-    # the partition bound proves this small task at its root, before any deadline check: off,
-    # the seeds are all the full space gets, which is the case under test
+    # the partition bounds and the Lagrangian stage-block bound prove this small task at its
+    # root, before any deadline check: off, the seeds are all the full space gets, which is the
+    # case under test
     monkeypatch.setattr(partition_bound, "ENABLED", False)
+    monkeypatch.setattr(lagrange_bound, "ENABLED", False)
     spec = ModelSpec.uniform(8, 64, 4, 16, 64, name="gpt")
     result = search(spec, TrainingSpec(8, "fp32"), FakeCluster(devices_per_node=2),
                     round_profile("fp32"), 10 ** 6,

@@ -194,6 +194,14 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cache: Se
     def left(rest: Sequence[Task]) -> float:  # the least bound known of tasks left, unpriced
         return min(max(bound(t, False), t.known_bound() / t.global_batch) for t in rest)
 
+    def settled_by_lagrange(task: Task) -> bool:
+        # memory priced by multipliers (lagrange_bound.py): no DP, no seed for such a task
+        cut = best.cutoff() * task.global_batch
+        if task.lagrange_bound(cut) < cut:
+            return False
+        best.prune(max(task.lagrange_bound(), floor * task.global_batch) / task.global_batch)
+        return True
+
     def report(done: int) -> None:
         if progress:
             progress(done, len(pinned), 1 / best.value if math.isfinite(best.value) else None)
@@ -211,6 +219,9 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cache: Se
                 break
             if bound(task) >= best.cutoff():
                 best.prune(bound(task))
+                counts.pruned += 1
+                continue
+            if best.plan is not None and settled_by_lagrange(task):
                 counts.pruned += 1
                 continue
             if cheap_least_peak(task) > limit:
@@ -244,20 +255,27 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cache: Se
                 counts.winner = task
             live.append((task, pin, False))
         # Pass 2: branch and bound over the tasks that can fit, cheapest bound first. The
-        # interleaved tasks' root bounds (the tied bound, tasks.Task.tied_rest) are far above
-        # their compute bounds: all of them are computed first (their tables are what the
-        # walks need anyway) and the tasks searched best-first by them, so that a deadline
-        # leaves the tasks of the weakest bounds unsearched and the certified gap reads them.
-        # The per-stage offload tasks, searched last, likewise.
+        # interleaved tasks' tied bounds (tasks.Task.tied_rest, and its partition form) are far
+        # above their compute bounds and need no chunk-level DP tables: all of them are
+        # computed first and the tasks searched best-first by them (each task's DP tables
+        # and full root bound when it is searched), so that a deadline leaves the tasks of the
+        # weakest bounds unsearched and the certified gap reads them. The per-stage offload
+        # tasks, searched last, by their full root bounds. The plain tasks are sorted by
+        # their Lagrangian bounds (lagrange_bound.py; most were computed in pass 1), so that
+        # of a layer table's vocabulary layouts the most promising is searched first and its
+        # answer cuts the others at their roots.
         settled = len(group) - len(live)
-        key: Callable[[Task], float] = lambda t: bound(t, False)  # what ``live`` is sorted by
-        if live and (live[0][0].v > 1 or isinstance(live[0][0], MixedOffloadTask)):
+        deep = bool(live) and (live[0][0].v > 1 or isinstance(live[0][0], MixedOffloadTask))
+        if live and (deep or best.plan is not None):
             for task, _, _ in live:
                 if bound(task, False) >= best.cutoff() or _stopped(deadline, best, cache.clock):
                     break
-                task.root_bound(best.cutoff() * task.global_batch)
-            key = lambda t: left([t])  # noqa: E731
-            live.sort(key=lambda x: key(x[0]))
+                if isinstance(task, MixedOffloadTask):
+                    task.root_bound(best.cutoff() * task.global_batch)
+                else:  # the interleaved tasks' DP tables are built when they are searched
+                    task.table_free_bound(best.cutoff() * task.global_batch)
+            live.sort(key=lambda x: left([x[0]]))
+        key: Callable[[Task], float] = lambda t: left([t])  # what ``live`` is sorted by
         for i, (task, pin, check) in enumerate(live):
             report(base + settled + i)
             if key(task) >= best.cutoff() or _stopped(deadline, best, cache.clock):

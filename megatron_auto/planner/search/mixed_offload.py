@@ -58,6 +58,11 @@ class MixedOffloadTask(Task):
                          if j == 0 or ends or k not in (0, base.pp - 1)]
                         for k in range(base.pp)]
 
+    @property
+    def lagrange_applies(self) -> bool:
+        """No: its stages' costs are the variants' (lagrange_bound reads one task's tables)."""
+        return False
+
     def stage_variants(self, k: int) -> list[tuple[int, Task]]:
         return [(j, self.variants[j]) for j in self.allowed[k]]
 

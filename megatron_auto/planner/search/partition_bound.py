@@ -21,9 +21,13 @@ found or the ``cutoff``), which stops after ``NODE_LIMIT`` nodes and then claims
 
 from __future__ import annotations
 
+import math
 from typing import Any, Protocol
 
 import numpy as np
+
+
+INF = math.inf
 
 
 class Task(Protocol):
@@ -94,3 +98,22 @@ def partition_bound(task: Task, cutoff: float, k0: int = 0, a0: int = 0,
     except _GiveUp:
         return 0.0
     return best
+
+
+def min_plus(row, nxt: np.ndarray, k: int, num_layers: int, pp: int, max_len: int,
+              single: bool, combine) -> np.ndarray:
+    """``out[a] = min over lengths l of combine(row(a)[l - 1], nxt[a + l])`` for the starts
+    ``a`` stage ``k`` may have (later stages need a layer each); inf elsewhere."""
+    L = num_layers
+    out = np.full(L + 1, INF)
+    starts = np.arange(k, L - (pp - 1 - k))
+    if len(starts) == 0:
+        return out
+    lengths = np.arange(1, max_len + 1)
+    ends = starts[:, None] + lengths[None, :]                      # (a, l)
+    longest = L - (pp - 1 - k)
+    vals = np.stack([row(int(a)) for a in starts]) if not single else \
+        np.broadcast_to(row(0), (len(starts), max_len))
+    tail = np.where(ends <= longest, nxt[np.minimum(ends, L)], INF)
+    out[starts] = combine(vals, tail).min(axis=1)
+    return out

@@ -49,9 +49,10 @@ from ..inputs.cluster_model import ClusterModel
 from ..cost.estimate import in_flight, step_overhead
 from .bottleneck import Bottleneck
 from . import partition_bound as partition_bounds
+from .lagrange_bound import lagrange_root, tied_lagrange_root
 from .stage_dp import LayerOptions, solve_stage
 from .task_ends import TaskEnds
-from .tied import tied_rest
+from .tied import TiedRows, tied_rest
 from ..cost.interleaving import chunk_in_flight
 from .layer_tables import LayerTables
 from ..inputs.model_spec import ModelSpec
@@ -261,7 +262,9 @@ class Task(TaskEnds):
         """The strongest of ``cheap_bound`` and ``root_bound`` computed so far (0 before
         any), pricing nothing."""
         return max(max(self._cheap.values(), default=0.0), self._future.get("root", 0.0),
-                   self._future.get("tied", 0.0))
+                   self._future.get("tied", 0.0), self._future.get("lagrange", 0.0),
+                   self._future.get("tied_partition", 0.0),
+                   self._future.get("tied_lagrange", 0.0))
 
     def compute_bound(self) -> float:
         """Lower bound on every plan's iteration time from the layers' compute alone.
@@ -429,8 +432,9 @@ class Task(TaskEnds):
         f = np.full((pp + 1, L + 1), INF)
         f[pp, L] = 0.0
         for k in range(pp - 1, -1, -1):
-            f[k] = _min_plus(lambda a, k=k: self.stage_bound(k, a, b), f[k + 1], k, L, pp,
-                             self.max_len, len(self.spec.layer_types) == 1, np.add)
+            f[k] = partition_bounds.min_plus(lambda a, k=k: self.stage_bound(k, a, b),
+                                             f[k + 1], k, L, pp, self.max_len,
+                                             len(self.spec.layer_types) == 1, np.add)
         self._future[b] = f
         return f
 
@@ -467,9 +471,9 @@ class Task(TaskEnds):
         ``cutoff`` it is returned alone). Kept: ``known_bound`` returns it once computed."""
         if "root" in self._future:
             return self._future["root"]
-        tied = self.tied_bound()
-        if tied >= cutoff:
-            return tied
+        lagrange, tied = self.table_free_bound(cutoff)
+        if max(lagrange, tied) >= cutoff:
+            return max(tied, lagrange)
         best = max(float(self.future(b)[0, 0]) for b in self.branches)
         if self.pp > 1 and self.v == 1:
             lens = np.arange(1, self.max_len + 1)
@@ -478,9 +482,26 @@ class Task(TaskEnds):
             best = max(best, float(joint.min()))
         if self.chunks > 1 and partition_bounds.ENABLED:  # every J_b of one partition at once
             best = max(best, partition_bounds.partition_bound(self, cutoff - self.overhead))
-        out = max(best + self.overhead, tied)
+        out = max(best + self.overhead, tied, lagrange)
         self._future["root"] = out
         return out
+
+    @property
+    def lagrange_applies(self) -> bool:
+        """Whether ``lagrange_bound`` is tried before the DP bounds: plain tasks. Interleaved
+        chunks would each get their stage's whole room, a bound too weak to pay for its
+        partition search over ``pp v`` chunks (measured: 38 ms a task, none settled on
+        LLaMA-7B at 24 GB)."""
+        return self.v == 1
+
+    def lagrange_bound(self, cutoff: float = INF) -> float:
+        """``lagrange_bound.lagrange_root`` of this task, kept (``known_bound`` reads it): a
+        cheap lower bound on every plan's iteration time (``cutoff`` where every partition
+        reaches ``cutoff``; the incumbent only falls, so a kept value that reached an earlier
+        cutoff still reaches a later one)."""
+        if "lagrange" not in self._future:
+            self._future["lagrange"] = lagrange_root(self, cutoff)
+        return self._future["lagrange"]
 
     def tied_bound(self) -> float:
         """Interleaved tasks of one layer type: ``J_b`` with each stage's ``v`` chunks sharing
@@ -492,6 +513,35 @@ class Task(TaskEnds):
             self._future["tied"] = float(self.tied_rest(0, 0, none,
                                                         np.zeros(len(self.branches))))
         return self._future["tied"]
+
+    def table_free_bound(self, cutoff: float = INF) -> tuple[float, float]:
+        """``(lagrange, tied)``: the root bounds that need no chunk-level DP tables, tried in
+        that order until one reaches ``cutoff``: the Lagrangian bound (plain tasks), and the
+        tied bound with its partition form (interleaved tasks of one layer type). Kept, so
+        ``known_bound`` reads them; the driver orders interleaved tasks by them before
+        building any task's DP tables."""
+        lagrange = self.lagrange_bound(cutoff)
+        if lagrange >= cutoff:
+            return lagrange, 0.0
+        if self.tied_applies():
+            if "tied_lagrange" not in self._future:
+                self._future["tied_lagrange"] = tied_lagrange_root(self, cutoff)
+            lagrange = max(lagrange, self._future["tied_lagrange"])
+            if lagrange >= cutoff:
+                return lagrange, 0.0
+        tied = self.tied_bound()
+        if tied < cutoff and self.tied_applies() and partition_bounds.ENABLED:
+            tied = max(tied, self.tied_partition_bound(cutoff))
+        return lagrange, tied
+
+    def tied_partition_bound(self, cutoff: float = INF) -> float:
+        """The partition bound over the stages' blocks (``tied.TiedRows``): every ``J_b`` of
+        one choice of block sizes at once, where ``tied_bound`` lets each choose its own
+        (kept; ``cutoff`` where every choice reaches it, 0 where the node limit stopped it)."""
+        if "tied_partition" not in self._future:
+            self._future["tied_partition"] = partition_bounds.partition_bound(
+                TiedRows(self), cutoff - self.overhead) + self.overhead
+        return self._future["tied_partition"]
 
     def tied_applies(self) -> bool:
         return self.v > 1 and len(self.spec.layer_types) == 1
@@ -520,22 +570,3 @@ def _ring_saving(p, samples: float, tp: int, cp: int) -> float:
     s = p.attention_seq_length
     return min(0.0, cp * p.attention_time(s / cp, samples * cp, tp)
                - p.attention_time(s, samples, tp))
-
-
-def _min_plus(row, nxt: np.ndarray, k: int, num_layers: int, pp: int, max_len: int,
-              single: bool, combine) -> np.ndarray:
-    """``out[a] = min over lengths l of combine(row(a)[l - 1], nxt[a + l])`` for the starts
-    ``a`` stage ``k`` may have (later stages need a layer each); inf elsewhere."""
-    L = num_layers
-    out = np.full(L + 1, INF)
-    starts = np.arange(k, L - (pp - 1 - k))
-    if len(starts) == 0:
-        return out
-    lengths = np.arange(1, max_len + 1)
-    ends = starts[:, None] + lengths[None, :]                      # (a, l)
-    longest = L - (pp - 1 - k)
-    vals = np.stack([row(int(a)) for a in starts]) if not single else \
-        np.broadcast_to(row(0), (len(starts), max_len))
-    tail = np.where(ends <= longest, nxt[np.minimum(ends, L)], INF)
-    out[starts] = combine(vals, tail).min(axis=1)
-    return out

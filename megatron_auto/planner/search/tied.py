@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from .partition_bound import min_plus
+
 INF = np.inf
 
 
@@ -56,31 +58,78 @@ def tied_rest(task: Any, k: int, start: int, placed: list[tuple[Any, Any, Any]],
         nxt = np.full((left + 1, nc), INF)  # nxt[x]: least cost of the later stages on x
         nxt[0] = 0.0
         for s in range(pp - 1, -1, -1):
-            chunks = own[s]
-            if not chunks:
+            if not own[s]:
                 continue
-            w = replace(task.weights(chunks[0], b), moves=False)
-            embs = [task.emb[c] for c in chunks]
-            fixed = sum(w.alpha * (e.microbatch + (task.tables.min_boundary if c else 0.0))
-                        + w.beta * e.optimizer + w.gamma * e.exposed_sync
-                        for c, e in zip(chunks, embs))
-            persistent, transient, step = (np.broadcast_to(np.asarray(v, dtype=float),
-                                                           (nc,)) for v in placed[s])
-            room = task.room - task.nccl_floor[s]
-            top = np.maximum(transient, max(e.transient for e in embs))
-            grid = np.ones((span, 1))
-            row = np.full((span + 1, nc), INF)
-            low = min(chunks, key=task.bound_in_flight)
-            lead = tuple(sorted((task.bound_in_flight(c) for c in chunks if c != low),
-                                reverse=True))
-            row[1:] = task.rest_bound(  # one table length for every node: L - pp + 1
-                low, 0, w, np.broadcast_to(lens[1:, None], (span, nc)),
-                grid * (room - persistent - sum(e.persistent for e in embs) - top),
-                grid * (room - step - sum(e.step_floor for e in embs)), grid * top,
-                L - pp + 1, lead) + fixed
+            row = _block_row(task, own[s], b, placed[s], span, nc)
             row[:need[s]] = INF
             # cur[x] = min over n <= x of row[n] + nxt[x - n]
             cand = np.where(take[:, :, None], row[None, :, :] + nxt[back], INF)
             nxt = cand.min(axis=1)
         best = np.maximum(best, flat_acc[bi] + nxt[left])
     return (best + task.overhead).reshape(width)
+
+
+def _block_row(task: Any, chunks: list[int], b: int, placed: tuple[Any, Any, Any], span: int,
+               nc: int) -> np.ndarray:
+    """``row[n, candidate]``: the least share of ``J_b`` of one stage's chunk positions
+    ``chunks`` holding a block of ``n`` layers (``0..span``; row 0 inf), given what the stage
+    placed (``placed``: persistent bytes, largest transient, step-peak floor; numbers or arrays
+    over ``nc`` candidates). See ``tied_rest``."""
+    L, pp = task.num_layers, task.pp
+    w = replace(task.weights(chunks[0], b), moves=False)
+    embs = [task.emb[c] for c in chunks]
+    fixed = sum(w.alpha * (e.microbatch + (task.tables.min_boundary if c else 0.0))
+                + w.beta * e.optimizer + w.gamma * e.exposed_sync
+                for c, e in zip(chunks, embs))
+    persistent, transient, step = (np.broadcast_to(np.asarray(v, dtype=float), (nc,))
+                                   for v in placed)
+    room = task.room - task.nccl_floor[task.stage_of(chunks[0])]
+    top = np.maximum(transient, max(e.transient for e in embs))
+    lens = np.arange(span + 1)
+    grid = np.ones((span, 1))
+    row = np.full((span + 1, nc), INF)
+    low = min(chunks, key=task.bound_in_flight)
+    lead = tuple(sorted((task.bound_in_flight(c) for c in chunks if c != low), reverse=True))
+    row[1:] = task.rest_bound(  # one table length for every node: L - pp + 1
+        low, 0, w, np.broadcast_to(lens[1:, None], (span, nc)),
+        grid * (room - persistent - sum(e.persistent for e in embs) - top),
+        grid * (room - step - sum(e.step_floor for e in embs)), grid * top,
+        L - pp + 1, lead) + fixed
+    return row
+
+
+class TiedRows:
+    """The stages of an interleaved task as ``partition_bound`` reads chunk positions: position
+    ``s`` is stage ``s``'s block of layers (all its chunks), its row ``_block_row`` at the
+    root (nothing placed; inf below one layer per chunk). Every plan's stage ``s`` holds some
+    ``n_s`` layers, and its share of each ``J_b`` is at least the row at ``n_s``, so the least
+    over the block sizes of ``max_b`` of the rows' sums bounds every plan, where the tied bound
+    (``tied_rest``) lets each ``J_b`` choose its own sizes."""
+
+    def __init__(self, task: Any) -> None:
+        self.task = task
+        self.num_layers, self.chunks = task.num_layers, task.pp
+        self.max_len = task.num_layers - task.pp + 1
+        self.spec, self.branches = task.spec, task.branches
+        self.own = [[c for c in range(task.chunks) if task.stage_of(c) == s]
+                    for s in range(task.pp)]
+        self._rows: dict[tuple[int, int], np.ndarray] = {}
+        self._future: dict[int, np.ndarray] = {}
+
+    def stage_bound(self, k: int, start: int, b: int) -> np.ndarray:
+        if (k, b) not in self._rows:
+            row = _block_row(self.task, self.own[k], b, (0.0, 0.0, 0.0), self.max_len, 1)[:, 0]
+            row[:len(self.own[k])] = INF
+            self._rows[k, b] = row[1:]
+        return self._rows[k, b]
+
+    def future(self, b: int) -> np.ndarray:
+        if b not in self._future:
+            L, pp = self.num_layers, self.chunks
+            f = np.full((pp + 1, L + 1), INF)
+            f[pp, L] = 0.0
+            for k in range(pp - 1, -1, -1):
+                f[k] = min_plus(lambda a, k=k: self.stage_bound(k, a, b), f[k + 1], k, L, pp,
+                                self.max_len, True, np.add)
+            self._future[b] = f
+        return self._future[b]

@@ -1,0 +1,272 @@
+"""The Lagrangian root bound: memory priced by a multiplier instead of a DP over bytes.
+
+The root bound of a task (``Task.root_bound``) solves a DP over memory cells for every stage
+position (``Task.rest``): exact up to the cell rounding, and the slow part of settling a task
+(about half a CPU second per layer table on LLaMA-7B). Most tasks are settled by that bound
+alone, far above the incumbent. This module gives a much cheaper bound to try first.
+
+For one stage position ``k`` and bound ``J_b`` (tasks module), a plan's stage holds layers
+``i`` with strategies ``s_i`` whose weighted times ``t_i`` (``alpha`` per micro-batch, ``beta``
+optimizer, ``gamma`` sync tail) sum to its share of ``J_b``, and whose persistent bytes ``p_i``
+and step-peak floors ``q_i`` satisfy ``sum p_i <= R_p`` and ``sum q_i <= R_q`` (the rooms the
+DP rows use: ``room`` less the NCCL floor, the embedding/head's bytes and the stage's least
+transient). For any ``lam, mu >= 0`` (weak duality)
+
+    sum_i t_i >= sum_i (t_i + lam p_i + mu q_i) - lam R_p - mu R_q
+              >= sum_i min_s (t_s + lam p_s + mu q_s) - lam R_p - mu R_q,
+
+so the largest of these over a grid of multipliers is a lower bound on the stage's share (a
+row per length, like ``Task.stage_bound``), and a length whose least bytes alone pass a room
+is infeasible (inf). The rows need no DP: one prefix sum per multiplier over the layer order.
+:class:`LagrangeRows` has the rows and their futures, so ``partition_bound`` (every ``J_b`` of
+one partition at once) runs on them unchanged; ``lagrange_root`` is that bound plus the fixed
+step overhead. With identical layers the relaxation loses at most about one layer's trade-off
+step against the DP (a few per cent, measured on LLaMA-7B), so it settles the tasks whose DP
+bound clears the incumbent by more than that, and leaves the others to the DP.
+
+Interleaved tasks of one layer type (:class:`TiedLagrangeRows`, ``tied_lagrange_root``): a
+stage's chunks share its room, as in the tied bound (``tied.tied_rest``): position ``s`` is
+stage ``s``'s block of ``n`` layers, one at each of its chunks' in-flight counts but the lowest
+and the others at the lowest (a layer's bytes grow with the count, and every chunk holds a
+layer), so the block's Lagrangian value is ``sum_lead h_c + (n - v + 1) h_low - lam R``, ``h_c``
+the least priced strategy at count ``c``. The partition bound over the blocks then needs no DP
+table; where it reaches the incumbent, the tied bound's tables are never built. (Giving each
+chunk the stage's whole room instead, as the chunk-level rows do, is too weak to pay for its
+partition search over ``pp v`` chunks: measured 38 ms a task, none settled on LLaMA-7B at 24 GB.)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Protocol
+
+import numpy as np
+
+from . import partition_bound as partition_bounds
+
+
+class Task(Protocol):
+    """What the bound reads of a ``tasks.Task`` (which imports this module)."""
+
+    spec: Any
+    tables: Any
+    num_layers: int
+    chunks: int
+    max_len: int
+    m: int
+    pp: int
+    room: float
+    overhead: float
+    branches: list[int]
+
+    @property
+    def in_flight(self) -> list[int]: ...
+
+    @property
+    def emb(self) -> list[Any]: ...
+
+    @property
+    def nccl_floor(self) -> list[float]: ...
+
+    def weights(self, k: int, b: int) -> Any: ...
+
+    def stage_of(self, k: int) -> int: ...
+
+INF = math.inf
+#: Multipliers per memory axis (seconds per byte, geometric between the strategies' least and
+#: largest trade-off slopes, and 0).
+GRID = 48
+#: False: ``Task.root_bound`` goes without it (the DP bound alone, as before).
+ENABLED = True
+
+
+def multipliers(task: Task) -> np.ndarray:
+    """The grid of one memory axis: 0 and ``GRID`` points spanning every pairwise slope
+    (time saved per byte added) of the task's strategies at weights 1 and ``m``."""
+    slopes: list[float] = []
+    for k in range(task.chunks):
+        for t in set(task.spec.layer_order):
+            c = task.tables.costs(t, task.in_flight[k])
+            time, mem = np.asarray(c.microbatch, float), np.asarray(c.persistent, float)
+            dt = time[:, None] - time[None, :]
+            dm = mem[None, :] - mem[:, None]
+            ok = (dt > 0) & (dm > 0)
+            if ok.any():
+                s = dt[ok] / dm[ok]
+                slopes += [float(s.min()), float(s.max()) * max(task.m, 1)]
+    if not slopes:
+        return np.zeros(1)
+    return np.concatenate([[0.0], np.geomspace(min(slopes) / 4, max(slopes) * 4, GRID)])
+
+
+class LagrangeRows:
+    """Lagrangian stage rows of a task, read by ``partition_bound`` like the task's own."""
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+        self.num_layers, self.chunks, self.max_len = task.num_layers, task.chunks, task.max_len
+        self.spec, self.branches = task.spec, task.branches
+        grid = multipliers(task)
+        zeros = np.zeros(len(grid))
+        # (lam, mu) pairs: each axis alone (the step peak rarely binds with the backward one)
+        self.lam = np.concatenate([grid, zeros])
+        self.mu = np.concatenate([zeros, grid])
+        self._rows: dict[tuple[int, int, int], np.ndarray] = {}
+        self._future: dict[int, np.ndarray] = {}
+        self._least: dict[int, tuple[np.ndarray, np.ndarray, float]] = {}
+
+    def _least_bytes(self, k: int) -> tuple[np.ndarray, np.ndarray, float]:
+        """Prefix sums of the least persistent and step-floor bytes over the layer order, and
+        the least transient of any layer, at position ``k``."""
+        if k not in self._least:
+            task = self.task
+            costs = [task.tables.costs(t, task.in_flight[k]) for t in task.spec.layer_order]
+            persistent = np.cumsum([float(c.persistent.min()) for c in costs])
+            step = np.cumsum([float(c.step_floor.min()) for c in costs])
+            transient = min(float(c.transient.min()) for c in costs)
+            self._least[k] = (np.concatenate([[0.0], persistent]),
+                              np.concatenate([[0.0], step]), transient)
+        return self._least[k]
+
+    def stage_bound(self, k: int, start: int, b: int) -> np.ndarray:
+        """Lower bound on position ``k``'s share of ``J_b`` per length ``1..max_len`` from
+        ``start`` (module docstring); inf where the least bytes do not fit."""
+        single = len(self.spec.layer_types) == 1
+        key = (k, 0 if single else start, b)
+        if key in self._rows:
+            return self._rows[key]
+        task, start = self.task, key[1]
+        w = task.weights(k, b)
+        e = task.emb[k]
+        fixed = (w.alpha * (e.microbatch + (task.tables.min_boundary if k > 0 else 0.0))
+                 + w.beta * e.optimizer + w.gamma * e.exposed_sync)
+        least_p, least_q, transient = self._least_bytes(k)
+        room = task.room - task.nccl_floor[task.stage_of(k)]
+        room_p = room - e.persistent - max(e.transient, transient)
+        room_q = room - e.step_floor
+        per_type = {}
+        for t in set(task.spec.layer_order):
+            c = task.tables.costs(t, task.in_flight[k])
+            time = w.alpha * c.microbatch + w.beta * c.optimizer + w.gamma * c.exposed_sync
+            priced = (time[None, :] + self.lam[:, None] * c.persistent[None, :]
+                      + self.mu[:, None] * c.step_floor[None, :])
+            per_type[t] = priced.min(axis=1)
+        cols = np.stack([per_type[t] for t in task.spec.layer_order], axis=1)
+        prefix = np.concatenate([np.zeros((len(self.lam), 1)), np.cumsum(cols, axis=1)], axis=1)
+        lengths = np.arange(1, self.max_len + 1)
+        end = np.minimum(start + lengths, self.num_layers)
+        relaxed = (prefix[:, end] - prefix[:, [start]]
+                   - (self.lam * room_p + self.mu * room_q)[:, None]).max(axis=0) + fixed
+        over = ((least_p[end] - least_p[start] > room_p) | (least_q[end] - least_q[start] > room_q)
+                | (start + lengths > self.num_layers))
+        self._rows[key] = np.where(over, INF, relaxed)
+        return self._rows[key]
+
+    def future(self, b: int) -> np.ndarray:
+        """``F[k, a]``: the least share of ``J_b`` of positions ``k..`` over layers ``[a, L)``
+        by these rows, every partition considered (``Task.future``'s DP)."""
+        if b not in self._future:
+            L, chunks = self.num_layers, self.chunks
+            f = np.full((chunks + 1, L + 1), INF)
+            f[chunks, L] = 0.0
+            for k in range(chunks - 1, -1, -1):
+                f[k] = partition_bounds.min_plus(
+                    lambda a, k=k: self.stage_bound(k, a, b), f[k + 1], k, L, chunks,
+                    self.max_len, len(self.spec.layer_types) == 1, np.add)
+            self._future[b] = f
+        return self._future[b]
+
+
+def lagrange_root(task: Task, cutoff: float = INF) -> float:
+    """A lower bound on the iteration time of every plan of ``task`` from the Lagrangian rows:
+    the largest ``J_b``'s least and, with more than one chunk, the partition bound over them
+    (``cutoff`` where every partition reaches ``cutoff``); 0 where it does not apply."""
+    if not ENABLED or not getattr(task, "lagrange_applies", True):
+        return 0.0
+    rows = LagrangeRows(task)
+    best = max(float(rows.future(b)[0, 0]) for b in rows.branches)
+    if task.chunks > 1 and best + task.overhead < cutoff:
+        best = max(best, partition_bounds.partition_bound(rows, cutoff - task.overhead))
+    return best + task.overhead
+
+
+class TiedLagrangeRows:
+    """Lagrangian rows of an interleaved task's stage blocks (module docstring), read by
+    ``partition_bound`` like ``tied.TiedRows``: position ``s`` is stage ``s``."""
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+        self.num_layers, self.chunks = task.num_layers, task.pp
+        self.max_len = task.num_layers - task.pp + 1
+        self.spec, self.branches = task.spec, task.branches
+        self.own = [[c for c in range(task.chunks) if task.stage_of(c) == s]
+                    for s in range(task.pp)]
+        grid = multipliers(task)
+        zeros = np.zeros(len(grid))
+        self.lam = np.concatenate([grid, zeros])
+        self.mu = np.concatenate([zeros, grid])
+        self._rows: dict[tuple[int, int], np.ndarray] = {}
+        self._future: dict[int, np.ndarray] = {}
+
+    def stage_bound(self, k: int, start: int, b: int) -> np.ndarray:
+        """Lower bound on stage ``k``'s share of ``J_b`` per block size ``1..max_len``."""
+        if (k, b) in self._rows:
+            return self._rows[k, b]
+        task, chunks = self.task, self.own[k]
+        t = task.spec.layer_order[0]
+        w = task.weights(chunks[0], b)  # a stage's chunks share their weights
+        embs = [task.emb[c] for c in chunks]
+        fixed = sum(w.alpha * (e.microbatch + (task.tables.min_boundary if c else 0.0))
+                    + w.beta * e.optimizer + w.gamma * e.exposed_sync
+                    for c, e in zip(chunks, embs))
+        counts = sorted(task.in_flight[c] for c in chunks)
+        costs = {c: task.tables.costs(t, c) for c in set(counts)}
+        low, lead = counts[0], counts[1:]
+
+        def priced(c: int) -> np.ndarray:  # per multiplier pair, the least priced strategy
+            x = costs[c]
+            time = w.alpha * x.microbatch + w.beta * x.optimizer + w.gamma * x.exposed_sync
+            return (time[None, :] + self.lam[:, None] * x.persistent[None, :]
+                    + self.mu[:, None] * x.step_floor[None, :]).min(axis=1)
+
+        room = task.room - task.nccl_floor[k]
+        transient = max(max(e.transient for e in embs),
+                        min(float(x.transient.min()) for x in costs.values()))
+        room_p = room - sum(e.persistent for e in embs) - transient
+        room_q = room - sum(e.step_floor for e in embs)
+        n = np.arange(1, self.max_len + 1)
+        rest = n - len(lead)  # layers at the lowest count
+        value = (sum((priced(c) for c in lead), np.zeros(len(self.lam)))[:, None]
+                 + rest[None, :] * priced(low)[:, None]
+                 - (self.lam * room_p + self.mu * room_q)[:, None]).max(axis=0) + fixed
+        least_p = sum(float(costs[c].persistent.min()) for c in lead) \
+            + rest * float(costs[low].persistent.min())
+        least_q = sum(float(costs[c].step_floor.min()) for c in lead) \
+            + rest * float(costs[low].step_floor.min())
+        over = (n < len(chunks)) | (least_p > room_p) | (least_q > room_q)
+        self._rows[k, b] = np.where(over, INF, value)
+        return self._rows[k, b]
+
+    def future(self, b: int) -> np.ndarray:
+        if b not in self._future:
+            L, pp = self.num_layers, self.chunks
+            f = np.full((pp + 1, L + 1), INF)
+            f[pp, L] = 0.0
+            for k in range(pp - 1, -1, -1):
+                f[k] = partition_bounds.min_plus(lambda a, k=k: self.stage_bound(k, a, b),
+                                                 f[k + 1], k, L, pp, self.max_len, True, np.add)
+            self._future[b] = f
+        return self._future[b]
+
+
+def tied_lagrange_root(task: Task, cutoff: float = INF) -> float:
+    """A lower bound on the iteration time of every plan of an interleaved task of one layer
+    type from :class:`TiedLagrangeRows` (``cutoff`` where every choice of block sizes reaches
+    it); 0 where off."""
+    if not ENABLED:
+        return 0.0
+    rows = TiedLagrangeRows(task)
+    best = max(float(rows.future(b)[0, 0]) for b in rows.branches)
+    if best + task.overhead < cutoff:
+        best = max(best, partition_bounds.partition_bound(rows, cutoff - task.overhead))
+    return best + task.overhead
