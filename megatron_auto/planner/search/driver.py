@@ -255,9 +255,9 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cache: Se
                 counts.winner = task
             live.append((task, pin, False))
         # Pass 2: branch and bound over the tasks that can fit, cheapest bound first. The
-        # interleaved tasks' tied bounds (tasks.Task.tied_rest, and its partition form) are far
-        # above their compute bounds and need no chunk-level DP tables: all of them are
-        # computed first and the tasks searched best-first by them (each task's DP tables
+        # interleaved tasks' Lagrangian stage-block bounds (lagrange_bound.TiedLagrangeRows)
+        # are far above their compute bounds and need no DP table: all of them are computed
+        # first and the tasks searched best-first by them (each task's tied bound, DP tables
         # and full root bound when it is searched), so that a deadline leaves the tasks of the
         # weakest bounds unsearched and the certified gap reads them. The per-stage offload
         # tasks, searched last, by their full root bounds. The plain tasks are sorted by
@@ -270,10 +270,13 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cache: Se
             for task, _, _ in live:
                 if bound(task, False) >= best.cutoff() or _stopped(deadline, best, cache.clock):
                     break
+                cut = best.cutoff() * task.global_batch
                 if isinstance(task, MixedOffloadTask):
-                    task.root_bound(best.cutoff() * task.global_batch)
-                else:  # the interleaved tasks' DP tables are built when they are searched
-                    task.table_free_bound(best.cutoff() * task.global_batch)
+                    task.root_bound(cut)
+                elif task.v > 1:  # DP tables, the tied bound's too, when a task is searched
+                    task.tied_lagrange_bound(cut)
+                else:
+                    task.lagrange_bound(cut)
             live.sort(key=lambda x: left([x[0]]))
         key: Callable[[Task], float] = lambda t: left([t])  # what ``live`` is sorted by
         for i, (task, pin, check) in enumerate(live):

@@ -524,15 +524,22 @@ class Task(TaskEnds):
         if lagrange >= cutoff:
             return lagrange, 0.0
         if self.tied_applies():
-            if "tied_lagrange" not in self._future:
-                self._future["tied_lagrange"] = tied_lagrange_root(self, cutoff)
-            lagrange = max(lagrange, self._future["tied_lagrange"])
+            lagrange = max(lagrange, self.tied_lagrange_bound(cutoff))
             if lagrange >= cutoff:
                 return lagrange, 0.0
         tied = self.tied_bound()
         if tied < cutoff and self.tied_applies() and partition_bounds.ENABLED:
             tied = max(tied, self.tied_partition_bound(cutoff))
         return lagrange, tied
+
+    def tied_lagrange_bound(self, cutoff: float = INF) -> float:
+        """``lagrange_bound.tied_lagrange_root`` of this task (interleaved, one layer type;
+        else 0), kept: the cheapest bound that sees a stage's chunks share its memory."""
+        if not self.tied_applies():
+            return 0.0
+        if "tied_lagrange" not in self._future:
+            self._future["tied_lagrange"] = tied_lagrange_root(self, cutoff)
+        return self._future["tied_lagrange"]
 
     def tied_partition_bound(self, cutoff: float = INF) -> float:
         """The partition bound over the stages' blocks (``tied.TiedRows``): every ``J_b`` of
