@@ -21,6 +21,7 @@ the least memory any plan of the space needs. Steps (docs/planner.md §3-5):
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -279,14 +280,33 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cache: Se
                     task.lagrange_bound(cut)
             live.sort(key=lambda x: left([x[0]]))
         key: Callable[[Task], float] = lambda t: left([t])  # what ``live`` is sorted by
-        for i, (task, pin, check) in enumerate(live):
-            report(base + settled + i)
+        # Best-first on the strongest bound known: a task's key only rises, so one popped with
+        # a key above the next is pushed back; an interleaved task popped for the first time
+        # gets its tied bound first (tasks.Task.table_free_bound, DP tables of its stages'
+        # blocks), and goes back if that lifts it past the next task.
+        queue = [(key(task), i) for i, (task, _, _) in enumerate(live)]
+        heapq.heapify(queue)
+        refined: set[int] = set()
+        visited = 0
+        while queue:
+            _, i = heapq.heappop(queue)
+            task, pin, check = live[i]
+            if queue and key(task) > queue[0][0]:
+                heapq.heappush(queue, (key(task), i))
+                continue
+            report(base + settled + visited)
             if key(task) >= best.cutoff() or _stopped(deadline, best, cache.clock):
                 # tasks left unsearched by the deadline: the answer is not proven
                 best.stopped = best.stopped or key(task) < best.cutoff()
-                best.prune(left([t for t, _, _ in live[i:]]))
-                counts.pruned += len(live) - i
+                best.prune(left([task] + [live[j][0] for _, j in queue]))
+                counts.pruned += 1 + len(queue)
                 break
+            if task.v > 1 and i not in refined and not isinstance(task, MixedOffloadTask):
+                refined.add(i)
+                task.table_free_bound(best.cutoff() * task.global_batch)
+                heapq.heappush(queue, (key(task), i))
+                continue
+            visited += 1
             if bound(task) >= best.cutoff():
                 best.prune(bound(task))
                 counts.pruned += 1
