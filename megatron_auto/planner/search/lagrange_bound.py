@@ -78,6 +78,14 @@ INF = math.inf
 GRID = 48
 #: False: ``Task.root_bound`` goes without it (the DP bound alone, as before).
 ENABLED = True
+#: Partition nodes its partition bound may visit before it claims only the ``J_b`` minima: a
+#: pre-filter must stay cheap (BERT-Large's whole search is a few tenths of a second, and
+#: GPT-3's 16-64-stage tasks would spend the time limit here).
+NODE_LIMIT = 300
+#: Stage rows (positions x bounds ``J_b``) above which a task goes without it: each row prices
+#: every strategy at every multiplier, and a 64-stage pipeline has 4,160 of them (GPT-3 175B
+#: on 1,024 GPUs: the time limit went to these rows and the answer was 8 % slower).
+MAX_ROWS = 64
 
 
 def multipliers(task: Task) -> np.ndarray:
@@ -181,12 +189,14 @@ def lagrange_root(task: Task, cutoff: float = INF) -> float:
     """A lower bound on the iteration time of every plan of ``task`` from the Lagrangian rows:
     the largest ``J_b``'s least and, with more than one chunk, the partition bound over them
     (``cutoff`` where every partition reaches ``cutoff``); 0 where it does not apply."""
-    if not ENABLED or not getattr(task, "lagrange_applies", True):
+    if not ENABLED or not getattr(task, "lagrange_applies", True) \
+            or task.chunks * len(task.branches) > MAX_ROWS:
         return 0.0
     rows = LagrangeRows(task)
     best = max(float(rows.future(b)[0, 0]) for b in rows.branches)
     if task.chunks > 1 and best + task.overhead < cutoff:
-        best = max(best, partition_bounds.partition_bound(rows, cutoff - task.overhead))
+        best = max(best, partition_bounds.partition_bound(rows, cutoff - task.overhead,
+                                                          node_limit=NODE_LIMIT))
     return best + task.overhead
 
 
@@ -263,10 +273,11 @@ def tied_lagrange_root(task: Task, cutoff: float = INF) -> float:
     """A lower bound on the iteration time of every plan of an interleaved task of one layer
     type from :class:`TiedLagrangeRows` (``cutoff`` where every choice of block sizes reaches
     it); 0 where off."""
-    if not ENABLED:
+    if not ENABLED or task.pp * len(task.branches) > MAX_ROWS:
         return 0.0
     rows = TiedLagrangeRows(task)
     best = max(float(rows.future(b)[0, 0]) for b in rows.branches)
     if best + task.overhead < cutoff:
-        best = max(best, partition_bounds.partition_bound(rows, cutoff - task.overhead))
+        best = max(best, partition_bounds.partition_bound(rows, cutoff - task.overhead,
+                                                          node_limit=NODE_LIMIT))
     return best + task.overhead
