@@ -174,14 +174,7 @@ class LagrangeRows:
         """``F[k, a]``: the least share of ``J_b`` of positions ``k..`` over layers ``[a, L)``
         by these rows, every partition considered (``Task.future``'s DP)."""
         if b not in self._future:
-            L, chunks = self.num_layers, self.chunks
-            f = np.full((chunks + 1, L + 1), INF)
-            f[chunks, L] = 0.0
-            for k in range(chunks - 1, -1, -1):
-                f[k] = partition_bounds.min_plus(
-                    lambda a, k=k: self.stage_bound(k, a, b), f[k + 1], k, L, chunks,
-                    self.max_len, len(self.spec.layer_types) == 1, np.add)
-            self._future[b] = f
+            self._future[b] = partition_bounds.futures(self, b)
         return self._future[b]
 
 
@@ -258,14 +251,8 @@ class TiedLagrangeRows:
         return self._rows[k, b]
 
     def future(self, b: int) -> np.ndarray:
-        if b not in self._future:
-            L, pp = self.num_layers, self.chunks
-            f = np.full((pp + 1, L + 1), INF)
-            f[pp, L] = 0.0
-            for k in range(pp - 1, -1, -1):
-                f[k] = partition_bounds.min_plus(lambda a, k=k: self.stage_bound(k, a, b),
-                                                 f[k + 1], k, L, pp, self.max_len, True, np.add)
-            self._future[b] = f
+        if b not in self._future:  # one layer type: the rows ignore the start
+            self._future[b] = partition_bounds.futures(self, b)
         return self._future[b]
 
 

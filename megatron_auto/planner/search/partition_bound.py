@@ -117,3 +117,16 @@ def min_plus(row, nxt: np.ndarray, k: int, num_layers: int, pp: int, max_len: in
     tail = np.where(ends <= longest, nxt[np.minimum(ends, L)], INF)
     out[starts] = combine(vals, tail).min(axis=1)
     return out
+
+
+def futures(rows: Task, b: int) -> np.ndarray:
+    """``F[k, a]``: the least share of ``J_b`` of chunk positions ``k..`` over layers
+    ``[a, L)`` by ``rows.stage_bound``, every partition considered (a DP over positions)."""
+    L, chunks = rows.num_layers, rows.chunks
+    f = np.full((chunks + 1, L + 1), INF)
+    f[chunks, L] = 0.0
+    single = len(rows.spec.layer_types) == 1
+    for k in range(chunks - 1, -1, -1):
+        f[k] = min_plus(lambda a, k=k: rows.stage_bound(k, a, b), f[k + 1], k, L, chunks,
+                        rows.max_len, single, np.add)
+    return f

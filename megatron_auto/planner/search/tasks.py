@@ -426,17 +426,9 @@ class Task(TaskEnds):
 
     def future(self, b: int) -> np.ndarray:
         """``F[k, a]``: least ``J_b`` share of chunk positions ``k..`` over layers ``[a, L)``."""
-        if b in self._future:
-            return self._future[b]
-        L, pp = self.num_layers, self.chunks
-        f = np.full((pp + 1, L + 1), INF)
-        f[pp, L] = 0.0
-        for k in range(pp - 1, -1, -1):
-            f[k] = partition_bounds.min_plus(lambda a, k=k: self.stage_bound(k, a, b),
-                                             f[k + 1], k, L, pp, self.max_len,
-                                             len(self.spec.layer_types) == 1, np.add)
-        self._future[b] = f
-        return f
+        if b not in self._future:
+            self._future[b] = partition_bounds.futures(self, b)
+        return self._future[b]
 
     def time_row(self, k: int, start: int, tail: bool) -> np.ndarray:
         """Least time per micro-batch of stage ``k`` per length (plus its sync tail if

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .partition_bound import min_plus
+from .partition_bound import futures
 
 INF = np.inf
 
@@ -124,12 +124,6 @@ class TiedRows:
         return self._rows[k, b]
 
     def future(self, b: int) -> np.ndarray:
-        if b not in self._future:
-            L, pp = self.num_layers, self.chunks
-            f = np.full((pp + 1, L + 1), INF)
-            f[pp, L] = 0.0
-            for k in range(pp - 1, -1, -1):
-                f[k] = min_plus(lambda a, k=k: self.stage_bound(k, a, b), f[k + 1], k, L, pp,
-                                self.max_len, True, np.add)
-            self._future[b] = f
+        if b not in self._future:  # one layer type (tied_applies): rows ignore the start
+            self._future[b] = futures(self, b)
         return self._future[b]
