@@ -292,7 +292,7 @@ def test_training_step_gathers_and_scatters_what_the_cost_model_prices(plan_name
                                                                       precision: str) -> None:
     from megatron_auto.planner import TrainingSpec
     from megatron_auto.families.registry import model_spec
-    from megatron_auto.planner.cost.estimate import stage_collectives
+    from megatron_auto.planner.cost.collectives import stage_collectives
     from megatron_auto.planner.inputs.profiles import analytic_profile
     from planner_fakes import FakeCluster
 
@@ -418,7 +418,7 @@ def _t5_step_worker(rank: int, world_size: int) -> list[Any]:
 def test_t5_step_gathers_and_scatters_what_the_cost_model_prices() -> None:
     from megatron_auto.planner import TrainingSpec
     from megatron_auto.families.registry import model_spec
-    from megatron_auto.planner.cost.estimate import stage_collectives
+    from megatron_auto.planner.cost.collectives import stage_collectives
     from megatron_auto.planner.inputs.profiles import analytic_profile
     from planner_fakes import FakeCluster
     from test_t5 import CONFIG as T5_CONFIG

@@ -129,7 +129,7 @@ def test_vocab_zero_units_gather_and_scatter_what_the_cost_model_prices(pp, mode
     from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy
     from megatron_auto.planner import TrainingSpec
     from megatron_auto.families.registry import model_spec
-    from megatron_auto.planner.cost.estimate import stage_collectives
+    from megatron_auto.planner.cost.collectives import stage_collectives
     from megatron_auto.planner.inputs.profiles import analytic_profile
     from test_collective_count import CONFIG, _is_block
 

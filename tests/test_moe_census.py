@@ -7,7 +7,7 @@ count exactly: the per-expert count exchanges (``E`` int64), the experts' gradie
 expert-DP group in their own DP flavour (ddp buckets, ZeRO-1 buckets, FSDP2's gathers and
 reduce-scatters), the TP all-reduce of an MoE layer without shared experts, the rest of the
 step as tests/test_collective_count.py checks it, the MoE statistics' all-reduce (priced by
-``estimate.step_collectives``) among them. The token all-to-alls carry what the router
+``collectives.step_collectives``) among them. The token all-to-alls carry what the router
 sends, so their sizes are the routing's: each rank's dispatch (forward) and the combine's
 gradient (backward) hold exactly its ``T k`` assignments, the priced size; the combine
 (forward) and the dispatch's gradient (backward) hold what the rank's experts received, which

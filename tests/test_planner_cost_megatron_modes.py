@@ -17,7 +17,7 @@ from megatron_auto.layout import make_layout
 from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy
 from megatron_auto.planner import ModelSpec, TrainingSpec, evaluate
 from megatron_auto.planner.cost.memory_model import layer_memory
-from megatron_auto.planner.cost.estimate import stage_collectives
+from megatron_auto.planner.cost.collectives import stage_collectives
 from megatron_auto.planner.cost.moves import stage_moves
 from megatron_auto.planner.cost.time_model import layer_time, pipeline_time
 from megatron_auto.planner.cost.interleaving import in_flight_vectors, peak_activations

@@ -16,7 +16,7 @@ from megatron_auto.layout import layer_tp_collectives, make_layout
 from megatron_auto.plan import LayerStrategy, PipelineSpec, Plan, VocabStrategy
 from megatron_auto.planner import TrainingSpec, analytic_profile, evaluate
 from megatron_auto.planner.cost import moe as cost_moe
-from megatron_auto.planner.cost.estimate import stage_collectives
+from megatron_auto.planner.cost.collectives import stage_collectives
 from megatron_auto.planner.inputs.presets import make_cluster
 from megatron_auto.planner.interop.megatron_flags import to_megatron_flags
 from megatron_auto.planner.report import render_layers

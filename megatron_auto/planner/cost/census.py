@@ -4,7 +4,7 @@
 one rank of a stage issues, with their counts. tests/test_collective_count.py records what the
 runtime really issues (every ``torch.distributed`` call, p2p included) and compares it with
 this list kind by kind, group by group and byte for byte. It adds to
-``estimate.stage_collectives`` (relayouts, SP boundaries, layer TP, ZeRO):
+``collectives.stage_collectives`` (relayouts, SP boundaries, layer TP, ZeRO):
 
 - the ``ddp`` and ``zero1`` gradient buckets: the time model charges each layer its share of
   a bucket (``cost_time.bucketed_allreduce_time``); the runtime packs the layers of one DP group
@@ -16,7 +16,7 @@ this list kind by kind, group by group and byte for byte. It adds to
   from :func:`cost_time.vocab_tp_collectives` and :func:`cost_time.tied_embedding_collective`);
 - the pipeline p2p (``cost_time.stage_boundary_cost``: one hop each way per micro-batch and
   chunk boundary, :func:`cost_time.hop_bytes`) as ``send``/``recv`` between two ranks;
-- the per-step scalar all-reduces over the world (``estimate.step_collectives``), the MoE
+- the per-step scalar all-reduces over the world (``collectives.step_collectives``), the MoE
   statistics' row per MoE layer among them.
 """
 
@@ -26,7 +26,7 @@ from collections import Counter
 
 from ...layout import Collective, dp_size, vocab_layout
 from ...plan import Plan
-from .estimate import bucket_collectives, stage_collectives, step_collectives
+from .collectives import bucket_collectives, stage_collectives, step_collectives
 from .moves import chunk_moves
 from .time_model import DDP_BUCKET_BYTES, hop_bytes, tied_embedding_collective, vocab_tp_collectives
 from ..inputs.model_spec import ModelSpec
