@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
-from ...plan import Plan, even_partition
+from ...plan import Plan, VocabStrategy, even_partition
 from ...utils.progress import RestartingProgress
 from ..inputs.cluster_model import ClusterModel
 from ..cost.estimate import Estimate, evaluate_plan
@@ -38,6 +38,7 @@ from ..cost.interleaving import interleaved_variant
 from .least_memory import cheap_least_peak, task_least_peak
 from ..inputs.model_spec import ModelSpec, TrainingSpec
 from ..inputs.profiles import ModelProfile
+from .polish import polish
 from .partition_report import REPORT_TIME_LIMIT_S, partition_report, pinned_partition
 from .options import BASELINE_SPACES, NO_CP_BASELINE, SPACES, Progress, SearchOptions
 from .spaces import Space, SpaceRules, baselines_inside, check_pins, divisors, plan_in_space
@@ -404,6 +405,10 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
                 f"to search it", err.min_memory_bytes)
         raise err
     assert best.estimate is not None and (winner is not None or incumbents)
+    # An answer the gap or the limit stopped short of the proof: its neighbours (polish.py),
+    # before the baselines compare with it and after one is adopted.
+    out_of_time: Callable[[], bool] = lambda: clock() > end
+    moves = _polish(best, spec, training, cluster, profile, budget, options, world, out_of_time)
     baselines: dict[str, Estimate | None] = {}
     baselines_cut: list[str] = []
     adopted = None
@@ -445,6 +450,9 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
                     and _keeps_pins(found.plan, options, spec, world, cluster.devices_per_node):
                 found.stopped, found.lower = best.stopped, best.lower
                 best, adopted = found, name
+    if adopted is not None:
+        moves += _polish(best, spec, training, cluster, profile, budget, options, world,
+                        out_of_time)
     chosen_plan, chosen_estimate = best.plan, best.estimate
     assert chosen_plan is not None and chosen_estimate is not None  # checked above
     if options.host_memory_budget_bytes is not None:  # the second budget, for the record
@@ -472,6 +480,7 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
         "partitions": partitions,
         "from_incumbent": winner is None,
         "adopted_from_baseline": adopted,
+        "polish_moves": moves,
         "search_time_s": time.monotonic() - wall0, "search_cpu_s": clock() - t0,
         "tasks": stats.get("tasks", 0),
         "tasks_pruned": stats.get("pruned", 0),
@@ -487,6 +496,28 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
         info["partition"] = {"virtual_size_samples_per_s": tried}
     plan = replace(chosen_plan, estimate=chosen_estimate.to_dict(), search=info)
     return SearchResult(plan=plan, estimate=chosen_estimate, baselines=baselines)
+
+
+def _polish(best: Incumbent, spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
+            profile: ModelProfile, budget: float, options: SearchOptions, world: int,
+            out_of_time: Callable[[], bool]) -> int:
+    """Local moves (``polish.polish``) on an answer that is not proven optimal, in place; the
+    number of moves taken."""
+    plan, est = best.plan, best.estimate
+    if plan is None or est is None or (not best.stopped and best.lower_bound() >= best.value):
+        return 0
+    dpn = cluster.devices_per_node
+    candidates = [VocabStrategy(tp=tp, dp_mode=mode) for tp in divisors(plan.stage_size)
+                  for mode in dict.fromkeys(("ddp",) + tuple(options.dp_modes))]
+    host = options.host_memory_budget_bytes
+    plan, est, moves = polish(
+        plan, replace(est, host_memory_budget_bytes=host), spec, training, cluster, profile,
+        budget, candidates, options.dp_modes,
+        lambda p: _keeps_pins(p, options, spec, world, dpn), out_of_time, host)
+    if moves:
+        best.plan, best.estimate = plan, replace(est, host_memory_budget_bytes=None)
+        best.value = est.iteration_time_s / plan.global_batch_size
+    return moves
 
 
 def _keeps_pins(plan: Plan, options: SearchOptions, spec: ModelSpec, world: int,

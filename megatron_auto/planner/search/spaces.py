@@ -277,9 +277,16 @@ def plan_in_space(plan: Plan, space: Space, spec: ModelSpec, vocabs: list[VocabS
     if cp != 1 and (space.cps is not None and cp not in space.cps):
         return False
     rules = space.rules if cp == space.rules.cp else replace(space.rules, cp=cp)
-    return plan.vocab in vocabs and all(
-        s in layer_strategies(spec.layer_type(i), n, b_m, rules, devices_per_node)
-        for i, s in enumerate(plan.layers))
+    if plan.vocab not in vocabs:
+        return False
+    allowed: dict[str, list[LayerStrategy]] = {}  # per layer type: its strategies, once
+    for i, s in enumerate(plan.layers):
+        lt = spec.layer_type(i)
+        if lt.name not in allowed:
+            allowed[lt.name] = layer_strategies(lt, n, b_m, rules, devices_per_node)
+        if s not in allowed[lt.name]:
+            return False
+    return True
 
 
 def vocab_tps(vocab_size: int, stage_size: int, microbatch_size: int,
