@@ -43,6 +43,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from . import partition_bound as partition_bounds
+from .tied import block_fixed
 
 
 class Task(Protocol):
@@ -219,9 +220,7 @@ class TiedLagrangeRows:
         t = task.spec.layer_order[0]
         w = task.weights(chunks[0], b)  # a stage's chunks share their weights
         embs = [task.emb[c] for c in chunks]
-        fixed = sum(w.alpha * (e.microbatch + (task.tables.min_boundary if c else 0.0))
-                    + w.beta * e.optimizer + w.gamma * e.exposed_sync
-                    for c, e in zip(chunks, embs))
+        fixed = block_fixed(task, chunks, w)
         counts = sorted(task.in_flight[c] for c in chunks)
         costs = {c: task.tables.costs(t, c) for c in set(counts)}
         low, lead = counts[0], counts[1:]

@@ -69,6 +69,16 @@ def tied_rest(task: Any, k: int, start: int, placed: list[tuple[Any, Any, Any]],
     return (best + task.overhead).reshape(width)
 
 
+def block_fixed(task: Any, chunks: list[int], w: Any) -> float:
+    """The share of a ``J_b`` (weights ``w``) of one stage's chunk positions ``chunks`` that no
+    layer choice changes: each chunk's embedding / head terms, and the least incoming boundary
+    of every chunk but the model's first, chunk 0 (a stage block's rows in ``_block_row`` and
+    ``lagrange_bound.TiedLagrangeRows`` both start from it)."""
+    return sum(w.alpha * (e.microbatch + (task.tables.min_boundary if c else 0.0))
+               + w.beta * e.optimizer + w.gamma * e.exposed_sync
+               for c, e in ((c, task.emb[c]) for c in chunks))
+
+
 def _block_row(task: Any, chunks: list[int], b: int, placed: tuple[Any, Any, Any], span: int,
                nc: int) -> np.ndarray:
     """``row[n, candidate]``: the least share of ``J_b`` of one stage's chunk positions
@@ -78,9 +88,7 @@ def _block_row(task: Any, chunks: list[int], b: int, placed: tuple[Any, Any, Any
     L, pp = task.num_layers, task.pp
     w = replace(task.weights(chunks[0], b), moves=False)
     embs = [task.emb[c] for c in chunks]
-    fixed = sum(w.alpha * (e.microbatch + (task.tables.min_boundary if c else 0.0))
-                + w.beta * e.optimizer + w.gamma * e.exposed_sync
-                for c, e in zip(chunks, embs))
+    fixed = block_fixed(task, chunks, w)
     persistent, transient, step = (np.broadcast_to(np.asarray(v, dtype=float), (nc,))
                                    for v in placed)
     room = task.room - task.nccl_floor[task.stage_of(chunks[0])]
