@@ -78,16 +78,21 @@ def polish(plan: Plan, estimate: Estimate, spec: ModelSpec, training: TrainingSp
     batch = replace(training, global_batch_size=plan.global_batch_size)
     value = estimate.iteration_time_s
     moves = 0
+    # Neighbours differ in vocabulary and layers only; after a vocabulary move the next round's
+    # other vocabulary layouts are the same plans as this round's: priced once.
+    seen: dict[tuple[Any, Any], Estimate | None] = {(plan.vocab, plan.layers): estimate}
     for _ in range(MAX_ROUNDS):
         found: tuple[Plan, Estimate] | None = None
         for cand in neighbours(plan, vocabs, dp_modes):
             if out_of_time():
                 return plan, estimate, moves
-            if not allowed(cand):
-                continue
-            est = replace(evaluate_plan(cand, spec, batch, cluster, profile, budget),
-                          host_memory_budget_bytes=host_budget)
-            if est.feasible and est.iteration_time_s < value * (1 - TIE):
+            key = (cand.vocab, cand.layers)
+            if key not in seen:
+                seen[key] = replace(evaluate_plan(cand, spec, batch, cluster, profile, budget),
+                                    host_memory_budget_bytes=host_budget) \
+                    if allowed(cand) else None
+            est = seen[key]
+            if est is not None and est.feasible and est.iteration_time_s < value * (1 - TIE):
                 found, value = (cand, est), est.iteration_time_s
         if found is None:
             break
