@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
-from ...plan import Plan, VocabStrategy, even_partition
+from ...plan import Plan, even_partition
 from ...utils.progress import RestartingProgress
 from ..inputs.cluster_model import ClusterModel
 from ..cost.estimate import Estimate, evaluate_plan
@@ -507,8 +507,10 @@ def _polish(best: Incumbent, spec: ModelSpec, training: TrainingSpec, cluster: C
     if plan is None or est is None or (not best.stopped and best.lower_bound() >= best.value):
         return 0
     dpn = cluster.devices_per_node
-    candidates = [VocabStrategy(tp=tp, dp_mode=mode) for tp in divisors(plan.stage_size)
-                  for mode in dict.fromkeys(("ddp",) + tuple(options.dp_modes))]
+    candidates = list(dict.fromkeys(  # the vocabulary layouts of the spaces, at this stage shape
+        v for sp in spaces_of(options.space, options, world)
+        for v in vocabs(spec, sp, options, plan.stage_size, plan.microbatch_size,
+                        replace(sp.rules, cp=plan.cp_size), dpn)))
     host = options.host_memory_budget_bytes
     plan, est, moves = polish(
         plan, replace(est, host_memory_budget_bytes=host), spec, training, cluster, profile,
