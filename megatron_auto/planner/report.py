@@ -252,7 +252,8 @@ def render_partitions(partitions: Mapping[str, Any]) -> str:
         part = entry.get("partition")
         sps = entry.get("samples_per_s")
         rows.append([kind, "+".join(str(x) for x in part) if part else "-",
-                     f"{sps:.1f}" if sps else "does not fit",
+                     f"{sps:.1f}" if sps else "does not fit" if entry.get("proven_optimal", True)
+                     else "none found (time limit)",
                      format_bytes(entry.get("peak_memory_bytes")),
                      "yes" if entry.get("proven_optimal", True) else "no (time limit)"])
     return table(["partition", "layers per stage", "samples/s", "peak memory", "proven"], rows)
