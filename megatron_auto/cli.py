@@ -42,6 +42,8 @@ from .planner.inputs.presets import PRESET_NAMES, get_cluster
 from .planner.inputs.profiles import ModelProfile
 from .planner.inputs.pins import search_options
 from .planner.search.driver import evaluate, search
+from .planner.search.infeasible import InfeasibleError
+from .planner.search.options import GALVATRON_SPACE
 from .planning import PlanningInputs, planning_inputs, runtime_options
 from .run_flag_checks import warn_sequence_parallel_at_tp1
 from .utils.flag_warnings import one_line_flag_warnings, warn_flag
@@ -250,6 +252,7 @@ def _explain_text(setup: PlanningInputs, plan: Plan, estimate: Any, title: str =
 _OPTION_FLAGS = {"space": "--search-space", "time_limit_s": "--time-limit",
                  "optimality_gap": "--optimality-gap",
                  "tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size",
+                 "vocab_tp": "--vocab-tensor-parallel-size",
                  "num_microbatches": "--num-microbatches", "schedule": "--schedule"}
 
 
@@ -270,16 +273,23 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.search_module_recompute:
         options = dataclasses.replace(
             options, module_recompute=module_recompute_choices(args.search_module_recompute))
+    options = dataclasses.replace(options, vocab_tp=args.vocab_tensor_parallel_size,
+                                  allow_strided_tp=not args.tp_consecutive_only)
+    if args.search_space == GALVATRON_SPACE and args.use_distributed_optimizer:
+        raise CliError("--use-distributed-optimizer with --search-space galvatron: Galvatron's "
+                       "DP flavours are ZeRO-2 and ZeRO-3 (SDP), not zero1; drop one of them")
     try:
         options = runtime_options(options, setup.config)
         options.validate()
+        result = search(setup.spec, setup.training, setup.cluster, setup.profile,
+                        setup.budget_bytes, options)
+    except InfeasibleError:
+        raise
     except ValueError as err:  # name our flags, not the SearchOptions fields
         text = str(err)
         for field_name, flag in _OPTION_FLAGS.items():
             text = text.replace(f"search option {field_name}=", f"{flag}=")
         raise CliError(text) from None
-    result = search(setup.spec, setup.training, setup.cluster, setup.profile, setup.budget_bytes,
-                    options)
     # Record what the estimate assumed, so evaluate/explain --plan need no repeated flags.
     plan = dataclasses.replace(result.plan, search={
         **(result.plan.search or {}), "precision": setup.training.precision,
@@ -469,8 +479,10 @@ def _add_plan_parser(sub: Any, fmt: Any) -> None:
     g = p.add_argument_group("search")
     g.add_argument("--plan-out", default="plan.json", metavar="FILE")
     g.add_argument("--search-space", default="full",
-                   help="full (default) or a baseline space: dp, zero3, tp, pp, megatron3d, "
-                        "galvatron-base")
+                   help="full (default), a baseline space (dp, zero3, tp, pp, megatron3d, "
+                        "galvatron-base) or galvatron (Galvatron 2.4's strategy space: ZeRO-2 "
+                        "or ZeRO-3 and checkpointing per layer, no interleaving, SP only as "
+                        "--sequence-parallel)")
     g.add_argument("--search-batch-size", action="store_true",
                    help="also search the global batch size (default: fixed)")
     g.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
@@ -482,6 +494,12 @@ def _add_plan_parser(sub: Any, fmt: Any) -> None:
     g.add_argument("--tensor-model-parallel-size", type=int, default=None,
                    help="pin every layer's tp")
     g.add_argument("--pipeline-model-parallel-size", type=int, default=None, help="pin pp")
+    g.add_argument("--vocab-tensor-parallel-size", type=int, default=None, metavar="TP",
+                   help="pin the embedding's and output head's tp (default: searched; "
+                        "Galvatron's --disable_vtp 1 is 1)")
+    g.add_argument("--tp-consecutive-only", action="store_true",
+                   help="TP groups on consecutive ranks only: no strided TP layout is "
+                        "searched (Galvatron's --disable_tp_consec 1)")
     g.add_argument("--num-microbatches", type=int, default=None, help="pin the micro-batch count")
     g.add_argument("--schedule", default=None, choices=["1f1b", "gpipe"], help="pin the schedule")
     g.add_argument("--no-recompute", action="store_true", help="never recompute activations")

@@ -40,7 +40,8 @@ from ..inputs.model_spec import ModelSpec, TrainingSpec
 from ..inputs.profiles import ModelProfile
 from .polish import polish
 from .partition_report import REPORT_TIME_LIMIT_S, partition_report, pinned_partition
-from .options import BASELINE_SPACES, NO_CP_BASELINE, SPACES, Progress, SearchOptions
+from .options import (BASELINE_SPACES, GALVATRON_SPACE, NO_CP_BASELINE, SPACES, Progress,
+                      SearchOptions)
 from .spaces import Space, SpaceRules, baselines_inside, check_pins, divisors, plan_in_space
 from .cp_space import check_cp_pin, cp_degrees
 from .search_cache import SearchCache, SearchClock
@@ -78,7 +79,7 @@ def spaces_of(name: str, options: SearchOptions, world: int) -> list[Space]:
     """The sub-spaces a named space is the union of (several only for megatron3d)."""
     sp = {None: (False, True), True: (True,), False: (False,)}[options.sequence_parallel]
     base = SpaceRules(dp_modes=tuple(options.dp_modes), allow_recompute=options.allow_recompute,
-                      max_tp=options.max_tp,
+                      max_tp=options.max_tp, allow_strided=options.allow_strided_tp,
                       tps=(options.tp,) if options.tp is not None else None,
                       sequence_parallel=sp, module_recompute=tuple(options.module_recompute),
                       eps=(options.expert_parallel,) if options.expert_parallel else None,
@@ -107,6 +108,22 @@ def spaces_of(name: str, options: SearchOptions, world: int) -> list[Space]:
     if name == "galvatron-base":  # Galvatron's base space: no recompute, no Megatron-SP
         return [Space(name, replace(base, allow_recompute=False, sequence_parallel=(False,)),
                       even_split=True)]
+    if name == GALVATRON_SPACE:
+        # Galvatron 2.4's decision tree (its search engine's generate_strategies, with the
+        # --default_dp_type zero2 its shipped scripts use): per layer tp (consecutive or
+        # strided groups), DP as ZeRO-2 or SDP (ZeRO-3) and full checkpointing or none; any pp
+        # with its own partition; the embedding and head at any tp, under ZeRO-2 or ZeRO-3
+        # (its embed_sdp). Megatron-SP is its global --sequence_parallel: on every tp > 1
+        # layer with our --sequence-parallel, else off. No interleaving, context or expert
+        # parallelism, module recompute or offload: it has none of them. A superset of
+        # Galvatron's plans: it ties the vocabulary's tp to the least layer tp and cuts
+        # partitions by heuristics, where this space leaves both free.
+        modes = tuple(m for m in ("zero2", "zero3") if m in options.dp_modes)
+        rules = replace(base, dp_modes=modes, sequence_parallel=(True,) if sp == (True,)
+                        else (False,), module_recompute=(), eps=(1,), expert_tps=(1,),
+                        cp_modes=("ring",), host_memory_budget_bytes=None,
+                        activation_offload=False)
+        return [Space(name, rules, vocab_modes=modes, interleave=False)]
     if name == "megatron3d":
         out = []
         for tp in divisors(world):

@@ -12,7 +12,10 @@ from typing import Any, Callable
 from ...plan import ALL_DP_MODES, DP_MODES, SCHEDULES
 
 BASELINE_SPACES: tuple[str, ...] = ("dp", "zero3", "tp", "pp", "megatron3d", "galvatron-base")
-SPACES: tuple[str, ...] = ("full",) + BASELINE_SPACES
+# ``galvatron``: Galvatron 2.4's strategy space (``driver.spaces_of``), searched on request
+# (``--search-space galvatron``) for a like-with-like comparison; not a baseline.
+GALVATRON_SPACE = "galvatron"
+SPACES: tuple[str, ...] = ("full",) + BASELINE_SPACES + (GALVATRON_SPACE,)
 # Reported next to an answer with cp > 1 that the search chose (cp not pinned): the full space
 # with context parallelism left out, the best plan without CP (not a --search-space value).
 NO_CP_BASELINE = "full, cp 1"
@@ -42,6 +45,8 @@ class SearchOptions:
     allow_recompute: bool = True
     module_recompute: tuple = ()  # e.g. ("selective",): per-layer choices beside none/full
     vocab_tp: int | None = None
+    # False: TP groups on consecutive ranks only (no strided layout is searched).
+    allow_strided_tp: bool = True
     search_batch_size: bool = False
     space: str = "full"
     time_limit_s: float | None = None
@@ -120,6 +125,11 @@ class SearchOptions:
              self.memory_step_bytes, "must be a positive number of bytes (e.g. 1048576)")
         need(self.time_limit_s is None or self.time_limit_s > 0, "time_limit_s",
              self.time_limit_s, "must be positive seconds")
+        need(isinstance(self.allow_strided_tp, bool), "allow_strided_tp",
+             self.allow_strided_tp, "give True or False")
+        need(self.space != GALVATRON_SPACE or bool({"zero2", "zero3"} & set(self.dp_modes)),
+             "dp_modes", self.dp_modes, "the galvatron space's DP flavours are zero2 and zero3 "
+             "(Galvatron's DP with --default_dp_type zero2, and SDP): allow one of them")
         need(isinstance(self.per_stage_offload, bool), "per_stage_offload",
              self.per_stage_offload, "give True or False")
         need(self.host_memory_budget_bytes is None or (

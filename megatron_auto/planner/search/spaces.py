@@ -102,7 +102,8 @@ class Space:
 
     ``vocab_tp``: ``None`` searches it, ``"layer"`` ties it to the layers' only TP degree, an int
     pins it. ``uniform``: every layer takes the same strategy and the split is even (Megatron's
-    and Galvatron's non-fine-grained grids)."""
+    and Galvatron's non-fine-grained grids). ``interleave``: False keeps its tasks at virtual
+    size 1 (a space without interleaved 1F1B, as spaces with ``pps`` or ``even_split``)."""
 
     name: str
     rules: SpaceRules
@@ -113,6 +114,7 @@ class Space:
     # The CP degrees of its tasks: (1,) without CP, None the ones ``cp_space.cp_degrees``
     # allows per stage size (the full space).
     cps: tuple[int, ...] | None = (1,)
+    interleave: bool = True
 
 
 def _allowed_tp(tp: int, rules: SpaceRules, devices_per_node: int) -> bool:
@@ -268,7 +270,8 @@ def plan_in_space(plan: Plan, space: Space, spec: ModelSpec, vocabs: list[VocabS
     pp = plan.pp_size
     if space.pps is not None and pp not in space.pps:
         return False
-    if (space.even_split or space.pps is not None) and plan.virtual_size != 1:
+    if (space.even_split or space.pps is not None or not space.interleave) \
+            and plan.virtual_size != 1:
         return False
     if space.even_split and tuple(plan.pipeline.layers_per_stage) != even_partition(
             spec.num_layers, pp):

@@ -80,7 +80,7 @@ def build_tasks(space: Space, spec: ModelSpec, training: TrainingSpec, cluster: 
                 if batch % m:
                     continue
                 for sched in schedules:
-                    if space.even_split or space.pps is not None:
+                    if space.even_split or space.pps is not None or not space.interleave:
                         vs = [1]  # a baseline space keeps its own rules: no interleaving
                     else:
                         vs = [v for v in sorted(set(options.virtual_sizes))
