@@ -28,17 +28,22 @@ What runs:
    and non-consecutive, and the smaller one with ``--disable_vtp 1 --disable_tp_consec 1``.
 3. Ours, on the *unmodified* shipped files: ``megatron-auto import-galvatron`` (profile and
    cluster) then ``megatron-auto plan``, each a whole command in its own process, run again
-   next to each Galvatron search. ``plan`` has no pin of the vocabulary's TP degree or of the
-   TP layout, so ours searches its full space next to either Galvatron space (a superset of
-   both: neither row is a same-space comparison).
-4. Both plans are priced by our evaluator (``megatron-auto evaluate --json``) with the same
+   next to each Galvatron search, twice: in our full space (a superset of both Galvatron
+   spaces: ZeRO-1, DDP, per-layer Megatron-SP, interleaving besides), and in Galvatron's
+   (``--search-space galvatron``, with ``--vocab-tensor-parallel-size 1
+   --tp-consecutive-only`` for its smaller one and ``--sequence-parallel`` where Galvatron
+   gets ``--sequence_parallel``: ``OUR_SAME_SPACE``). That space still holds every plan of
+   Galvatron's and a few more (the vocabulary's tp is not tied to the least layer tp, the
+   partitions are all searched, pp may reach 16), so the same-space ratio does not favour us.
+4. Every plan is priced by our evaluator (``megatron-auto evaluate --json``) with the same
    imported profile, cluster and budget.
 
 Printed per case and space: Galvatron's time (whole process, and its search alone), ours
-(import + plan, whole commands), the ratio of wall times and of CPU times (the children's user
-+ system seconds: on a shared machine the wall ratio moves with the load, the CPU ratio much
-less), both plans' throughput under our cost model, our certified gap (``plan.search
-["optimality_gap"]``) and the load average before Galvatron's search and after ours. Budgets are
+(import + plan, whole commands) in each of our two spaces, the ratio of wall times and of CPU
+times (the children's user + system seconds: on a shared machine the wall ratio moves with the
+load, the CPU ratio much less), the plans' throughput under our cost model, our certified gaps
+(``plan.search["optimality_gap"]``) and the load average before Galvatron's search and after
+ours; then the totals per Galvatron space. Budgets are
 Galvatron's GB (2**30 bytes); ours gets the same bytes. Galvatron silently keeps 20 % of any
 budget over 20 GB for its allocator, so its plans at 24+ GB are searched in 80 % of the budget
 (our evaluator prices them against the full budget). Timing is for a shared 2-core machine:
@@ -67,12 +72,17 @@ GALVATRON = "hetu-galvatron==2.4.0"
 
 # Galvatron's two spaces per case: its default (vocab TP searched, TP placement consecutive and
 # non-consecutive) and the smaller one without both (``--disable_vtp 1`` pins the embedding and
-# head to tp 1, ``--disable_tp_consec 1`` drops the non-consecutive TP layouts). Ours cannot be
-# restricted alike from ``megatron-auto plan`` (no pin of the vocabulary's tp or of the TP
-# layout), so ours searches its full space in both rows: a superset of either Galvatron space.
+# head to tp 1, ``--disable_tp_consec 1`` drops the non-consecutive TP layouts), and our flags
+# for the same space (``--search-space galvatron``: the DP flavours of its --default_dp_type
+# zero2 and SDP, no interleaving; module docstring, item 3).
 GALVATRON_SPACES: dict[str, list[str]] = {
     "default": [],
     "no vtp, consec": ["--disable_vtp", "1", "--disable_tp_consec", "1"],
+}
+OUR_SAME_SPACE: dict[str, list[str]] = {
+    "default": ["--search-space", "galvatron"],
+    "no vtp, consec": ["--search-space", "galvatron", "--vocab-tensor-parallel-size", "1",
+                       "--tp-consecutive-only"],
 }
 
 # The cases of issue 11 item 7: model directory in Galvatron's package, its file-name model
@@ -342,12 +352,17 @@ def _common(case: dict[str, Any], profile: Path, cluster: Path, budget: int) -> 
 
 
 def plan_ours(case: dict[str, Any], profile: Path, cluster: Path, budget: int,
-              work: Path) -> tuple[float, float, dict[str, Any], Path]:
+              work: Path, space: str | None = None) -> tuple[float, float, dict[str, Any], Path]:
     """``megatron-auto plan`` as a whole command: its wall and CPU time, what the plan file
-    records of its search (times, proven) and the plan."""
-    plan = work / f"plan_{budget}.json"
+    records of its search (times, proven) and the plan; in our full space, or with ``space``
+    in the flags of that Galvatron space (``OUR_SAME_SPACE``)."""
+    flags = [] if space is None else list(OUR_SAME_SPACE[space])
+    if space is not None and case["sequence_parallel"]:
+        flags.append("--sequence-parallel")  # Galvatron's global --sequence_parallel
+    tag = "" if space is None else "_" + "".join(c for c in space if c.isalnum())
+    plan = work / f"plan_{budget}{tag}.json"
     t0, c0 = time.perf_counter(), _children_cpu()
-    _run(_ours("plan", *_common(case, profile, cluster, budget), "--plan-out", str(plan),
+    _run(_ours("plan", *_common(case, profile, cluster, budget), *flags, "--plan-out", str(plan),
                "--quiet"), env=_env())
     wall, cpu = time.perf_counter() - t0, _children_cpu() - c0
     search = json.loads(plan.read_text()).get("search", {})
@@ -378,8 +393,41 @@ def _throughput(est: dict[str, Any]) -> str:
 
 
 HEADER = ("| case | budget | Galvatron's space | Galvatron 2.4: process s (search s) | "
-          "ours: import + plan s (search CPU s) | ratio wall (CPU) | ours proven optimal | "
-          "ours: certified gap | samples/s under our evaluator: Galvatron's plan / ours | load before-after |")
+          "ours, full space: import + plan s (search CPU s) | ratio wall (CPU) | "
+          "ours proven optimal | ours: certified gap | "
+          "ours, Galvatron's space: import + plan s (search CPU s) | same-space ratio wall (CPU) "
+          "| same space: certified gap | samples/s under our evaluator: Galvatron's plan / ours "
+          "in its space / ours | load before-after |")
+
+
+def _proven(info: dict[str, Any]) -> str:
+    return "yes" if info.get("proven_optimal") else \
+        f"no (limit {info.get('time_limit_s', '?')} s)" if info.get("time_limited") \
+        else "no (gap reached)"
+
+
+def _gap(info: dict[str, Any]) -> str:
+    gap = info.get("optimality_gap")
+    return "n/a" if gap is None else f"{gap:.2%}" + (" (limit)" if info.get("time_limited")
+                                                     else "")
+
+
+def totals(rows: list[dict[str, Any]], spaces: list[str]) -> list[str]:
+    """One line per Galvatron space: the wall seconds of its rows summed, against ours in the
+    full space and in its space (rows Galvatron did not finish make the ratios lower bounds)."""
+    out = []
+    for space in spaces:
+        mine = [r for r in rows if r["space"] == space]
+        if not mine:
+            continue
+        g = sum(r["g_wall"] for r in mine)
+        full = sum(r["ours_wall"] for r in mine)
+        same = sum(r["same_wall"] for r in mine)
+        more = "more than " if any(r["timed_out"] for r in mine) else ""
+        out.append(f"- Galvatron's {space!r} space, {len(mine)} rows: Galvatron {more}{g:.1f} s; "
+                   f"ours in the full space {full:.1f} s ({more}x{g / full:.1f}), ours in "
+                   f"Galvatron's space {same:.1f} s ({more}x{g / same:.1f}), wall.")
+    return out
 
 
 def main() -> None:
@@ -433,7 +481,8 @@ def main() -> None:
              f"load average {loads[0]:.1f} on {os.cpu_count()} CPUs")
         emit("")
         emit(HEADER)
-        emit("|---|---|---|---|---|---|---|---|---|---|")
+        emit("|" + "---|" * HEADER.count(" | ") + "---|")
+        rows: list[dict[str, Any]] = []
         for name, case in CASES.items():
             if args.only and name != args.only:
                 continue
@@ -449,7 +498,12 @@ def main() -> None:
                                   args.galvatron_timeout, space)
                 plan_s, plan_cpu, info, plan = plan_ours(case, profile, cluster, budget, work)
                 ours_s, ours_cpu = import_s + plan_s, import_cpu + plan_cpu
+                same_s, same_cpu, same_info, same_plan = plan_ours(case, profile, cluster,
+                                                                   budget, work, space)
+                same_s, same_cpu = import_s + same_s, import_cpu + same_cpu
                 est_ours = evaluate_ours(case, profile, cluster, budget, ["--plan", str(plan)])
+                est_same = evaluate_ours(case, profile, cluster, budget,
+                                         ["--plan", str(same_plan)])
                 est_g = (evaluate_ours(case, profile, cluster, budget,
                                        ["--galvatron-config", g["config"]])
                          if g["config"] else {"error": "stopped" if g.get("timed_out")
@@ -460,22 +514,30 @@ def main() -> None:
                 g_txt = (f"> {g['wall_s']:.0f} (stopped)" if more
                          else f"{g['wall_s']:.1f} ({g['search_s']:.1f})")
                 g_cpu = g.get("cpu_s", float("nan"))
-                cpu_ratio = f"{more}x{g_cpu / ours_cpu:.1f}" if g_cpu == g_cpu else "n/a"
-                proven = "yes" if info.get("proven_optimal") else \
-                    f"no (limit {info.get('time_limit_s', '?')} s)" if info.get("time_limited") \
-                    else "no (gap reached)"
-                gap = info.get("optimality_gap")
-                gap_txt = "n/a" if gap is None else f"{gap:.2%}"
+
+                def ratio(wall: float, cpu: float) -> str:
+                    cpu_txt = f"{more}x{g_cpu / cpu:.1f}" if g_cpu == g_cpu else "n/a"
+                    return f"{more}x{g['wall_s'] / wall:.1f} ({cpu_txt})"
+
+                rows.append({"space": space, "g_wall": g["wall_s"], "ours_wall": ours_s,
+                             "same_wall": same_s, "timed_out": bool(more)})
                 emit(f"| {case['label']} | {budget} GB | {space} | {g_txt}{reused} | "
                      f"{import_s:.2f} + {plan_s:.2f} = {ours_s:.2f} "
                      f"({info.get('search_cpu_s', float('nan')):.2f}) | "
-                     f"{more}x{g['wall_s'] / ours_s:.1f} ({cpu_ratio}) | {proven} | "
-                     f"{gap_txt} | {_throughput(est_g)} / {_throughput(est_ours)} | "
-                     f"{load_before:.1f}-{loads[-1]:.1f} |")
+                     f"{ratio(ours_s, ours_cpu)} | {_proven(info)} | {_gap(info)} | "
+                     f"{import_s:.2f} + {same_s - import_s:.2f} = {same_s:.2f} "
+                     f"({same_info.get('search_cpu_s', float('nan')):.2f}) | "
+                     f"{ratio(same_s, same_cpu)} | {_gap(same_info)} | "
+                     f"{_throughput(est_g)} / {_throughput(est_same)} / "
+                     f"{_throughput(est_ours)} | {load_before:.1f}-{loads[-1]:.1f} |")
+        emit("")
+        emit(f"Load average {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs during "
+             f"the run. Totals:")
+        emit("")
+        for line in totals(rows, args.galvatron_spaces):
+            emit(line)
     if args.table_out:
-        note = (f"\nLoad average {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs "
-                f"during the run.\n")
-        args.table_out.write_text("\n".join(lines) + "\n" + note, encoding="utf-8")
+        args.table_out.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":
