@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from bench_moe_plans import write_table
 from bench_partition_bound import BERT, GPT_1_5B, GPT_6_7B, _search
-from search_ab import least_of, parse_args
+from search_ab import on_off_table, parse_args
 
 from megatron_auto.planner import ModelSpec
 from megatron_auto.planner.search import lagrange_bound
@@ -43,29 +43,7 @@ CASES = [
 
 def main() -> None:
     args = parse_args(__doc__)
-    lines = [f"Time limit {args.time_limit:g} CPU s, optimality gap {args.gap:g}; least CPU s "
-             f"of {args.repeats}.", "",
-             "| case | GB | CPU s with / without | samples/s with / without "
-             "| gap with / without | speed-up |", "|---|---|---|---|---|---|"]
-    for case in CASES:
-        def run(enabled: bool, case=case):
-            lagrange_bound.ENABLED = enabled
-            return _search(case, args.time_limit, args.gap)
-
-        best = least_of(args.repeats, (True, False), run)
-        lagrange_bound.ENABLED = True
-        (s_on, on), (s_off, off) = best[True], best[False]
-        g_on, g_off = on.plan.search["optimality_gap"], off.plan.search["optimality_gap"]
-        if g_on <= args.gap and g_off <= args.gap:
-            worst = max(on.estimate.samples_per_s, off.estimate.samples_per_s)
-            assert min(on.estimate.samples_per_s, off.estimate.samples_per_s) >= worst * (
-                1 - args.gap) / (1 + 1e-9), case[0]
-        row = (f"| {case[0]} | {case[4]} | {s_on:.2f} / {s_off:.2f} | "
-               f"{on.estimate.samples_per_s:.3f} / {off.estimate.samples_per_s:.3f} | "
-               f"{100 * g_on:.2f}% / {100 * g_off:.2f}% | {s_off / s_on:.2f}x |")
-        print(row, flush=True)
-        lines.append(row)
-    table = "\n".join(lines) + "\n"
+    table = on_off_table(args, CASES, lagrange_bound, _search)
     if args.table_out:
         write_table(args.table_out, table, BEGIN, END)
 

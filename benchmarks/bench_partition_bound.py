@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 
 from bench_moe_plans import write_table
-from search_ab import least_of, parse_args
+from search_ab import on_off_table, parse_args
 
 from megatron_auto.planner import ModelSpec, SearchOptions, TrainingSpec, analytic_profile, search
 from megatron_auto.planner.inputs.presets import get_cluster
@@ -58,29 +58,7 @@ def _search(case, limit: float, gap: float):
 
 def main() -> None:
     args = parse_args(__doc__)
-    lines = [f"Time limit {args.time_limit:g} CPU s, optimality gap {args.gap:g}; least CPU s "
-             f"of {args.repeats}.", "",
-             "| case | GB | host GB | CPU s with / without | samples/s with / without "
-             "| gap with / without | speed-up |", "|---|---|---|---|---|---|---|"]
-    for case in CASES:
-        def run(enabled: bool, case=case):
-            partition_bound.ENABLED = enabled
-            return _search(case, args.time_limit, args.gap)
-
-        best = least_of(args.repeats, (True, False), run)
-        partition_bound.ENABLED = True
-        (s_on, on), (s_off, off) = best[True], best[False]
-        g_on, g_off = on.plan.search["optimality_gap"], off.plan.search["optimality_gap"]
-        if g_on <= args.gap and g_off <= args.gap:
-            worst = max(on.estimate.samples_per_s, off.estimate.samples_per_s)
-            assert min(on.estimate.samples_per_s, off.estimate.samples_per_s) >= worst * (
-                1 - args.gap) / (1 + 1e-9), case[0]
-        row = (f"| {case[0]} | {case[4]} | {case[5] or '-'} | {s_on:.2f} / {s_off:.2f} | "
-               f"{on.estimate.samples_per_s:.3f} / {off.estimate.samples_per_s:.3f} | {100 * g_on:.2f}% / {100 * g_off:.2f}% | "
-               f"{s_off / s_on:.2f}x |")
-        print(row, flush=True)
-        lines.append(row)
-    table = "\n".join(lines) + "\n"
+    table = on_off_table(args, CASES, partition_bound, _search, host_column=True)
     if args.table_out:
         write_table(args.table_out, table, BEGIN, END)
 
