@@ -529,10 +529,11 @@ def _polish(best: Incumbent, spec: ModelSpec, training: TrainingSpec, cluster: C
         for v in vocabs(spec, sp, options, plan.stage_size, plan.microbatch_size,
                         replace(sp.rules, cp=plan.cp_size), dpn)))
     host = options.host_memory_budget_bytes
+    spaces = spaces_of(options.space, options, world)  # built once for every neighbour
     plan, est, moves = polish(
         plan, replace(est, host_memory_budget_bytes=host), spec, training, cluster, profile,
         budget, candidates, options.dp_modes,
-        lambda p: _keeps_pins(p, options, spec, world, dpn), out_of_time, host)
+        lambda p: _keeps_pins(p, options, spec, world, dpn, spaces), out_of_time, host)
     if moves:
         best.plan, best.estimate = plan, replace(est, host_memory_budget_bytes=None)
         best.value = est.iteration_time_s / plan.global_batch_size
@@ -540,18 +541,20 @@ def _polish(best: Incumbent, spec: ModelSpec, training: TrainingSpec, cluster: C
 
 
 def _keeps_pins(plan: Plan, options: SearchOptions, spec: ModelSpec, world: int,
-                dpn: int) -> bool:
+                dpn: int, spaces: Sequence[Space] | None = None) -> bool:
     """Whether a baseline space's plan is a plan of the searched space: its pinned pipeline
     degree, virtual size, micro-batch count and schedule (the baseline spaces keep their own
     pp and never interleave), and its layers and vocabulary among the space's (a pinned tp,
-    dp modes, sequence parallelism, recompute)."""
+    dp modes, sequence parallelism, recompute). ``spaces``: ``spaces_of(options.space)``,
+    when the caller has them."""
     return ((options.pp is None or plan.pp_size == options.pp)
             and plan.virtual_size in options.virtual_sizes
             and options.num_microbatches in (None, plan.num_microbatches)
             and options.schedule in (None, plan.pipeline.schedule)
             and any(plan_in_space(plan, sp, spec, vocabs(
                 spec, sp, options, plan.stage_size, plan.microbatch_size, sp.rules, dpn), dpn)
-                for sp in spaces_of(options.space, options, world)))
+                for sp in (spaces if spaces is not None
+                           else spaces_of(options.space, options, world))))
 
 
 def _given(plans: Sequence[Plan], spec: ModelSpec, training: TrainingSpec,

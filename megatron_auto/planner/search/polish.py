@@ -30,21 +30,13 @@ from .walk_state import TIE
 MAX_ROUNDS = 4
 
 
-def neighbours(plan: Plan, vocabs: Sequence[VocabStrategy], dp_modes: Sequence[str]
-               ) -> Iterator[Plan]:
-    """``plan`` under each other vocabulary layout of ``vocabs``, then with each maximal run of
-    identical layer strategies within a stage under each other DP mode of ``dp_modes``; those
-    the plan's own checks refuse (a vocabulary TP degree whose replicas do not divide the
-    micro-batch, say) are left out."""
-    def valid(**change: Any) -> Plan | None:
-        try:
-            return replace(plan, **change)
-        except PlanError:
-            return None
-
+def changes(plan: Plan, vocabs: Sequence[VocabStrategy], dp_modes: Sequence[str]
+            ) -> Iterator[tuple[VocabStrategy, tuple]]:
+    """The ``(vocab, layers)`` of each neighbour of ``plan`` (:func:`neighbours`), unchecked:
+    cheap to compare with the neighbours already priced before any ``Plan`` is built."""
     for vocab in vocabs:
-        if vocab != plan.vocab and (cand := valid(vocab=vocab)) is not None:
-            yield cand
+        if vocab != plan.vocab:
+            yield vocab, plan.layers
     layers = list(plan.layers)
     for stage in range(plan.pp_size):
         idx = list(plan.stage_layers(stage))
@@ -58,11 +50,28 @@ def neighbours(plan: Plan, vocabs: Sequence[VocabStrategy], dp_modes: Sequence[s
             for mode in dp_modes:
                 if mode != s.dp_mode:
                     moved = replace(s, dp_mode=mode)
-                    cand = valid(layers=tuple(moved if i in run else x
-                                              for i, x in enumerate(layers)))
-                    if cand is not None:
-                        yield cand
+                    yield plan.vocab, tuple(moved if i in run else x
+                                            for i, x in enumerate(layers))
             start = end + 1
+
+
+def _build(plan: Plan, vocab: VocabStrategy, layers: tuple) -> Plan | None:
+    """``plan`` with ``vocab`` and ``layers``, or None where the plan's own checks refuse it."""
+    try:
+        return replace(plan, vocab=vocab, layers=layers)
+    except PlanError:
+        return None
+
+
+def neighbours(plan: Plan, vocabs: Sequence[VocabStrategy], dp_modes: Sequence[str]
+               ) -> Iterator[Plan]:
+    """``plan`` under each other vocabulary layout of ``vocabs``, then with each maximal run of
+    identical layer strategies within a stage under each other DP mode of ``dp_modes``; those
+    the plan's own checks refuse (a vocabulary TP degree whose replicas do not divide the
+    micro-batch, say) are left out."""
+    for vocab, layers in changes(plan, vocabs, dp_modes):
+        if (cand := _build(plan, vocab, layers)) is not None:
+            yield cand
 
 
 def polish(plan: Plan, estimate: Estimate, spec: ModelSpec, training: TrainingSpec,
@@ -80,20 +89,22 @@ def polish(plan: Plan, estimate: Estimate, spec: ModelSpec, training: TrainingSp
     moves = 0
     # Neighbours differ in vocabulary and layers only; after a vocabulary move the next round's
     # other vocabulary layouts are the same plans as this round's: priced once.
-    seen: dict[tuple[Any, Any], Estimate | None] = {(plan.vocab, plan.layers): estimate}
+    seen: dict[tuple[Any, Any], tuple[Plan, Estimate] | None] = {
+        (plan.vocab, plan.layers): (plan, estimate)}
     for _ in range(MAX_ROUNDS):
         found: tuple[Plan, Estimate] | None = None
-        for cand in neighbours(plan, vocabs, dp_modes):
+        for key in changes(plan, vocabs, dp_modes):
             if out_of_time():
                 return plan, estimate, moves
-            key = (cand.vocab, cand.layers)
-            if key not in seen:
-                seen[key] = replace(evaluate_plan(cand, spec, batch, cluster, profile, budget),
-                                    host_memory_budget_bytes=host_budget) \
-                    if allowed(cand) else None
-            est = seen[key]
-            if est is not None and est.feasible and est.iteration_time_s < value * (1 - TIE):
-                found, value = (cand, est), est.iteration_time_s
+            if key not in seen:  # built, checked and priced once
+                cand = _build(plan, *key)
+                seen[key] = None if cand is None or not allowed(cand) else (cand, replace(
+                    evaluate_plan(cand, spec, batch, cluster, profile, budget),
+                    host_memory_budget_bytes=host_budget))
+            entry = seen[key]
+            if entry is not None and entry[1].feasible \
+                    and entry[1].iteration_time_s < value * (1 - TIE):
+                found, value = entry, entry[1].iteration_time_s
         if found is None:
             break
         plan, estimate = found
