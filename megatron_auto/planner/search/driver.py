@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
-from ...plan import Plan, even_partition
+from ...plan import PipelineSpec, Plan, even_partition
 from ...utils.progress import RestartingProgress
 from ..inputs.cluster_model import ClusterModel
 from ..cost.estimate import Estimate, evaluate_plan
@@ -240,6 +240,14 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cache: Se
                 best.prune(bound(task))
                 counts.pruned += 1
                 continue
+            only = _only_plan(task, pin)
+            if only is not None:  # priced as it is, no bound or walk can do better
+                before = best.plan
+                TaskSearch(task, training, best, deadline, pin).offer(only)
+                if best.plan is not before:
+                    counts.winner = task
+                counts.pruned += 1
+                continue
             if best.plan is not None and settled_by_lagrange(task):
                 counts.pruned += 1
                 continue
@@ -352,6 +360,28 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cache: Se
     stats["nodes"] = stats.get("nodes", 0) + best.nodes
     stats["plans_priced"] = stats.get("plans_priced", 0) + best.leaves
     return best, pinned, counts.winner
+
+
+def _only_plan(task: Task, pin: tuple[int, ...] | None) -> Plan | None:
+    """The one plan of ``task`` where its partition is pinned and every layer has one strategy
+    left (the uniform baseline spaces: dp, zero3, tp, pp, each megatron3d grid point; the
+    strategies dominance removed are never better, ``stage_costs.prune_dominated``), else
+    None. Pricing it settles the task exactly, for less than any bound of it costs."""
+    if pin is None or task.v != 1 or isinstance(task, MixedOffloadTask):
+        return None
+    layers: list = []
+    for k, length in enumerate(pin):
+        for i in range(len(layers), len(layers) + length):
+            costs = task.costs(k, i)
+            if len(costs) != 1:
+                return None
+            layers.append(costs.strategies[0])
+    return Plan(world_size=task.world_size, global_batch_size=task.global_batch,
+                num_microbatches=task.m,
+                pipeline=PipelineSpec(size=task.pp, schedule=task.schedule,
+                                      layers_per_stage=tuple(pin),
+                                      optimizer_offload_fraction=task.rules.optimizer_offload),
+                vocab=task.vocab, layers=tuple(layers), model=task.spec.plan_model_record())
 
 
 def _bound_step(budget: float, cluster: ClusterModel, options: SearchOptions) -> int:
