@@ -74,10 +74,10 @@ def test_decision_tree_counts_on_six_devices_match_the_strategy_lists():
 
 @pytest.mark.parametrize("pins,cluster,message", [
     (["--pipeline-model-parallel-size", "3"], "h100-80g-1x8",
-     "pp=3: must divide the 8 devices into stages inside a node or of whole nodes of 8; "
+     "--pipeline-model-parallel-size=3: must divide the 8 devices into stages inside a node or of whole nodes of 8; "
      "choose one of 1, 2, 4, 8"),
     (["--tensor-model-parallel-size", "4"], "h100-80g-2x6",
-     "tp=4: must divide the 12 devices and a node of 6 (or be whole nodes); "
+     "--tensor-model-parallel-size=4: must divide the 12 devices and a node of 6 (or be whole nodes); "
      "choose one of 1, 2, 3, 6, 12"),
 ])
 def test_a_pinned_degree_no_plan_can_take_is_one_error_line(capsys, tmp_path, pins, cluster,
