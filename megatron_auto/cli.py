@@ -27,7 +27,8 @@ from typing import Any, Sequence
 
 from .arguments import DEFAULT_GLOBAL_BATCH_SIZE, add_model_args
 from .cli_checks import (check_outputs, command_given_flags, module_recompute_choices,
-                         warn_other_family_flags, with_host_budget)
+                         search_space_conflict, warn_other_family_flags, with_flag_names,
+                         with_host_budget)
 from .config import ModelConfig, resolve_precision
 from .families.hf_config import apply_hf_config
 from .families.registry import config_from_record, families, family_of, get_family
@@ -43,7 +44,6 @@ from .planner.inputs.profiles import ModelProfile
 from .planner.inputs.pins import search_options
 from .planner.search.driver import evaluate, search
 from .planner.search.infeasible import InfeasibleError
-from .planner.search.options import GALVATRON_SPACE
 from .planning import PlanningInputs, planning_inputs, runtime_options
 from .run_flag_checks import warn_sequence_parallel_at_tp1
 from .utils.flag_warnings import one_line_flag_warnings, warn_flag
@@ -249,13 +249,6 @@ def _explain_text(setup: PlanningInputs, plan: Plan, estimate: Any, title: str =
 
 
 # ------------------------------------------------------------------------------ subcommands
-_OPTION_FLAGS = {"space": "--search-space", "time_limit_s": "--time-limit",
-                 "optimality_gap": "--optimality-gap",
-                 "tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size",
-                 "vocab_tp": "--vocab-tensor-parallel-size",
-                 "num_microbatches": "--num-microbatches", "schedule": "--schedule"}
-
-
 def cmd_plan(args: argparse.Namespace) -> int:
     setup = _setup(args)
     if (args.sequence_parallel and args.tensor_model_parallel_size == 1
@@ -275,9 +268,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
             options, module_recompute=module_recompute_choices(args.search_module_recompute))
     options = dataclasses.replace(options, vocab_tp=args.vocab_tensor_parallel_size,
                                   allow_strided_tp=not args.tp_consecutive_only)
-    if args.search_space == GALVATRON_SPACE and args.use_distributed_optimizer:
-        raise CliError("--use-distributed-optimizer with --search-space galvatron: Galvatron's "
-                       "DP flavours are ZeRO-2 and ZeRO-3 (SDP), not zero1; drop one of them")
+    if (conflict := search_space_conflict(args)) is not None:
+        raise CliError(conflict)
     try:
         options = runtime_options(options, setup.config)
         options.validate()
@@ -286,10 +278,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     except InfeasibleError:
         raise
     except ValueError as err:  # name our flags, not the SearchOptions fields
-        text = str(err)
-        for field_name, flag in _OPTION_FLAGS.items():
-            text = text.replace(f"search option {field_name}=", f"{flag}=")
-        raise CliError(text) from None
+        raise CliError(with_flag_names(str(err))) from None
     # Record what the estimate assumed, so evaluate/explain --plan need no repeated flags.
     plan = dataclasses.replace(result.plan, search={
         **(result.plan.search or {}), "precision": setup.training.precision,

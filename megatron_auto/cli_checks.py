@@ -29,6 +29,7 @@ from .plan_errors import PlanError
 from .plan_recompute import normalize_recompute
 from .planner.cost.offload import host_budget_problem
 from .planner.inputs.hardware import GB
+from .planner.search.options import GALVATRON_SPACE
 from .run_flag_checks import given_flags
 from .utils.flag_warnings import warn_flag
 from .utils.output_paths import check_output_dir, check_output_file
@@ -146,3 +147,26 @@ def with_host_budget(estimate: Any, host_budget_gb: float | None) -> Any:
     if host_budget_gb is None or estimate is None:
         return estimate
     return dataclasses.replace(estimate, host_memory_budget_bytes=host_budget_gb * GB)
+
+
+# ``megatron-auto plan``'s flags of the SearchOptions fields its errors name.
+_OPTION_FLAGS = {"space": "--search-space", "time_limit_s": "--time-limit",
+                 "optimality_gap": "--optimality-gap",
+                 "tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size",
+                 "vocab_tp": "--vocab-tensor-parallel-size",
+                 "num_microbatches": "--num-microbatches", "schedule": "--schedule"}
+
+
+def with_flag_names(text: str) -> str:
+    """A search option error (``search option tp=3: ...``) with the flag's name instead."""
+    for field_name, flag in _OPTION_FLAGS.items():
+        text = text.replace(f"search option {field_name}=", f"{flag}=")
+    return text
+
+
+def search_space_conflict(args: argparse.Namespace) -> str | None:
+    """The error of ``plan`` flags that leave the chosen ``--search-space`` empty, or None."""
+    if args.search_space == GALVATRON_SPACE and args.use_distributed_optimizer:
+        return ("--use-distributed-optimizer with --search-space galvatron: Galvatron's DP "
+                "flavours are ZeRO-2 and ZeRO-3 (SDP), not zero1; drop one of them")
+    return None

@@ -12,7 +12,7 @@ from typing import Any, Callable
 from ...plan import ALL_DP_MODES, DP_MODES, SCHEDULES
 
 BASELINE_SPACES: tuple[str, ...] = ("dp", "zero3", "tp", "pp", "megatron3d", "galvatron-base")
-# ``galvatron``: Galvatron 2.4's strategy space (``driver.spaces_of``), searched on request
+# ``galvatron``: Galvatron 2.4's strategy space (``named_spaces.spaces_of``), searched on request
 # (``--search-space galvatron``) for a like-with-like comparison; not a baseline.
 GALVATRON_SPACE = "galvatron"
 SPACES: tuple[str, ...] = ("full",) + BASELINE_SPACES + (GALVATRON_SPACE,)
