@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
 import pytest
 
 from megatron_auto.plan import PipelineSpec, Plan, VocabStrategy
@@ -141,3 +142,32 @@ def test_where_memory_binds_the_stage_block_lagrange_bound_prices_it(shape):
     loose, _ = interleaved_task(shape, 3.0)
     assert lb.tied_lagrange_root(tight) > lb.tied_lagrange_root(loose) * (1 + 1e-6)
     assert lb.tied_lagrange_root(tight) > tight.cheap_bound() * (1 + 1e-6)
+
+
+def _separate_futures(rows_type, task):
+    """Each J_b's future by its own DP over every position (no row or tail shared)."""
+    from megatron_auto.planner.search import partition_bound
+
+    return {b: partition_bound.futures(rows_type(task), b) for b in task.branches}
+
+
+@pytest.mark.parametrize("case", ["plain-2", "plain-2b", "interleaved", "interleaved-b"])
+def test_shared_futures_equal_a_dp_per_bound(case):
+    """The rows keep one copy per weights and the J_b share the DP tail after their own
+    stage's last position (partition_bound.branch_future): every future must equal the DP
+    that builds each J_b from its own rows alone."""
+    if case.startswith("plain"):
+        task, _ = _task(SHAPES[2 if case == "plain-2" else 3], 1.15)
+        kinds = [lb.LagrangeRows]
+    else:
+        from test_planner_partition_bound import _task as interleaved_task
+
+        task, _ = interleaved_task(INTERLEAVED[0 if case == "interleaved" else 1], 1.3)
+        kinds = [lb.LagrangeRows, lb.TiedLagrangeRows]
+    assert task.pp > 1 and len(task.branches) >= 2
+    for kind in kinds:
+        want = _separate_futures(kind, task)
+        shared = kind(task)
+        for b in task.branches:
+            np.testing.assert_allclose(shared.future(b), want[b], rtol=1e-12, atol=0.0)
+        assert any(math.isfinite(float(want[b][0, 0])) for b in task.branches)

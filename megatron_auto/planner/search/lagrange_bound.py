@@ -87,6 +87,12 @@ NODE_LIMIT = 300
 #: every strategy at every multiplier, and a 64-stage pipeline has 4,160 of them (GPT-3 175B
 #: on 1,024 GPUs: the time limit went to these rows and the answer was 8 % slower).
 MAX_ROWS = 64
+#: Stages above which an interleaved task goes without its stage-block rows
+#: (:class:`TiedLagrangeRows`). A stage has at most three distinct rows (its own bound, another
+#: stage's, the mean one), so 32 stages price 96 rows and 33 bounds share one DP tail
+#: (``partition_bound.branch_future``): 0.07 CPU s on GPT-3 175B's 32-stage tasks, which
+#: without it kept their compute bounds, 18-27 % below these (8 to 32 stages).
+TIED_MAX_STAGES = 32
 
 
 def multipliers(task: Task) -> np.ndarray:
@@ -120,7 +126,7 @@ class LagrangeRows:
         # (lam, mu) pairs: each axis alone (the step peak rarely binds with the backward one)
         self.lam = np.concatenate([grid, zeros])
         self.mu = np.concatenate([zeros, grid])
-        self._rows: dict[tuple[int, int, int], np.ndarray] = {}
+        self._rows: dict[tuple[int, int, Any], np.ndarray] = {}
         self._future: dict[int, np.ndarray] = {}
         self._least: dict[int, tuple[np.ndarray, np.ndarray, float]] = {}
 
@@ -141,11 +147,12 @@ class LagrangeRows:
         """Lower bound on position ``k``'s share of ``J_b`` per length ``1..max_len`` from
         ``start`` (module docstring); inf where the least bytes do not fit."""
         single = len(self.spec.layer_types) == 1
-        key = (k, 0 if single else start, b)
+        task = self.task
+        w = task.weights(k, b)
+        key = (k, 0 if single else start, w)  # the J_b that weigh position k alike share it
         if key in self._rows:
             return self._rows[key]
-        task, start = self.task, key[1]
-        w = task.weights(k, b)
+        start = key[1]
         e = task.emb[k]
         fixed = (w.alpha * (e.microbatch + (task.tables.min_boundary if k > 0 else 0.0))
                  + w.beta * e.optimizer + w.gamma * e.exposed_sync)
@@ -174,9 +181,9 @@ class LagrangeRows:
     def future(self, b: int) -> np.ndarray:
         """``F[k, a]``: the least share of ``J_b`` of positions ``k..`` over layers ``[a, L)``
         by these rows, every partition considered (``Task.future``'s DP)."""
-        if b not in self._future:
-            self._future[b] = partition_bounds.futures(self, b)
-        return self._future[b]
+        task = self.task
+        owned = [self.chunks - task.pp + s for s in range(task.pp)]  # each stage's last chunk
+        return partition_bounds.branch_future(self, b, self._future, task.pp, owned)
 
 
 def lagrange_root(task: Task, cutoff: float = INF) -> float:
@@ -209,16 +216,18 @@ class TiedLagrangeRows:
         zeros = np.zeros(len(grid))
         self.lam = np.concatenate([grid, zeros])
         self.mu = np.concatenate([zeros, grid])
-        self._rows: dict[tuple[int, int], np.ndarray] = {}
+        self._rows: dict[tuple[int, Any], np.ndarray] = {}
         self._future: dict[int, np.ndarray] = {}
 
     def stage_bound(self, k: int, start: int, b: int) -> np.ndarray:
         """Lower bound on stage ``k``'s share of ``J_b`` per block size ``1..max_len``."""
-        if (k, b) in self._rows:
-            return self._rows[k, b]
         task, chunks = self.task, self.own[k]
-        t = task.spec.layer_order[0]
         w = task.weights(chunks[0], b)  # a stage's chunks share their weights
+        # keyed by the weights, not the branch: every J_b but a stage's own and the mean one
+        # weighs it alike, so a stage has at most three rows (pp + 1 branches otherwise)
+        if (k, w) in self._rows:
+            return self._rows[k, w]
+        t = task.spec.layer_order[0]
         embs = [task.emb[c] for c in chunks]
         fixed = block_fixed(task, chunks, w)
         counts = sorted(task.in_flight[c] for c in chunks)
@@ -246,20 +255,20 @@ class TiedLagrangeRows:
         least_q = sum(float(costs[c].step_floor.min()) for c in lead) \
             + rest * float(costs[low].step_floor.min())
         over = (n < len(chunks)) | (least_p > room_p) | (least_q > room_q)
-        self._rows[k, b] = np.where(over, INF, value)
-        return self._rows[k, b]
+        self._rows[k, w] = np.where(over, INF, value)
+        return self._rows[k, w]
 
     def future(self, b: int) -> np.ndarray:
-        if b not in self._future:  # one layer type: the rows ignore the start
-            self._future[b] = partition_bounds.futures(self, b)
-        return self._future[b]
+        # one layer type: the rows ignore the start; position s is stage s
+        return partition_bounds.branch_future(self, b, self._future, self.task.pp,
+                                              list(range(self.task.pp)))
 
 
 def tied_lagrange_root(task: Task, cutoff: float = INF) -> float:
     """A lower bound on the iteration time of every plan of an interleaved task of one layer
     type from :class:`TiedLagrangeRows` (``cutoff`` where every choice of block sizes reaches
     it); 0 where off."""
-    if not ENABLED or task.pp * len(task.branches) > MAX_ROWS:
+    if not ENABLED or task.pp > TIED_MAX_STAGES:
         return 0.0
     rows = TiedLagrangeRows(task)
     best = max(float(rows.future(b)[0, 0]) for b in rows.branches)
