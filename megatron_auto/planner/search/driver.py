@@ -192,10 +192,12 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cache: Se
                 counts.memory_pruned += 1
                 continue
             if task.v > 1:  # seeded in pass 2, from the incumbent of the plain tasks
-                if interleaved_least_peak(task) > limit:
+                # with an answer at hand, the least peak waits until the bounds let the task
+                # be searched (most are cut by their tied bounds, which cost less)
+                if best.plan is None and interleaved_least_peak(task) > limit:
                     counts.memory_pruned += 1
                     continue
-                live.append((task, pin, False))
+                live.append((task, pin, best.plan is not None))
                 continue
             before = best.plan
             search_task = TaskSearch(task, training, best, deadline, pin)
@@ -274,7 +276,7 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cache: Se
                 best.prune(bound(task))
                 counts.pruned += 1
                 continue
-            if check and task_least_peak(task, pin).bytes > limit:
+            if check and _least_peak(task, pin) > limit:
                 counts.memory_pruned += 1
                 continue
             before = best.plan
@@ -297,6 +299,12 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cache: Se
     stats["nodes"] = stats.get("nodes", 0) + best.nodes
     stats["plans_priced"] = stats.get("plans_priced", 0) + best.leaves
     return best, pinned, counts.winner
+
+
+def _least_peak(task: Task, pin: tuple[int, ...] | None) -> float:
+    """The exact least peak of a plain task's plans; for an interleaved task its plain
+    sibling's, a lower bound (``infeasible.interleaved_least_peak``)."""
+    return interleaved_least_peak(task) if task.v > 1 else task_least_peak(task, pin).bytes
 
 
 def _only_plan(task: Task, pin: tuple[int, ...] | None) -> Plan | None:
