@@ -2,7 +2,7 @@
 
 Each of these spaces holds one plan per (pp, tp, recompute, micro-batch count): every layer the
 same strategy, the even split, the vocabulary at the layers' tp. The search prices such a task's
-one plan instead of bounding and walking it (``driver._only_plan``); checked here against the
+one plan instead of bounding and walking it (``task_plans.only_plan``); checked here against the
 grid built by the test from the spaces' definitions (docs/planner.md §2), priced with
 ``evaluate``: the baseline's answer is the fastest plan of its grid that fits, at budgets from
 where nothing fits to where nothing binds, searched alone and as reported next to the answer.

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
-from ...plan import PipelineSpec, Plan, even_partition
+from ...plan import Plan, even_partition
 from ...utils.progress import RestartingProgress
 from ..inputs.cluster_model import ClusterModel
 from ..cost.estimate import Estimate, evaluate_plan
@@ -48,6 +48,7 @@ from .search_cache import SearchCache, SearchClock
 from .mixed_offload import MixedOffloadTask
 from .task_list import build_tasks, vocabs
 from .tasks import Task
+from .task_plans import only_plan
 
 
 GB = 1e9
@@ -177,7 +178,7 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cache: Se
                 best.prune(bound(task))
                 counts.pruned += 1
                 continue
-            only = _only_plan(task, pin)
+            only = only_plan(task, pin)
             if only is not None:  # priced as it is, no bound or walk can do better
                 before = best.plan
                 TaskSearch(task, training, best, deadline, pin).offer(only)
@@ -305,28 +306,6 @@ def _least_peak(task: Task, pin: tuple[int, ...] | None) -> float:
     """The exact least peak of a plain task's plans; for an interleaved task its plain
     sibling's, a lower bound (``infeasible.interleaved_least_peak``)."""
     return interleaved_least_peak(task) if task.v > 1 else task_least_peak(task, pin).bytes
-
-
-def _only_plan(task: Task, pin: tuple[int, ...] | None) -> Plan | None:
-    """The one plan of ``task`` where its partition is pinned and every layer has one strategy
-    left (the uniform baseline spaces: dp, zero3, tp, pp, each megatron3d grid point; the
-    strategies dominance removed are never better, ``stage_costs.prune_dominated``), else
-    None. Pricing it settles the task exactly, for less than any bound of it costs."""
-    if pin is None or task.v != 1 or isinstance(task, MixedOffloadTask):
-        return None
-    layers: list = []
-    for k, length in enumerate(pin):
-        for i in range(len(layers), len(layers) + length):
-            costs = task.costs(k, i)
-            if len(costs) != 1:
-                return None
-            layers.append(costs.strategies[0])
-    return Plan(world_size=task.world_size, global_batch_size=task.global_batch,
-                num_microbatches=task.m,
-                pipeline=PipelineSpec(size=task.pp, schedule=task.schedule,
-                                      layers_per_stage=tuple(pin),
-                                      optimizer_offload_fraction=task.rules.optimizer_offload),
-                vocab=task.vocab, layers=tuple(layers), model=task.spec.plan_model_record())
 
 
 def _bound_step(budget: float, cluster: ClusterModel, options: SearchOptions) -> int:

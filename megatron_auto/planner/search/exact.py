@@ -67,7 +67,7 @@ import math
 
 import numpy as np
 
-from ...plan import LayerStrategy, PipelineSpec, Plan
+from ...plan import LayerStrategy, Plan
 from ...plan_optimizer_offload import FractionValue
 from ..cost.estimate import evaluate_plan
 from ..cost.gpu_terms import group_count
@@ -79,6 +79,7 @@ from .dominance import StageDominance
 from .mixed_offload import MixedOffloadTask, stage_variants
 from .seeds import seed_plans
 from .tasks import Task, Weights
+from .task_plans import only_plan, task_plan
 
 from .walk_state import (MEMORY_SLACK, TIE, Candidates, Incumbent, NcclLayouts, Placed,
                          StageMemory, StageState, host_fits)
@@ -210,21 +211,10 @@ class TaskSearch:
         self.placed = Placed()
         self.dominance = StageDominance() if self.task.v == 1 and self.task.pp > 1 else None
         task = self.task
-        if task.v == 1 and (self.partition is not None or task.pp == 1) \
-                and not isinstance(task, MixedOffloadTask):
-            if all(len(task.costs(k, i)) == 1 for k in range(task.pp)
-                   for i in range(task.num_layers)):
-                # One strategy per layer and one partition: the task has one plan.
-                part = self.partition or (task.num_layers,)
-                layers = []
-                for k, length in enumerate(part):
-                    start = sum(part[:k])
-                    layers += [task.costs(k, i).strategies[0] for i in range(start,
-                                                                              start + length)]
-                self.chosen, self.lengths = layers, list(part)
-                self._leaf()
-                self.chosen, self.lengths = [], []
-                return
+        only = only_plan(task, self.partition)
+        if only is not None:  # one strategy per layer and one partition: the task's one plan
+            self.offer(only)
+            return
         if self.best.plan is None or task.v > 1:
             self.seed()
         self.task.on_new_table = self._check_deadline  # DP tables are the slow part
@@ -578,14 +568,7 @@ class TaskSearch:
             fraction = task.field(self.picks) if isinstance(task, MixedOffloadTask) \
                 else task.rules.optimizer_offload
         self.best.leaves += 1
-        plan = Plan(world_size=task.world_size, global_batch_size=task.global_batch,
-                    num_microbatches=task.m,
-                    pipeline=PipelineSpec(size=task.pp, schedule=task.schedule,
-                                          layers_per_stage=tuple(self.lengths),
-                                          virtual_size=task.v,
-                                          optimizer_offload_fraction=fraction),
-                    vocab=task.vocab, layers=tuple(self.chosen),
-                    model=task.spec.plan_model_record())
+        plan = task_plan(task, self.lengths, self.chosen, fraction)
         est = evaluate_plan(plan, task.spec, self.training, task.cluster, task.profile,
                             task.budget, in_flight_memo=task.cache.in_flight)
         value = est.iteration_time_s / task.global_batch

@@ -36,10 +36,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...plan import LayerStrategy, PipelineSpec, Plan
+from ...plan import LayerStrategy, Plan
 from .mixed_offload import MixedOffloadTask, stage_variants
 from .partition import min_max_partition
 from .tasks import Task
+from .task_plans import task_plan
 
 # A front larger than this is thinned to its ``MAX_FRONT`` lowest-persistent points plus the
 # lowest-step point; never reached by the models of the tests and benchmarks (a few hundred).
@@ -267,12 +268,7 @@ def task_least_peak(task: Task, partition: tuple[int, ...] | None = None) -> Lea
             start += length
         fraction = task.field(picks) if isinstance(task, MixedOffloadTask) \
             else task.rules.optimizer_offload
-        plan = Plan(world_size=task.world_size, global_batch_size=task.global_batch,
-                    num_microbatches=task.m,
-                    pipeline=PipelineSpec(size=task.pp, schedule=task.schedule,
-                                          layers_per_stage=tuple(part),
-                                          optimizer_offload_fraction=fraction),
-                    vocab=task.vocab, layers=tuple(layers), model=task.spec.plan_model_record())
+        plan = task_plan(task, part, layers, fraction)
         result = LeastPeak(worst, plan)
     cache[partition] = result
     return result

@@ -31,11 +31,12 @@ import math
 
 import numpy as np
 
-from ...plan import LayerStrategy, PipelineSpec, Plan, even_partition
+from ...plan import LayerStrategy, Plan, even_partition
 from .stage_dp import LayerOptions, StageTables, solve_stage
 from ..cost.time_model import pipeline_time
 from .partition import min_max_partition
 from .tasks import Task
+from .task_plans import task_plan
 
 SEED_CELLS = 384  # the safe memory model's resolution: the stage's room in this many cells
 SEED_LEVELS = 2  # transient levels tried per stage (bucket tops, the largest included)
@@ -180,14 +181,7 @@ def uniform_plans(task: Task, partition: tuple[int, ...] | None = None) -> list[
         if fits:
             ranked.append((pipeline_time(micro, back, tails, task.m, steps).iteration, s))
     ranked.sort(key=lambda x: x[0])
-    return [Plan(world_size=task.world_size, global_batch_size=task.global_batch,
-                 num_microbatches=task.m,
-                 pipeline=PipelineSpec(size=task.pp, schedule=task.schedule,
-                                       layers_per_stage=part,
-                                       optimizer_offload_fraction=task.rules.optimizer_offload),
-                 vocab=task.vocab, layers=(s,) * task.num_layers,
-                 model=task.spec.plan_model_record())
-            for _, s in ranked[:UNIFORM_KEPT]]
+    return [task_plan(task, part, (s,) * task.num_layers) for _, s in ranked[:UNIFORM_KEPT]]
 
 
 PAIR_WINDOW = 2  # the time-balanced pair split tries stage lengths within this of even
@@ -263,13 +257,7 @@ def pair_plans(task: Task, partition: tuple[int, ...] | None = None) -> list[Pla
                 _, a, b, x = found
                 layers.extend([a] * x + [b] * (ln - x))
             else:
-                plans.append(Plan(world_size=task.world_size, global_batch_size=task.global_batch,
-                                  num_microbatches=task.m,
-                                  pipeline=PipelineSpec(
-                                      size=pp, schedule=task.schedule, layers_per_stage=part,
-                                      optimizer_offload_fraction=task.rules.optimizer_offload),
-                                  vocab=task.vocab, layers=tuple(layers),
-                                  model=task.spec.plan_model_record()))
+                plans.append(task_plan(task, part, layers))
     return plans
 
 
@@ -301,13 +289,6 @@ def seed_plans(task: Task, partition: tuple[int, ...] | None = None) -> list[Pla
             if layers is None or (tuple(part), tuple(layers)) in seen:
                 continue
             seen.add((tuple(part), tuple(layers)))
-            plans.append(Plan(world_size=task.world_size, global_batch_size=task.global_batch,
-                              num_microbatches=task.m,
-                              pipeline=PipelineSpec(
-                                  size=pp, schedule=task.schedule,
-                                  layers_per_stage=tuple(part),
-                                  optimizer_offload_fraction=task.rules.optimizer_offload),
-                              vocab=task.vocab, layers=tuple(layers),
-                              model=task.spec.plan_model_record()))
+            plans.append(task_plan(task, part, layers))
     return plans
 

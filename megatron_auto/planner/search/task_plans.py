@@ -1,0 +1,46 @@
+"""A search task's plans as ``Plan`` records: the one with given chunk lengths and layer
+strategies (what the walk, the seeds and the least-memory search price), and a task's only
+plan where its space leaves it one."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ...plan import LayerStrategy, PipelineSpec, Plan
+from .mixed_offload import MixedOffloadTask
+
+
+def task_plan(task: Any, lengths: Sequence[int], layers: Sequence[LayerStrategy],
+              fraction: Any = None) -> Plan:
+    """The plan of ``task`` (a ``tasks.Task``) with chunk lengths ``lengths`` and one strategy
+    per layer; ``fraction``: its optimizer offload (default: the space's)."""
+    offload = task.rules.optimizer_offload if fraction is None else fraction
+    return Plan(world_size=task.world_size, global_batch_size=task.global_batch,
+                num_microbatches=task.m,
+                pipeline=PipelineSpec(size=task.pp, schedule=task.schedule,
+                                      layers_per_stage=tuple(lengths), virtual_size=task.v,
+                                      optimizer_offload_fraction=offload),
+                vocab=task.vocab, layers=tuple(layers), model=task.spec.plan_model_record())
+
+
+def only_plan(task: Any, partition: Sequence[int] | None) -> Plan | None:
+    """The one plan of a plain ``task`` whose partition is fixed (``partition``, or one
+    stage) and whose every layer has one strategy left (the uniform baseline spaces: dp,
+    zero3, tp, pp, each megatron3d grid point; the strategies dominance removed are never
+    better, ``stage_costs.prune_dominated``), else None. Pricing it settles the task exactly,
+    for less than any bound of it costs. A per-stage offload task (``mixed_offload``) says
+    None: its plans differ in their offload fractions."""
+    if task.v != 1 or isinstance(task, MixedOffloadTask):
+        return None
+    if partition is None:
+        if task.pp != 1:
+            return None
+        partition = (task.num_layers,)
+    layers: list[LayerStrategy] = []
+    for k, length in enumerate(partition):
+        for i in range(len(layers), len(layers) + length):
+            costs = task.costs(k, i)
+            if len(costs) != 1:
+                return None
+            layers.append(costs.strategies[0])
+    return task_plan(task, partition, layers)
