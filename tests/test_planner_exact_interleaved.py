@@ -156,3 +156,64 @@ def test_a_time_limited_pinned_search_keeps_its_virtual_size(monkeypatch):
     assert info["time_limited"] and info["adopted_from_baseline"] is None
     assert (result.plan.pp_size, result.plan.virtual_size) == (2, 2)
     assert info["baselines"]["pp"] > result.estimate.samples_per_s  # what made it matter
+
+
+class _Ticks:
+    """A search clock that advances one second per read (the same node on any machine)."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        return float(self.reads)
+
+
+def test_a_pinned_interleaved_search_with_no_fitting_seed_keeps_its_time_limit(monkeypatch):
+    """Without an answer a plain task's walk goes on past the deadline (its least-memory plan
+    is a leaf a few nodes away); an interleaved task has no such plan, and LLaMA-7B pinned to
+    pp 4, v 4 at 24 GB walked for more than 5 minutes at a 10 s limit. Here no seed fits
+    (patched) and the bounds that settle this small task at its root are off, so the walk
+    must run: with a long limit it finds a plan; with a limit that falls between the walk's
+    first node and its first leaf, it stops there and says the limit stopped it."""
+    from planner_fakes import FakeCluster, round_profile
+
+    from megatron_auto.planner import InfeasibleError, SearchOptions, search
+    from megatron_auto.planner.search import (exact, lagrange_bound, partition_bound,
+                                              search_cache)
+
+    clock = _Ticks()
+    monkeypatch.setattr(search_cache, "SearchClock", lambda: clock)
+    monkeypatch.setattr(exact.TaskSearch, "seed", lambda self: False)
+    monkeypatch.setattr(partition_bound, "ENABLED", False)
+    monkeypatch.setattr(lagrange_bound, "ENABLED", False)
+    nodes: list[float] = []  # clock reads at each walk node
+    leaves: list[float] = []
+    layer, leaf = exact.TaskSearch._layer, exact.TaskSearch._leaf
+    monkeypatch.setattr(exact.TaskSearch, "_layer",
+                        lambda self, *a: (nodes.append(clock.reads), layer(self, *a))[1])
+    monkeypatch.setattr(exact.TaskSearch, "_leaf",
+                        lambda self, *a: (leaves.append(clock.reads), leaf(self, *a))[1])
+    spec = ModelSpec.uniform(8, 64, 4, 16, 64, name="gpt")
+
+    def run(limit: float):
+        clock.reads = 0
+        nodes.clear()
+        leaves.clear()
+        return search(spec, TrainingSpec(8, "fp32"), FakeCluster(devices_per_node=2),
+                      round_profile("fp32"), 10 ** 6,
+                      SearchOptions(show_progress=False, memory_step_bytes=64, pp=2,
+                                    virtual_sizes=(2,), time_limit_s=limit,
+                                    include_baselines=False))
+
+    found = run(1e9)
+    assert (found.plan.pp_size, found.plan.virtual_size) == (2, 2)
+    first_node, first_leaf = nodes[0], leaves[0]
+    assert first_leaf > first_node + 4, (first_node, first_leaf)  # room for a deadline between
+    limit = (first_node + first_leaf) // 2
+    with pytest.raises(InfeasibleError, match=r"no plan was found in .* --time-limit"):
+        run(limit)
+    # the walk ran, and its deadline check stopped it (the other interleaved tasks then stop
+    # at their first node): no plan priced, and done before the walk's first leaf was due
+    assert nodes and not leaves
+    assert clock.reads < first_leaf

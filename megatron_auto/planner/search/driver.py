@@ -87,8 +87,9 @@ def _partition_pin(task: Task, space: Space, options: SearchOptions) -> tuple[in
 
 def _stopped(deadline: float, best: Incumbent, clock: SearchClock) -> bool:
     """The deadline passed and there is an answer to return, or none is needed (a baseline
-    space, a comparison); without one the answer's search goes on: a task whose least-memory
-    plan fits has one within a few nodes."""
+    space, a comparison); without one the answer's search goes on: a plain task whose
+    least-memory plan fits has one within a few nodes, an interleaved one gets its seeds and
+    then stops its walk at the deadline (``exact.TaskSearch._check_deadline``)."""
     return (best.plan is not None or best.comparison) and clock() > deadline
 
 
@@ -356,6 +357,13 @@ def search(spec: ModelSpec, training: TrainingSpec, cluster: ClusterModel,
     if reporter is not None:
         reporter.close()
     if best.plan is None:
+        if best.stopped:  # only an interleaved walk stops without a plan (exact.py)
+            raise InfeasibleError(
+                f"no plan was found in the {share * limit_s:g} CPU s the search had "
+                f"(--time-limit {limit_s:g}): no seed of the interleaved tasks fits the budget "
+                f"of {budget / GB:.3f} GB per device, and their search stopped before it found "
+                f"a plan or proved that none fits; give a larger --time-limit or "
+                f"--memory-budget-gb, or drop --num-layers-per-virtual-pipeline-stage", None)
         if min(options.virtual_sizes) > 1:  # interleaving pinned
             raise InfeasibleError(
                 f"no interleaved plan with virtual size {options.virtual_sizes[0]} fits the "

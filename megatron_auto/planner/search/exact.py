@@ -202,7 +202,11 @@ class TaskSearch:
         return fits
 
     def _check_deadline(self) -> None:
-        if self.deadline is not None and (self.best.plan is not None or self.best.comparison) \
+        # Without an answer a plain task's walk goes on: where its least-memory plan fits,
+        # that plan is its incumbent a few nodes in. An interleaved task has no such plan
+        # (its sibling's least peak only bounds its own) and stops at the deadline anyway.
+        if self.deadline is not None and (self.best.plan is not None or self.best.comparison
+                                          or self.task.v > 1) \
                 and self.clock() > self.deadline:
             raise _Stopped
 
