@@ -101,3 +101,16 @@ def tiny_gpt(world: int, layers: int, batch: int, *, hidden: int = 256, heads: i
     cluster = dataclasses.replace(make_cluster("a100-40g", 1, world), memory_reserve_bytes=10 ** 5,
                                   device_memory_bytes=10 ** 9, nccl_communicator_bytes=5e3)
     return spec, training, cluster, analytic_profile(spec, training, cluster)
+
+
+class Ticks:
+    """A search clock (``search_cache.SearchClock``'s stand-in) that advances one second per
+    read: ``time_limit_s = n`` stops a search at its n-th deadline check, at the same node on
+    any machine."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        return float(self.reads)

@@ -158,17 +158,6 @@ def test_a_time_limited_pinned_search_keeps_its_virtual_size(monkeypatch):
     assert info["baselines"]["pp"] > result.estimate.samples_per_s  # what made it matter
 
 
-class _Ticks:
-    """A search clock that advances one second per read (the same node on any machine)."""
-
-    def __init__(self) -> None:
-        self.reads = 0
-
-    def __call__(self) -> float:
-        self.reads += 1
-        return float(self.reads)
-
-
 def test_a_pinned_interleaved_search_with_no_fitting_seed_keeps_its_time_limit(monkeypatch):
     """Without an answer a plain task's walk goes on past the deadline (its least-memory plan
     is a leaf a few nodes away); an interleaved task has no such plan, and LLaMA-7B pinned to
@@ -176,13 +165,13 @@ def test_a_pinned_interleaved_search_with_no_fitting_seed_keeps_its_time_limit(m
     (patched) and the bounds that settle this small task at its root are off, so the walk
     must run: with a long limit it finds a plan; with a limit that falls between the walk's
     first node and its first leaf, it stops there and says the limit stopped it."""
-    from planner_fakes import FakeCluster, round_profile
+    from planner_fakes import FakeCluster, Ticks, round_profile
 
     from megatron_auto.planner import InfeasibleError, SearchOptions, search
     from megatron_auto.planner.search import (exact, lagrange_bound, partition_bound,
                                               search_cache)
 
-    clock = _Ticks()
+    clock = Ticks()
     monkeypatch.setattr(search_cache, "SearchClock", lambda: clock)
     monkeypatch.setattr(exact.TaskSearch, "seed", lambda self: False)
     monkeypatch.setattr(partition_bound, "ENABLED", False)

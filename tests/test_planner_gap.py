@@ -18,6 +18,7 @@ import pytest
 from megatron_auto.planner import search
 from megatron_auto.planner.search import search_cache
 
+from planner_fakes import Ticks
 from test_planner_exhaustive import BUDGET_FRACTIONS, INSTANCES, _id, _options, instance, optimum
 
 pytestmark = [pytest.mark.pure, pytest.mark.exhaustive]
@@ -60,20 +61,8 @@ def test_the_bound_holds_and_the_answer_is_within_the_gap(case):
     assert loose > 0  # some gap stopped a search early on every instance
 
 
-class _Ticks:
-    """A search clock that advances one second per read: ``time_limit_s = n`` stops the
-    search at its n-th deadline check, at the same node on any machine."""
-
-    def __init__(self) -> None:
-        self.reads = 0
-
-    def __call__(self) -> float:
-        self.reads += 1
-        return float(self.reads)
-
-
 def test_a_search_cut_short_keeps_its_stated_gap(monkeypatch):
-    monkeypatch.setattr(search_cache, "SearchClock", _Ticks)
+    monkeypatch.setattr(search_cache, "SearchClock", Ticks)
     stopped = open_gaps = 0
     for case in INSTANCES:
         spec, training, cluster, profile, priced = instance(*case)
