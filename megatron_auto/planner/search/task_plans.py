@@ -8,11 +8,12 @@ from typing import Any, Sequence
 
 from ...plan import LayerStrategy, PipelineSpec, Plan
 from .mixed_offload import MixedOffloadTask
+from .tasks import Task
 
 
-def task_plan(task: Any, lengths: Sequence[int], layers: Sequence[LayerStrategy],
+def task_plan(task: Task, lengths: Sequence[int], layers: Sequence[LayerStrategy],
               fraction: Any = None) -> Plan:
-    """The plan of ``task`` (a ``tasks.Task``) with chunk lengths ``lengths`` and one strategy
+    """The plan of ``task`` with chunk lengths ``lengths`` and one strategy
     per layer; ``fraction``: its optimizer offload (default: the space's)."""
     offload = task.rules.optimizer_offload if fraction is None else fraction
     return Plan(world_size=task.world_size, global_batch_size=task.global_batch,
@@ -23,7 +24,7 @@ def task_plan(task: Any, lengths: Sequence[int], layers: Sequence[LayerStrategy]
                 vocab=task.vocab, layers=tuple(layers), model=task.spec.plan_model_record())
 
 
-def only_plan(task: Any, partition: Sequence[int] | None) -> Plan | None:
+def only_plan(task: Task, partition: Sequence[int] | None) -> Plan | None:
     """The one plan of a plain ``task`` whose partition is fixed (``partition``, or one
     stage) and whose every layer has one strategy left (the uniform baseline spaces: dp,
     zero3, tp, pp, each megatron3d grid point; the strategies dominance removed are never
