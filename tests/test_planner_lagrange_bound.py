@@ -171,3 +171,74 @@ def test_shared_futures_equal_a_dp_per_bound(case):
         for b in task.branches:
             np.testing.assert_allclose(shared.future(b), want[b], rtol=1e-12, atol=0.0)
         assert any(math.isfinite(float(want[b][0, 0])) for b in task.branches)
+
+
+@pytest.mark.parametrize("v", [1, 2, 3, 4])
+def test_capped_counts_are_the_leanest_split_with_that_longest_chunk(v):
+    """``capped_counts`` against every split of ``n`` layers over ``v`` chunks (ascending in
+    flight counts), each at least one and at most the cap: it exists exactly where a split
+    does, keeps the cap, and no split puts fewer layers on the lowest counts (for every prefix
+    of the chunks, its layers there are the most any split has: so for any weights rising
+    with the count, its weighted sum is the least)."""
+    n = np.arange(1, 11)
+    caps = np.arange(1, 11)
+    x = lb.capped_counts(v, n, caps)
+    for i, total in enumerate(n.tolist()):
+        for c, cap in enumerate(caps.tolist()):
+            splits = [s for s in itertools.product(range(1, cap + 1), repeat=v) if sum(s) == total]
+            got = x[:, i, c]
+            assert (int(got.sum()) == total) == bool(splits), (total, cap, got)
+            if not splits:
+                continue
+            assert got.min() >= 1 and got.max() <= cap
+            for s in splits:
+                assert all(sum(got[:j + 1]) >= sum(s[:j + 1]) for j in range(v)), (got, s)
+
+
+def test_fill_cells_cover_every_length_once():
+    for max_len in (1, 2, 5, 13, 64, 94):
+        lo, hi = lb.fill_cells(max_len)
+        covered = [d for a, b in zip(lo.tolist(), hi.tolist()) for d in range(a, b + 1)]
+        assert covered == list(range(1, max(max_len, 4) + 1))
+
+
+# Interleaved tasks whose chunks hold different in-flight counts (pp 2, v 2, m 4 and 8: counts
+# 3, 2 on stage 0 and 2, 1 on stage 1), every plan priced: recompute on or off per layer.
+FILL_SHAPES = [(2, 7, 8, 4, 2), (2, 7, 16, 8, 2)]
+
+
+@pytest.mark.parametrize("shape", FILL_SHAPES)
+@pytest.mark.parametrize("factor", [1.0, 1.1, 1.3, 2.0])
+def test_the_fill_makes_uneven_chunks_pay(shape, factor, monkeypatch):
+    """The stage-block rows with the fill term (``FILL``: a stage's longest chunk runs in the
+    fill at least its layers' least time) are never below the rows without it and stay below
+    every plan; where memory binds but leaves a choice, they are above: without the term a
+    stage may pile its layers on its chunk of the fewest micro-batches in flight and be
+    charged only a 1/v share of them in the fill."""
+    from test_planner_partition_bound import _task as interleaved_task
+
+    task, fastest = interleaved_task(shape, factor)
+    with_fill = lb.tied_lagrange_root(task)
+    monkeypatch.setattr(lb, "FILL", False)
+    without = lb.tied_lagrange_root(interleaved_task(shape, factor)[0])
+    assert 0 < without <= with_fill * (1 + 1e-12)
+    assert with_fill <= fastest * (1 + 1e-9)
+    if factor in (1.1, 1.3):
+        assert with_fill > without * (1 + 1e-3), (with_fill, without)
+
+
+@pytest.mark.parametrize("shape", INTERLEAVED + FILL_SHAPES)
+def test_the_received_inputs_take_their_room(shape, monkeypatch):
+    """``evaluate`` keeps each interleaved chunk's received input (but the model's first) until
+    its backward (``Task.hop_floor``, its least bytes): the stage-block rows take that room
+    from the layers, so the bound rises where memory binds, and stays below every plan (the
+    tests above run with it)."""
+    from megatron_auto.planner.search import tasks
+    from test_planner_partition_bound import _task as interleaved_task
+
+    task, fastest = interleaved_task(shape, 1.02)
+    assert task.hop_floor[0] == 0.0 and min(task.hop_floor[1:]) > 0
+    with_inputs = lb.tied_lagrange_root(task)
+    monkeypatch.setattr(tasks.Task, "hop_floor", property(lambda t: [0.0] * t.chunks))
+    without = lb.tied_lagrange_root(interleaved_task(shape, 1.02)[0])
+    assert without * (1 + 1e-3) < with_inputs <= fastest * (1 + 1e-9)

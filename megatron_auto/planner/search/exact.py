@@ -44,6 +44,9 @@ Interleaved tasks (``task.v > 1``): the walk is over the ``pp v`` model chunks i
   peak mix ``evaluate_plan`` charges). A cut adds only the least bytes of the current chunk's
   remaining layers (the stage's later chunks add at least nothing).
 - Symmetry only inside a chunk (chunks of one stage hold different in-flight counts).
+- Memory also holds each chunk's received input but the model's first (``evaluate_plan`` keeps
+  the p2p buffer until the chunk's backward): exact from the previous chunk's last class at a
+  chunk's start (``LayerTables.hop_bytes``), its least in the bounds (``Task.hop_floor``).
 - Seeds: the incumbent and, while there is none, the plain sibling task's seeds, each cut into
   ``v`` chunks per stage (``interleaving.interleaved_variant``); leaves are priced by
   ``evaluate_plan`` as for ``v = 1``.
@@ -284,7 +287,7 @@ class TaskSearch:
             self.picks.append(j)
             self._entered = False
             try:
-                self._layer(k, start, int(lens[pick]), 0, self._first_state(k), acc)
+                self._layer(k, start, int(lens[pick]), 0, self._first_state(k, start), acc)
             except _Stopped:
                 self._open(bounds, order, i)
                 raise
@@ -312,9 +315,10 @@ class TaskSearch:
                                                np.maximum(placed.max_time, alone)))
         return bounds
 
-    def _first_state(self, k: int) -> StageState:
-        """The running sums of chunk position ``k`` before its first layer: its embedding/head,
-        and (interleaved) what its stage's earlier chunks placed."""
+    def _first_state(self, k: int, start: int) -> StageState:
+        """The running sums of chunk position ``k`` (first layer ``start``) before its first
+        layer: its embedding/head, and (interleaved) what its stage's earlier chunks placed and
+        the input it received (``LayerTables.hop_bytes``, kept per micro-batch in flight)."""
         task = self.task
         emb = self.cur.emb[k]
         stage = task.stage_of(k)
@@ -324,10 +328,15 @@ class TaskSearch:
             before = StageMemory(persistent=0.0, transient=0.0, step_peak=0.0,
                                  layouts=frozenset(ends))
         layouts = set(before.layouts)
+        received = 0.0
         if self.incoming is not None:  # this chunk's input layout (gpu_terms)
             layouts.add(task.tables.nccl_layouts[self.incoming])
+            if task.v > 1:
+                received = task.in_flight[k] * task.tables.hop_bytes(
+                    self.incoming, task.spec.layer_order[start])
         return StageState(microbatch=emb.microbatch, optimizer=emb.optimizer,
-                          exposed=emb.exposed_sync, persistent=before.persistent + emb.persistent,
+                          exposed=emb.exposed_sync,
+                          persistent=before.persistent + emb.persistent + received,
                           transient=max(before.transient, emb.transient),
                           step_peak=before.step_peak + emb.step_floor, last_class=-1,
                           last_type=-1, last_index=-1, layouts=frozenset(layouts),

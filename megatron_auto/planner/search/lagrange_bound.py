@@ -29,8 +29,16 @@ stage's chunks share its room, as in the tied bound (``tied.tied_rest``): positi
 stage ``s``'s block of ``n`` layers, one at each of its chunks' in-flight counts but the lowest
 and the others at the lowest (a layer's bytes grow with the count, and every chunk holds a
 layer), so the block's Lagrangian value is ``sum_lead h_c + (n - v + 1) h_low - lam R``, ``h_c``
-the least priced strategy at count ``c``. The partition bound over the blocks then needs no DP
-table; where it reaches the incumbent, the tied bound's tables are never built. (Giving each
+the least priced strategy at count ``c``. That leaves a stage free to pile its layers on its
+chunk of the fewest micro-batches in flight while the fill, ``sum_k max_j c_{k,j}`` in the
+interleaved formula, is priced as ``C_k / v``: so each row is the least, over the size ``D`` of
+the stage's longest chunk, of the larger of that value with at most ``D`` layers a chunk and the
+value without the fill's share plus ``D`` layers' least time (``FILL``; with few micro-batches
+the fill is a large part of the iteration: LLaMA-7B on 8 GPUs at 36 GB, pp 2, v 4, m 8, the
+task's bound rose from 5.11 to 5.26 s against a best plan of 5.71 s found by its seeds). The
+partition bound over the blocks then needs no DP table; where it reaches the incumbent, the
+tied bound's tables are never built. The blocks' room also loses the least bytes of their
+chunks' received inputs (``Task.hop_floor``). (Giving each
 chunk the stage's whole room instead, as the chunk-level rows do, is too weak to pay for its
 partition search over ``pp v`` chunks: measured 38 ms a task, none settled on LLaMA-7B at 24 GB.)
 """
@@ -38,6 +46,7 @@ partition search over ``pp v`` chunks: measured 38 ms a task, none settled on LL
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -69,6 +78,9 @@ class Task(Protocol):
     @property
     def nccl_floor(self) -> list[float]: ...
 
+    @property
+    def hop_floor(self) -> list[float]: ...
+
     def weights(self, k: int, b: int) -> Any: ...
 
     def stage_of(self, k: int) -> int: ...
@@ -93,6 +105,9 @@ MAX_ROWS = 64
 #: (``partition_bound.branch_future``): 0.07 CPU s on GPT-3 175B's 32-stage tasks, which
 #: without it kept their compute bounds, 18-27 % below these (8 to 32 stages).
 TIED_MAX_STAGES = 32
+#: False: the stage-block rows leave the fill out (each stage's fill priced as ``C_k / v``, as
+#: the chunk-level rows do), as before; tests compare both.
+FILL = True
 
 
 def multipliers(task: Task) -> np.ndarray:
@@ -218,9 +233,25 @@ class TiedLagrangeRows:
         self.mu = np.concatenate([zeros, grid])
         self._rows: dict[tuple[int, Any], np.ndarray] = {}
         self._future: dict[int, np.ndarray] = {}
+        self._priced: dict[int, np.ndarray] = {}
+        self._split: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def stage_bound(self, k: int, start: int, b: int) -> np.ndarray:
-        """Lower bound on stage ``k``'s share of ``J_b`` per block size ``1..max_len``."""
+        """Lower bound on stage ``k``'s share of ``J_b`` per block size ``1..max_len``: the
+        least over the size ``D`` of the stage's longest chunk (geometric cells ``[lo, hi]``,
+        ``fill_cells``) of the larger of
+
+        - the block's Lagrangian value with its ``n`` layers at the lowest counts a longest
+          chunk of ``hi`` layers allows (one layer per chunk, the others to the chunks of the
+          fewest micro-batches in flight, ``hi`` at most each: a layer's bytes grow with the
+          count), and
+        - the same at the weights less the fill's ``1/v`` share, plus the fill itself: the
+          stage's longest chunk runs at least ``lo`` layers at the least time a layer has
+          (``cost_time.pipeline_time``: the fill is ``sum_k max_j c_{k,j}``, which the
+          weights otherwise price as ``C_k / v``).
+
+        Uneven chunks then pay for the memory they save: without the second term a stage
+        put nearly all its layers on its chunk of the fewest micro-batches in flight."""
         task, chunks = self.task, self.own[k]
         w = task.weights(chunks[0], b)  # a stage's chunks share their weights
         # keyed by the weights, not the branch: every J_b but a stage's own and the mean one
@@ -228,35 +259,63 @@ class TiedLagrangeRows:
         if (k, w) in self._rows:
             return self._rows[k, w]
         t = task.spec.layer_order[0]
+        v = len(chunks)
         embs = [task.emb[c] for c in chunks]
-        fixed = block_fixed(task, chunks, w)
         counts = sorted(task.in_flight[c] for c in chunks)
         costs = {c: task.tables.costs(t, c) for c in set(counts)}
-        low, lead = counts[0], counts[1:]
+        # without the fill's share: its weight of C_k is alpha - 1/v (module tasks, weights)
+        w_rest = replace(w, alpha=max(w.alpha - 1.0 / v, 0.0))
 
-        def priced(c: int) -> np.ndarray:  # per multiplier pair, the least priced strategy
-            x = costs[c]
-            time = w.alpha * x.microbatch + w.beta * x.optimizer + w.gamma * x.exposed_sync
-            return (time[None, :] + self.lam[:, None] * x.persistent[None, :]
-                    + self.mu[:, None] * x.step_floor[None, :]).min(axis=1)
+        def priced(c: int, x: Any) -> np.ndarray:  # per multiplier pair, least priced strategy
+            y = costs[c]
+            time = x.alpha * y.microbatch + x.beta * y.optimizer + x.gamma * y.exposed_sync
+            return (time[None, :] + self._memory_price(c, y)).min(axis=1)
 
         room = task.room - task.nccl_floor[k]
         transient = max(max(e.transient for e in embs),
                         min(float(x.transient.min()) for x in costs.values()))
-        room_p = room - sum(e.persistent for e in embs) - transient
+        room_p = room - sum(e.persistent for e in embs) - transient \
+            - sum(task.hop_floor[c] for c in chunks)  # the chunks' received inputs
         room_q = room - sum(e.step_floor for e in embs)
+        lo, x, splits = self._splits(v)  # x: (v, lengths x cells), chunks by count ascending
         n = np.arange(1, self.max_len + 1)
-        rest = n - len(lead)  # layers at the lowest count
-        value = (sum((priced(c) for c in lead), np.zeros(len(self.lam)))[:, None]
-                 + rest[None, :] * priced(low)[:, None]
-                 - (self.lam * room_p + self.mu * room_q)[:, None]).max(axis=0) + fixed
-        least_p = sum(float(costs[c].persistent.min()) for c in lead) \
-            + rest * float(costs[low].persistent.min())
-        least_q = sum(float(costs[c].step_floor.min()) for c in lead) \
-            + rest * float(costs[low].step_floor.min())
-        over = (n < len(chunks)) | (least_p > room_p) | (least_q > room_q)
-        self._rows[k, w] = np.where(over, INF, value)
+        shared = (self.lam * room_p + self.mu * room_q)[:, None]
+
+        def value(x_w: Any) -> np.ndarray:  # (lengths, cells)
+            h = np.stack([priced(c, x_w) for c in counts], axis=1)  # (multipliers, v)
+            return (h @ x - shared).max(axis=0).reshape(len(n), len(lo))
+
+        t_min = min(float(y.microbatch.min()) for y in costs.values())
+        chunk_fixed = min(e.microbatch + (task.tables.min_boundary if c else 0.0)
+                          for c, e in zip(chunks, embs))
+        longest = np.maximum(lo[None, :], -(-n[:, None] // v))  # at least ceil(n / v)
+        fill = longest * t_min + chunk_fixed
+        both = value(w) + block_fixed(task, chunks, w)
+        if FILL:
+            both = np.maximum(both, value(w_rest) + block_fixed(task, chunks, w_rest) + fill)
+        least_p = np.array([float(costs[c].persistent.min()) for c in counts]) @ x
+        least_q = np.array([float(costs[c].step_floor.min()) for c in counts]) @ x
+        ok = splits & ((least_p <= room_p) & (least_q <= room_q)).reshape(splits.shape)
+        self._rows[k, w] = np.where(ok, both, INF).min(axis=1)
         return self._rows[k, w]
+
+    def _memory_price(self, count: int, costs: Any) -> np.ndarray:
+        """``lam p + mu q`` of every strategy at ``count`` per multiplier pair (shared by the
+        rows of every weights)."""
+        if count not in self._priced:
+            self._priced[count] = (self.lam[:, None] * costs.persistent[None, :]
+                                   + self.mu[:, None] * costs.step_floor[None, :])
+        return self._priced[count]
+
+    def _splits(self, v: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The longest-chunk cells' floors ``lo``, ``capped_counts`` flat over (length, cell)
+        and where a split exists (length x cell), for every stage alike."""
+        if self._split is None:
+            lo, hi = fill_cells(self.max_len) if FILL else (np.ones(1), np.full(1, self.max_len))
+            n = np.arange(1, self.max_len + 1)
+            x = capped_counts(v, n, hi)
+            self._split = (lo, x.reshape(v, -1).astype(float), x.sum(axis=0) == n[:, None])
+        return self._split
 
     def future(self, b: int) -> np.ndarray:
         # one layer type: the rows ignore the start; position s is stage s
@@ -276,3 +335,27 @@ def tied_lagrange_root(task: Task, cutoff: float = INF) -> float:
         best = max(best, partition_bounds.partition_bound(rows, cutoff - task.overhead,
                                                           node_limit=NODE_LIMIT))
     return best + task.overhead
+
+
+def fill_cells(max_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """Cells ``[lo, hi]`` covering the longest-chunk sizes ``1..max_len`` of
+    ``TiedLagrangeRows.stage_bound``: one each up to 4, then doubling (few cells: each prices
+    the block once more)."""
+    edges = [1, 2, 3, 4]
+    while edges[-1] < max_len:
+        edges.append(min(edges[-1] * 2, max_len))
+    lo = np.array([1] + [e + 1 for e in edges[:-1]])
+    return lo, np.array(edges)
+
+
+def capped_counts(v: int, n: np.ndarray, caps: np.ndarray) -> np.ndarray:
+    """``x[j, i, c]``: layers of the ``j``-th chunk (by in-flight count, ascending) when
+    ``n[i]`` layers fill ``v`` chunks, each at least one and at most ``caps[c]``, the extra ones
+    on the lowest counts first; the column sums fall short of ``n[i]`` where no such split
+    exists."""
+    extra = (n[:, None] - v).clip(min=0)  # (lengths, 1)
+    room = (caps[None, :] - 1).clip(min=0)  # (1, cells)
+    j = np.arange(v)[:, None, None]
+    taken = (extra[None] - j * room[None]).clip(min=0)
+    return np.where(n[None, :, None] >= 1, 1 + np.minimum(taken, room[None]), 0) * \
+        (n[None, :, None] >= v)

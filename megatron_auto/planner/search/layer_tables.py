@@ -23,7 +23,7 @@ from ..inputs.profiles import ModelProfile, fill_attention_defaults
 from .search_cache import SearchCache
 from .spaces import SpaceRules, layer_strategies
 from .stage_costs import StrategyCosts, prune_dominated, strategy_costs
-from ...layout import Layout, layout_of
+from ...layout import Layout, dp_size, layout_of
 
 # Transients are bucketed: a plan whose largest transient lies in (lo, hi] is inside the DP of
 # strategies with transient <= hi that reserves only lo (a relaxation); few buckets, fast DPs.
@@ -77,6 +77,20 @@ class LayerTables:
         hidden state and, for T5, the carry beside it)."""
         return [self.profile.layer_types[lt.name].moved_bytes_per_sample
                 for lt in self.spec.layer_types]
+
+    def hop_bytes(self, cls: int, layer_type: int) -> float:
+        """Bytes an interleaved chunk keeps per micro-batch in flight of the input it received
+        from a previous chunk ending in class ``cls``, its first layer of type ``layer_type``:
+        ``evaluate_plan`` holds the p2p buffer until the chunk's backward, ``b_m / dp`` samples
+        of the receiving layer's moved bytes, ``dp`` the sender's."""
+        return self.b_m / dp_size(self.layouts[cls][0], self.n) * self.moved[layer_type]
+
+    @functools.cached_property
+    def least_hop_bytes(self) -> float:
+        """The least ``hop_bytes`` of any class and layer type: what every received input of
+        an interleaved chunk keeps at least, per micro-batch in flight."""
+        return min(self.hop_bytes(c, t) for c in range(len(self.layouts))
+                   for t in range(len(self.moved)))
 
     @functools.cached_property
     def hidden(self) -> list[float]:

@@ -173,6 +173,17 @@ class Task(TaskEnds):
         return self._emb
 
     @functools.cached_property
+    def hop_floor(self) -> list[float]:
+        """Per chunk position, the least bytes of its received inputs (interleaved chunks but
+        the model's first keep each in-flight micro-batch's p2p input until its backward,
+        ``LayerTables.hop_bytes``): in every plan at least this much of the backward peak;
+        0 without interleaving (``evaluate_plan`` does not model it there)."""
+        if self.v == 1:
+            return [0.0] * self.chunks
+        least = self.tables.least_hop_bytes
+        return [0.0] + [self.in_flight[k] * least for k in range(1, self.chunks)]
+
+    @functools.cached_property
     def least_prefix_bytes(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per chunk position, prefix sums over the layers of the least persistent and
         step-peak bytes of any strategy: the exact search's memory cut adds them for the layers
@@ -420,7 +431,8 @@ class Task(TaskEnds):
         # the stage's largest transient is at least the embedding/head's: reserved here,
         # rest_bound reserves only a bucket's excess over it
         room = self.room - self.nccl_floor[self.stage_of(k)]  # in both peaks
-        out = self.rest_bound(k, start, w, lengths, full * (room - e.persistent - e.transient),
+        kept = e.persistent + e.transient + self.hop_floor[k]  # the received input: backward
+        out = self.rest_bound(k, start, w, lengths, full * (room - kept),
                               full * (room - e.step_floor), full * e.transient)
         return out + fixed
 

@@ -28,7 +28,8 @@ def tied_rest(task: Any, k: int, start: int, placed: list[tuple[Any, Any, Any]],
     The chunk-level bound lets every chunk fill the device alone. Here a stage's chunks still to
     place are one block of ``n`` layers (at least one per chunk, the blocks summing to the
     layers left) under what is left of the stage's budget: its NCCL floor, what it placed, its
-    chunks' embedding/head bytes (persistent and step floors summed, the largest transient) and,
+    chunks' embedding/head bytes (persistent and step floors summed, the largest transient),
+    their received inputs' least bytes in the backward peak (``Task.hop_floor``) and,
     per layer, the bytes of a chunk's in-flight count: one layer at each chunk's count but the
     lowest, the others at the lowest (each chunk holds a layer, and a layer's bytes grow with
     the count, so every plan's layers cost at least this; the block's order is free, relayouts
@@ -100,7 +101,8 @@ def _block_row(task: Any, chunks: list[int], b: int, placed: tuple[Any, Any, Any
     lead = tuple(sorted((task.bound_in_flight(c) for c in chunks if c != low), reverse=True))
     row[1:] = task.rest_bound(  # one table length for every node: L - pp + 1
         low, 0, w, np.broadcast_to(lens[1:, None], (span, nc)),
-        grid * (room - persistent - sum(e.persistent for e in embs) - top),
+        grid * (room - persistent - sum(e.persistent for e in embs)
+                - sum(task.hop_floor[c] for c in chunks) - top),
         grid * (room - step - sum(e.step_floor for e in embs)), grid * top,
         L - pp + 1, lead) + fixed
     return row
