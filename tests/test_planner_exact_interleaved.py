@@ -174,6 +174,7 @@ def test_a_pinned_interleaved_search_with_no_fitting_seed_keeps_its_time_limit(m
     clock = Ticks()
     monkeypatch.setattr(search_cache, "SearchClock", lambda: clock)
     monkeypatch.setattr(exact.TaskSearch, "seed", lambda self: False)
+    monkeypatch.setattr(exact.TaskSearch, "seed_interleaved", lambda self: None)
     monkeypatch.setattr(partition_bound, "ENABLED", False)
     monkeypatch.setattr(lagrange_bound, "ENABLED", False)
     nodes: list[float] = []  # clock reads at each walk node

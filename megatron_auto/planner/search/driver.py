@@ -246,6 +246,16 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cache: Se
                 else:
                     task.lagrange_bound(cut)
             live.sort(key=lambda x: left([x[0]]))
+        if live and live[0][0].v > 1 and not isinstance(live[0][0], MixedOffloadTask):
+            # every interleaved task's own seeds first (a few DP tables and plans each): the
+            # walks that follow cut against the best of them, not only the first task's
+            for task, pin, _ in live:
+                if left([task]) >= best.cutoff() or _stopped(deadline, best, cache.clock):
+                    break
+                before = best.plan
+                TaskSearch(task, training, best, deadline, pin).seed_interleaved()
+                if best.plan is not before:
+                    counts.winner = task
         key: Callable[[Task], float] = lambda t: left([t])  # what ``live`` is sorted by
         # Best-first on the strongest bound known: a task's key only rises, so one popped with
         # a key above the next is pushed back; an interleaved task popped for the first time

@@ -47,8 +47,10 @@ Interleaved tasks (``task.v > 1``): the walk is over the ``pp v`` model chunks i
 - Memory also holds each chunk's received input but the model's first (``evaluate_plan`` keeps
   the p2p buffer until the chunk's backward): exact from the previous chunk's last class at a
   chunk's start (``LayerTables.hop_bytes``), its least in the bounds (``Task.hop_floor``).
-- Seeds: the incumbent and, while there is none, the plain sibling task's seeds, each cut into
-  ``v`` chunks per stage (``interleaving.interleaved_variant``); leaves are priced by
+- Seeds: the task's own (``interleaved_seeds``: each stage's layers by a DP at its chunks'
+  in-flight counts, which the driver prices for every interleaved task before it walks any),
+  the incumbent and, while there is none, the plain sibling task's seeds, each cut into ``v``
+  chunks per stage (``interleaving.interleaved_variant``); leaves are priced by
   ``evaluate_plan`` as for ``v = 1``.
 
 Per-stage optimizer offload (``mixed_offload.MixedOffloadTask``): a stage start picks a variant
@@ -81,6 +83,7 @@ from . import partition_bound as partition_bounds
 from .dominance import StageDominance
 from .mixed_offload import MixedOffloadTask, stage_variants
 from .seeds import seed_plans
+from .interleaved_seeds import interleaved_seeds
 from .tasks import Task, Weights
 from .task_plans import only_plan, task_plan
 
@@ -188,6 +191,8 @@ class TaskSearch:
                 plans = [p for p in variants if p is not None and (
                     self.partition is None
                     or tuple(p.pipeline.layers_per_stage) == tuple(self.partition))]
+                if "interleaved" not in task.seed_rows:  # not yet by seed_interleaved
+                    plans += interleaved_seeds(task, self.partition)
             for plan in plans:
                 fits = self.offer(plan) or fits
         except _Stopped:
@@ -195,6 +200,23 @@ class TaskSearch:
         finally:
             self.task.on_new_table = None
         return fits
+
+    def seed_interleaved(self) -> None:
+        """Price an interleaved task's own seeds (``interleaved_seeds``: each stage's layers
+        chosen at its chunks' in-flight counts), once: the driver seeds every interleaved task
+        this way before it walks any, so that the first walks cut against the best of them."""
+        task = self.task
+        if task.v == 1 or "interleaved" in task.seed_rows:
+            return
+        task.seed_rows["interleaved"] = True
+        task.on_new_table = self._check_deadline
+        try:
+            for plan in interleaved_seeds(task, self.partition):
+                self.offer(plan)
+        except _Stopped:
+            self.best.stopped = True
+        finally:
+            task.on_new_table = None
 
     def offer(self, plan: Plan) -> bool:
         """Price a complete plan of this task (e.g. the least-memory one) as a candidate;
