@@ -108,6 +108,8 @@ TIED_MAX_STAGES = 32
 #: False: the stage-block rows leave the fill out (each stage's fill priced as ``C_k / v``, as
 #: the chunk-level rows do), as before; tests compare both.
 FILL = True
+#: Block lengths up to which the fill term prices every longest-chunk size (above, cells).
+FILL_EXACT_MAX_LEN = 48
 
 
 def multipliers(task: Task) -> np.ndarray:
@@ -220,8 +222,8 @@ class TiedLagrangeRows:
     """Lagrangian rows of an interleaved task's stage blocks (module docstring), read by
     ``partition_bound`` like ``tied.TiedRows``: position ``s`` is stage ``s``."""
 
-    def __init__(self, task: Task) -> None:
-        self.task = task
+    def __init__(self, task: Task, fill: bool = True) -> None:
+        self.task, self.fill = task, fill
         self.num_layers, self.chunks = task.num_layers, task.pp
         self.max_len = task.num_layers - task.pp + 1
         self.spec, self.branches = task.spec, task.branches
@@ -234,24 +236,25 @@ class TiedLagrangeRows:
         self._rows: dict[tuple[int, Any], np.ndarray] = {}
         self._future: dict[int, np.ndarray] = {}
         self._priced: dict[int, np.ndarray] = {}
-        self._split: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def stage_bound(self, k: int, start: int, b: int) -> np.ndarray:
-        """Lower bound on stage ``k``'s share of ``J_b`` per block size ``1..max_len``: the
-        least over the size ``D`` of the stage's longest chunk (geometric cells ``[lo, hi]``,
-        ``fill_cells``) of the larger of
+        """Lower bound on stage ``k``'s share of ``J_b`` per block size ``1..max_len``.
 
-        - the block's Lagrangian value with its ``n`` layers at the lowest counts a longest
-          chunk of ``hi`` layers allows (one layer per chunk, the others to the chunks of the
-          fewest micro-batches in flight, ``hi`` at most each: a layer's bytes grow with the
-          count), and
-        - the same at the weights less the fill's ``1/v`` share, plus the fill itself: the
-          stage's longest chunk runs at least ``lo`` layers at the least time a layer has
-          (``cost_time.pipeline_time``: the fill is ``sum_k max_j c_{k,j}``, which the
-          weights otherwise price as ``C_k / v``).
+        A plan's stage of ``n`` layers in ``v`` chunks, its longest chunk ``j`` of ``D``
+        layers, has the share ``a C_k + F_k`` (plus its optimizer and sync terms), ``a`` the
+        weight less the fill's ``1/v`` and ``F_k = max_i c_{k,i}`` its fill, which is at least
+        ``C_k / v`` and at least chunk ``j``'s time. So the share is at least the larger of
 
-        Uneven chunks then pay for the memory they save: without the second term a stage
-        put nearly all its layers on its chunk of the fewest micro-batches in flight."""
+        - the block's Lagrangian value at the full weight, its layers at the lowest counts a
+          longest chunk of ``D`` allows (one per chunk, the others to the chunks of the fewest
+          micro-batches in flight, ``D`` at most each: a layer's bytes grow with the count), and
+        - the value with chunk ``j``'s ``D`` layers at weight ``a + 1`` and its count, the
+          others at weight ``a``, spread as above over the other chunks (least over ``j``),
+
+        and the row is the least over ``D``: uneven chunks pay in the fill for the memory they
+        save. Every ``D`` is priced up to ``FILL_EXACT_MAX_LEN`` layers a block; longer blocks
+        take geometric cells of ``D`` (``fill_cells``) and the second term weakened to the
+        least time of ``lo`` layers (``fill`` off: the first term at any ``D`` alone)."""
         task, chunks = self.task, self.own[k]
         w = task.weights(chunks[0], b)  # a stage's chunks share their weights
         # keyed by the weights, not the branch: every J_b but a stage's own and the mean one
@@ -260,16 +263,17 @@ class TiedLagrangeRows:
             return self._rows[k, w]
         t = task.spec.layer_order[0]
         v = len(chunks)
-        embs = [task.emb[c] for c in chunks]
-        counts = sorted(task.in_flight[c] for c in chunks)
+        order = sorted(chunks, key=lambda c: task.in_flight[c])  # chunks by count, ascending
+        counts = [task.in_flight[c] for c in order]
+        embs = [task.emb[c] for c in order]
         costs = {c: task.tables.costs(t, c) for c in set(counts)}
-        # without the fill's share: its weight of C_k is alpha - 1/v (module tasks, weights)
-        w_rest = replace(w, alpha=max(w.alpha - 1.0 / v, 0.0))
 
-        def priced(c: int, x: Any) -> np.ndarray:  # per multiplier pair, least priced strategy
-            y = costs[c]
-            time = x.alpha * y.microbatch + x.beta * y.optimizer + x.gamma * y.exposed_sync
-            return (time[None, :] + self._memory_price(c, y)).min(axis=1)
+        def priced(alpha: float) -> np.ndarray:  # (multipliers, chunks): least priced strategy
+            def one(c: int) -> np.ndarray:
+                y = costs[c]
+                time = alpha * y.microbatch + w.beta * y.optimizer + w.gamma * y.exposed_sync
+                return (time[None, :] + self._memory_price(c, y)).min(axis=1)
+            return np.stack([one(c) for c in counts], axis=1)
 
         room = task.room - task.nccl_floor[k]
         transient = max(max(e.transient for e in embs),
@@ -277,26 +281,52 @@ class TiedLagrangeRows:
         room_p = room - sum(e.persistent for e in embs) - transient \
             - sum(task.hop_floor[c] for c in chunks)  # the chunks' received inputs
         room_q = room - sum(e.step_floor for e in embs)
-        lo, x, splits = self._splits(v)  # x: (v, lengths x cells), chunks by count ascending
-        n = np.arange(1, self.max_len + 1)
-        shared = (self.lam * room_p + self.mu * room_q)[:, None]
+        least = np.array([[float(costs[c].persistent.min()) for c in counts],
+                          [float(costs[c].step_floor.min()) for c in counts]])  # (2, v)
+        shared = (self.lam * room_p + self.mu * room_q)[:, None, None]
+        n = np.arange(1, self.max_len + 1)[:, None]
 
-        def value(x_w: Any) -> np.ndarray:  # (lengths, cells)
-            h = np.stack([priced(c, x_w) for c in counts], axis=1)  # (multipliers, v)
-            return (h @ x - shared).max(axis=0).reshape(len(n), len(lo))
+        def value(h: np.ndarray, x: np.ndarray, ok: np.ndarray) -> np.ndarray:
+            """Largest Lagrangian value over the multipliers of the splits ``x`` (chunks
+            first, by count) priced ``h``; inf where no split or its least bytes do not fit."""
+            got = (np.tensordot(h, x, axes=(1, 0)) - shared).max(axis=0)
+            lp, lq = np.tensordot(least, x, axes=(1, 0))
+            return np.where(ok & (lp <= room_p) & (lq <= room_q), got, INF)
 
-        t_min = min(float(y.microbatch.min()) for y in costs.values())
-        chunk_fixed = min(e.microbatch + (task.tables.min_boundary if c else 0.0)
-                          for c, e in zip(chunks, embs))
-        longest = np.maximum(lo[None, :], -(-n[:, None] // v))  # at least ceil(n / v)
-        fill = longest * t_min + chunk_fixed
-        both = value(w) + block_fixed(task, chunks, w)
-        if FILL:
-            both = np.maximum(both, value(w_rest) + block_fixed(task, chunks, w_rest) + fill)
-        least_p = np.array([float(costs[c].persistent.min()) for c in counts]) @ x
-        least_q = np.array([float(costs[c].step_floor.min()) for c in counts]) @ x
-        ok = splits & ((least_p <= room_p) & (least_q <= room_q)).reshape(splits.shape)
-        self._rows[k, w] = np.where(ok, both, INF).min(axis=1)
+        exact = self.fill and self.max_len <= FILL_EXACT_MAX_LEN
+        if not self.fill:
+            lo = hi = np.array([self.max_len])
+        elif exact:
+            lo = hi = np.arange(1, self.max_len + 1)
+        else:
+            lo, hi = fill_cells(self.max_len)
+        cap = hi[None, :] + 0 * n
+        total = n + 0 * cap
+        row = value(priced(w.alpha), *split_counts(v, total, cap)) + block_fixed(task, chunks, w)
+        if self.fill:
+            a = max(w.alpha - 1.0 / v, 0.0)
+            rest = block_fixed(task, chunks, replace(w, alpha=a))
+            if exact:  # chunk j holds exactly D = cap layers, the others at most D
+                h_rest, h_long = priced(a), priced(a + 1.0)
+                fill = np.full(row.shape, INF)
+                for j in range(v):
+                    others = [i for i in range(v) if i != j]
+                    x_o, ok = split_counts(v - 1, total - cap, cap)
+                    x = np.zeros((v,) + x_o.shape[1:])
+                    x[others], x[j] = x_o, cap
+                    h = np.where(np.arange(v) == j, h_long, h_rest)
+                    own = embs[j].microbatch + (task.tables.min_boundary if order[j] else 0.0)
+                    fill = np.minimum(fill, value(h, x, ok & (cap <= total)) + own)
+                fill += rest
+            else:  # the longest chunk: at least lo layers at the least time a layer has
+                t_min = min(float(y.microbatch.min()) for y in costs.values())
+                own = min(e.microbatch + (task.tables.min_boundary if c else 0.0)
+                          for c, e in zip(order, embs))
+                longest = np.maximum(lo[None, :], -(-n // v))  # at least ceil(n / v)
+                fill = value(priced(a), *split_counts(v, total, cap)) + rest \
+                    + longest * t_min + own
+            row = np.maximum(row, fill)
+        self._rows[k, w] = row.min(axis=1)
         return self._rows[k, w]
 
     def _memory_price(self, count: int, costs: Any) -> np.ndarray:
@@ -307,16 +337,6 @@ class TiedLagrangeRows:
                                    + self.mu[:, None] * costs.step_floor[None, :])
         return self._priced[count]
 
-    def _splits(self, v: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The longest-chunk cells' floors ``lo``, ``capped_counts`` flat over (length, cell)
-        and where a split exists (length x cell), for every stage alike."""
-        if self._split is None:
-            lo, hi = fill_cells(self.max_len) if FILL else (np.ones(1), np.full(1, self.max_len))
-            n = np.arange(1, self.max_len + 1)
-            x = capped_counts(v, n, hi)
-            self._split = (lo, x.reshape(v, -1).astype(float), x.sum(axis=0) == n[:, None])
-        return self._split
-
     def future(self, b: int) -> np.ndarray:
         # one layer type: the rows ignore the start; position s is stage s
         return partition_bounds.branch_future(self, b, self._future, self.task.pp,
@@ -326,10 +346,18 @@ class TiedLagrangeRows:
 def tied_lagrange_root(task: Task, cutoff: float = INF) -> float:
     """A lower bound on the iteration time of every plan of an interleaved task of one layer
     type from :class:`TiedLagrangeRows` (``cutoff`` where every choice of block sizes reaches
-    it); 0 where off."""
+    it); 0 where off. The rows without the fill term first: they cost a few times less and
+    settle most tasks (BERT-Large, GPT-1.5B) alone; the fill term only where they do not."""
     if not ENABLED or task.pp > TIED_MAX_STAGES:
         return 0.0
-    rows = TiedLagrangeRows(task)
+    best = _tied_root(TiedLagrangeRows(task, fill=False), cutoff)
+    if FILL and best < cutoff:
+        best = max(best, _tied_root(TiedLagrangeRows(task, fill=True), cutoff))
+    return best
+
+
+def _tied_root(rows: TiedLagrangeRows, cutoff: float) -> float:
+    task = rows.task
     best = max(float(rows.future(b)[0, 0]) for b in rows.branches)
     if best + task.overhead < cutoff:
         best = max(best, partition_bounds.partition_bound(rows, cutoff - task.overhead,
@@ -348,14 +376,13 @@ def fill_cells(max_len: int) -> tuple[np.ndarray, np.ndarray]:
     return lo, np.array(edges)
 
 
-def capped_counts(v: int, n: np.ndarray, caps: np.ndarray) -> np.ndarray:
-    """``x[j, i, c]``: layers of the ``j``-th chunk (by in-flight count, ascending) when
-    ``n[i]`` layers fill ``v`` chunks, each at least one and at most ``caps[c]``, the extra ones
-    on the lowest counts first; the column sums fall short of ``n[i]`` where no such split
-    exists."""
-    extra = (n[:, None] - v).clip(min=0)  # (lengths, 1)
-    room = (caps[None, :] - 1).clip(min=0)  # (1, cells)
-    j = np.arange(v)[:, None, None]
-    taken = (extra[None] - j * room[None]).clip(min=0)
-    return np.where(n[None, :, None] >= 1, 1 + np.minimum(taken, room[None]), 0) * \
-        (n[None, :, None] >= v)
+def split_counts(k: int, total: np.ndarray, cap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(x, ok)``: ``x[j, ...]`` the layers of the ``j``-th of ``k`` chunks (by in-flight
+    count, ascending) when ``total`` layers fill them, each at least one and at most ``cap``
+    (arrays of one shape), the extra ones on the lowest counts first; ``ok`` where such a split
+    exists (elsewhere ``x`` is meaningless)."""
+    extra = (total - k).clip(min=0)
+    room = (cap - 1).clip(min=0)
+    j = np.arange(k).reshape((k,) + (1,) * np.ndim(total))
+    x = 1 + np.minimum((extra[None] - j * room[None]).clip(min=0), room[None])
+    return x.astype(float), (total >= k) & (extra <= k * room)
