@@ -52,17 +52,16 @@ def interleaved_seeds(task: Task, partition: tuple[int, ...] | None = None) -> l
     plans, seen = [], set()
     for bold in (True, False):
         for over in ROOM_SWEEP:
-            layers: list[LayerStrategy | None] = [None] * task.num_layers
+            chosen: dict[int, LayerStrategy] = {}
             for s in range(task.pp):
                 picked = _stage_layers(task, s, lengths, starts, bold, over)
                 if picked is None:
                     break
-                for i, strategy in picked.items():
-                    layers[i] = strategy
+                chosen.update(picked)
             else:
-                key = tuple(layers)
-                if key not in seen:
-                    seen.add(key)
+                layers = tuple(chosen[i] for i in range(task.num_layers))
+                if layers not in seen:
+                    seen.add(layers)
                     plans.append(task_plan(task, lengths, layers))
     return plans
 
