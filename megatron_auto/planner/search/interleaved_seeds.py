@@ -24,8 +24,8 @@ import math
 import numpy as np
 
 from ...plan import LayerStrategy, Plan, even_partition
-from .seeds import SEED_CELLS, _levels, _step
-from .stage_dp import LayerOptions, solve_stage
+from .seeds import SEED_CELLS, _levels, _step, seed_options, seed_transitions
+from .stage_dp import solve_stage
 from .tasks import Task
 from .task_plans import task_plan
 
@@ -114,21 +114,12 @@ def _solve(task: Task, window: tuple[tuple[int, int], ...], tau: float, bold: bo
     if key not in cache:
         if task.on_new_table is not None:
             task.on_new_table()  # the deadline
-        opts, kept = [], []
-        for t, k_in in window:
-            c = task.tables.costs(t, k_in)
-            keep = np.nonzero(c.transient <= tau)[0]
-            if len(keep) == 0:
-                cache[key] = None
-                return None
-            charged = c.persistent if bold else np.maximum(c.persistent, c.step_peak)
-            mem = np.ceil(charged[keep] / step - 1e-12).astype(np.int64)
-            cost = (c.microbatch + (c.optimizer + c.exposed_sync) / task.m)[keep]
-            opts.append(LayerOptions(mem=mem, cost=cost, aux=np.zeros((len(keep), 0)),
-                                     cls=task.tables.classes(t, k_in)[keep]))
-            kept.append(keep)
-        types = {t for t, _ in window}
-        trans = np.minimum.reduce([task.tables.relayout[t] for t in types]) \
-            if len(types) > 1 else task.tables.relayout[next(iter(types))]
+        found = [seed_options(task, t, k_in, tau, bold) for t, k_in in window]
+        if any(f is None for f in found):
+            cache[key] = None
+            return None
+        kept = [f[0] for f in found if f is not None]
+        opts = [f[1] for f in found if f is not None]
+        trans = seed_transitions(task, {t for t, _ in window})
         cache[key] = (solve_stage(opts, trans, CELLS), kept)
     return cache[key]

@@ -66,22 +66,39 @@ def _table(task: Task, window: tuple[int, ...], k_in: int, tau: float, bold: boo
             task.on_new_table()  # the deadline: DP runs are the slow part
         by_type: dict[int, tuple[np.ndarray, LayerOptions]] = {}
         for t in set(window):
-            c = task.tables.costs(t, k_in)
-            keep = np.nonzero(c.transient <= tau)[0]
-            if len(keep) == 0:
+            found = seed_options(task, t, k_in, tau, bold)
+            if found is None:
                 cache[key] = None
                 return None
-            charged = c.persistent if bold else np.maximum(c.persistent, c.step_peak)
-            mem = np.ceil(charged[keep] / step - 1e-12)
-            cost = (c.microbatch + (c.optimizer + c.exposed_sync) / task.m)[keep]
-            by_type[t] = (keep, LayerOptions(mem=mem.astype(np.int64), cost=cost,
-                                             aux=np.zeros((len(keep), 0)),
-                                             cls=task.tables.classes(t, k_in)[keep]))
+            by_type[t] = found
         opts = [by_type[t][1] for t in window]
-        trans = np.minimum.reduce([task.tables.relayout[t] for t in set(window)]) \
-            if len(set(window)) > 1 else task.tables.relayout[window[0]]
-        cache[key] = (solve_stage(opts, trans, SEED_CELLS), by_type)
+        cache[key] = (solve_stage(opts, seed_transitions(task, set(window)), SEED_CELLS),
+                      by_type)
     return cache[key]
+
+
+def seed_options(task: Task, t: int, k_in: int, tau: float, bold: bool
+                 ) -> tuple[np.ndarray, LayerOptions] | None:
+    """A layer of type ``t`` at ``k_in`` micro-batches in flight in a seed DP: the indices of
+    its strategies of transient at most ``tau`` and their options (time per micro-batch with the
+    step and sync tail spread over the ``m`` micro-batches; bytes rounded up to cells, the
+    persistent ones if ``bold``, else the larger peak); None where none is that small."""
+    c = task.tables.costs(t, k_in)
+    keep = np.nonzero(c.transient <= tau)[0]
+    if len(keep) == 0:
+        return None
+    charged = c.persistent if bold else np.maximum(c.persistent, c.step_peak)
+    mem = np.ceil(charged[keep] / _step(task) - 1e-12)
+    cost = (c.microbatch + (c.optimizer + c.exposed_sync) / task.m)[keep]
+    return keep, LayerOptions(mem=mem.astype(np.int64), cost=cost, aux=np.zeros((len(keep), 0)),
+                              cls=task.tables.classes(t, k_in)[keep])
+
+
+def seed_transitions(task: Task, types: set[int]) -> np.ndarray:
+    """The relayout costs a seed DP charges between classes (the least over ``types``)."""
+    if len(types) > 1:
+        return np.minimum.reduce([task.tables.relayout[t] for t in types])
+    return task.tables.relayout[next(iter(types))]
 
 
 def _stage(task: Task, k: int, start: int, bold: bool):
