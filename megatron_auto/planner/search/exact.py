@@ -69,6 +69,7 @@ strategy of the layer).
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 
@@ -76,14 +77,13 @@ from ...plan import LayerStrategy, Plan
 from ...plan_optimizer_offload import FractionValue
 from ..cost.estimate import evaluate_plan
 from ..cost.gpu_terms import group_count
-from ..cost.interleaving import interleaved_variant
 from ..inputs.model_spec import TrainingSpec
 from .bottleneck import Bottleneck
 from . import partition_bound as partition_bounds
 from .dominance import StageDominance
 from .mixed_offload import MixedOffloadTask, stage_variants
 from .seeds import seed_plans
-from .interleaved_seeds import interleaved_seeds
+from .interleaved_seeds import cut_seeds, own_seeds
 from .tasks import Task, Weights
 from .task_plans import only_plan, task_plan
 
@@ -171,52 +171,35 @@ class TaskSearch:
         """Price the heuristic plans of ``seed.seed_plans`` (the pinned partition, if any):
         incumbents found fast, so that bounds prune from the start; the answer is still the
         search's. True if one of them fits the budget. Interleaved tasks take the incumbent
-        and (while there is none) the seeds of their non-interleaved sibling, each cut into
-        ``v`` chunks per stage (``interleaving.interleaved_variant``)."""
-        fits = False
+        (while there is none, their plain sibling's seeds) cut into chunks and their own
+        seeds (``interleaved_seeds``)."""
         task = self.task
         if isinstance(task, MixedOffloadTask):
-            return fits  # its variants are seeded as tasks of their own (mixed_offload)
+            return False  # its variants are seeded as tasks of their own (mixed_offload)
+        if task.v == 1:
+            return self._offer_all(lambda: seed_plans(task, self.partition))
+        return self._offer_all(lambda: cut_seeds(task, self.best.plan, self.partition)
+                               + own_seeds(task, self.partition))
+
+    def seed_interleaved(self) -> None:
+        """Price an interleaved task's own seeds, once (the driver seeds every interleaved
+        task so before it walks any: the first walks cut against the best of them)."""
+        if self.task.v > 1:
+            self._offer_all(lambda: own_seeds(self.task, self.partition))
+
+    def _offer_all(self, plans: Callable[[], list[Plan]]) -> bool:
+        """Offer the plans ``plans()`` builds (DP tables under the deadline check); True if
+        one fits."""
+        fits = False
         self.task.on_new_table = self._check_deadline
         try:
-            if task.v == 1:
-                plans = seed_plans(task, self.partition)
-            else:
-                given = [self.best.plan] if self.best.plan is not None else []
-                if self.best.plan is None:
-                    given += seed_plans(task.sibling(), None)
-                variants = [interleaved_variant(p, task.v) for p in given
-                            if (p.pp_size, p.num_microbatches, p.vocab, p.global_batch_size)
-                            == (task.pp, task.m, task.vocab, task.global_batch)]
-                plans = [p for p in variants if p is not None and (
-                    self.partition is None
-                    or tuple(p.pipeline.layers_per_stage) == tuple(self.partition))]
-                if "interleaved" not in task.seed_rows:  # not yet by seed_interleaved
-                    plans += interleaved_seeds(task, self.partition)
-            for plan in plans:
+            for plan in plans():
                 fits = self.offer(plan) or fits
         except _Stopped:
             self.best.stopped = True
         finally:
             self.task.on_new_table = None
         return fits
-
-    def seed_interleaved(self) -> None:
-        """Price an interleaved task's own seeds (``interleaved_seeds``: each stage's layers
-        chosen at its chunks' in-flight counts), once: the driver seeds every interleaved task
-        this way before it walks any, so that the first walks cut against the best of them."""
-        task = self.task
-        if task.v == 1 or "interleaved" in task.seed_rows:
-            return
-        task.seed_rows["interleaved"] = True
-        task.on_new_table = self._check_deadline
-        try:
-            for plan in interleaved_seeds(task, self.partition):
-                self.offer(plan)
-        except _Stopped:
-            self.best.stopped = True
-        finally:
-            task.on_new_table = None
 
     def offer(self, plan: Plan) -> bool:
         """Price a complete plan of this task (e.g. the least-memory one) as a candidate;

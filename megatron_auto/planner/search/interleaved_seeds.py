@@ -24,7 +24,8 @@ import math
 import numpy as np
 
 from ...plan import LayerStrategy, Plan, even_partition
-from .seeds import SEED_CELLS, _levels, _step, seed_options, seed_transitions
+from ..cost.interleaving import interleaved_variant
+from .seeds import SEED_CELLS, _levels, _step, seed_options, seed_plans, seed_transitions
 from .stage_dp import solve_stage
 from .tasks import Task
 from .task_plans import task_plan
@@ -36,6 +37,27 @@ from .task_plans import task_plan
 #: what does not. One DP table answers every room (its columns).
 ROOM_SWEEP = (1.0, 1.03, 1.06, 1.1, 1.15)
 CELLS = int(SEED_CELLS * max(ROOM_SWEEP)) + 1
+
+
+def cut_seeds(task: Task, incumbent: Plan | None, partition: tuple[int, ...] | None
+              ) -> list[Plan]:
+    """The incumbent (while there is none, the plain sibling's seeds) cut into ``v`` chunks per
+    stage (``interleaving.interleaved_variant``), where it is of this task's schedule, batch and
+    vocabulary (and the pinned ``partition``, if any)."""
+    given = [incumbent] if incumbent is not None else seed_plans(task.sibling(), None)
+    variants = [interleaved_variant(p, task.v) for p in given
+                if (p.pp_size, p.num_microbatches, p.vocab, p.global_batch_size)
+                == (task.pp, task.m, task.vocab, task.global_batch)]
+    return [p for p in variants if p is not None and (
+        partition is None or tuple(p.pipeline.layers_per_stage) == tuple(partition))]
+
+
+def own_seeds(task: Task, partition: tuple[int, ...] | None = None) -> list[Plan]:
+    """``interleaved_seeds`` the first time a task asks, then none (they do not change)."""
+    if "interleaved" in task.seed_rows:
+        return []
+    task.seed_rows["interleaved"] = True
+    return interleaved_seeds(task, partition)
 
 
 def interleaved_seeds(task: Task, partition: tuple[int, ...] | None = None) -> list[Plan]:
