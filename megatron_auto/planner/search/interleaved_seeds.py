@@ -96,9 +96,7 @@ def _stage_layers(task: Task, s: int, lengths: tuple[int, ...], starts: list[int
     where = [(i, task.spec.layer_order[i], task.in_flight[c])
              for c in own for i in range(starts[c], starts[c] + lengths[c])]
     embs = [task.emb[c] for c in own]
-    hop = max(task.tables.hop_bytes(cl, t) for cl in range(len(task.tables.layouts))
-              for t in range(len(task.tables.moved)))
-    received = hop * sum(task.in_flight[c] for c in own if c > 0)
+    received = task.tables.most_hop_bytes * sum(task.in_flight[c] for c in own if c > 0)
     persistent = sum(e.persistent for e in embs) + received
     step_peak = sum(e.step_peak for e in embs)
     top = max(e.transient for e in embs)

@@ -32,10 +32,11 @@ layer), so the block's Lagrangian value is ``sum_lead h_c + (n - v + 1) h_low - 
 the least priced strategy at count ``c``. That leaves a stage free to pile its layers on its
 chunk of the fewest micro-batches in flight while the fill, ``sum_k max_j c_{k,j}`` in the
 interleaved formula, is priced as ``C_k / v``: so each row is the least, over the size ``D`` of
-the stage's longest chunk, of the larger of that value with at most ``D`` layers a chunk and the
-value without the fill's share plus ``D`` layers' least time (``FILL``; with few micro-batches
-the fill is a large part of the iteration: LLaMA-7B on 8 GPUs at 36 GB, pp 2, v 4, m 8, the
-task's bound rose from 5.11 to 5.26 s against a best plan of 5.71 s found by its seeds). The
+the stage's longest chunk ``j``, of the larger of that value with at most ``D`` layers a chunk
+and the value with chunk ``j``'s layers at the weight less the fill's share plus one
+(``TiedLagrangeRows.stage_bound``; ``FILL``). With few micro-batches the fill is a large part of
+the iteration: LLaMA-7B on 8 GPUs at 36 GB, pp 2, v 4, m 8, the task's bound rose from 5.18 to
+5.53 s against a best plan of 5.71 s found by its seeds. The
 partition bound over the blocks then needs no DP table; where it reaches the incumbent, the
 tied bound's tables are never built. The blocks' room also loses the least bytes of their
 chunks' received inputs (``Task.hop_floor``). (Giving each

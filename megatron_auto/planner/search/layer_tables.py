@@ -86,6 +86,12 @@ class LayerTables:
         return self.b_m / dp_size(self.layouts[cls][0], self.n) * self.moved[layer_type]
 
     @functools.cached_property
+    def most_hop_bytes(self) -> float:
+        """The largest ``hop_bytes`` of any class and layer type (what a seed reserves)."""
+        return max(self.hop_bytes(c, t) for c in range(len(self.layouts))
+                   for t in range(len(self.moved)))
+
+    @functools.cached_property
     def least_hop_bytes(self) -> float:
         """The least ``hop_bytes`` of any class and layer type: what every received input of
         an interleaved chunk keeps at least, per micro-batch in flight."""
