@@ -17,6 +17,7 @@ from ..inputs.cluster_model import ClusterModel
 from ..inputs.model_spec import ModelSpec, TrainingSpec
 from ..inputs.profiles import ModelProfile
 from .cp_space import cp_degrees
+from .family_bound import join_families
 from .layer_tables import LayerTables
 from .mixed_offload import MixedOffloadTask, same_classes
 from .options import SearchOptions
@@ -110,6 +111,7 @@ def build_tasks(space: Space, spec: ModelSpec, training: TrainingSpec, cluster: 
                         if pp > 1 and len(every) > 1 and options.per_stage_offload:
                             out += _mixed(every, uniform, lambda r, voc: make(
                                 batch, pp, m, sched, r, voc))
+    join_families(out)  # one bound for a layer table's vocabulary layouts (family_bound)
     return out
 
 

@@ -135,6 +135,9 @@ class Task(TaskEnds):
         # J_b for every stage b; interleaved tasks add their mean over b (branch ``pp``).
         self.branches = list(range(pp)) + ([pp] if self.v > 1 else [])
         self.on_new_table: Callable[[], None] | None = None  # e.g. a deadline check
+        # The tasks of this layer table and virtual size, for bounds shared across their
+        # vocabulary layouts (family_bound.Family; None: this task's own bounds only).
+        self.family: Any = None
 
     @functools.cached_property
     def in_flight(self) -> list[int]:
@@ -163,13 +166,19 @@ class Task(TaskEnds):
         last, zeros in between), on first use."""
         if self._emb is None:
             last = self.chunks - 1
-            self._emb = [embedding_costs(self.profile.embedding, self.cluster, self.vocab,
-                                         self.n, self.b_m, self.in_flight[k], self.schedule,
-                                         k == 0, k == last, self.pp,
-                                         self.spec.seq_length, self.profile.precision,
-                                         self.rules.optimizer_offload)
-                         if k in (0, last)
-                         else EmbeddingCosts() for k in range(self.chunks)]
+            memo = self.cache.embeddings
+            out = []
+            for k in range(self.chunks):
+                if k not in (0, last):
+                    out.append(EmbeddingCosts())
+                    continue
+                args = (self.vocab, self.n, self.b_m, self.in_flight[k], self.schedule, k == 0,
+                        k == last, self.pp, self.spec.seq_length, self.profile.precision,
+                        self.rules.optimizer_offload)
+                if args not in memo:
+                    memo[args] = embedding_costs(self.profile.embedding, self.cluster, *args)
+                out.append(memo[args])
+            self._emb = out
         return self._emb
 
     @functools.cached_property
@@ -504,8 +513,18 @@ class Task(TaskEnds):
         reaches ``cutoff``; the incumbent only falls, so a kept value that reached an earlier
         cutoff still reaches a later one)."""
         if "lagrange" not in self._future:
-            self._future["lagrange"] = lagrange_root(self, cutoff)
+            self._future["lagrange"] = self._shared_or_own("lagrange", lagrange_root, cutoff)
         return self._future["lagrange"]
+
+    def _shared_or_own(self, kind: str, compute: Callable[[Any, float], float],
+                       cutoff: float) -> float:
+        """``compute(self, cutoff)``, unless the family's bound of that kind (at most this
+        task's, ``family_bound``) already reaches ``cutoff``."""
+        if self.family is not None:
+            shared = self.family.bound(kind, compute, cutoff)
+            if shared >= cutoff:
+                return shared
+        return compute(self, cutoff)
 
     def tied_bound(self) -> float:
         """Interleaved tasks of one layer type: ``J_b`` with each stage's ``v`` chunks sharing
@@ -542,7 +561,8 @@ class Task(TaskEnds):
         if not self.tied_applies():
             return 0.0
         if "tied_lagrange" not in self._future:
-            self._future["tied_lagrange"] = tied_lagrange_root(self, cutoff)
+            self._future["tied_lagrange"] = self._shared_or_own("tied_lagrange",
+                                                                tied_lagrange_root, cutoff)
         return self._future["tied_lagrange"]
 
     def tied_partition_bound(self, cutoff: float = INF) -> float:
