@@ -179,10 +179,10 @@ def uniform_plans(task: Task, partition: tuple[int, ...] | None = None) -> list[
     for s in stage_costs[0].strategies:
         micro, back, tails, steps, fits = [], [], [], [], True
         for k, c in enumerate(stage_costs):
-            if s not in c.strategies:
+            i = c.position.get(s)
+            if i is None:
                 fits = False
                 break
-            i = c.strategies.index(s)
             e, n = task.emb[k], part[k]
             micro.append(e.microbatch + n * float(c.microbatch[i]))
             back.append(e.backward + n * float(c.backward[i]))
@@ -209,14 +209,16 @@ def _pair_stage(task: Task, k: int, length: int, bold: bool):
     """Best stage of ``length`` layers made of two strategies ``a`` (first ``x`` layers) and
     ``b``: ``(value, a, b, x)`` or None, memory checked on both peaks with the NCCL bound
     (the fewest communicators if ``bold``)."""
-    key = ("pair", k, length, bold)
-    cache = task.seed_rows
+    e = task.emb[k]
+    nccl = task.nccl_floor[k] if bold else task.nccl_bound
+    # kept with the layer tables, by all it reads: a middle stage's is the same for every
+    # vocabulary layout of the table (no embedding, the same communicators)
+    key = ("pair", task.in_flight[k], length, bold, e, nccl, task.budget)
+    cache = task.tables.memo
     if key in cache:
         return cache[key]
     c = task.tables.costs(0, task.in_flight[k])
-    e = task.emb[k]
     value = c.microbatch + (c.optimizer + c.exposed_sync) / task.m
-    nccl = task.nccl_floor[k] if bold else task.nccl_bound
     room = task.budget * (1 - 1e-9) - task.cluster.memory_reserve_bytes - nccl
     x = np.arange(length + 1)[None, None, :]
     y = length - x

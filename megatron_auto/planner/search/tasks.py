@@ -242,10 +242,14 @@ class Task(TaskEnds):
                        gamma=1.0 if self.stage_of(k) == 0 else 0.0)
 
     def weight_arrays(self, k: int) -> tuple[np.ndarray, np.ndarray, float]:
-        """``(alpha, beta)`` over the branches ``b`` and ``gamma`` of chunk position ``k``."""
-        alpha = np.array([self.weights(k, b).alpha for b in self.branches])
-        beta = np.array([self.weights(k, b).beta for b in self.branches])
-        return alpha, beta, 1.0 if self.stage_of(k) == 0 else 0.0
+        """``(alpha, beta)`` over the branches ``b`` and ``gamma`` of chunk position ``k``
+        (kept: every search of the task reads them, GPT-3's 64 stages each 65 branches)."""
+        key = ("weight_arrays", k)
+        if key not in self._future:
+            ws = [self.weights(k, b) for b in self.branches]
+            self._future[key] = (np.array([w.alpha for w in ws]), np.array([w.beta for w in ws]),
+                                 1.0 if self.stage_of(k) == 0 else 0.0)
+        return self._future[key]
 
     def cheap_bound(self, with_embedding: bool = True) -> float:
         """A lower bound on every plan's iteration time that needs no DP (memory ignored): each
