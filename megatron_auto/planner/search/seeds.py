@@ -220,26 +220,59 @@ def _pair_stage(task: Task, k: int, length: int, bold: bool):
     c = task.tables.costs(0, task.in_flight[k])
     value = c.microbatch + (c.optimizer + c.exposed_sync) / task.m
     room = task.budget * (1 - 1e-9) - task.cluster.memory_reserve_bytes - nccl
-    x = np.arange(length + 1)[None, None, :]
+    top = np.maximum(np.maximum(c.transient[:, None], c.transient[None, :]), e.transient)
+    x = _pair_splits(c, top, e, room, length)
     y = length - x
     va, vb = value[:, None, None], value[None, :, None]
     total = x * va + y * vb
     cls = task.tables.classes(0, task.in_flight[k])
     trans = task.tables.relayout[0][cls[:, None], cls[None, :]][:, :, None]
     total = total + np.where((x > 0) & (y > 0), trans, 0.0)
-    top = np.maximum(np.maximum(c.transient[:, None], c.transient[None, :]), e.transient)
     backward = (x * c.persistent[:, None, None] + y * c.persistent[None, :, None]
                 + top[:, :, None] + e.persistent)
     step = x * c.step_peak[:, None, None] + y * c.step_peak[None, :, None] + e.step_peak
     total = np.where((backward <= room) & (step <= room), total, np.inf)
     j = int(np.argmin(total))
-    a, b, xs = np.unravel_index(j, total.shape)
+    a, b, i = np.unravel_index(j, total.shape)
     out = None
     if np.isfinite(total.flat[j]):
         out = (float(total.flat[j]) + e.microbatch + (e.optimizer + e.exposed_sync) / task.m,
-               c.strategies[int(a)], c.strategies[int(b)], int(xs))
+               c.strategies[int(a)], c.strategies[int(b)], int(np.broadcast_to(
+                   x, total.shape)[a, b, i]))
     cache[key] = out
     return out
+
+
+#: Split points a pair stage tries (``_pair_splits``): every one up to this many, else these.
+PAIR_CANDIDATES = 10
+
+
+def _pair_splits(c, top: np.ndarray, e, room: float, length: int) -> np.ndarray:
+    """The split points ``x`` (layers of strategy ``a``) that ``_pair_stage`` prices per pair
+    ``(a, b)``, ascending: all of ``0..length``, or, for long stages, the few where the best
+    of them lies. Both peaks are linear in ``x``, so the ones that fit form an interval
+    ``[lo, hi]``; the time is linear in ``x`` inside ``1..length-1`` (one relayout) and
+    differs at the ends. So the least time, and the smallest ``x`` reaching it, is at ``0``,
+    ``length``, ``max(lo, 1)`` or ``min(hi, length - 1)``: those are kept, with ``lo`` and
+    ``hi`` widened by one each way against rounding (the caller checks every one exactly).
+    Shape ``(1, 1, length + 1)`` or ``(S, S, PAIR_CANDIDATES)``."""
+    if length + 1 <= PAIR_CANDIDATES:
+        return np.arange(length + 1)[None, None, :]
+    lo = np.zeros(top.shape)
+    hi = np.full(top.shape, float(length))
+    for per, fixed in ((c.persistent, top + e.persistent), (c.step_peak, e.step_peak)):
+        d = per[:, None] - per[None, :]  # the peak grows by d per layer moved from b to a
+        r = room - length * per[None, :] - fixed  # and fits while d x <= r
+        with np.errstate(divide="ignore", invalid="ignore"):
+            q = r / d
+        hi = np.where(d > 0, np.minimum(hi, np.floor(q)), hi)
+        lo = np.where(d < 0, np.maximum(lo, np.ceil(q)), lo)
+        hi = np.where((d == 0) & (r < 0), -1.0, hi)  # fits nowhere: every candidate is checked
+    lo, hi = np.clip(lo, 0, length), np.clip(hi, 0, length)
+    cands = np.stack([np.zeros(top.shape), lo - 1, lo, lo + 1, np.ones(top.shape),
+                      np.full(top.shape, length - 1.0), hi - 1, hi, hi + 1,
+                      np.full(top.shape, float(length))], axis=-1)
+    return np.sort(np.clip(cands, 0, length), axis=-1).astype(np.int64)
 
 
 def pair_plans(task: Task, partition: tuple[int, ...] | None = None) -> list[Plan]:
