@@ -262,7 +262,15 @@ class ClusterSpec:
 
     def allreduce_busbw(self, group_size: int, consecutive: bool = True,
                         span: int | None = None) -> float:
-        """All-reduce bus bandwidth (bytes/s) of a group; measured when possible, else topology."""
+        """All-reduce bus bandwidth (bytes/s) of a group; measured when possible, else topology.
+        Kept per group (the spec is frozen): the cost model asks tens of thousands of times."""
+        memo = self.__dict__.setdefault("_busbw_memo", {})
+        key = (group_size, consecutive, span)
+        if key not in memo:
+            memo[key] = self._allreduce_busbw(group_size, consecutive, span)
+        return memo[key]
+
+    def _allreduce_busbw(self, group_size: int, consecutive: bool, span: int | None) -> float:
         nodes = self.nodes_spanned(group_size, consecutive, span)
         topo = self._topology_busbw(group_size, nodes)
         key_consecutive = consecutive

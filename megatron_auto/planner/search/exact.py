@@ -85,7 +85,7 @@ from .mixed_offload import MixedOffloadTask, stage_variants
 from .seeds import seed_plans
 from .interleaved_seeds import cut_seeds, own_seeds
 from .tasks import Task, Weights
-from .task_plans import only_plan, task_plan
+from .task_plans import only_plan, table_time, task_plan
 
 from .walk_state import (MEMORY_SLACK, TIE, Candidates, Incumbent, NcclLayouts, Placed,
                          StageMemory, StageState, host_fits)
@@ -194,6 +194,9 @@ class TaskSearch:
         self.task.on_new_table = self._check_deadline
         try:
             for plan in plans():
+                if self.task.v == 1 and table_time(self.task, plan) \
+                        >= self.best.value * self.task.global_batch:
+                    continue  # its tables show it slower than the incumbent
                 fits = self.offer(plan) or fits
         except _Stopped:
             self.best.stopped = True

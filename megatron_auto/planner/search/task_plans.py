@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ...plan import LayerStrategy, PipelineSpec, Plan
+from ..cost.time_model import pipeline_time
 from .mixed_offload import MixedOffloadTask
 from .tasks import Task
 
@@ -45,3 +46,32 @@ def only_plan(task: Task, partition: Sequence[int] | None) -> Plan | None:
                 return None
             layers.append(costs.strategies[0])
     return task_plan(task, partition, layers)
+
+
+def table_time(task: Task, plan: Plan) -> float:
+    """A lower bound on ``evaluate_plan``'s iteration time of ``plan``, a plan of the plain
+    (v = 1) ``task``, from the task's cost tables alone: each stage's layers and embedding/head
+    at their table times, no relayout between them, in ``cost_time.pipeline_time`` (which no
+    stage's term lowers) with the fixed step overhead (``Task.overhead``); 0 where a layer's strategy is not
+    in its table. A seed bounded at the incumbent's time or above need not be priced (whether
+    it fits then stays unknown)."""
+    micro, back, tails, steps = [], [], [], []
+    start = 0
+    for k, n in enumerate(plan.pipeline.layers_per_stage):
+        e = task.emb[k]
+        c_sum, b_sum, tail, step = e.microbatch, e.backward, e.exposed_sync, e.optimizer
+        for layer in range(start, start + n):
+            c = task.costs(k, layer)
+            i = c.position.get(plan.layers[layer])
+            if i is None:
+                return 0.0
+            c_sum += float(c.forward[i]) + float(c.backward[i])
+            b_sum += float(c.backward[i])
+            tail += float(c.exposed_sync[i])
+            step += float(c.optimizer[i])
+        micro.append(c_sum)
+        back.append(b_sum)
+        tails.append(tail)
+        steps.append(step)
+        start += n
+    return pipeline_time(micro, back, tails, task.m, steps, task.overhead).iteration
