@@ -322,7 +322,10 @@ def run_galvatron(python: Path, case: dict[str, Any], staged: dict[str, str], bu
 
 
 def _ours(*args: str) -> list[str]:
-    return [sys.executable, "-m", "megatron_auto.cli", *args]
+    """One of our commands as a user runs it: ``python -m megatron_auto`` is the installed
+    ``megatron-auto`` script's entry (``console.py``: one BLAS thread, no interpreter
+    teardown after the plan is written), which ``-m megatron_auto.cli`` skips."""
+    return [sys.executable, "-m", "megatron_auto", *args]
 
 
 def import_ours(case: dict[str, Any], files: dict[str, Path],
@@ -383,9 +386,11 @@ def plan_ours(case: dict[str, Any], profile: Path, cluster: Path, budget: int,
 
 
 def startup_ours() -> float:
-    """Seconds to start Python and import the CLI: the floor of every command of ours."""
+    """Seconds to start Python and import the CLI as the console entry does (one BLAS
+    thread, ``os._exit``): the floor of every command of ours."""
     t0 = time.perf_counter()
-    _run([sys.executable, "-c", "import megatron_auto.cli"], env=_env())
+    _run([sys.executable, "-c", "import os; os.environ.setdefault('OPENBLAS_NUM_THREADS', '1'); "
+          "import megatron_auto.cli; os._exit(0)"], env=_env())
     return time.perf_counter() - t0
 
 
@@ -490,7 +495,8 @@ def main() -> None:
         root = galvatron_root(python)
         startup_ours()  # untimed: fills our bytecode cache
         loads = [os.getloadavg()[0]]
-        emit(f"our start-up (python + import megatron_auto.cli): {startup_ours():.2f} s; "
+        emit(f"our start-up (python + import megatron_auto.cli, as the console entry): "
+             f"{startup_ours():.2f} s; "
              f"load average {loads[0]:.1f} on {os.cpu_count()} CPUs")
         emit("")
         emit(HEADER)
