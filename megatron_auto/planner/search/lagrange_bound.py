@@ -223,20 +223,30 @@ class TiedLagrangeRows:
     """Lagrangian rows of an interleaved task's stage blocks (module docstring), read by
     ``partition_bound`` like ``tied.TiedRows``: position ``s`` is stage ``s``."""
 
-    def __init__(self, task: Task, fill: bool = True) -> None:
+    def __init__(self, task: Task, fill: bool = True,
+                 like: TiedLagrangeRows | None = None) -> None:
+        """``like``: rows of the same task whose multipliers and memory prices these share
+        (the rows with and without the fill differ only in their rows)."""
         self.task, self.fill = task, fill
         self.num_layers, self.chunks = task.num_layers, task.pp
         self.max_len = task.num_layers - task.pp + 1
         self.spec, self.branches = task.spec, task.branches
         self.own = [[c for c in range(task.chunks) if task.stage_of(c) == s]
                     for s in range(task.pp)]
-        grid = multipliers(task)
-        zeros = np.zeros(len(grid))
-        self.lam = np.concatenate([grid, zeros])
-        self.mu = np.concatenate([zeros, grid])
+        self.lam: np.ndarray
+        self.mu: np.ndarray
+        self._priced: dict[int, np.ndarray]
+        if like is not None:
+            assert like.task is task
+            self.lam, self.mu, self._priced = like.lam, like.mu, like._priced
+        else:
+            grid = multipliers(task)
+            zeros = np.zeros(len(grid))
+            self.lam = np.concatenate([grid, zeros])
+            self.mu = np.concatenate([zeros, grid])
+            self._priced = {}
         self._rows: dict[tuple[int, Any], np.ndarray] = {}
         self._future: dict[int, np.ndarray] = {}
-        self._priced: dict[int, np.ndarray] = {}
 
     def stage_bound(self, k: int, start: int, b: int) -> np.ndarray:
         """Lower bound on stage ``k``'s share of ``J_b`` per block size ``1..max_len``.
@@ -351,9 +361,10 @@ def tied_lagrange_root(task: Task, cutoff: float = INF) -> float:
     settle most tasks (BERT-Large, GPT-1.5B) alone; the fill term only where they do not."""
     if not ENABLED or task.pp > TIED_MAX_STAGES:
         return 0.0
-    best = _tied_root(TiedLagrangeRows(task, fill=False), cutoff)
+    plain = TiedLagrangeRows(task, fill=False)
+    best = _tied_root(plain, cutoff)
     if FILL and best < cutoff:
-        best = max(best, _tied_root(TiedLagrangeRows(task, fill=True), cutoff))
+        best = max(best, _tied_root(TiedLagrangeRows(task, fill=True, like=plain), cutoff))
     return best
 
 
