@@ -32,6 +32,7 @@ from ...utils.progress import RestartingProgress
 from ..inputs.cluster_model import ClusterModel
 from ..cost.estimate import Estimate, evaluate_plan
 from .exact import TaskSearch
+from .refine import walk_task
 from .walk_state import MEMORY_SLACK, TIE, Incumbent
 from .infeasible import InfeasibleError, infeasible_error, interleaved_least_peak
 from ..cost.interleaving import interleaved_variant
@@ -292,7 +293,8 @@ def _run(spaces: list[Space], spec: ModelSpec, training: TrainingSpec, cache: Se
                 counts.memory_pruned += 1
                 continue
             before = best.plan
-            TaskSearch(task, training, best, deadline, pin).run()
+            walk_task(task, training, best, deadline, pin,
+                      refine=options.memory_step_bytes is None)
             if best.plan is not before:
                 counts.winner = task
         counts.done += len(group)

@@ -76,7 +76,6 @@ import numpy as np
 from ...plan import LayerStrategy, Plan
 from ...plan_optimizer_offload import FractionValue
 from ..cost.estimate import evaluate_plan
-from ..cost.gpu_terms import group_count
 from ..inputs.model_spec import TrainingSpec
 from .bottleneck import Bottleneck
 from . import partition_bound as partition_bounds
@@ -87,8 +86,8 @@ from .interleaved_seeds import cut_seeds, own_seeds
 from .tasks import Task, Weights
 from .task_plans import only_plan, table_time, task_plan
 
-from .walk_state import (MEMORY_SLACK, TIE, Candidates, Incumbent, NcclLayouts, Placed,
-                         StageMemory, StageState, host_fits)
+from .walk_state import (MEMORY_SLACK, TIE, Candidates, Incumbent, Placed, StageMemory,
+                         StageState, host_fits)
 
 TIED_DEPTH = 3  # chunk positions from which the walk stops checking the tied bound
 # Cut a branch as soon as its stage's offloaded activations pass the host budget (False: only
@@ -104,13 +103,18 @@ class _Stopped(Exception):
     pass
 
 
+class _Restart(Exception):
+    """The walk passed its node limit (``TaskSearch.node_limit``): ``run`` returns True."""
+
+
 class TaskSearch:
     """Branch and bound over the plans of one task (see the module docstring)."""
 
     def __init__(self, task: Task, training: TrainingSpec, incumbent: Incumbent,
-                 deadline: float | None = None, partition: tuple[int, ...] | None = None
-                 ) -> None:
+                 deadline: float | None = None, partition: tuple[int, ...] | None = None,
+                 node_limit: int | None = None) -> None:
         self.task, self.training, self.best = task, training, incumbent
+        self.node_limit = node_limit  # of the incumbent's node count, for the walk (refine.py)
         self.deadline = deadline  # on task.cache.clock (the search's CPU clock)
         self.clock = task.cache.clock
         self.partition = partition
@@ -136,7 +140,6 @@ class TaskSearch:
         self.joint: Bottleneck | None = None
         self.dominance: StageDominance | None = None
         self.inner: StageDominance | None = None
-        self._nccl_bytes: dict[tuple[int, NcclLayouts, int], float] = {}
         # Branches sharing the weights of position k (at most two kinds: bottleneck or not).
         self._pairs: list[list[tuple[np.ndarray, Weights]]] = []
         for k in range(task.chunks):
@@ -220,16 +223,19 @@ class TaskSearch:
                                           or self.task.v > 1) \
                 and self.clock() > self.deadline:
             raise _Stopped
+        if self.node_limit is not None and self.best.nodes > self.node_limit:
+            raise _Restart
 
-    def run(self) -> None:
-        """Search the task; the incumbent is updated in place (``stopped`` if cut short)."""
+    def run(self) -> bool:
+        """Search the task; the incumbent is updated in place (``stopped`` if cut short). True
+        where the walk stopped at its node limit instead (the task is not searched)."""
         self.placed = Placed()
         self.dominance = StageDominance() if self.task.v == 1 and self.task.pp > 1 else None
         task = self.task
         only = only_plan(task, self.partition)
         if only is not None:  # one strategy per layer and one partition: the task's one plan
             self.offer(only)
-            return
+            return False
         if self.best.plan is None or task.v > 1:
             self.seed()
         self.task.on_new_table = self._check_deadline  # DP tables are the slow part
@@ -238,11 +244,13 @@ class TaskSearch:
             root = self.task.root_bound(self.threshold())
             if root >= self.threshold():
                 self._prune(root)
-                return
+                return False
             self.futures = np.stack([self.task.future(b) for b in self.task.branches])
             # bound 2 (the Alpa form) is for v = 1; interleaved tasks prune with J_b alone
             self.joint = self.task.bottleneck() if self.task.pp > 1 and task.v == 1 else None
             self._stage(0, 0, np.zeros(len(self.task.branches)))
+        except _Restart:
+            return True
         except _Stopped:
             self.best.stopped = True
             if not self._entered:  # stopped before the first stage's picks: all of the task
@@ -250,6 +258,7 @@ class TaskSearch:
                 self._prune(task.cheap_bound())
         finally:
             self.task.on_new_table = None
+        return False
 
     # ------------------------------------------------------------------ stages
     def _stage(self, k: int, start: int, acc: np.ndarray) -> None:
@@ -400,7 +409,7 @@ class TaskSearch:
         classes = cur.classes(k, layer)
         # NCCL communicators grow with the set of layouts a stage uses (gpu_terms): the layouts
         # so far plus the candidate's give a floor for every plan below (0 where not modelled).
-        limit = self.limit - self._nccl(task.stage_of(k), state.layouts, classes)
+        limit = self.limit - task.nccl_with(task.stage_of(k), state.layouts, classes)
         left = length - offset - 1
         tables = cur.tables
         if offset > 0:
@@ -563,22 +572,6 @@ class TaskSearch:
             out = cur.vocab_moves_backward(layer_type)[0][classes]
         if left == 0 and k == task.chunks - 1:
             out = out + cur.vocab_moves_backward(layer_type)[1][classes]
-        return out
-
-    def _nccl(self, k: int, layouts: NcclLayouts, classes: np.ndarray) -> np.ndarray | float:
-        """NCCL bytes of stage ``k`` holding ``layouts`` and each candidate's layout."""
-        task = self.task
-        per = float(getattr(task.cluster, "nccl_communicator_bytes", 0.0))
-        if per <= 0:
-            return 0.0
-        known = self._nccl_bytes
-        out = np.empty(len(classes))
-        for c in set(classes.tolist()):  # not np.unique: it imports numpy.ma (start-up time)
-            key = (k, layouts, int(c))
-            if key not in known:
-                known[key] = per * group_count(task.n, task.pp, task.world_size, k, 0,
-                                               layouts | {task.tables.nccl_layouts[int(c)]})
-            out[classes == c] = known[key]
         return out
 
     def _leaf(self, fraction: FractionValue | None = None) -> bool:

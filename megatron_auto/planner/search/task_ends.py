@@ -114,3 +114,20 @@ class TaskEnds:
         when the task has one)."""
         cp = self.rules.cp
         return (self.vocab.tp, True) if cp == 1 else (self.vocab.tp, True, cp)
+
+
+    def nccl_with(self, k: int, layouts: frozenset, classes: np.ndarray) -> np.ndarray | float:
+        """NCCL bytes of stage ``k`` holding ``layouts`` (``gpu_terms.group_count``'s layout
+        keys) and each candidate class's layout (the exact search's memory cut); kept."""
+        per = float(getattr(self.cluster, "nccl_communicator_bytes", 0.0))
+        if per <= 0:
+            return 0.0
+        known = self._future
+        out = np.empty(len(classes))
+        for c in set(classes.tolist()):  # not np.unique: it imports numpy.ma (start-up time)
+            key = ("nccl_with", k, layouts, int(c))
+            if key not in known:
+                known[key] = per * group_count(self.n, self.pp, self.world_size, k, 0,
+                                               layouts | {self.tables.nccl_layouts[int(c)]})
+            out[classes == c] = known[key]
+        return out

@@ -337,7 +337,7 @@ class Task(TaskEnds):
         at the in-flight counts ``lead`` instead of position ``k``'s (``tied_rest``)."""
         window = self._window(start, span)
         k_in = self.bound_in_flight(k)
-        key = (window, k_in, w, lead)
+        key = (window, k_in, w, lead, self.step)  # the cells: refine.finer's twin has its own
         if key not in self.tables.rest:
             if self.on_new_table is not None:
                 self.on_new_table()
@@ -414,7 +414,7 @@ class Task(TaskEnds):
         """The ``rest`` tables of the transient buckets, stacked ``(bucket, layers, cells)``;
         a bucket's DP runs when first ``needed`` (until then its rows are inf, never read)."""
         window = self._window(start, span)
-        key = (window, self.bound_in_flight(k), w, lead)
+        key = (window, self.bound_in_flight(k), w, lead, self.step)
         cache = self.tables.rest_stacks
         if key not in cache:
             cache[key] = (np.full((len(self.tables.buckets), len(window), self.cells + 1),
