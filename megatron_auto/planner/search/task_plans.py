@@ -52,9 +52,9 @@ def table_time(task: Task, plan: Plan) -> float:
     """A lower bound on ``evaluate_plan``'s iteration time of ``plan``, a plan of the plain
     (v = 1) ``task``, from the task's cost tables alone: each stage's layers and embedding/head
     at their table times, no relayout between them, in ``cost_time.pipeline_time`` (which no
-    stage's term lowers) with the fixed step overhead (``Task.overhead``); 0 where a layer's strategy is not
-    in its table. A seed bounded at the incumbent's time or above need not be priced (whether
-    it fits then stays unknown)."""
+    stage's term lowers) with the fixed step overhead (``Task.overhead``); 0 where a layer's
+    strategy is not in its table. A seed bounded at the incumbent's time or above need not be
+    priced (whether it fits then stays unknown)."""
     micro, back, tails, steps = [], [], [], []
     start = 0
     for k, n in enumerate(plan.pipeline.layers_per_stage):
