@@ -31,7 +31,7 @@ from typing import Any
 from ..cost.interleaving import InFlightMemo
 from ..inputs.cluster_model import ClusterModel
 from ..inputs.profiles import ModelProfile
-from .stage_costs import EmbeddingCosts, PricedStrategies
+from .stage_costs import EmbeddingCosts, PricedStrategies, embedding_costs
 
 
 class SearchClock:
@@ -76,6 +76,13 @@ class SearchCache:
         if profile is not self.profile or cluster is not self.cluster:
             raise ValueError("a SearchCache serves the model profile and cluster it was made "
                              "for; make one per search")
+
+    def embedding_costs(self, *args: Any) -> EmbeddingCosts:
+        """``stage_costs.embedding_costs`` of this cache's profile and cluster with ``args``
+        (every other argument), kept."""
+        if args not in self.embeddings:
+            self.embeddings[args] = embedding_costs(self.profile.embedding, self.cluster, *args)
+        return self.embeddings[args]
 
     def priced_strategies(self, layer_type: str) -> PricedStrategies:
         """The priced-strategy memo of ``layer_type`` (created empty on first use)."""

@@ -59,7 +59,7 @@ from ..inputs.model_spec import ModelSpec
 from ..inputs.profiles import ModelProfile
 from .search_cache import SearchCache
 from .spaces import SpaceRules
-from .stage_costs import EmbeddingCosts, StrategyCosts, embedding_costs
+from .stage_costs import EmbeddingCosts, StrategyCosts
 
 INF = math.inf
 
@@ -166,19 +166,11 @@ class Task(TaskEnds):
         last, zeros in between), on first use."""
         if self._emb is None:
             last = self.chunks - 1
-            memo = self.cache.embeddings
-            out = []
-            for k in range(self.chunks):
-                if k not in (0, last):
-                    out.append(EmbeddingCosts())
-                    continue
-                args = (self.vocab, self.n, self.b_m, self.in_flight[k], self.schedule, k == 0,
-                        k == last, self.pp, self.spec.seq_length, self.profile.precision,
-                        self.rules.optimizer_offload)
-                if args not in memo:
-                    memo[args] = embedding_costs(self.profile.embedding, self.cluster, *args)
-                out.append(memo[args])
-            self._emb = out
+            self._emb = [self.cache.embedding_costs(
+                self.vocab, self.n, self.b_m, self.in_flight[k], self.schedule, k == 0,
+                k == last, self.pp, self.spec.seq_length, self.profile.precision,
+                self.rules.optimizer_offload) if k in (0, last) else EmbeddingCosts()
+                for k in range(self.chunks)]
         return self._emb
 
     @functools.cached_property
