@@ -48,6 +48,17 @@ def compositions(n: int, k: int) -> Iterator[tuple[int, ...]]:
         yield tuple(b - a for a, b in zip(bounds, bounds[1:]))
 
 
+def split_plans(spec, world: int, batch: int, m: int, pp: int, vocab: VocabStrategy,
+                choices: list[LayerStrategy]) -> Iterator[Plan]:
+    """Every plain 1F1B plan of ``pp`` stages and ``m`` micro-batches: each split of the
+    layers, each layer any of ``choices``, the vocabulary at ``vocab``."""
+    for part in compositions(spec.num_layers, pp):
+        pipe = PipelineSpec(size=pp, schedule="1f1b", layers_per_stage=part)
+        for combo in itertools.product(choices, repeat=spec.num_layers):
+            yield Plan(world_size=world, global_batch_size=batch, num_microbatches=m,
+                       pipeline=pipe, vocab=vocab, layers=combo, model=spec.plan_model_record())
+
+
 def layer_choices(spec, n: int, b_m: int, devices_per_node: int, layer_type,
                   dp_modes: tuple[str, ...] = DP_MODES,
                   recompute: tuple[bool, ...] = (False, True)) -> list[LayerStrategy]:

@@ -6,14 +6,13 @@ tasks priced with ``evaluate``."""
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 import random
 
 import numpy as np
 import pytest
 
-from megatron_auto.plan import PipelineSpec, Plan, VocabStrategy
+from megatron_auto.plan import VocabStrategy
 from megatron_auto.planner import ModelSpec, TrainingSpec, analytic_profile, evaluate
 from megatron_auto.planner.search.bottleneck import Bottleneck
 from megatron_auto.planner.cost.time_model import pipeline_time
@@ -22,7 +21,7 @@ from megatron_auto.planner.inputs.presets import make_cluster
 from megatron_auto.planner.search.spaces import SpaceRules
 from megatron_auto.planner.search.tasks import Task
 
-from planner_enumerate import compositions, layer_choices
+from planner_enumerate import compositions, layer_choices, split_plans
 
 pytestmark = pytest.mark.pure
 
@@ -113,14 +112,9 @@ def test_plain_pipeline_root_bound_is_below_every_fitting_plan(world, layers, ba
     choices = layer_choices(spec, n, batch // m, 8, spec.layer_types[0], ("ddp", "zero3"),
                             (False, True))
     estimates = []
-    for part in compositions(layers, pp):
-        pipe = PipelineSpec(size=pp, schedule="1f1b", layers_per_stage=part)
-        for combo in itertools.product(choices, repeat=layers):
-            plan = Plan(world_size=world, global_batch_size=batch, num_microbatches=m,
-                        pipeline=pipe, vocab=vocab, layers=combo,
-                        model=spec.plan_model_record())
-            est = evaluate(plan, spec, training, cluster, profile)
-            estimates.append((est.iteration_time_s, est.peak_memory_bytes))
+    for plan in split_plans(spec, world, batch, m, pp, vocab, choices):
+        est = evaluate(plan, spec, training, cluster, profile)
+        estimates.append((est.iteration_time_s, est.peak_memory_bytes))
     peaks = sorted(p for _, p in estimates)
     limit = peaks[-1] * budget if budget else peaks[-1] * 2
     limit = max(limit, peaks[0])  # at least one plan fits
